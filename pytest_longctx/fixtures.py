@@ -1,0 +1,110 @@
+"""The plugin's fixtures: the pieces of a sweep item, for the suite and for users' own tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from . import gate_items, measure, serving
+from .plan import Point
+from .prompts import Prompt, PromptBuilder
+from .records import Record
+from .run import Run
+from .server import ServerError, ServerInfo
+from .stash import MEASUREMENT_KEY, RUN_KEY
+
+
+@pytest.fixture(scope="session")
+def longctx_run(pytestconfig: pytest.Config) -> Run:
+    """This session's plan, run folder and records so far."""
+    return pytestconfig.stash[RUN_KEY]
+
+
+@pytest.fixture(scope="session")
+def longctx_server(pytestconfig: pytest.Config, longctx_run: Run) -> Iterator[ServerInfo]:
+    """The server, launched from the profile or attached by URL, once per session, warmed up."""
+    try:
+        info = serving.start(pytestconfig)
+        measure.warm_up(longctx_run, info)
+    except ServerError as exc:
+        serving.stop(pytestconfig)
+        pytest.fail(str(exc), pytrace=False)
+    yield info
+    serving.stop(pytestconfig)
+
+
+@pytest.fixture(scope="session")
+def longctx_client(longctx_server: ServerInfo) -> Iterator[measure.CompletionClient]:
+    """A streaming client bound to the session's server."""
+    with measure.client_for(longctx_server) as client:
+        yield client
+
+
+@pytest.fixture(scope="session")
+def longctx_prompts(longctx_run: Run, longctx_server: ServerInfo,
+                    longctx_client: measure.CompletionClient) -> PromptBuilder:
+    """Builds exact-length prompts with the served model's tokenizer."""
+    return measure.prompt_builder(longctx_run, longctx_server, longctx_client)
+
+
+@pytest.fixture
+def longctx_point() -> Point:
+    """The (length, repeat) of a sweep item; the plugin parametrizes it."""
+    raise pytest.UsageError("longctx_point is parametrized by pytest-longctx; none given here")
+
+
+@dataclass(frozen=True)
+class RecordedPrompt:
+    """A resumed point's prompt, as its record describes it."""
+
+    length: int
+    token_count: int
+
+
+@pytest.fixture
+def longctx_prompt(request: pytest.FixtureRequest, longctx_point: Point,
+                   longctx_run: Run) -> Prompt | RecordedPrompt:
+    """A cold prompt of exactly the point's length, unique to this run, length and repeat."""
+    recorded = longctx_run.resumed.get(longctx_point)
+    if recorded is not None:
+        return RecordedPrompt(recorded.length, recorded.prompt_tokens or 0)
+    builder: PromptBuilder = request.getfixturevalue("longctx_prompts")
+    return measure.build_prompt(longctx_run, builder, longctx_point)
+
+
+@pytest.fixture
+def longctx_measure(request: pytest.FixtureRequest, longctx_point: Point,
+                    longctx_run: Run) -> Callable[[Prompt], measure.PointMeasurement]:
+    """Measure one prompt: TTFT, decode throughput, server-side metrics, all checked."""
+    recorded = longctx_run.resumed.get(longctx_point)
+    if recorded is not None:
+        return lambda prompt: measure.PointMeasurement.from_record(recorded)
+    server: ServerInfo = request.getfixturevalue("longctx_server")
+    client = request.getfixturevalue("longctx_client")
+
+    def run_measurement(prompt: Prompt) -> measure.PointMeasurement:
+        result = measure.measure_point(longctx_run, server, client, longctx_point, prompt)
+        request.node.stash[MEASUREMENT_KEY] = result
+        return result
+
+    return run_measurement
+
+
+@pytest.fixture(scope="session")
+def longctx_baseline_records(longctx_run: Run) -> list[Record]:
+    """The baseline's passed records (``--longctx-baseline``)."""
+    return gate_items.baseline_records(longctx_run)
+
+
+@pytest.fixture
+def longctx_regression_length() -> int:
+    """The length a regression item compares; the plugin parametrizes it."""
+    raise pytest.UsageError("longctx_regression_length is parametrized by pytest-longctx")
+
+
+@pytest.fixture
+def longctx_gate(longctx_run: Run, longctx_baseline_records: list[Record]) -> gate_items.Gate:
+    """Compares this run's records of a length with the baseline's."""
+    return gate_items.Gate(longctx_run, longctx_baseline_records)

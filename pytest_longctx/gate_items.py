@@ -1,0 +1,90 @@
+"""The regression gate inside a session: ``test_regression[len=N]`` items over records.
+
+The baseline and tolerances are read and checked when the session is configured, so a
+missing or malformed baseline stops the session before any server starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from . import gate
+from .records import Record
+from .run import Run
+from .sizes import format_size
+
+
+@dataclass
+class GateState:
+    baseline: list[Record]
+    tolerances: gate.Tolerances
+    problems: list[str] = field(default_factory=list)
+    #: Messages of lengths that improved beyond tolerance: time to refresh the baseline.
+    improved: list[str] = field(default_factory=list)
+
+
+def configure(run: Run) -> None:
+    """Load and check the baseline and tolerances; raise a usage error naming what is wrong."""
+    if run.settings.baseline is None:
+        if run.settings.tolerance:
+            gate.parse_tolerances(run.settings.tolerance)  # still validate what was given
+        return
+    try:
+        tolerances = gate.parse_tolerances(run.settings.tolerance)
+        problems: list[str] = []
+        baseline = gate.load_baseline(run.settings.baseline, problems)
+    except (gate.ToleranceError, gate.BaselineError) as exc:
+        raise pytest.UsageError(f"--longctx-baseline: {exc}" if isinstance(exc, gate.BaselineError)
+                                else str(exc)) from None
+    run.gate = GateState(baseline, tolerances, problems)
+    run.problems.extend(problems)
+
+
+def baseline_records(run: Run) -> list[Record]:
+    state: GateState | None = run.gate
+    if state is None:
+        raise pytest.UsageError("test_regression needs --longctx-baseline=PATH")
+    return state.baseline
+
+
+@dataclass
+class Gate:
+    run: Run
+    baseline: list[Record]
+
+    def check(self, length: int) -> gate.LengthVerdict:
+        """Fail like a reviewer would if ``length`` got slower than the baseline."""
+        state: GateState = self.run.gate
+        current = self.run.all_records()
+        if not self.run.settings.baseline_force:
+            differences = gate.fingerprint_differences(self.baseline, current)
+            if differences:
+                pytest.fail(
+                    "refusing to compare unlike with unlike (use --longctx-baseline-force to "
+                    "compare anyway):\n  " + "\n  ".join(differences),
+                    pytrace=False,
+                )
+        verdict = gate.compare_length(self.baseline, current, length, state.tolerances)
+        if verdict.status == "missing_in_baseline":
+            pytest.skip(f"{format_size(length)} is not in the baseline: {verdict.message}")
+        if verdict.status == "improved":
+            state.improved.append(verdict.message)
+        if verdict.status in ("regressed", "missing_in_current", "insufficient"):
+            pytest.fail(verdict.message, pytrace=False)
+        return verdict
+
+
+def summary_lines(run: Run) -> list[str]:
+    """Improvements and baseline lengths this session did not measure."""
+    state: GateState | None = getattr(run, "gate", None)
+    if state is None:
+        return []
+    lines = [f"improved beyond tolerance, refresh the baseline: {m}" for m in state.improved]
+    measured = {p.length for p in run.selected_points}
+    unmeasured = sorted({r.length for r in state.baseline} - measured)
+    if unmeasured:
+        lines.append("baseline lengths not measured in this session: "
+                     + ", ".join(format_size(n) for n in unmeasured))
+    return lines

@@ -1,0 +1,120 @@
+"""pytest-longctx: hooks and options only; behaviour lives in the modules they call."""
+
+from __future__ import annotations
+
+import pytest
+
+from . import gate_items, hookspecs, recorder, reporting, selection, sweep
+from .plan import SLOW_MARK, VERY_SLOW_MARK, build_plan
+from .profiles import ProfileError, load_profile
+from .run import ResumeError, Run
+from .settings import OPTIONS, read_settings
+from .stash import COMPARISONS_KEY, RUN_KEY
+
+pytest_plugins = ("pytest_longctx.fixtures",)
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    pluginmanager.add_hookspecs(hookspecs)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("longctx", "long-context serving sweep (pytest-longctx)")
+    for spec in OPTIONS:
+        if spec.flag:
+            group.addoption(f"--{spec.name}", action="store_true", default=False,
+                            dest=spec.dest, help=spec.help.replace("%", "%%"))
+        else:
+            group.addoption(f"--{spec.name}", default=None, dest=spec.dest,
+                            metavar=spec.metavar, help=spec.help.replace("%", "%%"))
+        if spec.ini:
+            parser.addini(spec.dest, spec.help, type="bool" if spec.flag else "string")
+    group.addoption("--longctx-resume", nargs="?", const="latest", default=None,
+                    dest="longctx_resume", metavar="RUN_ID",
+                    help="continue a run (default: the latest): points with a passed record "
+                         "are reported from it, everything else is measured")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "longctx(len, rep): a sweep point (prompt length, pass)")
+    config.addinivalue_line("markers", f"{SLOW_MARK}: a length the profile calls slow (minutes)")
+    config.addinivalue_line("markers", f"{VERY_SLOW_MARK}: a length the profile calls very slow")
+    config.addinivalue_line("markers", "longctx_regression(len): a baseline comparison item")
+    try:
+        comparisons = selection.translate_options(config)
+        settings = read_settings(config)
+        plan = build_plan(settings, load_profile(settings.profile))
+        if not plan.lengths:
+            raise pytest.UsageError(
+                f"--longctx-from/--longctx-to select no power of two between "
+                f"{settings.from_length or 1024} and {settings.to_length or plan.profile.sweep.to_length}"
+                f" tokens (profile {plan.profile.name}): expected FROM <= TO"
+            )
+        run = Run.create(settings, plan, config.rootpath)
+        gate_items.configure(run)
+    except (selection.SelectionError, ProfileError, ResumeError) as exc:
+        raise pytest.UsageError(str(exc)) from None
+    config.stash[COMPARISONS_KEY] = comparisons
+    config.stash[RUN_KEY] = run
+    reporting.configure_outputs(config, run)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    sweep.parametrize(metafunc)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(
+    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+) -> None:
+    sweep.arrange(config, items)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> bool | None:
+    if RUN_KEY in session.config.stash and session.config.stash[RUN_KEY].settings.plan_only:
+        sweep.print_plan(session)
+        return True
+    return None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
+    report = yield
+    recorder.on_report(item, call, report)
+    return report
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-html writes the page that shows the plots
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    reporting.finish(session.config)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    sweep.shutdown(config)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    reporting.terminal_summary(terminalreporter, config)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_html_results_table_header(cells: list[str]) -> None:
+    reporting.html_table_header(cells)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_html_results_table_row(report: pytest.TestReport, cells: list[str]) -> None:
+    reporting.html_table_row(report, cells)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_html_results_summary(prefix: list[str], summary: list[str], postfix: list[str],
+                                session: pytest.Session) -> None:
+    reporting.html_summary(session.config, prefix)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_benchmark_update_json(config: pytest.Config, benchmarks: list, output_json: dict) -> None:
+    reporting.extend_benchmark_json(config, output_json)

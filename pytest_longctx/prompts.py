@@ -1,0 +1,205 @@
+"""Prompts of exactly L tokens of natural text, unique per (run, length, repeat).
+
+A prompt is token ids taken from the tokenized corpus (cycled from a seeded offset), never
+text decoded and re-encoded: at 64Mi that is minutes and gigabytes, and random ids decoded to
+text re-tokenize to another length. The first tokens are a header naming the run, length and
+repeat, so vLLM's automatic prefix cache can never match a measured prompt's first block and
+every measured prefill is cold. The body (the costly part) is cached on disk keyed by
+tokenizer, revision, length and seed; the header is spliced in per point.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import time
+from array import array
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from .corpus import generate_corpus
+
+CORPUS_CHARS = 1_000_000
+CORPUS_CHUNK_CHARS = 16_000  # what one /tokenize request carries when the server tokenizes
+TEXT_FIT_ATTEMPTS = 8
+
+
+class PromptError(RuntimeError):
+    """A prompt that is not exactly the length it must be."""
+
+
+class TokenSource(Protocol):
+    """The served model's tokenizer, local or behind the server's ``/tokenize``."""
+
+    key: str  # identity for the disk cache: tokenizer name and revision
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def vocab_size(self) -> int | None: ...
+
+    def decode(self, ids: Sequence[int]) -> str | None: ...
+
+
+@dataclass
+class LocalTokenSource:
+    """``AutoTokenizer`` for the profile's model at its pinned revision."""
+
+    name_or_path: str
+    revision: str | None = None
+    trust_remote_code: bool = False
+    _tokenizer: object = field(default=None, repr=False)
+
+    @property
+    def key(self) -> str:
+        return f"{self.name_or_path}@{self.revision or 'local'}"
+
+    @property
+    def tokenizer(self):  # noqa: ANN201 - transformers' type
+        if self._tokenizer is None:
+            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(
+                self.name_or_path, revision=self.revision, trust_remote_code=self.trust_remote_code
+            )
+        return self._tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def vocab_size(self) -> int | None:
+        return len(self.tokenizer)
+
+    def decode(self, ids: Sequence[int]) -> str | None:
+        return self.tokenizer.decode(list(ids))
+
+
+@dataclass
+class ServerTokenSource:
+    """The server's own ``/tokenize``, for attach mode without a local tokenizer."""
+
+    model_name: str
+    tokenize: Callable[[str], list[int]]
+
+    @property
+    def key(self) -> str:
+        return f"server:{self.model_name}"
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = []
+        for start in range(0, len(text), CORPUS_CHUNK_CHARS):
+            ids.extend(self.tokenize(text[start : start + CORPUS_CHUNK_CHARS]))
+        return ids
+
+    def vocab_size(self) -> int | None:
+        return None
+
+    def decode(self, ids: Sequence[int]) -> str | None:
+        return None
+
+
+@dataclass(frozen=True, eq=False)
+class Prompt:
+    length: int
+    ids: array  # array('I') of exactly ``length`` token ids
+    header_tokens: int
+    build_s: float
+    text: str | None = None  # only for text prompts
+
+
+def _safe(key: str) -> str:
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    readable = "".join(c if c.isalnum() or c in "-._" else "_" for c in key)[-48:]
+    return f"{readable}-{digest}"
+
+
+class PromptBuilder:
+    def __init__(self, source: TokenSource, cache_dir: Path, seed: int = 0):
+        self.source = source
+        self.seed = seed
+        self.cache_dir = Path(cache_dir) / _safe(source.key)
+        self._corpus: array | None = None
+
+    def corpus_ids(self) -> array:
+        if self._corpus is None:
+            path = self.cache_dir / f"corpus-{self.seed}.u32"
+            cached = _read_ids(path)
+            if cached is None:
+                ids = array("I", self.source.encode(generate_corpus(CORPUS_CHARS, self.seed)))
+                if len(ids) < 1024:
+                    raise PromptError(f"the corpus tokenized to only {len(ids)} tokens")
+                _write_ids(path, ids)
+                cached = ids
+            self._corpus = cached
+        return self._corpus
+
+    def body(self, length: int) -> array:
+        """``length`` ids of corpus text from a seeded offset; cached on disk."""
+        path = self.cache_dir / f"body-{self.seed}-{length}.u32"
+        cached = _read_ids(path)
+        if cached is not None and len(cached) == length:
+            return cached
+        corpus = self.corpus_ids()
+        offset = random.Random(f"{self.seed}:{length}").randrange(len(corpus))
+        rotated = corpus[offset:] + corpus[:offset]
+        ids = rotated * (length // len(rotated) + 1)
+        del ids[length:]
+        _write_ids(path, ids)
+        return ids
+
+    def build(self, length: int, tag: str, text: bool = False) -> Prompt:
+        """Header ``tag`` first, then the body: exactly ``length`` tokens."""
+        started = time.perf_counter()
+        header = array("I", self.source.encode(f"{tag}\n"))
+        if len(header) >= length:
+            raise PromptError(f"the header alone is {len(header)} tokens, at least {length}")
+        ids = self.body(length)[:]  # a copy: the cached body stays pristine
+        ids[: len(header)] = header
+        self.verify(ids, length)
+        prompt_text = self._fit_text(ids, length) if text else None
+        return Prompt(length, ids, len(header), time.perf_counter() - started, prompt_text)
+
+    def verify(self, ids: Sequence[int], length: int) -> None:
+        """Before timing: exactly ``length`` ids, all inside the tokenizer's vocabulary."""
+        if len(ids) != length:
+            raise PromptError(f"prompt has {len(ids)} tokens, the point needs {length}")
+        limit = self.source.vocab_size()
+        if limit is not None and max(ids) >= limit:
+            raise PromptError(f"prompt holds token id {max(ids)}, outside the vocabulary of {limit}")
+
+    def _fit_text(self, ids: array, length: int) -> str:
+        """Text that the served tokenizer reads as exactly ``length`` tokens."""
+        decode = self.source.decode
+        if decode(ids[:1]) is None:
+            raise PromptError("text prompts need a local tokenizer to decode ids")
+        take = length
+        for _ in range(TEXT_FIT_ATTEMPTS):
+            text = decode(ids[:take] if take <= length else ids + self.body(take)[length:])
+            count = len(self.source.encode(text))
+            if count == length:
+                return text
+            take += length - count
+        raise PromptError(
+            f"could not make text of exactly {length} tokens in {TEXT_FIT_ATTEMPTS} attempts "
+            f"(last: {count})"
+        )
+
+
+def _read_ids(path: Path) -> array | None:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    ids = array("I")
+    ids.frombytes(data)
+    return ids
+
+
+def _write_ids(path: Path, ids: array) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_bytes(ids.tobytes())
+    os.replace(tmp, path)

@@ -1,0 +1,63 @@
+"""Turns each finished sweep item into a record, appended before the next item starts."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from . import reporting
+from .records import Record
+from .reporting import REPORT_ATTRIBUTE
+from .stash import MEASUREMENT_KEY, RUN_KEY
+from .sweep import point_of
+
+
+def _reason(call: pytest.CallInfo[None], report: pytest.TestReport) -> str | None:
+    if report.passed:
+        return None
+    if report.skipped and isinstance(report.longrepr, tuple):
+        return str(report.longrepr[2])
+    if call.excinfo is not None:
+        return call.excinfo.exconly().strip()
+    return report.longreprtext.strip().splitlines()[-1] if report.longreprtext else None
+
+
+def on_report(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport) -> None:
+    config = item.config
+    run = config.stash.get(RUN_KEY, None)
+    point = point_of(item)
+    if run is None or point is None or run.settings.plan_only:
+        return
+    if point in run.resumed:
+        if report.when == "call":
+            setattr(report, REPORT_ATTRIBUTE, run.resumed[point])
+        return
+    if report.when == "call":
+        outcome = report.outcome
+    elif report.when == "setup" and not report.passed:
+        outcome = "skipped" if report.skipped else "error"
+    else:
+        return
+    measurement = item.stash.get(MEASUREMENT_KEY, None)
+    record = Record(
+        run_id=run.run_id,
+        nodeid=item.nodeid,
+        length=point.length,
+        repeat=point.repeat,
+        outcome=outcome,
+        reason=_reason(call, report),
+        figures=measurement.figures() if measurement else {},
+        prompt_tokens=measurement.prompt_tokens if measurement else None,
+        completion_tokens=measurement.completion_tokens if measurement else None,
+        server_metrics=measurement.server_metrics() if measurement else {},
+        fingerprint=run.fingerprint,
+        started_at=call.start,
+        finished_at=time.time(),
+    )
+    run.append(record)
+    setattr(report, REPORT_ATTRIBUTE, record)
+    if outcome == "passed" and measurement is not None:
+        run.measured_ttft[point.length] = measurement.ttft_s
+    config.hook.pytest_longctx_record(config=config, record=record)
+    reporting.after_record(config, run)

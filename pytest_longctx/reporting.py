@@ -1,0 +1,123 @@
+"""Where the records become files and tables during a session.
+
+Every output here is rebuilt from ``results.jsonl`` alone; ``report.md`` after every point,
+the plots and ``benchmark.json`` at the end (and by ``python -m pytest_longctx report``).
+pytest-html writes ``report.html``: the plugin points it at the run folder, self-contained,
+and adds the sweep's columns, table and plots through pytest-html's own hooks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import pytest
+
+from . import capacity_plan, gate_items, html_report, plots
+from .benchmark_json import benchmark_entries, write_benchmark_json
+from .records import Record
+from .report_markdown import render_terminal_table, write_markdown
+from .run import Run
+from .stash import RUN_KEY
+
+MARKDOWN = "report.md"
+HTML = "report.html"
+BENCHMARK = "benchmark.json"
+#: The record an item produced, set on its report for pytest-html's row hook.
+REPORT_ATTRIBUTE = "longctx_record"
+
+
+def _sweep_session(config: pytest.Config) -> bool:
+    """Outputs are written for sessions that use the plugin, not every pytest run it sees."""
+    if config.getoption("collectonly") or config.getoption("longctx_plan", False):
+        return False
+    if config.getoption("longctx_resume", None) or config.getoption("longctx_url", None):
+        return True
+    return any(config.getini(name) for name in ("longctx_profile", "longctx_to", "longctx_url"))
+
+
+def configure_outputs(config: pytest.Config, run: Run) -> None:
+    """Point pytest-html at the run folder unless the user chose a path (runs before it)."""
+    if not _sweep_session(config) or not config.pluginmanager.hasplugin("html"):
+        return
+    if getattr(config.option, "htmlpath", None) is None:
+        config.option.htmlpath = str(run.run_dir / HTML)
+        config.option.self_contained_html = True
+
+
+def after_record(config: pytest.Config, run: Run) -> None:
+    write_markdown(run.run_dir / MARKDOWN, run.all_records(), title=_title(run))
+
+
+def _title(run: Run) -> str:
+    return f"Long-context sweep {run.run_id} ({run.plan.profile.name})"
+
+
+def _kv_plot(run: Run):  # noqa: ANN202 - an ExtraPlot callable
+    def draw(records: list[Record], run_dir: Path) -> Path | None:
+        from . import capacity
+
+        layout = capacity_plan.layout_for(run.plan.profile)
+        if layout is None or not records:
+            return None
+        lengths = sorted({r.length for r in records})
+        fp8 = layout.with_changes(cache_dtype="fp8")
+        bf16 = layout.with_changes(cache_dtype="bfloat16")
+        weights = run.plan.profile.model.weights_bytes
+        marks = {"checkpoint": weights, "half the checkpoint": weights / 2} if weights else {}
+        hardware = capacity_plan.hardware_for(run.plan.profile)
+        device = hardware.kv_cache_bytes or hardware.usable_per_device_bytes
+        return capacity.plot_kv_footprint(fp8, bf16, lengths, marks, run_dir / "kv_cache.png",
+                                          device_memory_bytes=device)
+
+    return draw
+
+
+def finish(config: pytest.Config) -> None:
+    run = config.stash.get(RUN_KEY, None)
+    if run is None or not run.written:
+        return
+    records = run.all_records()
+    write_markdown(run.run_dir / MARKDOWN, records, title=_title(run))
+    write_benchmark_json(run.run_dir / BENCHMARK, records)
+    with contextlib.suppress(ImportError):
+        run.plot_paths = plots.write_plots(run.run_dir, records, [_kv_plot(run)])
+
+
+def terminal_summary(terminalreporter, config: pytest.Config) -> None:  # noqa: ANN001
+    run = config.stash.get(RUN_KEY, None)
+    if run is None:
+        return
+    for problem in run.problems:
+        terminalreporter.write_line(f"pytest-longctx: {problem}", yellow=True)
+    for line in gate_items.summary_lines(run):
+        terminalreporter.write_line(f"pytest-longctx gate: {line}", yellow=True)
+    if not run.written and not run.resumed:
+        return
+    terminalreporter.section("long-context sweep")
+    terminalreporter.write_line(render_terminal_table(run.all_records()))
+    terminalreporter.write_line(f"results: {run.results_path}")
+    terminalreporter.write_line(f"reports: {run.run_dir} (report.md, report.html, benchmark.json, "
+                                "plots)")
+
+
+def html_table_header(cells: list[str]) -> None:
+    cells[2:2] = html_report.table_header_cells()
+
+
+def html_table_row(report: pytest.TestReport, cells: list[str]) -> None:
+    cells[2:2] = html_report.table_row_cells(getattr(report, REPORT_ATTRIBUTE, None))
+
+
+def html_summary(config: pytest.Config, prefix: list[str]) -> None:
+    run = config.stash.get(RUN_KEY, None)
+    if run is None or not (run.written or run.resumed):
+        return
+    prefix.append(html_report.summary_fragment(run.all_records(), run.plot_paths))
+
+
+def extend_benchmark_json(config: pytest.Config, output_json: dict) -> None:
+    """A user's own ``--benchmark-json`` gets one benchmark per measured point too."""
+    run = config.stash.get(RUN_KEY, None)
+    if run is not None and run.written:
+        output_json.setdefault("benchmarks", []).extend(benchmark_entries(run.all_records()))

@@ -1,0 +1,107 @@
+"""One session's run: its id and folder, the plan, and the records it has written."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .plan import Point, SweepPlan
+from .records import Record, append_record, read_records
+from .settings import Settings
+
+LATEST = "latest"
+
+
+class ResumeError(ValueError):
+    pass
+
+
+def new_run_id() -> str:
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return f"{stamp}-{secrets.token_hex(3)}"
+
+
+def resolve_resume(output_root: Path, resume: str) -> Path:
+    """``latest`` or a run id -> that run's folder, which must hold a results file."""
+    run_dir = output_root / (LATEST if resume == "latest" else resume)
+    if not (run_dir / "results.jsonl").exists():
+        raise ResumeError(
+            f"--longctx-resume={resume}: no run with results at {run_dir}; expected "
+            f"'latest' or a run id under {output_root}"
+        )
+    return run_dir.resolve()
+
+
+@dataclass
+class Run:
+    """Mutable state of a session, kept in ``config.stash``."""
+
+    settings: Settings
+    plan: SweepPlan
+    output_root: Path
+    run_id: str
+    run_dir: Path
+    #: Passed records of a resumed run, by point: reported, not measured again.
+    resumed: dict[Point, Record] = field(default_factory=dict)
+    written: list[Record] = field(default_factory=list)
+    fingerprint: dict[str, Any] = field(default_factory=dict)
+    #: Client TTFT of points measured so far, by length, to size the next first-token budget.
+    measured_ttft: dict[int, float] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    #: The points left after ``-m``/``-k``, in run order.
+    selected_points: list[Point] = field(default_factory=list)
+    #: The server measured, once started or attached (see serving.py).
+    server: Any = None
+    launched: Any = None
+    plot_paths: list[Path] = field(default_factory=list)
+    #: The baseline and tolerances, with --longctx-baseline (see gate_items.py).
+    gate: Any = None
+
+    @classmethod
+    def create(cls, settings: Settings, plan: SweepPlan, rootdir: Path) -> Run:
+        output_root = settings.output if settings.output.is_absolute() else rootdir / settings.output
+        if settings.resume:
+            run_dir = resolve_resume(output_root, settings.resume)
+            run = cls(settings, plan, output_root, run_dir.name, run_dir)
+            previous = read_records(run.results_path)
+            run.problems.extend(previous.problems)
+            for record in previous.records:
+                point = Point(record.length, record.repeat)
+                if record.outcome == "passed":
+                    run.resumed[point] = record
+                else:
+                    run.resumed.pop(point, None)  # re-measured later wins over earlier pass
+            return run
+        run_id = new_run_id()
+        return cls(settings, plan, output_root, run_id, output_root / run_id)
+
+    @property
+    def results_path(self) -> Path:
+        return self.run_dir / "results.jsonl"
+
+    def open(self) -> None:
+        """Create the folder and point ``latest`` at it; only once there is something to keep."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        latest = self.output_root / LATEST
+        with contextlib.suppress(OSError):
+            tmp = self.output_root / f".{LATEST}.{os.getpid()}"
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+            tmp.symlink_to(self.run_dir.name)
+            os.replace(tmp, latest)
+
+    def append(self, record: Record) -> None:
+        self.open()
+        append_record(self.results_path, record)
+        self.written.append(record)
+
+    def all_records(self) -> list[Record]:
+        """What reports show: the resumed run's file as it stands, corrupt lines skipped."""
+        if not self.results_path.exists():
+            return []
+        return list(read_records(self.results_path).records)

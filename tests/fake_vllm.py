@@ -1,0 +1,634 @@
+"""A stand-in for vLLM's OpenAI server with exactly known timing and injectable faults.
+
+Stdlib only (``http.server`` in a thread). It answers ``/health``, ``/v1/models``,
+``/tokenize`` (whitespace words), ``/metrics`` (counters that move per request) and a
+streaming ``/v1/completions`` that frames its chunks the way vLLM 0.32 does. Token ``i``
+(0-based) leaves at ``t_body + first_token_delay_s + i * token_delay_s`` on an absolute
+schedule, ``t_body`` being the moment the request body was fully read, so sleep overshoot does
+not accumulate.
+
+Use it as ``with FakeVLLM(Behaviour(...)) as server: server.url`` or through the
+``fake_vllm`` fixture below (import it into a test module or a conftest.py), and change what
+it does between requests with ``server.configure(field=value)``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import struct
+import threading
+import time
+import zlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+#: Faults the server can inject; ``fault_after_tokens`` says when the mid-stream ones strike.
+FAULTS = (
+    "http_500",  # HTTP 500 with vLLM's error body instead of a stream
+    "error_frame",  # data: {"error": ...} inside the 200 stream, then [DONE]
+    "truncate",  # close the socket mid-stream, no [DONE], no final chunk
+    "malformed_chunk",  # a data: line that is not JSON
+    "no_usage",  # never send the usage chunk
+    "stall",  # stop sending after fault_after_tokens tokens, keep the connection open
+    "hang_before_headers",  # read the request, never answer
+    "hang_after_headers",  # answer 200 headers, never send a chunk
+    "reset",  # read the request, then reset the connection (RST)
+    "reject_echoing_auth",  # HTTP 401 whose message repeats the Authorization header
+)
+
+TOO_LONG_MESSAGE = (
+    "This model's maximum context length is {limit} tokens. However, your prompt contains "
+    "{count} input tokens, which exceeds this limit even without any output tokens. "
+    "Please reduce the length of the input prompt."
+)
+VOCAB_SIZE = 50_000
+_HANG_LIMIT_S = 3600.0
+
+
+@dataclass(frozen=True)
+class Behaviour:
+    """What the next requests see; every delay is exact up to scheduler jitter."""
+
+    model: str = "fake-model"
+    max_model_len: int = 32_768
+    first_token_delay_s: float = 0.0
+    token_delay_s: float = 0.0
+    #: Tokens generated; None: ``max_tokens``, clamped to ``max_model_len - prompt`` as vLLM does.
+    tokens: int | None = None
+    tokens_per_chunk: int = 1
+    #: Chunks with empty text (and empty token_ids) sent at once, before the first token.
+    empty_chunks_first: int = 0
+    fault: str | None = None
+    fault_after_tokens: int = 0
+    api_key: str | None = None
+    #: False: discard the body unparsed (upload sink for huge prompts); the prompt must be
+    #: the body's last field and max_tokens must appear in its first kilobyte.
+    read_prompt: bool = True
+    cached_prompt_tokens: int = 0  # reported per request in usage and /metrics
+    token_text: str = " tok"
+    block_size: int = 128
+    num_gpu_blocks: int = 16_384
+
+    def __post_init__(self) -> None:
+        if self.fault is not None and self.fault not in FAULTS:
+            raise ValueError(f"fault={self.fault!r}: expected one of {', '.join(FAULTS)}")
+        if self.tokens_per_chunk < 1:
+            raise ValueError("tokens_per_chunk must be >= 1")
+
+
+@dataclass(frozen=True)
+class ReceivedRequest:
+    method: str
+    path: str
+    headers: Mapping[str, str]
+    body_bytes: int
+    payload: Any = field(default=None, repr=False)  # parsed JSON, None when not read
+
+
+@dataclass
+class _Totals:
+    """Monotonic counters behind /metrics."""
+
+    requests: int = 0
+    ttft: float = 0.0
+    prefill: float = 0.0
+    queue: float = 0.0
+    decode: float = 0.0
+    inter_token: float = 0.0
+    inter_token_count: int = 0
+    e2e: float = 0.0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    cached_tokens: int = 0
+    created: float = field(default_factory=time.time)
+
+
+class FakeVLLM:
+    """The server; ``start()``/``stop()`` or a ``with`` block."""
+
+    def __init__(self, behaviour: Behaviour | None = None) -> None:
+        self.behaviour = behaviour or Behaviour()
+        self.requests: list[ReceivedRequest] = []
+        self.totals = _Totals()
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        if self._server is None:
+            raise RuntimeError("FakeVLLM is not started")
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def configure(self, **changes: Any) -> FakeVLLM:
+        self.behaviour = replace(self.behaviour, **changes)
+        return self
+
+    def start(self) -> FakeVLLM:
+        server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        server.daemon_threads = True
+        server.fake = self  # type: ignore[attr-defined]
+        self._server = server
+        self._thread = threading.Thread(
+            target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> FakeVLLM:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    # -- used by the handler -----------------------------------------------------------------
+
+    def record(self, request: ReceivedRequest) -> None:
+        with self._lock:
+            self.requests.append(request)
+
+    def account(self, **amounts: float) -> None:
+        with self._lock:
+            for name, amount in amounts.items():
+                setattr(self.totals, name, getattr(self.totals, name) + amount)
+
+    def hang(self) -> None:
+        self._stopping.wait(_HANG_LIMIT_S)
+
+    def metrics_text(self) -> str:
+        with self._lock:
+            totals = replace(self.totals)
+        return _exposition(self.behaviour, totals)
+
+
+def _sleep_until(target: float) -> None:
+    while (remaining := target - time.perf_counter()) > 0:
+        time.sleep(remaining)
+
+
+def word_ids(text: str) -> list[int]:
+    """The fake tokenizer: one id per whitespace-separated word, stable across runs."""
+    return [zlib.crc32(word.encode()) % VOCAB_SIZE for word in text.split()]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # a chunk must leave when written, not 40 ms later
+
+    @property
+    def fake(self) -> FakeVLLM:
+        return self.server.fake  # type: ignore[attr-defined]
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        pass
+
+    # -- routing -----------------------------------------------------------------------------
+
+    def do_GET(self) -> None:  # noqa: N802 - stdlib naming
+        self.fake.record(ReceivedRequest("GET", self.path, dict(self.headers), 0))
+        if not self._authorized():
+            return
+        if self.path == "/health":
+            self._send(200, b"", "application/json")
+        elif self.path == "/v1/models":
+            behaviour = self.fake.behaviour
+            model = {
+                "id": behaviour.model,
+                "object": "model",
+                "created": int(time.time()),
+                "owned_by": "vllm",
+                "root": behaviour.model,
+                "parent": None,
+                "max_model_len": behaviour.max_model_len,
+            }
+            self._send_json(200, {"object": "list", "data": [model]})
+        elif self.path == "/metrics":
+            self._send(200, self.fake.metrics_text().encode(), "text/plain; version=0.0.4")
+        else:
+            self._error(404, "NotFoundError", f"Not Found: {self.path}")
+
+    def do_POST(self) -> None:  # noqa: N802 - stdlib naming
+        behaviour = self.fake.behaviour
+        streaming_sink = self.path == "/v1/completions" and not behaviour.read_prompt
+        try:
+            body, commas, head = self._read_body(keep=not streaming_sink)
+        except ConnectionError:
+            return
+        t_body = time.perf_counter()
+        payload = None
+        if not streaming_sink:
+            try:
+                payload = json.loads(body)
+            except ValueError:
+                self.fake.record(ReceivedRequest("POST", self.path, dict(self.headers), 0))
+                self._error(400, "BadRequestError", "JSON decode error", code_name="json_invalid")
+                return
+        size = int(self.headers.get("Content-Length", "0"))
+        self.fake.record(ReceivedRequest("POST", self.path, dict(self.headers), size, payload))
+        if not self._authorized():
+            return
+        if self.path == "/tokenize":
+            self._tokenize(payload)
+        elif self.path == "/v1/completions":
+            if payload is None:
+                payload = _sink_payload(head, commas)
+            self._complete(payload, behaviour, t_body)
+        else:
+            self._error(404, "NotFoundError", f"Not Found: {self.path}")
+
+    # -- endpoints ---------------------------------------------------------------------------
+
+    def _tokenize(self, payload: Any) -> None:
+        prompt = payload.get("prompt") if isinstance(payload, dict) else None
+        if not isinstance(prompt, str):
+            self._error(400, "BadRequestError", "prompt must be a string", param="prompt")
+            return
+        ids = word_ids(prompt)
+        self._send_json(
+            200,
+            {
+                "count": len(ids),
+                "max_model_len": self.fake.behaviour.max_model_len,
+                "tokens": ids,
+                "token_strs": None,
+            },
+        )
+
+    def _complete(self, payload: dict[str, Any], behaviour: Behaviour, t_body: float) -> None:
+        fault = behaviour.fault
+        prompt = payload.get("prompt")
+        if "_count" in payload:
+            prompt_tokens = payload["_count"]
+        elif isinstance(prompt, str):
+            prompt_tokens = len(word_ids(prompt))
+        elif isinstance(prompt, list):
+            prompt_tokens = len(prompt)
+        else:
+            prompt_tokens = 0
+        max_tokens = payload.get("max_tokens", 16)
+        if payload.get("model") not in (None, behaviour.model):
+            self._error(
+                404,
+                "NotFoundError",
+                f"The model `{payload.get('model')}` does not exist.",
+                param="model",
+            )
+            return
+        if prompt_tokens == 0:
+            self._error(400, "BadRequestError", "Prompt cannot be empty", param="prompt")
+            return
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            self._error(400, "BadRequestError", "max_tokens must be at least 1", param="max_tokens")
+            return
+        if prompt_tokens > behaviour.max_model_len:
+            message = TOO_LONG_MESSAGE.format(limit=behaviour.max_model_len, count=prompt_tokens)
+            self._error(400, "BadRequestError", message, param="input_tokens")
+            return
+        if fault == "http_500":
+            self._error(
+                500,
+                "InternalServerError",
+                "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+            )
+            return
+        if fault == "hang_before_headers":
+            self.fake.hang()
+            self.close_connection = True
+            return
+        if fault == "reset":
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.close_connection = True
+            return
+        total = behaviour.tokens
+        if total is None:
+            total = max(0, min(max_tokens, behaviour.max_model_len - prompt_tokens))
+        stream_options = payload.get("stream_options") or {}
+        include_usage = bool(stream_options.get("include_usage")) and fault != "no_usage"
+        with_ids = bool(payload.get("return_token_ids"))
+        self._stream(behaviour, t_body, total, prompt_tokens, include_usage, with_ids, payload)
+
+    def _stream(
+        self,
+        behaviour: Behaviour,
+        t_body: float,
+        total: int,
+        prompt_tokens: int,
+        include_usage: bool,
+        with_ids: bool,
+        payload: dict[str, Any],
+    ) -> None:
+        self.close_connection = True
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        fault = behaviour.fault
+        created = int(time.time())
+        request_id = f"cmpl-{created}"
+
+        def chunk(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> bytes:
+            body: dict[str, Any] = {
+                "id": request_id,
+                "object": "text_completion",
+                "created": created,
+                "model": behaviour.model,
+                "choices": choices,
+            }
+            if usage is not None:
+                body["usage"] = usage
+            return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+        try:
+            if fault == "hang_after_headers":
+                self.fake.hang()
+                return
+            for _ in range(behaviour.empty_chunks_first):
+                choice: dict[str, Any] = {"index": 0, "text": "", "finish_reason": None}
+                if with_ids:
+                    choice["token_ids"] = []
+                self._write(chunk([choice]))
+            sent = 0
+            first_at = None
+            last_at = None
+            while sent < total:
+                if fault in ("error_frame", "truncate", "malformed_chunk", "stall") and (
+                    sent >= behaviour.fault_after_tokens
+                ):
+                    self._inject(fault)
+                    return
+                count = min(behaviour.tokens_per_chunk, total - sent)
+                last_index = sent + count - 1
+                _sleep_until(
+                    t_body + behaviour.first_token_delay_s + last_index * behaviour.token_delay_s
+                )
+                choice = {
+                    "index": 0,
+                    "text": behaviour.token_text * count,
+                    "logprobs": None,
+                    "finish_reason": "length" if sent + count == total else None,
+                    "stop_reason": None,
+                }
+                if with_ids:
+                    choice["token_ids"] = [(sent + n) % VOCAB_SIZE for n in range(count)]
+                    if sent == 0:
+                        choice["prompt_token_ids"] = payload.get("prompt")
+                self._write(chunk([choice]))
+                now = time.perf_counter()
+                if first_at is None:
+                    first_at = now
+                last_at = now
+                sent += count
+            if include_usage:
+                usage = {
+                    "prompt_tokens": prompt_tokens,
+                    "total_tokens": prompt_tokens + total,
+                    "completion_tokens": total,
+                }
+                if behaviour.cached_prompt_tokens:
+                    usage["prompt_tokens_details"] = {
+                        "cached_tokens": behaviour.cached_prompt_tokens
+                    }
+                self._write(chunk([], usage))
+            self._write(b"data: [DONE]\n\n")
+            self.wfile.write(b"0\r\n\r\n")
+            end = time.perf_counter()
+            ttft = (first_at or end) - t_body
+            decode = (last_at or end) - (first_at or end)
+            self.fake.account(
+                requests=1,
+                ttft=ttft,
+                prefill=ttft,
+                decode=decode,
+                inter_token=decode,
+                inter_token_count=max(0, total - 1),
+                e2e=end - t_body,
+                prompt_tokens=prompt_tokens,
+                generation_tokens=total,
+                cached_tokens=behaviour.cached_prompt_tokens,
+            )
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up (a timeout test): nothing to tell it
+
+    def _inject(self, fault: str) -> None:
+        if fault == "error_frame":
+            error = {
+                "error": {
+                    "message": "Internal server error",
+                    "type": "InternalServerError",
+                    "param": None,
+                    "code": 500,
+                }
+            }
+            self._write(b"data: " + json.dumps(error).encode() + b"\n\n")
+            self._write(b"data: [DONE]\n\n")
+            self.wfile.write(b"0\r\n\r\n")
+        elif fault == "malformed_chunk":
+            self._write(b'data: {"id": "cmpl-1", "choices": [{"text": \n\n')
+            self._write(b"data: [DONE]\n\n")
+            self.wfile.write(b"0\r\n\r\n")
+        elif fault == "stall":
+            self.fake.hang()
+        # "truncate": return without the terminating chunk; the socket closes
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    def _read_body(self, keep: bool) -> tuple[bytes, int, bytes]:
+        """The body (or, when not kept, its comma count and first kilobyte)."""
+        remaining = int(self.headers.get("Content-Length", "0"))
+        pieces = []
+        commas = 0
+        head = b""
+        while remaining > 0:
+            piece = self.rfile.read(min(remaining, 1 << 20))
+            if not piece:
+                raise ConnectionError("client closed during upload")
+            remaining -= len(piece)
+            if keep:
+                pieces.append(piece)
+            else:
+                if len(head) < 1024:
+                    head += piece[: 1024 - len(head)]
+                commas += piece.count(b",")
+        return b"".join(pieces), commas, head
+
+    def _authorized(self) -> bool:
+        behaviour = self.fake.behaviour
+        sent = self.headers.get("Authorization", "")
+        if behaviour.fault == "reject_echoing_auth":
+            self._error(401, "AuthenticationError", f"invalid credentials in header {sent!r}")
+            return False
+        if behaviour.api_key is None or sent == f"Bearer {behaviour.api_key}":
+            return True
+        self._send_json(401, {"error": "Unauthorized"})
+        return False
+
+    def _write(self, event: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+
+    def _send(self, status: int, body: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _send_json(self, status: int, body: Any) -> None:
+        self._send(status, json.dumps(body).encode(), "application/json")
+
+    def _error(
+        self,
+        status: int,
+        error_type: str,
+        message: str,
+        param: str | None = None,
+        code_name: str | None = None,
+    ) -> None:
+        error = {"message": message, "type": error_type, "param": param, "code": status}
+        if code_name is not None:
+            error["code"] = code_name
+        self._send_json(status, {"error": error})
+
+
+def _sink_payload(head: bytes, commas: int) -> dict[str, Any]:
+    """What a discarded body asked for, from its first kilobyte and its comma count."""
+    text = head.decode("utf-8", "replace")
+    max_tokens = re.search(r'"max_tokens":\s*(\d+)', text)
+    marker = text.find('"prompt":')
+    head_commas = text[:marker].count(",") if marker != -1 else 0
+    usage = re.search(r'"include_usage":\s*true', text)
+    return {
+        "_count": commas - head_commas + 1,  # the prompt is last: its ids are its commas + 1
+        "max_tokens": int(max_tokens.group(1)) if max_tokens else 16,
+        "stream_options": {"include_usage": bool(usage)},
+    }
+
+
+def _exposition(behaviour: Behaviour, totals: _Totals) -> str:
+    """vLLM-shaped Prometheus text: HELP/TYPE, labels, histograms with +Inf, _created."""
+    labels = f'engine="0",model_name="{behaviour.model}"'
+    lines: list[str] = []
+
+    def histogram(name: str, help_text: str, total: float, count: int) -> None:
+        lines.append(f"# HELP {name} {help_text}")
+        lines.append(f"# TYPE {name} histogram")
+        for bound in ("0.001", "0.01", "0.1", "1.0", "10.0"):
+            below = count if count and total / count <= float(bound) else 0  # all at the mean
+            lines.append(f'{name}_bucket{{{labels},le="{bound}"}} {float(below)}')
+        lines.append(f'{name}_bucket{{{labels},le="+Inf"}} {float(count)}')
+        lines.append(f"{name}_count{{{labels}}} {float(count)}")
+        lines.append(f"{name}_sum{{{labels}}} {total!r}")
+        lines.append(f"{name}_created{{{labels}}} {totals.created!r}")
+
+    def counter(name: str, help_text: str, value: float, extra: str = "") -> None:
+        if not any(line.startswith(f"# TYPE {name} ") for line in lines):
+            lines.append(f"# HELP {name} {help_text}")
+            lines.append(f"# TYPE {name} counter")
+        label_text = labels + (f",{extra}" if extra else "")
+        lines.append(f"{name}_total{{{label_text}}} {float(value)}")
+        lines.append(f"{name}_created{{{label_text}}} {totals.created!r}")
+
+    histogram(
+        "vllm:time_to_first_token_seconds",
+        "Histogram of time to first token in seconds.",
+        totals.ttft,
+        totals.requests,
+    )
+    histogram(
+        "vllm:request_prefill_time_seconds",
+        "Histogram of time spent in PREFILL phase for request.",
+        totals.prefill,
+        totals.requests,
+    )
+    histogram(
+        "vllm:request_queue_time_seconds",
+        "Histogram of time spent in WAITING phase for request.",
+        totals.queue,
+        totals.requests,
+    )
+    histogram(
+        "vllm:request_decode_time_seconds",
+        "Histogram of time spent in DECODE phase for request.",
+        totals.decode,
+        totals.requests,
+    )
+    histogram(
+        "vllm:inter_token_latency_seconds",
+        "Histogram of inter-token latency in seconds.",
+        totals.inter_token,
+        totals.inter_token_count,
+    )
+    histogram(
+        "vllm:e2e_request_latency_seconds",
+        "Histogram of e2e request latency in seconds.",
+        totals.e2e,
+        totals.requests,
+    )
+    counter("vllm:prompt_tokens", "Number of prefill tokens processed.", totals.prompt_tokens)
+    counter(
+        "vllm:generation_tokens",
+        "Number of generation tokens processed.",
+        totals.generation_tokens,
+    )
+    counter(
+        "vllm:prompt_tokens_cached",
+        "Number of cached prompt tokens (local + external).",
+        totals.cached_tokens,
+    )
+    computed = totals.prompt_tokens - totals.cached_tokens
+    counter(
+        "vllm:prompt_tokens_by_source",
+        "Number of prompt tokens by source.",
+        computed,
+        'source="local_compute"',
+    )
+    counter(
+        "vllm:prompt_tokens_by_source",
+        "Number of prompt tokens by source.",
+        totals.cached_tokens,
+        'source="local_cache_hit"',
+    )
+    counter(
+        "vllm:prefix_cache_queries",
+        "Prefix cache queries, in terms of number of queried tokens.",
+        totals.prompt_tokens,
+    )
+    counter(
+        "vllm:prefix_cache_hits",
+        "Prefix cache hits, in terms of number of cached tokens.",
+        totals.cached_tokens,
+    )
+    lines.append("# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.")
+    lines.append("# TYPE vllm:kv_cache_usage_perc gauge")
+    lines.append(f"vllm:kv_cache_usage_perc{{{labels}}} 0.0")
+    lines.append("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig")
+    lines.append("# TYPE vllm:cache_config_info gauge")
+    size_tokens = behaviour.block_size * behaviour.num_gpu_blocks
+    lines.append(
+        f'vllm:cache_config_info{{block_size="{behaviour.block_size}",cache_dtype="auto",'
+        f'enable_prefix_caching="True",engine="0",kv_cache_size_tokens="{size_tokens}",'
+        f'num_gpu_blocks="{behaviour.num_gpu_blocks}"}} 1.0'
+    )
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture
+def fake_vllm() -> Iterator[FakeVLLM]:
+    """A started fake server with default behaviour; ``configure()`` it per test."""
+    with FakeVLLM() as server:
+        yield server

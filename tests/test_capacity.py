@@ -1,0 +1,441 @@
+"""The capacity model against the study's figures and vLLM's reported cache sizes.
+
+Expected values are computed here by hand from the layout rules, never read back from the code.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from pytest_longctx.capacity import (
+    GIB,
+    Hardware,
+    ModelConfigError,
+    cache_layout,
+    capacity_table,
+    cpu_block_size,
+    crossover_tokens,
+    fit_point,
+    load_model_config,
+    plot_kv_footprint,
+    render_capacity_table,
+    token_capacity,
+)
+
+KIMI_CONFIG = Path(__file__).parent / "data" / "kimi-linear-48b-a3b-config.json"
+MI = 1024**2
+
+# The study's node: 8 ranks of 288 GiB, vLLM at 0.952 utilisation, 91.5e9 bytes of weights.
+STUDY_NODE = Hardware(
+    devices=8,
+    memory_per_device_bytes=288 * GIB,
+    memory_utilization=0.952,
+    weights_bytes=int(91.5e9),
+)
+
+
+@pytest.fixture(scope="module")
+def kimi() -> dict:
+    return load_model_config(KIMI_CONFIG)
+
+
+def llama_8b_like() -> dict:
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "num_hidden_layers": 32,
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "torch_dtype": "bfloat16",
+    }
+
+
+def deepseek_v3_like(layers: int = 61) -> dict:
+    return {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "num_hidden_layers": layers,
+        "hidden_size": 7168,
+        "num_attention_heads": 128,
+        "num_key_value_heads": 128,
+        "q_lora_rank": 1536,
+        "kv_lora_rank": 512,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+        "torch_dtype": "bfloat16",
+    }
+
+
+# --- loading ------------------------------------------------------------------------------
+
+
+def test_loads_a_config_from_a_file_or_a_model_folder(tmp_path, kimi):
+    (tmp_path / "config.json").write_text(KIMI_CONFIG.read_text())
+    assert load_model_config(tmp_path) == kimi
+    assert kimi["model_type"] == "kimi_linear"
+
+
+def test_missing_config_names_the_path(tmp_path):
+    with pytest.raises(ModelConfigError, match=str(tmp_path / "config.json")):
+        load_model_config(tmp_path)
+    with pytest.raises(ModelConfigError, match="nope.json"):
+        load_model_config(tmp_path / "nope.json")
+
+
+def test_malformed_config_names_the_path(tmp_path):
+    broken = tmp_path / "config.json"
+    broken.write_text('{"num_hidden_layers": 2,')
+    with pytest.raises(ModelConfigError, match="config.json.*JSON"):
+        load_model_config(broken)
+    broken.write_text("[1, 2]")
+    with pytest.raises(ModelConfigError, match="list"):
+        load_model_config(broken)
+
+
+def test_missing_field_is_named():
+    config = deepseek_v3_like()
+    del config["qk_rope_head_dim"]
+    with pytest.raises(ModelConfigError, match="qk_rope_head_dim"):
+        cache_layout(config)
+
+
+# --- Kimi Linear: the study's figures --------------------------------------------------------
+
+
+def test_kimi_layout_matches_the_study(kimi):
+    fp8 = cache_layout(kimi, cache_dtype="fp8", tensor_parallel=8)
+    bf16 = cache_layout(kimi, cache_dtype="auto", tensor_parallel=8)
+    assert (fp8.kind, fp8.attention, fp8.attention_layers, fp8.constant_state_layers) == (
+        "hybrid",
+        "mla",
+        7,
+        20,
+    )
+    latent = 512 + 64
+    assert fp8.kv_bytes_per_token == 7 * latent * 1 == 4032
+    assert bf16.kv_bytes_per_token == 7 * latent * 2 == 8064
+    assert bf16.model_dtype == "bfloat16"
+    # The MLA latent is whole on every rank: TP does not change it.
+    assert cache_layout(kimi, cache_dtype="fp8", tensor_parallel=1).kv_bytes_per_token == 4032
+    assert fp8.kv_replicated
+
+
+def test_kimi_kv_at_1mi_and_64mi(kimi):
+    fp8 = cache_layout(kimi, cache_dtype="fp8_e4m3", tensor_parallel=8)
+    bf16 = cache_layout(kimi, cache_dtype="bfloat16", tensor_parallel=8)
+    assert fp8.kv_bytes(1 * MI) == 1_048_576 * 4032
+    assert fp8.kv_bytes(1 * MI) / GIB == pytest.approx(4, abs=0.07)  # "roughly 4 GiB"
+    assert fp8.kv_bytes(64 * MI) == 252 * GIB
+    assert bf16.kv_bytes(64 * MI) == 504 * GIB
+    assert bf16.kv_bytes(64 * MI) / (96 * GIB) == pytest.approx(2 * 2.625)
+
+
+def test_kimi_constant_state(kimi):
+    layout = cache_layout(kimi, cache_dtype="fp8", tensor_parallel=8)
+    conv = (4 - 1) * 3 * 32 * 128 * 2  # bf16 model dtype
+    recurrent = 32 * 128 * 128 * 4  # float32
+    assert (conv, recurrent) == (73_728, 2_097_152)
+    assert layout.state_bytes_unsharded == 20 * (conv + recurrent) == 43_417_600
+    # vLLM splits the linear-attention heads across ranks.
+    assert layout.state_bytes_per_rank == 43_417_600 // 8
+    assert cache_layout(kimi, tensor_parallel=1).state_bytes_per_rank == 43_417_600
+    # Independent of the KV-cache dtype: the conv state follows the model dtype.
+    assert cache_layout(kimi, tensor_parallel=8).state_bytes_per_rank == 43_417_600 // 8
+
+
+def test_kimi_tp_must_divide_linear_heads(kimi):
+    with pytest.raises(ValueError, match="32 linear-attention heads"):
+        cache_layout(kimi, tensor_parallel=3)
+
+
+def test_kimi_hybrid_block_size_hint(kimi):
+    # vLLM: attention block = 128 * ceil(state page / (128 * attention bytes per token)).
+    state_page = (73_728 + 2_097_152) // 8
+    fp8 = cache_layout(kimi, cache_dtype="fp8", tensor_parallel=8)
+    bf16 = cache_layout(kimi, tensor_parallel=8)
+    assert fp8.block_size_hint == 128 * -(-state_page // (128 * 576))
+    assert bf16.block_size_hint == 128 * -(-state_page // (128 * 1152))
+    assert fp8.block_size_hint * 576 >= state_page
+    assert (fp8.block_size_hint - 128) * 576 < state_page
+
+
+@pytest.mark.parametrize(
+    ("reference_gib", "study_millions"),
+    [(6, 1.6), (48, 12.8), (96, 25.6)],
+)
+def test_kimi_crossovers_are_gib_over_decimal_millions(kimi, reference_gib, study_millions):
+    fp8 = cache_layout(kimi, cache_dtype="fp8", tensor_parallel=8)
+    tokens = crossover_tokens(fp8, reference_gib * GIB)
+    assert fp8.kv_bytes(tokens) >= reference_gib * GIB > fp8.kv_bytes(tokens - 1)
+    assert round(tokens / 1e6, 1) == study_millions
+    # Decimal gigabytes would not give the study's figures.
+    assert round(crossover_tokens(fp8, reference_gib * 1e9) / 1e6, 1) != study_millions
+
+
+def test_kimi_64mi_fits_in_fp8_not_in_bf16(kimi):
+    fp8 = cache_layout(kimi, cache_dtype="fp8_e4m3", tensor_parallel=8)
+    bf16 = cache_layout(kimi, cache_dtype="auto", tensor_parallel=8)
+    available = int(288 * GIB * 0.952)
+    weights = int(91.5e9) / 8
+    state = 43_417_600 // 8
+
+    good = fit_point(fp8, STUDY_NODE, 64 * MI, decode_tokens=64)
+    assert good.fits
+    assert good.available_bytes == available
+    assert good.kv_bytes == (64 * MI + 64) * 4032
+    assert good.need_bytes == pytest.approx((64 * MI + 64) * 4032 + state + weights, abs=1)
+    assert good.suggestion is None
+
+    bad = fit_point(bf16, STUDY_NODE, 64 * MI, decode_tokens=64)
+    assert not bad.fits
+    assert bad.need_bytes > available
+    assert "FP8" in bad.suggestion and "fp8_e4m3" in bad.suggestion
+    fp8_need_gib = ((64 * MI + 64) * 4032 + state + weights) / GIB
+    assert f"{fp8_need_gib:.2f} GiB" in bad.suggestion
+    # The reason gives both figures in GiB.
+    assert f"{bad.need_bytes / GIB:.2f} GiB" in bad.reason
+    assert f"{available / GIB:.2f} GiB" in bad.reason
+    # Longest context that fits as configured, by hand.
+    assert bad.max_tokens == (available - state - int(weights)) // 8064
+
+
+def test_kimi_no_change_fits_when_even_fp8_is_too_big(kimi):
+    fp8 = cache_layout(kimi, cache_dtype="fp8", tensor_parallel=8)
+    point = fit_point(fp8, STUDY_NODE, 128 * MI)
+    assert not point.fits
+    # More ranks do not shrink the MLA latent and the node has no more devices anyway.
+    assert point.suggestion == "no change within this node fits it"
+
+
+def test_more_ranks_only_help_mla_through_the_weights(kimi):
+    fp8_tp1 = cache_layout(kimi, cache_dtype="fp8", tensor_parallel=1)
+    node = Hardware(
+        devices=8,
+        memory_per_device_bytes=96 * GIB,
+        memory_utilization=1.0,
+        weights_bytes=int(91.5e9),
+    )
+    # 85.2 GiB of weights plus 15.75 GiB of KV overflow one 96 GiB rank.
+    length = 4 * MI  # 15.75 GiB of KV
+    point = fit_point(fp8_tp1, node, length)
+    assert not point.fits
+    # TP=2 halves the weights (42.6 GiB) while the KV stays 15.75 GiB: fits.
+    assert point.suggestion.startswith("2 tensor-parallel ranks")
+
+
+def test_capacity_table_renders_every_length(kimi):
+    bf16 = cache_layout(kimi, tensor_parallel=8)
+    lengths = [1024 * 2**i for i in range(17)]
+    rows = capacity_table(bf16, STUDY_NODE, lengths, decode_tokens=64)
+    assert [row.length for row in rows] == lengths
+    assert [row.fits for row in rows] == [True] * 16 + [False]
+    text = render_capacity_table(rows, bf16)
+    assert "64Mi" in text and "1Ki" in text and "NO" in text
+    assert "504.00" in text  # KV GiB per rank at 64Mi in BF16
+    assert "8,064 B/token" in text
+    assert text.count("yes") == 16
+
+
+# --- GQA --------------------------------------------------------------------------------------
+
+
+def test_gqa_llama_8b_like():
+    layout = cache_layout(llama_8b_like(), tensor_parallel=1)
+    head_dim = 4096 // 32
+    assert layout.kind == "gqa"
+    assert layout.kv_bytes_per_token == 32 * 2 * 8 * head_dim * 2 == 131_072
+    assert cache_layout(llama_8b_like(), tensor_parallel=4).kv_bytes_per_token == 131_072 // 4
+    assert not cache_layout(llama_8b_like(), tensor_parallel=8).kv_replicated
+
+
+def test_gqa_kv_heads_never_go_below_one_per_rank():
+    layout = cache_layout(llama_8b_like(), tensor_parallel=16)
+    assert layout.kv_bytes_per_token == 32 * 2 * 1 * 128 * 2 == 16_384
+    assert layout.kv_replicated
+
+
+def test_gqa_defaults_and_explicit_head_dim():
+    config = {"num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 4}
+    # No num_key_value_heads: as many as the query heads; head_dim = 256 // 4.
+    assert cache_layout(config).kv_bytes_per_token == 2 * 2 * 4 * 64 * 2
+    config["head_dim"] = 128
+    config["num_key_value_heads"] = 1
+    assert cache_layout(config).kv_bytes_per_token == 2 * 2 * 1 * 128 * 2
+
+
+def test_float32_checkpoints_are_served_in_bfloat16_like_vllm():
+    config = {**llama_8b_like(), "torch_dtype": "float32"}
+    assert cache_layout(config).model_dtype == "bfloat16"
+    assert cache_layout(config, model_dtype="float32").kv_bytes_per_token == 131_072 * 2
+
+
+def test_more_ranks_suggested_for_gqa():
+    layout = cache_layout(llama_8b_like(), tensor_parallel=1, cache_dtype="bfloat16")
+    node = Hardware(
+        devices=8,
+        memory_per_device_bytes=24 * GIB,
+        memory_utilization=0.9,
+        weights_bytes=16 * 10**9,
+    )
+    point = fit_point(layout, node, 1 * MI)
+    assert not point.fits  # 128 GiB of KV on one 24 GiB device
+    # Fewest devices first: FP8 alone needs 64 GiB, TP=2/4 in BF16 need 64/32 GiB,
+    # TP=2 FP8 32 GiB, TP=4 FP8 = 16 GiB KV + 3.7 GiB weights <= 21.6 GiB.
+    assert point.suggestion.startswith("4 tensor-parallel ranks with an FP8 KV cache")
+    no_fp8 = cache_layout(llama_8b_like(), tensor_parallel=1, cache_dtype="fp8")
+    assert fit_point(no_fp8, node, 1 * MI).suggestion.startswith("4 tensor-parallel ranks would")
+
+
+# --- DeepSeek-V3-style MLA --------------------------------------------------------------------
+
+
+def test_deepseek_v3_like_mla():
+    for tp in (1, 8):
+        layout = cache_layout(deepseek_v3_like(), tensor_parallel=tp)
+        assert layout.kind == "mla"
+        assert layout.kv_bytes_per_token == 61 * (512 + 64) * 2 == 70_272
+        assert layout.state_bytes_per_rank == 0
+        assert layout.block_size_hint is None
+    fp8 = cache_layout(deepseek_v3_like(), cache_dtype="fp8_e5m2", tensor_parallel=8)
+    assert fp8.kv_bytes_per_token == 61 * 576
+
+
+# --- dtypes -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("cache_dtype", "model_dtype", "element_bytes"),
+    [
+        ("auto", "bfloat16", 2),
+        ("auto", "float16", 2),
+        ("auto", "float32", 4),
+        ("fp8", "bfloat16", 1),
+        ("fp8_e4m3", "bfloat16", 1),
+        ("fp8_e5m2", "float32", 1),
+        ("bfloat16", "float32", 2),
+        ("float16", "bfloat16", 2),
+    ],
+)
+def test_element_size_follows_cache_dtype(cache_dtype, model_dtype, element_bytes):
+    layout = cache_layout(llama_8b_like(), cache_dtype=cache_dtype, model_dtype=model_dtype)
+    assert layout.element_bytes == element_bytes
+    assert layout.kv_bytes_per_token == 32 * 2 * 8 * 128 * element_bytes
+
+
+def test_unknown_cache_dtype_names_the_accepted_values():
+    with pytest.raises(ValueError, match="'int4'.*auto.*fp8_e4m3"):
+        cache_layout(llama_8b_like(), cache_dtype="int4")
+
+
+def test_unknown_model_dtype_names_the_accepted_values():
+    with pytest.raises(ValueError, match="'float8'.*bfloat16"):
+        cache_layout(llama_8b_like(), model_dtype="float8")
+
+
+# --- vLLM on CPU: reported token capacity ----------------------------------------------------
+
+
+def test_cpu_llama_tiny_reports_2097152_tokens_in_1gib():
+    tiny = {
+        "num_hidden_layers": 2,
+        "hidden_size": 128,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 64,
+        "torch_dtype": "bfloat16",
+    }
+    layout = cache_layout(tiny)
+    assert layout.kv_bytes_per_token == 2 * 2 * 1 * 64 * 2 == 512
+    assert cpu_block_size(layout) == 128
+    assert token_capacity(layout, GIB, 128) == 2_097_152
+    assert token_capacity(layout, GIB, 128, max_model_len=32_768) == 2_097_152
+
+
+def test_cpu_mla_tiny_capacity_is_whole_blocks_and_the_last_block_effect():
+    layout = cache_layout(deepseek_v3_like(layers=2))
+    per_token = 2 * 576 * 2
+    assert layout.kv_bytes_per_token == per_token == 2304
+    block = cpu_block_size(layout)
+    assert block == 16
+    whole_blocks = GIB // (block * per_token)
+    capacity = token_capacity(layout, GIB, block)
+    assert capacity == whole_blocks * block
+    # Block rounding alone costs less than one block against the raw quotient ...
+    assert 0 <= GIB // per_token - capacity < block
+    # ... but vLLM printed 465,812: that is more than a block lower. vLLM scales the blocks
+    # by max_model_len / (blocks per max-length request * block); with a max_model_len that is
+    # not a multiple of 16 the last block of a request is partly wasted.
+    reported = 465_812
+    assert capacity - reported > block
+    max_model_len = 17_000  # 1063 blocks of 16 per request, 8 tokens of the last one unused
+    assert token_capacity(layout, GIB, block, max_model_len=max_model_len) == reported
+    assert int(whole_blocks / -(-max_model_len // block) * max_model_len) == reported
+    # The shortfall is bounded by (block - 1) / max_model_len of the whole-block capacity.
+    assert capacity - reported <= capacity * (block - 1) / max_model_len
+
+
+def test_explicit_kv_cache_size_excludes_the_weights():
+    tiny = {
+        "num_hidden_layers": 2,
+        "hidden_size": 128,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 64,
+    }
+    layout = cache_layout(tiny)
+    cpu = Hardware(
+        devices=1, memory_per_device_bytes=24 * GIB, kv_cache_bytes=GIB, weights_bytes=20 * GIB
+    )
+    inside = fit_point(layout, cpu, 1 * MI)  # 1Mi x 512 B = 0.5 GiB
+    assert inside.fits
+    assert inside.need_bytes == 1 * MI * 512
+    assert inside.available_bytes == GIB
+    assert inside.weights_bytes == 20 * GIB
+    outside = fit_point(layout, cpu, 4 * MI)  # 2 GiB of KV in a 1 GiB cache
+    assert not outside.fits
+    assert "--kv-cache-memory-bytes" in outside.reason
+    # 2 GiB of cache + 20 GiB of weights > 0.9 x 24 GiB: only a narrower cache would do.
+    assert "FP8" in outside.suggestion
+    roomy = Hardware(devices=1, memory_per_device_bytes=64 * GIB, kv_cache_bytes=GIB)
+    assert f"--kv-cache-memory-bytes {4 * MI * 512}" in fit_point(layout, roomy, 4 * MI).suggestion
+
+
+def test_fit_point_rejects_more_ranks_than_devices(kimi):
+    layout = cache_layout(kimi, cache_dtype="fp8", tensor_parallel=8)
+    with pytest.raises(ValueError, match="8 tensor-parallel ranks.*4 devices"):
+        fit_point(layout, Hardware(devices=4, memory_per_device_bytes=GIB), 1024)
+
+
+# --- figure -------------------------------------------------------------------------------------
+
+
+def test_plot_writes_a_png(tmp_path, kimi):
+    pytest.importorskip("matplotlib")
+    fp8 = cache_layout(kimi, cache_dtype="fp8", tensor_parallel=8)
+    bf16 = cache_layout(kimi, tensor_parallel=8)
+    lengths = [1024 * 2**i for i in range(17)]
+    marks = {
+        "active decode footprint (6 GiB)": 6 * GIB,
+        "half checkpoint (48 GiB)": 48 * GIB,
+        "checkpoint (96 GiB)": 96 * GIB,
+    }
+    out = plot_kv_footprint(
+        fp8, bf16, lengths, marks, tmp_path / "fig" / "kv.png", device_memory_bytes=288 * GIB
+    )
+    data = out.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", data[16:24])
+    assert width >= 400 and height >= 300
+    assert len(data) > 20_000  # lines, labels and legend, not a blank canvas
+
+
+def test_kimi_test_data_uses_the_real_field_names():
+    config = json.loads(KIMI_CONFIG.read_text())
+    linear = config["linear_attn_config"]
+    assert sorted(linear["full_attn_layers"] + linear["kda_layers"]) == list(range(1, 28))
+    assert config["architectures"] == ["KimiLinearForCausalLM"]
+    assert "max_position_embeddings" not in config

@@ -1,0 +1,506 @@
+"""The regression gate on hand-built records: no server, every expected number worked by hand."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pytest_longctx.gate import (
+    FINGERPRINT_KEYS,
+    BaselineError,
+    ToleranceError,
+    Tolerances,
+    compare,
+    compare_length,
+    fingerprint_differences,
+    load_baseline,
+    parse_tolerances,
+    write_baseline,
+)
+from pytest_longctx.records import Record, append_record, read_records
+from pytest_longctx.sizes import format_size
+
+KI = 1024
+
+FINGERPRINT = {
+    "model": "Qwen/Qwen2.5-0.5B-Instruct",
+    "revision": "7ae557604adf67be50417f59c2c2f167def9a775",
+    "profile": "gpu",
+    "kv_cache_dtype": "fp8_e4m3",
+    "tensor_parallel_size": 8,
+    "vllm_version": "0.32.0",
+    "hardware": {
+        "cpu_model": "AMD EPYC 9575F 64-Core Processor",
+        "cpu_count": 256,
+        "gpu_count": 8,
+        "gpu_names": ["NVIDIA H200"],
+    },
+}
+
+# Three repeats per length, shaped like the study's Table 1 (TTFT grows, decode barely moves).
+BASELINE_FIGURES = {
+    1 * KI: ([0.079, 0.080, 0.081], [275.6, 275.9, 276.2]),
+    2 * KI: ([0.119, 0.120, 0.121], [274.8, 275.0, 275.2]),
+    4 * KI: ([0.199, 0.200, 0.201], [273.7, 274.0, 274.3]),
+    8 * KI: ([0.349, 0.350, 0.351], [271.8, 272.0, 272.2]),
+}
+
+
+def points(
+    run_id: str,
+    length: int,
+    ttfts: list[float],
+    decodes: list[float] | None = None,
+    *,
+    fingerprint: dict | None = None,
+    outcome: str = "passed",
+) -> list[Record]:
+    if decodes is None:  # decode unchanged: the baseline's mean at this length
+        usual = BASELINE_FIGURES.get(length, ([], [250.0]))[1]
+        decodes = [round(sum(usual) / len(usual), 6)] * len(ttfts)
+    return [
+        Record(
+            run_id=run_id,
+            nodeid=f"test_sweep[len={format_size(length)}-rep={repeat}]",
+            length=length,
+            repeat=repeat,
+            outcome=outcome,
+            reason=None if outcome == "passed" else "server returned 500",
+            figures={"ttft": ttft, "decode_throughput": decode, "itl_median": 1 / decode}
+            if outcome == "passed"
+            else {},
+            prompt_tokens=length,
+            completion_tokens=128,
+            fingerprint=FINGERPRINT if fingerprint is None else fingerprint,
+            started_at=1_780_000_000.0 + 10 * repeat,
+            finished_at=1_780_000_001.0 + 10 * repeat,
+        )
+        for repeat, (ttft, decode) in enumerate(zip(ttfts, decodes, strict=True))
+    ]
+
+
+def sweep(run_id: str, figures: dict[int, tuple[list[float], list[float]]]) -> list[Record]:
+    return [record for length, (t, d) in figures.items() for record in points(run_id, length, t, d)]
+
+
+def baseline_sweep() -> list[Record]:
+    return sweep("base", BASELINE_FIGURES)
+
+
+def by_metric(verdict) -> dict:
+    return {metric_verdict.metric: metric_verdict for metric_verdict in verdict.verdicts}
+
+
+# --------------------------------------------------------------------------- comparison
+
+
+def test_an_equal_run_passes_at_every_length():
+    report = compare(baseline_sweep(), sweep("now", BASELINE_FIGURES), Tolerances())
+
+    assert report.passed
+    assert [v.length for v in report.lengths] == [1024, 2048, 4096, 8192]
+    assert {v.status for v in report.lengths} == {"ok"}
+    two_ki = by_metric(report.for_length(2 * KI))
+    assert set(two_ki) == {"ttft", "decode", "itl"}
+    assert two_ki["ttft"].change_pct == pytest.approx(0.0)
+    assert two_ki["ttft"].message == (
+        "TTFT at 2Ki ok: baseline 0.120 ± 0.001 s (n=3), now 0.120 ± 0.001 s (n=3), "
+        "+0.0% (tolerance +10%)"
+    )
+
+
+def test_a_slower_run_fails_exactly_the_slower_lengths_with_readable_messages():
+    current = dict(BASELINE_FIGURES)
+    # 2Ki and 8Ki: TTFT x1.3 (0.120 -> 0.156, 0.350 -> 0.455), decode x0.7 (275.0 -> 192.5,
+    # 272.0 -> 190.4); 1Ki and 4Ki unchanged.
+    current[2 * KI] = ([0.155, 0.156, 0.157], [192.3, 192.5, 192.7])
+    current[8 * KI] = ([0.454, 0.455, 0.456], [190.2, 190.4, 190.6])
+
+    report = compare(baseline_sweep(), sweep("now", current), parse_tolerances("ttft=10%"))
+
+    assert not report.passed
+    assert [v.length for v in report.regressed] == [2 * KI, 8 * KI]
+    assert report.for_length(1 * KI).status == "ok"
+    assert report.for_length(4 * KI).status == "ok"
+
+    two_ki = by_metric(report.for_length(2 * KI))
+    assert two_ki["ttft"].status == "regressed"
+    assert two_ki["ttft"].change_pct == pytest.approx(30.0)  # (0.156 - 0.120) / 0.120
+    assert two_ki["ttft"].message == (
+        "TTFT at 2Ki regressed: baseline 0.120 ± 0.001 s (n=3), now 0.156 ± 0.001 s (n=3), "
+        "+30.0% (tolerance +10%, beyond run-to-run spread)"
+    )
+    assert two_ki["decode"].change_pct == pytest.approx(-30.0)  # (192.5 - 275.0) / 275.0
+    assert two_ki["decode"].message == (
+        "decode throughput at 2Ki fell: baseline 275.0 ± 0.2 tok/s (n=3), "
+        "now 192.5 ± 0.2 tok/s (n=3), -30.0% (tolerance -5%, beyond run-to-run spread)"
+    )
+    # Inter-token gap is 1/throughput: 1/0.7 - 1 = +42.9%.
+    assert two_ki["itl"].status == "regressed"
+    assert two_ki["itl"].change_pct == pytest.approx(42.857, abs=0.01)
+
+    eight_ki = report.for_length(8 * KI)
+    assert "TTFT at 8Ki regressed: baseline 0.350 ± 0.001 s (n=3), now 0.455" in eight_ki.message
+    assert "+30.0% (tolerance +10%" in eight_ki.message
+    assert eight_ki.message.splitlines()[0].startswith("TTFT at 8Ki regressed")
+    assert report.summary_lines()[0].endswith("2 of 4 lengths regressed (2Ki, 8Ki)")
+
+
+def test_a_slowdown_hidden_in_run_to_run_noise_passes():
+    # Baseline 0.200 ± 0.001; now 0.150/0.224/0.298: mean 0.224 (+12.0%), std 0.074.
+    # 3 * sqrt(0.001^2/3 + 0.074^2/3) = 3 * 0.04273 = 0.128 s > 0.024 s difference.
+    current = points("now", 4 * KI, [0.150, 0.224, 0.298])
+    verdict = compare_length(baseline_sweep(), current, 4 * KI, Tolerances())
+
+    ttft = by_metric(verdict)["ttft"]
+    assert ttft.status == "ok"
+    assert verdict.status == "ok"
+    assert ttft.change_pct == pytest.approx(12.0)
+    assert ttft.spread == pytest.approx(0.1282, abs=1e-4)
+    assert ttft.message == (
+        "TTFT at 4Ki ok within noise: baseline 0.200 ± 0.001 s (n=3), "
+        "now 0.224 ± 0.074 s (n=3), +12.0% exceeds tolerance +10% "
+        "but not the run-to-run spread (3 standard errors = 0.128 s)"
+    )
+
+
+def test_one_wild_repeat_does_not_fail_but_a_consistent_slowdown_does():
+    baseline = baseline_sweep()
+    # One hiccup: 0.200, 0.201, 0.290 -> mean 0.2303 (+15.2%) but std 0.0517 widens the spread.
+    wild = compare_length(baseline, points("now", 4 * KI, [0.200, 0.201, 0.290]), 4 * KI)
+    assert by_metric(wild)["ttft"].change_pct == pytest.approx(15.17, abs=0.01)
+    assert wild.status == "ok"
+
+    # Every repeat 12% slower, spread 0.001: 0.224 vs 0.200 is 24 standard errors apart.
+    steady = compare_length(baseline, points("now", 4 * KI, [0.223, 0.224, 0.225]), 4 * KI)
+    assert steady.status == "regressed"
+    assert by_metric(steady)["ttft"].message == (
+        "TTFT at 4Ki regressed: baseline 0.200 ± 0.001 s (n=3), now 0.224 ± 0.001 s (n=3), "
+        "+12.0% (tolerance +10%, beyond run-to-run spread)"
+    )
+
+
+def test_single_samples_fall_back_to_the_tolerance_and_say_so():
+    baseline = points("base", 4 * KI, [0.200])
+    slower = compare_length(baseline, points("now", 4 * KI, [0.224]), 4 * KI)
+    ttft = by_metric(slower)["ttft"]
+    assert ttft.status == "regressed"
+    assert ttft.spread is None
+    assert ttft.message == (
+        "TTFT at 4Ki regressed: baseline 0.200 s (n=1), now 0.224 s (n=1), +12.0% "
+        "(tolerance +10%, one sample per side, spread unknown: judged on tolerance alone)"
+    )
+    # +5% is inside the tolerance: one sample each is enough to pass.
+    close = compare_length(baseline, points("now", 4 * KI, [0.210]), 4 * KI)
+    assert by_metric(close)["ttft"].status == "ok"
+
+
+def test_a_single_current_sample_borrows_the_baseline_spread():
+    # Quiet baseline (std 0.001): 3 * 0.001 * sqrt(1/3 + 1) = 0.0035 s, so 0.224 is a regression.
+    quiet = compare_length(baseline_sweep(), points("now", 4 * KI, [0.224]), 4 * KI)
+    ttft = by_metric(quiet)["ttft"]
+    assert ttft.status == "regressed"
+    assert ttft.spread == pytest.approx(0.003464, abs=1e-6)
+    assert "estimated from baseline's repeats" in ttft.message
+
+    # Noisy baseline 0.170/0.200/0.230 (std 0.030): 3 * 0.030 * 1.1547 = 0.104 s > 0.024 s.
+    noisy = points("base", 4 * KI, [0.170, 0.200, 0.230])
+    assert compare_length(noisy, points("now", 4 * KI, [0.224]), 4 * KI).status == "ok"
+
+
+def test_a_change_of_exactly_the_tolerance_passes():
+    # 1.0 s -> 1.1 s is +10% on paper, 10.000000000000009% in binary floating point.
+    baseline = points("base", 4 * KI, [1.0, 1.0, 1.0])
+    current = points("now", 4 * KI, [1.1, 1.1, 1.1])
+    assert compare_length(baseline, current, 4 * KI).status == "ok"
+    current = points("now", 4 * KI, [1.101, 1.101, 1.101])
+    assert compare_length(baseline, current, 4 * KI).status == "regressed"
+
+
+def test_improvements_are_reported_and_do_not_fail():
+    # 0.200 -> 0.150 is -25.0%; decode 274.0 -> 301.4 is +10.0%.
+    current = points("now", 4 * KI, [0.149, 0.150, 0.151], [301.1, 301.4, 301.7])
+    report = compare(baseline_sweep(), current)
+
+    assert report.passed
+    four_ki = report.for_length(4 * KI)
+    assert four_ki.status == "improved"
+    assert report.improved == (four_ki,)
+    ttft = by_metric(four_ki)["ttft"]
+    assert ttft.change_pct == pytest.approx(-25.0)
+    assert ttft.message.startswith(
+        "TTFT at 4Ki improved: baseline 0.200 ± 0.001 s (n=3), now 0.150 ± 0.001 s (n=3), -25.0%"
+    )
+    assert "refresh the baseline" in ttft.message
+    decode = by_metric(four_ki)["decode"]
+    assert decode.status == "improved"
+    assert decode.change_pct == pytest.approx(10.0)
+    assert decode.message.startswith("decode throughput at 4Ki rose:")
+
+
+def test_lengths_on_one_side_are_reported_not_dropped():
+    current = (
+        points("now", 1 * KI, *BASELINE_FIGURES[1 * KI])
+        + points("now", 2 * KI, *BASELINE_FIGURES[2 * KI])
+        + points("now", 4 * KI, [0.0] * 3, outcome="error")
+        + points("now", 16 * KI, [0.61, 0.62, 0.63])
+    )
+    report = compare(baseline_sweep(), current)
+
+    assert report.missing_in_current == (4 * KI, 8 * KI)
+    assert report.missing_in_baseline == (16 * KI,)
+    assert report.passed
+    assert "3 attempts, none passed" in report.for_length(4 * KI).message
+    assert "not measured" in report.for_length(8 * KI).message
+    assert "16Ki: absent from the baseline" in report.for_length(16 * KI).message
+    lines = report.summary_lines()
+    assert any(line.startswith("8Ki:") for line in lines)
+    assert any(line.startswith("16Ki:") for line in lines)
+
+
+def test_a_figure_on_one_side_only_is_insufficient_not_a_pass():
+    current = [
+        Record(**{**vars(record), "figures": {"ttft": record.figures["ttft"]}})
+        for record in points("now", 4 * KI, *BASELINE_FIGURES[4 * KI])
+    ]
+    verdict = compare_length(baseline_sweep(), current, 4 * KI)
+
+    assert verdict.status == "insufficient"
+    decode = by_metric(verdict)["decode"]
+    assert decode.status == "insufficient"
+    assert decode.message == (
+        "decode throughput at 4Ki: not compared, "
+        "this run has no decode_throughput figure (baseline n=3)"
+    )
+    assert by_metric(verdict)["ttft"].status == "ok"
+
+
+def test_per_length_tolerance_overrides_apply_to_their_length_only():
+    current = dict(BASELINE_FIGURES)
+    current[2 * KI] = ([0.1334, 0.1344, 0.1354], BASELINE_FIGURES[2 * KI][1])  # +12.0%
+    current[8 * KI] = ([0.391, 0.392, 0.393], BASELINE_FIGURES[8 * KI][1])  # +12.0%
+    tolerances = parse_tolerances("ttft=10%,8Ki:ttft=15%")
+
+    report = compare(baseline_sweep(), sweep("now", current), tolerances)
+
+    assert [v.length for v in report.regressed] == [2 * KI]
+    eight_ki = by_metric(report.for_length(8 * KI))["ttft"]
+    assert eight_ki.tolerance_pct == 15.0
+    assert eight_ki.message.endswith("+12.0% (tolerance +15%)")
+
+
+def test_a_metric_switched_off_is_not_judged():
+    current = points("now", 4 * KI, [0.223, 0.224, 0.225], BASELINE_FIGURES[4 * KI][1])
+    verdict = compare_length(baseline_sweep(), current, 4 * KI, parse_tolerances("ttft=off"))
+    assert verdict.status == "ok"
+    assert set(by_metric(verdict)) == {"decode", "itl"}
+
+
+def test_a_resumed_point_counts_once_with_its_latest_record():
+    failed_first = points("now", 4 * KI, [0.0, 0.0, 0.0], outcome="failed")
+    retried = points("now", 4 * KI, [0.223, 0.224, 0.225])
+    verdict = compare_length(baseline_sweep(), failed_first + retried, 4 * KI)
+    assert by_metric(verdict)["ttft"].current.n == 3
+    assert verdict.status == "regressed"
+
+
+# --------------------------------------------------------------------------- fingerprints
+
+
+def with_fingerprint(**changes) -> dict:
+    return {**FINGERPRINT, **changes}
+
+
+def test_matching_fingerprints_have_no_differences():
+    assert fingerprint_differences(baseline_sweep(), sweep("now", BASELINE_FIGURES)) == []
+    # 8 as an int in one run and "8" as text in the other is the same setting.
+    assert (
+        fingerprint_differences(baseline_sweep(), with_fingerprint(tensor_parallel_size="8")) == []
+    )
+
+
+def test_each_differing_key_is_listed_in_reading_order():
+    now = with_fingerprint(
+        vllm_version="0.33.0",
+        kv_cache_dtype="auto",
+        hardware={**FINGERPRINT["hardware"], "gpu_count": 4},
+    )
+    assert fingerprint_differences(baseline_sweep(), now) == [
+        "kv_cache_dtype: baseline fp8_e4m3, now auto",
+        "vllm_version: baseline 0.32.0, now 0.33.0",
+        "hardware: baseline 8x NVIDIA H200, now 4x NVIDIA H200",
+    ]
+
+
+def test_hardware_identity_is_the_gpus_on_gpu_hosts_and_the_cpu_otherwise():
+    other_host_cpu = with_fingerprint(
+        hardware={**FINGERPRINT["hardware"], "cpu_model": "Intel Xeon Platinum 8480+"}
+    )
+    assert fingerprint_differences(baseline_sweep(), other_host_cpu) == []
+
+    cpu = {"cpu_model": "AMD EPYC 7763 64-Core Processor", "cpu_count": 2, "gpu_count": 0}
+    cpu_baseline = points("base", KI, [2.1], fingerprint=with_fingerprint(hardware=cpu))
+    other_cpu = with_fingerprint(hardware={**cpu, "cpu_model": "Intel Xeon Platinum 8480+"})
+    assert fingerprint_differences(cpu_baseline, other_cpu) == [
+        "hardware: baseline CPU AMD EPYC 7763 64-Core Processor (2 cores), "
+        "now CPU Intel Xeon Platinum 8480+ (2 cores)"
+    ]
+
+
+def test_a_key_missing_on_one_side_is_a_difference():
+    now = {key: value for key, value in FINGERPRINT.items() if key != "revision"}
+    assert fingerprint_differences(baseline_sweep(), now) == [
+        f"revision: baseline {FINGERPRINT['revision']}, now (not recorded)"
+    ]
+    assert set(FINGERPRINT) == set(FINGERPRINT_KEYS)
+
+
+# --------------------------------------------------------------------------- tolerances
+
+
+def test_defaults_and_partial_specs():
+    assert parse_tolerances("") == Tolerances()
+    defaults = parse_tolerances(None)
+    assert [defaults.for_metric(m, 64 * KI) for m in ("ttft", "decode", "itl")] == [10, 5, 10]
+    partial = parse_tolerances("decode=3%")
+    assert [partial.for_metric(m, 64 * KI) for m in ("ttft", "decode", "itl")] == [10, 3, 10]
+
+
+def test_per_length_overrides():
+    spec = parse_tolerances("ttft=10%,decode=5%,64Ki:ttft=20%,1Mi:decode=8%")
+    assert spec.for_metric("ttft", 65536) == 20.0
+    assert spec.for_metric("decode", 65536) == 5.0
+    assert spec.for_metric("decode", 1048576) == 8.0
+    assert spec.for_metric("ttft", 1048576) == 10.0
+    assert spec.for_metric("itl", 65536) == 10.0
+
+
+@pytest.mark.parametrize(
+    ("text", "metric", "length", "expected"),
+    [
+        ("ttft=15", "ttft", 1024, 15.0),
+        ("ttft = 2.5 % ", "ttft", 1024, 2.5),
+        ("TTFT=0", "ttft", 1024, 0.0),
+        ("ttft=0.5%", "ttft", 1024, 0.5),
+        ("itl=off", "itl", 1024, None),
+        ("65536:itl=OFF", "itl", 65536, None),
+        ("ttft=10%,", "ttft", 1024, 10.0),
+    ],
+)
+def test_accepted_percent_forms(text, metric, length, expected):
+    assert parse_tolerances(text).for_metric(metric, length) == expected
+
+
+def test_describe_round_trips():
+    spec = parse_tolerances("decode=3%,64Ki:ttft=20%,1Mi:itl=off")
+    assert spec.describe() == "ttft=10%,decode=3%,itl=10%,64Ki:ttft=20%,1Mi:itl=off"
+    assert parse_tolerances(spec.describe()) == spec
+
+
+@pytest.mark.parametrize(
+    ("text", "bad_part", "problem"),
+    [
+        ("ttft10%", "ttft10%", "is not METRIC=PERCENT"),
+        ("ttft=10%,latency=5%", "latency=5%", "unknown metric 'latency'"),
+        ("64Kb:ttft=20%", "64Kb:ttft=20%", "bad length"),
+        ("0:ttft=20%", "0:ttft=20%", "bad length"),
+        ("ttft=ten%", "ttft=ten%", "bad percentage 'ten%'"),
+        ("ttft=", "ttft=", "bad percentage ''"),
+        ("decode=-5%", "decode=-5%", "must be 0 or more"),
+        ("decode=nan", "decode=nan", "must be 0 or more"),
+        ("decode=inf%", "decode=inf%", "must be 0 or more"),
+        ("ttft=0.1", "ttft=0.1", "ambiguous percentage '0.1'"),
+        ("ttft=10%,ttft=12%", "ttft=12%", "sets ttft as a default a second time"),
+        ("64Ki:ttft=1%,65536:ttft=2%", "65536:ttft=2%", "sets ttft at 64Ki a second time"),
+    ],
+)
+def test_every_bad_spec_names_the_option_the_part_and_the_form(text, bad_part, problem):
+    with pytest.raises(ToleranceError) as caught:
+        parse_tolerances(text)
+    message = str(caught.value)
+    assert message.startswith(f"--longctx-tolerance: {bad_part!r} ")
+    assert problem in message
+    assert "METRIC=PERCENT or LENGTH:METRIC=PERCENT" in message
+    assert isinstance(caught.value, ValueError)
+
+
+# --------------------------------------------------------------------------- baseline files
+
+
+def test_write_then_load_a_baseline_keeps_every_passed_record(tmp_path):
+    run = baseline_sweep() + points("base", 16 * KI, [0.0], outcome="failed")
+    target = tmp_path / "ci" / "baseline.jsonl"
+
+    assert write_baseline(run, target) == 12
+    assert sorted(p.name for p in target.parent.iterdir()) == ["baseline.jsonl"]
+    problems: list[str] = []
+    loaded = load_baseline(target, problems)
+    assert loaded == [record for record in run if record.outcome == "passed"]
+    assert problems == []
+
+    # Rewriting replaces the file instead of appending to it.
+    write_baseline(run[:3], target)
+    assert len(read_records(target).records) == 3
+
+
+def test_a_run_folder_is_read_through_its_results_file(tmp_path):
+    for record in baseline_sweep():
+        append_record(tmp_path / "results.jsonl", record)
+    assert len(load_baseline(tmp_path)) == 12
+
+
+def test_a_corrupt_line_among_good_ones_is_reported_not_fatal(tmp_path):
+    file = tmp_path / "baseline.jsonl"
+    records = baseline_sweep()
+    append_record(file, records[0])
+    with open(file, "a", encoding="utf-8") as handle:
+        handle.write('{"schema_version": 1, "run_id": "base", "nodeid": \n')
+    append_record(file, records[1])
+
+    problems: list[str] = []
+    assert load_baseline(file, problems) == records[:2]
+    assert len(problems) == 1
+    assert f"{file}:2:" in problems[0]
+
+
+def test_writing_a_run_without_passed_records_is_refused(tmp_path):
+    with pytest.raises(BaselineError, match="no passed records"):
+        write_baseline(points("base", KI, [0.0], outcome="error"), tmp_path / "b.jsonl")
+    assert not (tmp_path / "b.jsonl").exists()
+
+
+def write_lines(path, *lines: str):
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("make", "problem"),
+    [
+        (lambda tmp: tmp / "nowhere.jsonl", "no such file"),
+        (lambda tmp: (tmp / "empty_run").mkdir() or tmp / "empty_run", "holds no results.jsonl"),
+        (lambda tmp: write_lines(tmp / "b.jsonl"), "the file is empty"),
+        (lambda tmp: write_lines(tmp / "b.jsonl", "", "   "), "the file is empty"),
+        (
+            lambda tmp: write_lines(tmp / "b.jsonl", "not json", '{"schema_version": 99}'),
+            "every line is corrupt (2 lines)",
+        ),
+        (
+            lambda tmp: write_lines(
+                tmp / "b.jsonl",
+                *(json.dumps(r.to_json()) for r in points("b", KI, [0, 0], outcome="failed")),
+                *(json.dumps(r.to_json()) for r in points("b", KI, [0], outcome="skipped")),
+            ),
+            "none of its 3 records passed (2 failed, 1 skipped)",
+        ),
+    ],
+    ids=["missing", "folder-without-results", "empty", "blank-lines", "all-corrupt", "no-passed"],
+)
+def test_unusable_baselines_name_the_file_and_the_problem(tmp_path, make, problem):
+    path = make(tmp_path)
+    with pytest.raises(BaselineError) as caught:
+        load_baseline(path)
+    message = str(caught.value)
+    assert problem in message
+    assert str(path) in message
