@@ -101,6 +101,27 @@ def _report_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _baseline_command(args: argparse.Namespace) -> int:
+    from .gate import BaselineError, load_baseline, write_baseline
+
+    try:
+        records = load_baseline(Path(args.run_dir))
+        count = write_baseline(records, Path(args.output))
+    except BaselineError as exc:
+        raise UsageError(str(exc)) from None
+    print(
+        f"{args.output}: {count} passed record(s) from {args.run_dir}; commit it and gate "
+        f"with --longctx-baseline={args.output}"
+    )
+    return 0
+
+
+def _build_model_command(args: argparse.Namespace) -> int:
+    from .embedded import main as build_main
+
+    return build_main([args.name])
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description="Work with the results of pytest-longctx sweeps."
@@ -125,6 +146,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.add_argument("--title", help=f"report title (default: {DEFAULT_TITLE!r})")
     report.set_defaults(handler=_report_command)
+    baseline = commands.add_parser(
+        "baseline",
+        help="store a run's passed records as the baseline file a team commits",
+    )
+    baseline.add_argument("run_dir", metavar="RUN_DIR", help="a run folder or its results.jsonl")
+    baseline.add_argument("--output", required=True, metavar="FILE", help="baseline file to write")
+    baseline.set_defaults(handler=_baseline_command)
+    build = commands.add_parser("build-model", help="build (or find) an embedded model")
+    build.add_argument("name", help="tiny-llama or tiny-mla")
+    build.set_defaults(handler=_build_model_command)
     return parser
 
 

@@ -582,41 +582,49 @@ class _Watchdog:
     """
 
     def __init__(self) -> None:
-        self._limit: tuple[float, str] = (math.inf, "")
+        self._deadline = math.inf
+        self._phase = ""
+        self._sleeping_until = math.inf
         self._socket: socket.socket | None = None
-        self._stopped = threading.Event()
+        self._stopped = False
         self.expired_phase: str | None = None
-        self._lock = threading.Lock()
+        self._wake = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="longctx-watchdog", daemon=True)
 
     def start(self, deadline: float, phase: str) -> None:
-        self._limit = (deadline, phase)
+        self.extend(deadline, phase)
         self._thread.start()
 
     def extend(self, deadline: float, phase: str) -> None:
-        self._limit = (deadline, phase)
+        """Move the deadline; the thread is woken only when it must fire sooner."""
+        with self._wake:
+            self._deadline, self._phase = deadline, phase
+            if deadline < self._sleeping_until:
+                self._wake.notify()
 
     def attach(self, sock: socket.socket) -> None:
-        with self._lock:
+        with self._wake:
             self._socket = sock
             if self.expired_phase is not None:
                 _shutdown(sock)
 
     def stop(self) -> None:
-        self._stopped.set()
+        with self._wake:
+            self._stopped = True
+            self._wake.notify()
 
     def _run(self) -> None:
-        while True:
-            deadline, phase = self._limit
-            remaining = deadline - time.perf_counter()
-            if remaining <= 0:
-                with self._lock:
-                    self.expired_phase = phase
+        with self._wake:
+            while not self._stopped:
+                remaining = self._deadline - time.perf_counter()
+                if remaining <= 0:
+                    self.expired_phase = self._phase
                     if self._socket is not None:
                         _shutdown(self._socket)
-                return
-            if self._stopped.wait(remaining):
-                return
+                    return
+                self._sleeping_until = self._deadline
+                self._wake.wait(remaining)
+                self._sleeping_until = math.inf
 
 
 def _shutdown(sock: socket.socket) -> None:

@@ -526,6 +526,15 @@ PARAGRAPH_OPENERS: tuple[str, ...] = (
 _FIELD_RE = re.compile(r"\{(\w+)\}")
 
 
+def _split_template(template: str) -> tuple[str, ...]:
+    """Literal text at even positions, slot names at odd ones: parsed once, rendered often."""
+    return tuple(_FIELD_RE.split(template))
+
+
+_SENTENCE_PARTS = tuple(_split_template(template) for template in SENTENCE_TEMPLATES)
+_OPENER_PARTS = tuple(_split_template(template) for template in PARAGRAPH_OPENERS)
+
+
 def _capitalize_first(sentence: str) -> str:
     for index, char in enumerate(sentence):
         if char.isalpha():
@@ -533,8 +542,9 @@ def _capitalize_first(sentence: str) -> str:
     return sentence
 
 
-def _render(template: str, slots: _Slots) -> str:
-    return _capitalize_first(_FIELD_RE.sub(lambda match: slots[match.group(1)], template))
+def _render(parts: tuple[str, ...], slots: _Slots) -> str:
+    pieces = [slots[part] if index % 2 else part for index, part in enumerate(parts)]
+    return _capitalize_first("".join(pieces))
 
 
 def iter_paragraphs(seed: int) -> Iterator[str]:
@@ -545,13 +555,9 @@ def iter_paragraphs(seed: int) -> Iterator[str]:
         slots = _Slots(rng, topic)
         sentences = []
         if rng.random() < 0.2:
-            sentences.append(
-                _render(PARAGRAPH_OPENERS[rng.randrange(len(PARAGRAPH_OPENERS))], slots)
-            )
+            sentences.append(_render(_OPENER_PARTS[rng.randrange(len(_OPENER_PARTS))], slots))
         for _ in range(rng.randint(3, 8)):
-            sentences.append(
-                _render(SENTENCE_TEMPLATES[rng.randrange(len(SENTENCE_TEMPLATES))], slots)
-            )
+            sentences.append(_render(_SENTENCE_PARTS[rng.randrange(len(_SENTENCE_PARTS))], slots))
         yield " ".join(sentences)
 
 

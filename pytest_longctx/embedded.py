@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -48,6 +49,27 @@ MAX_POSITION_EMBEDDINGS = 1024 * 1024
 ROPE_THETA = 10_000_000.0
 
 
+_SPEC_OWNED_KEYS = ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def _frozen(value: Any) -> Any:
+    """Read-only all the way down, so one spec's nested settings cannot leak into another's."""
+    if isinstance(value, Mapping):
+        return MappingProxyType({key: _frozen(item) for key, item in value.items()})
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(item) for item in value)
+    return value
+
+
+def _thawed(value: Any) -> Any:
+    """Plain dicts and lists again: what JSON and the transformers config classes take."""
+    if isinstance(value, Mapping):
+        return {key: _thawed(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_thawed(item) for item in value]
+    return value
+
+
 @dataclass(frozen=True)
 class EmbeddedModelSpec:
     """Everything that determines an embedded model's files; its hash names the cache folder."""
@@ -61,9 +83,15 @@ class EmbeddedModelSpec:
     description: str = ""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "config", MappingProxyType(dict(self.config)))
+        object.__setattr__(self, "config", _frozen(self.config))
         if "model_type" not in self.config:
             raise ValueError(f"embedded model {self.name!r}: config needs a 'model_type' key")
+        fixed_here = sorted(set(self.config) & set(_SPEC_OWNED_KEYS))
+        if fixed_here:
+            raise ValueError(
+                f"embedded model {self.name!r}: config sets {fixed_here}, which the spec fixes "
+                "itself (vocab_size field; special token ids 0, 1, 2)"
+            )
         if self.vocab_size <= len(SPECIAL_TOKENS):
             raise ValueError(
                 f"embedded model {self.name!r}: vocab_size {self.vocab_size} leaves no room "
@@ -74,7 +102,7 @@ class EmbeddedModelSpec:
         return {
             "name": self.name,
             "architecture": self.architecture,
-            "config": json.loads(json.dumps(dict(self.config), sort_keys=True)),
+            "config": _thawed(self.config),
             "vocab_size": self.vocab_size,
             "seed": self.seed,
             "corpus_chars": self.corpus_chars,
@@ -98,7 +126,7 @@ class EmbeddedModelSpec:
     def model_config(self) -> dict[str, Any]:
         """The config keyword arguments, with the token ids and vocabulary this spec fixes."""
         return {
-            **dict(self.config),
+            **_thawed(self.config),
             "vocab_size": self.vocab_size,
             "bos_token_id": BOS_ID,
             "eos_token_id": EOS_ID,
@@ -233,12 +261,15 @@ def ensure_embedded_model(name: str, cache_dir: str | os.PathLike[str] | None = 
         try:
             build_embedded_model(spec, staging)
             _make_readable(staging)
-            os.replace(staging, final)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            if is_complete(final):
-                return final
-            raise
+            try:
+                os.replace(staging, final)
+            except OSError:
+                # Without a lock (non-POSIX) another builder may have won; its files are equal.
+                if not is_complete(final):
+                    raise
+        finally:
+            if staging.exists():
+                shutil.rmtree(staging, ignore_errors=True)
     return final
 
 
@@ -292,8 +323,7 @@ def _train_tokenizer(spec: EmbeddedModelSpec) -> Any:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    paragraphs = generate_corpus(spec.corpus_chars, spec.seed).split("\n\n")
-    tokenizer.train_from_iterator(paragraphs, trainer)
+    tokenizer.train_from_iterator(_training_paragraphs(spec.corpus_chars, spec.seed), trainer)
     if tokenizer.get_vocab_size() != spec.vocab_size:
         raise RuntimeError(
             f"embedded model {spec.name!r}: the tokenizer reached {tokenizer.get_vocab_size()} "
@@ -309,6 +339,12 @@ def _train_tokenizer(spec: EmbeddedModelSpec) -> Any:
         special_tokens=[(BOS_TOKEN, BOS_ID)],
     )
     return tokenizer
+
+
+@functools.lru_cache(maxsize=1)
+def _training_paragraphs(n_chars: int, seed: int) -> tuple[str, ...]:
+    """Both embedded models train on the same text; generating it once per process is enough."""
+    return tuple(generate_corpus(n_chars, seed).split("\n\n"))
 
 
 def _save_tokenizer(tokenizer: Any, folder: Path) -> None:

@@ -43,8 +43,9 @@ def longctx_client(longctx_server: ServerInfo) -> Iterator[measure.CompletionCli
 
 
 @pytest.fixture(scope="session")
-def longctx_prompts(longctx_run: Run, longctx_server: ServerInfo,
-                    longctx_client: measure.CompletionClient) -> PromptBuilder:
+def longctx_prompts(
+    longctx_run: Run, longctx_server: ServerInfo, longctx_client: measure.CompletionClient
+) -> PromptBuilder:
     """Builds exact-length prompts with the served model's tokenizer."""
     return measure.prompt_builder(longctx_run, longctx_server, longctx_client)
 
@@ -64,8 +65,9 @@ class RecordedPrompt:
 
 
 @pytest.fixture
-def longctx_prompt(request: pytest.FixtureRequest, longctx_point: Point,
-                   longctx_run: Run) -> Prompt | RecordedPrompt:
+def longctx_prompt(
+    request: pytest.FixtureRequest, longctx_point: Point, longctx_run: Run
+) -> Prompt | RecordedPrompt:
     """A cold prompt of exactly the point's length, unique to this run, length and repeat."""
     recorded = longctx_run.resumed.get(longctx_point)
     if recorded is not None:
@@ -75,8 +77,9 @@ def longctx_prompt(request: pytest.FixtureRequest, longctx_point: Point,
 
 
 @pytest.fixture
-def longctx_measure(request: pytest.FixtureRequest, longctx_point: Point,
-                    longctx_run: Run) -> Callable[[Prompt], measure.PointMeasurement]:
+def longctx_measure(
+    request: pytest.FixtureRequest, longctx_point: Point, longctx_run: Run
+) -> Callable[[Prompt], measure.PointMeasurement]:
     """Measure one prompt: TTFT, decode throughput, server-side metrics, all checked."""
     recorded = longctx_run.resumed.get(longctx_point)
     if recorded is not None:

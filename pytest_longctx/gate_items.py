@@ -36,8 +36,9 @@ def configure(run: Run) -> None:
         problems: list[str] = []
         baseline = gate.load_baseline(run.settings.baseline, problems)
     except (gate.ToleranceError, gate.BaselineError) as exc:
-        raise pytest.UsageError(f"--longctx-baseline: {exc}" if isinstance(exc, gate.BaselineError)
-                                else str(exc)) from None
+        raise pytest.UsageError(
+            f"--longctx-baseline: {exc}" if isinstance(exc, gate.BaselineError) else str(exc)
+        ) from None
     run.gate = GateState(baseline, tolerances, problems)
     run.problems.extend(problems)
 
@@ -85,6 +86,8 @@ def summary_lines(run: Run) -> list[str]:
     measured = {p.length for p in run.selected_points}
     unmeasured = sorted({r.length for r in state.baseline} - measured)
     if unmeasured:
-        lines.append("baseline lengths not measured in this session: "
-                     + ", ".join(format_size(n) for n in unmeasured))
+        lines.append(
+            "baseline lengths not measured in this session: "
+            + ", ".join(format_size(n) for n in unmeasured)
+        )
     return lines

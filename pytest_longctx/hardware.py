@@ -33,20 +33,32 @@ def _run(argv: list[str]) -> str | None:
 
 def gpus() -> list[dict[str, Any]]:
     """NVIDIA GPUs through nvidia-smi, AMD ones through amd-smi/rocm-smi; none on a CPU host."""
-    out = _run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
-                "--format=csv,noheader,nounits"])
+    out = _run(
+        [
+            "nvidia-smi",
+            "--query-gpu=name,memory.total,driver_version",
+            "--format=csv,noheader,nounits",
+        ]
+    )
     if out:
         found = []
         for line in out.strip().splitlines():
             name, memory_mib, driver = (part.strip() for part in line.split(",")[:3])
-            found.append({"vendor": "nvidia", "name": name,
-                          "memory_bytes": int(float(memory_mib)) * 1024**2, "driver": driver})
+            found.append(
+                {
+                    "vendor": "nvidia",
+                    "name": name,
+                    "memory_bytes": int(float(memory_mib)) * 1024**2,
+                    "driver": driver,
+                }
+            )
         return found
     out = _run(["rocm-smi", "--showproductname", "--csv"])
     if out:
         lines = [ln for ln in out.strip().splitlines()[1:] if ln.strip()]
-        return [{"vendor": "amd", "name": ln.split(",")[1].strip() if "," in ln else ln}
-                for ln in lines]
+        return [
+            {"vendor": "amd", "name": ln.split(",")[1].strip() if "," in ln else ln} for ln in lines
+        ]
     return []
 
 

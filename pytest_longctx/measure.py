@@ -21,8 +21,8 @@ from .server import ServerError, ServerInfo
 from .server_metrics import MetricsSnapshot, ServerSideView, delta
 from .timeouts import FirstTokenBudget
 
-WARMUP_PROMPT_TOKENS = 64
-WARMUP_DECODE_TOKENS = 4
+WARMUP_PROMPT_TOKENS = 1024
+WARMUP_DECODE_TOKENS = 8
 
 
 class PointFailure(AssertionError):
@@ -76,6 +76,8 @@ def client_for(server: ServerInfo) -> CompletionClient:
 
 def prompt_builder(run: Run, server: ServerInfo, client: CompletionClient) -> PromptBuilder:
     """The served model's tokenizer: the local copy when there is one, else the server's."""
+    if run.prompt_builder is not None:
+        return run.prompt_builder
     from .embedded import cache_root
 
     profile = run.plan.profile
@@ -92,7 +94,8 @@ def prompt_builder(run: Run, server: ServerInfo, client: CompletionClient) -> Pr
         source = ServerTokenSource(
             server.model_name, lambda text: client.tokenize(text, add_special_tokens=False)
         )
-    return PromptBuilder(source, cache_root() / "prompts", seed=run.settings.seed)
+    run.prompt_builder = PromptBuilder(source, cache_root() / "prompts", seed=run.settings.seed)
+    return run.prompt_builder
 
 
 def build_prompt(run: Run, builder: PromptBuilder, point: Point) -> Prompt:
@@ -101,18 +104,24 @@ def build_prompt(run: Run, builder: PromptBuilder, point: Point) -> Prompt:
 
 
 def warm_up(run: Run, server: ServerInfo) -> None:
-    """Three short prompts before the first measured point, as the reference study did."""
-    if run.settings.plan_only:
-        return
+    """Three short prompts before the first measured point, as the reference study did.
+
+    They are cold prompts of the smallest selected length (at most 1Ki), so the first measured
+    point does not pay for the server's first allocations at that size.
+    """
+    length = min([p.length for p in run.selected_points] or [WARMUP_PROMPT_TOKENS])
+    length = min(length, WARMUP_PROMPT_TOKENS)
     with client_for(server) as client:
+        builder = prompt_builder(run, server, client)
         for index in range(run.plan.profile.sweep.warmup_prompts):
-            words = f"warm-up {index} of run {run.run_id}: " + "lorem ipsum " * 40
+            prompt = builder.build(length, f"Warm-up {index + 1} of run {run.run_id}.")
             request = CompletionRequest(
-                model=server.model_name, prompt=words, decode_tokens=WARMUP_DECODE_TOKENS
+                model=server.model_name, prompt=prompt.ids, decode_tokens=WARMUP_DECODE_TOKENS
             )
             try:
-                client.measure(request, first_token_budget_s=600.0, budget_source="warm-up",
-                               check_count=False)
+                client.measure(
+                    request, first_token_budget_s=600.0, budget_source="warm-up", check_count=False
+                )
             except MeasurementError as exc:
                 raise ServerError(f"warm-up request {index + 1} failed: {exc}") from exc
 

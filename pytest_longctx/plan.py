@@ -13,6 +13,10 @@ SLOW_MARK = "longctx_slow"
 VERY_SLOW_MARK = "longctx_very_slow"
 
 
+class PlanError(ValueError):
+    """Options that select nothing to measure."""
+
+
 @dataclass(frozen=True, order=True)
 class Point:
     """One sweep item: a prompt length and which pass over the sweep it belongs to."""
@@ -56,8 +60,15 @@ class SweepPlan:
 def build_plan(settings: Settings, profile: Profile) -> SweepPlan:
     low = settings.from_length or 1024
     high = settings.to_length or profile.sweep.to_length
+    lengths = tuple(powers_of_two_between(low, high))
+    if not lengths:
+        raise PlanError(
+            f"--longctx-from/--longctx-to select no power of two between {low} and {high} tokens "
+            f"(TO {'given' if settings.to_length else f'from profile {profile.name}'}): "
+            "expected FROM <= TO with a power of two between them"
+        )
     return SweepPlan(
-        lengths=tuple(powers_of_two_between(low, high)),
+        lengths=lengths,
         repeats=settings.repeats,
         order=settings.order,
         profile=profile,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from . import gate_items, hookspecs, recorder, reporting, selection, sweep
-from .plan import SLOW_MARK, VERY_SLOW_MARK, build_plan
+from .plan import SLOW_MARK, VERY_SLOW_MARK, PlanError, build_plan
 from .profiles import ProfileError, load_profile
 from .run import ResumeError, Run
 from .settings import OPTIONS, read_settings
@@ -22,17 +22,33 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("longctx", "long-context serving sweep (pytest-longctx)")
     for spec in OPTIONS:
         if spec.flag:
-            group.addoption(f"--{spec.name}", action="store_true", default=False,
-                            dest=spec.dest, help=spec.help.replace("%", "%%"))
+            group.addoption(
+                f"--{spec.name}",
+                action="store_true",
+                default=False,
+                dest=spec.dest,
+                help=spec.help.replace("%", "%%"),
+            )
         else:
-            group.addoption(f"--{spec.name}", default=None, dest=spec.dest,
-                            metavar=spec.metavar, help=spec.help.replace("%", "%%"))
+            group.addoption(
+                f"--{spec.name}",
+                default=None,
+                dest=spec.dest,
+                metavar=spec.metavar,
+                help=spec.help.replace("%", "%%"),
+            )
         if spec.ini:
             parser.addini(spec.dest, spec.help, type="bool" if spec.flag else "string")
-    group.addoption("--longctx-resume", nargs="?", const="latest", default=None,
-                    dest="longctx_resume", metavar="RUN_ID",
-                    help="continue a run (default: the latest): points with a passed record "
-                         "are reported from it, everything else is measured")
+    group.addoption(
+        "--longctx-resume",
+        nargs="?",
+        const="latest",
+        default=None,
+        dest="longctx_resume",
+        metavar="RUN_ID",
+        help="continue a run (default: the latest): points with a passed record "
+        "are reported from it, everything else is measured",
+    )
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -45,15 +61,9 @@ def pytest_configure(config: pytest.Config) -> None:
         comparisons = selection.translate_options(config)
         settings = read_settings(config)
         plan = build_plan(settings, load_profile(settings.profile))
-        if not plan.lengths:
-            raise pytest.UsageError(
-                f"--longctx-from/--longctx-to select no power of two between "
-                f"{settings.from_length or 1024} and {settings.to_length or plan.profile.sweep.to_length}"
-                f" tokens (profile {plan.profile.name}): expected FROM <= TO"
-            )
         run = Run.create(settings, plan, config.rootpath)
         gate_items.configure(run)
-    except (selection.SelectionError, ProfileError, ResumeError) as exc:
+    except (selection.SelectionError, ProfileError, PlanError, ResumeError) as exc:
         raise pytest.UsageError(str(exc)) from None
     config.stash[COMPARISONS_KEY] = comparisons
     config.stash[RUN_KEY] = run
@@ -110,11 +120,14 @@ def pytest_html_results_table_row(report: pytest.TestReport, cells: list[str]) -
 
 
 @pytest.hookimpl(optionalhook=True)
-def pytest_html_results_summary(prefix: list[str], summary: list[str], postfix: list[str],
-                                session: pytest.Session) -> None:
+def pytest_html_results_summary(
+    prefix: list[str], summary: list[str], postfix: list[str], session: pytest.Session
+) -> None:
     reporting.html_summary(session.config, prefix)
 
 
 @pytest.hookimpl(optionalhook=True)
-def pytest_benchmark_update_json(config: pytest.Config, benchmarks: list, output_json: dict) -> None:
+def pytest_benchmark_update_json(
+    config: pytest.Config, benchmarks: list, output_json: dict
+) -> None:
     reporting.extend_benchmark_json(config, output_json)

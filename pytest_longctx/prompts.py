@@ -109,6 +109,10 @@ class Prompt:
     build_s: float
     text: str | None = None  # only for text prompts
 
+    @property
+    def token_count(self) -> int:
+        return len(self.ids)
+
 
 def _safe(key: str) -> str:
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
@@ -168,7 +172,9 @@ class PromptBuilder:
             raise PromptError(f"prompt has {len(ids)} tokens, the point needs {length}")
         limit = self.source.vocab_size()
         if limit is not None and max(ids) >= limit:
-            raise PromptError(f"prompt holds token id {max(ids)}, outside the vocabulary of {limit}")
+            raise PromptError(
+                f"prompt holds token id {max(ids)}, outside the vocabulary of {limit}"
+            )
 
     def _fit_text(self, ids: array, length: int) -> str:
         """Text that the served tokenizer reads as exactly ``length`` tokens."""

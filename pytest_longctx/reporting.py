@@ -67,8 +67,9 @@ def _kv_plot(run: Run):  # noqa: ANN202 - an ExtraPlot callable
         marks = {"checkpoint": weights, "half the checkpoint": weights / 2} if weights else {}
         hardware = capacity_plan.hardware_for(run.plan.profile)
         device = hardware.kv_cache_bytes or hardware.usable_per_device_bytes
-        return capacity.plot_kv_footprint(fp8, bf16, lengths, marks, run_dir / "kv_cache.png",
-                                          device_memory_bytes=device)
+        return capacity.plot_kv_footprint(
+            fp8, bf16, lengths, marks, run_dir / "kv_cache.png", device_memory_bytes=device
+        )
 
     return draw
 
@@ -97,8 +98,9 @@ def terminal_summary(terminalreporter, config: pytest.Config) -> None:  # noqa: 
     terminalreporter.section("long-context sweep")
     terminalreporter.write_line(render_terminal_table(run.all_records()))
     terminalreporter.write_line(f"results: {run.results_path}")
-    terminalreporter.write_line(f"reports: {run.run_dir} (report.md, report.html, benchmark.json, "
-                                "plots)")
+    terminalreporter.write_line(
+        f"reports: {run.run_dir} (report.md, report.html, benchmark.json, plots)"
+    )
 
 
 def html_table_header(cells: list[str]) -> None:

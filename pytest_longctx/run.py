@@ -61,10 +61,16 @@ class Run:
     plot_paths: list[Path] = field(default_factory=list)
     #: The baseline and tolerances, with --longctx-baseline (see gate_items.py).
     gate: Any = None
+    #: Built once the server is known (its tokenizer decides how prompts are made).
+    prompt_builder: Any = None
+    #: Lengths the capacity plan says cannot fit: skipped, and left out of --max-model-len.
+    unfit_lengths: set[int] = field(default_factory=set)
 
     @classmethod
     def create(cls, settings: Settings, plan: SweepPlan, rootdir: Path) -> Run:
-        output_root = settings.output if settings.output.is_absolute() else rootdir / settings.output
+        output_root = (
+            settings.output if settings.output.is_absolute() else rootdir / settings.output
+        )
         if settings.resume:
             run_dir = resolve_resume(output_root, settings.resume)
             run = cls(settings, plan, output_root, run_dir.name, run_dir)

@@ -30,7 +30,7 @@ _COMPARISON_RE = re.compile(
 )
 ACCEPTED_EXPRESSION = (
     "len or rep, then one of <, <=, >, >=, ==, !=, then a length for len "
-    f"({ACCEPTED_FORM}) or a repeat index for rep, e.g. \"len<=1Mi and rep==0\""
+    f'({ACCEPTED_FORM}) or a repeat index for rep, e.g. "len<=1Mi and rep==0"'
 )
 
 
@@ -87,7 +87,9 @@ def _parse(match: re.Match[str], option: str) -> Comparison:
     where = f"{option} {match.string!r}: {match.group(0).strip()!r}"
     if op not in _OPERATORS:
         better = {"=": "==", "=<": "<=", "=>": ">="}[op]
-        raise SelectionError(f"{where} uses {op!r}; write {better!r}. Accepted: {ACCEPTED_EXPRESSION}")
+        raise SelectionError(
+            f"{where} uses {op!r}; write {better!r}. Accepted: {ACCEPTED_EXPRESSION}"
+        )
     if not raw:
         raise SelectionError(f"{where} has nothing after {op!r}. Accepted: {ACCEPTED_EXPRESSION}")
     if field == "len":
@@ -100,7 +102,8 @@ def _parse(match: re.Match[str], option: str) -> Comparison:
     else:
         if not raw.isdigit():
             raise SelectionError(
-                f"{where}: {raw!r} is not a repeat index (0, 1, ...). Accepted: {ACCEPTED_EXPRESSION}"
+                f"{where}: {raw!r} is not a repeat index (0, 1, ...). "
+                f"Accepted: {ACCEPTED_EXPRESSION}"
             )
         value = int(raw)
     return Comparison(field, op, value)

@@ -59,7 +59,9 @@ def _headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-def read_models(base_url: str, api_key: str | None, timeout: float = 30.0) -> tuple[str, int | None]:
+def read_models(
+    base_url: str, api_key: str | None, timeout: float = 30.0
+) -> tuple[str, int | None]:
     """The served model name and its max_model_len, from ``/v1/models``."""
     response = httpx.get(f"{base_url}/v1/models", headers=_headers(api_key), timeout=timeout)
     response.raise_for_status()

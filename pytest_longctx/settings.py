@@ -31,33 +31,65 @@ class OptionSpec:
 
 
 OPTIONS: tuple[OptionSpec, ...] = (
-    OptionSpec("longctx-from", "smallest prompt length, rounded up to a power of two "
-               "(1Ki, 64Mi, 1Gi or a token count; default 1Ki)", "SIZE"),
-    OptionSpec("longctx-to", "largest prompt length, rounded down to a power of two "
-               "(default: the profile's)", "SIZE"),
+    OptionSpec(
+        "longctx-from",
+        "smallest prompt length, rounded up to a power of two "
+        "(1Ki, 64Mi, 1Gi or a token count; default 1Ki)",
+        "SIZE",
+    ),
+    OptionSpec(
+        "longctx-to",
+        "largest prompt length, rounded down to a power of two (default: the profile's)",
+        "SIZE",
+    ),
     OptionSpec("longctx-repeats", "measured runs per length (default 1)", "N"),
-    OptionSpec("longctx-order", "'pass' runs every length once, then again (default); "
-               "'length' runs a length's repeats back to back", "pass|length"),
-    OptionSpec("longctx-profile", "serving profile: a shipped name or a .toml path "
-               "(default cpu-tiny)", "NAME|PATH"),
-    OptionSpec("longctx-url", "attach to a running OpenAI-compatible server instead of "
-               "launching one", "URL"),
-    OptionSpec("longctx-api-key-env", "name of the environment variable holding the "
-               "server's API key (never the key itself)", "VAR"),
+    OptionSpec(
+        "longctx-order",
+        "'pass' runs every length once, then again (default); "
+        "'length' runs a length's repeats back to back",
+        "pass|length",
+    ),
+    OptionSpec(
+        "longctx-profile",
+        "serving profile: a shipped name or a .toml path (default cpu-tiny)",
+        "NAME|PATH",
+    ),
+    OptionSpec(
+        "longctx-url",
+        "attach to a running OpenAI-compatible server instead of launching one",
+        "URL",
+    ),
+    OptionSpec(
+        "longctx-api-key-env",
+        "name of the environment variable holding the server's API key (never the key itself)",
+        "VAR",
+    ),
     OptionSpec("longctx-output", "root folder of run outputs (default reports)", "DIR"),
-    OptionSpec("longctx-decode-tokens", "tokens generated per request (default: the "
-               "profile's)", "N"),
-    OptionSpec("longctx-ttft-timeout", "seconds allowed for the first token, overriding "
-               "the budget grown from measured points", "SECONDS"),
-    OptionSpec("longctx-prompt-format", "send prompts as token 'ids' (default) or 'text'",
-               "ids|text"),
+    OptionSpec(
+        "longctx-decode-tokens", "tokens generated per request (default: the profile's)", "N"
+    ),
+    OptionSpec(
+        "longctx-ttft-timeout",
+        "seconds allowed for the first token, overriding the budget grown from measured points",
+        "SECONDS",
+    ),
+    OptionSpec(
+        "longctx-prompt-format", "send prompts as token 'ids' (default) or 'text'", "ids|text"
+    ),
     OptionSpec("longctx-seed", "seed of the prompt text (default 0)", "N"),
     OptionSpec("longctx-baseline", "run folder or results.jsonl to gate against", "PATH"),
-    OptionSpec("longctx-tolerance", "allowed change in the bad direction, e.g. "
-               "ttft=10%,decode=5%,64Ki:ttft=20%", "SPEC"),
+    OptionSpec(
+        "longctx-tolerance",
+        "allowed change in the bad direction, e.g. ttft=10%,decode=5%,64Ki:ttft=20%",
+        "SPEC",
+    ),
     OptionSpec("longctx-baseline-force", "compare even when fingerprints differ", flag=True),
-    OptionSpec("longctx-plan", "print the points, capacity and server command, then exit",
-               flag=True, ini=False),
+    OptionSpec(
+        "longctx-plan",
+        "print the points, capacity and server command, then exit",
+        flag=True,
+        ini=False,
+    ),
 )
 
 

@@ -7,8 +7,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from .run import Run
-    from .selection import Comparison
+    pass
 
 RUN_KEY = pytest.StashKey["Run"]()
 COMPARISONS_KEY = pytest.StashKey["tuple[Comparison, ...]"]()

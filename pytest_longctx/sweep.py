@@ -19,7 +19,9 @@ def _marks(point: Point, bands: tuple[str, ...], comparisons: tuple[Comparison, 
     if VERY_SLOW_MARK in bands:  # very slow is also slow: -m "not longctx_slow" drops both
         marks.append(getattr(pytest.mark, SLOW_MARK))
     marks += [
-        getattr(pytest.mark, c.marker_name) for c in comparisons if c.holds(point.length, point.repeat)
+        getattr(pytest.mark, c.marker_name)
+        for c in comparisons
+        if c.holds(point.length, point.repeat)
     ]
     return marks
 
@@ -85,6 +87,7 @@ def arrange(config: pytest.Config, items: list[pytest.Item]) -> None:
     from . import capacity_plan
 
     verdicts = capacity_plan.check_points(run, sorted({p.length for p in points}))
+    run.unfit_lengths = {length for length, fit in verdicts.items() if not fit.fits}
     for item in items:
         point = point_of(item)
         if point is None:
@@ -104,8 +107,10 @@ def _place_regression_items(items: list[pytest.Item]) -> None:
     rest = [i for i in items if regression_length_of(i) is None]
     for item in regression:
         length = regression_length_of(item)
-        last = max((k for k, i in enumerate(rest) if (p := point_of(i)) and p.length == length),
-                   default=len(rest) - 1)
+        last = max(
+            (k for k, i in enumerate(rest) if (p := point_of(i)) and p.length == length),
+            default=len(rest) - 1,
+        )
         rest.insert(last + 1, item)
     items[:] = rest
 
@@ -119,16 +124,26 @@ def print_plan(session: pytest.Session) -> None:
     profile = run.plan.profile
     write("")
     write(f"pytest-longctx plan: profile {profile.name} ({profile.description})")
-    write(f"model {profile.model.source}" + (f" @ {profile.model.revision}" if profile.model.revision else ""))
-    write(f"{len(session.items)} item(s), decode {run.plan.decode_tokens} tokens per request, "
-          f"order {run.plan.order}")
+    write(
+        f"model {profile.model.source}"
+        + (f" @ {profile.model.revision}" if profile.model.revision else "")
+    )
+    write(
+        f"{len(session.items)} item(s), decode {run.plan.decode_tokens} tokens per request, "
+        f"order {run.plan.order}"
+    )
     for item in session.items:
         point = point_of(item)
-        marks = [m.name for m in item.iter_markers() if m.name.startswith("longctx_")
-                 and m.name in (SLOW_MARK, VERY_SLOW_MARK)]
+        marks = [
+            m.name
+            for m in item.iter_markers()
+            if m.name.startswith("longctx_") and m.name in (SLOW_MARK, VERY_SLOW_MARK)
+        ]
         skip = next((m.kwargs.get("reason") for m in item.iter_markers("skip")), None)
         label = point.id if point else item.name
-        extra = (" [" + ", ".join(marks) + "]" if marks else "") + (f" SKIP: {skip}" if skip else "")
+        extra = (" [" + ", ".join(marks) + "]" if marks else "") + (
+            f" SKIP: {skip}" if skip else ""
+        )
         write(f"  {label}{extra}")
     write("")
     write(serving.describe_server(config, run))

@@ -16,8 +16,25 @@ SWEEP = """
 def test_prefill_decode(longctx_point):
     pass
 """
-ALL_17 = ["1Ki", "2Ki", "4Ki", "8Ki", "16Ki", "32Ki", "64Ki", "128Ki", "256Ki", "512Ki",
-          "1Mi", "2Mi", "4Mi", "8Mi", "16Mi", "32Mi", "64Mi"]
+ALL_17 = [
+    "1Ki",
+    "2Ki",
+    "4Ki",
+    "8Ki",
+    "16Ki",
+    "32Ki",
+    "64Ki",
+    "128Ki",
+    "256Ki",
+    "512Ki",
+    "1Mi",
+    "2Mi",
+    "4Mi",
+    "8Mi",
+    "16Mi",
+    "32Mi",
+    "64Mi",
+]
 
 
 @pytest.fixture
@@ -73,8 +90,12 @@ def test_translate_leaves_test_ids_alone() -> None:
 
 @pytest.mark.parametrize(
     ("expression", "needle"),
-    [("len<=1Zi", "'1Zi' is not a length"), ("len<", "nothing after '<'"),
-     ("len=4Ki", "write '=='"), ("rep>=x", "not a repeat index")],
+    [
+        ("len<=1Zi", "'1Zi' is not a length"),
+        ("len<", "nothing after '<'"),
+        ("len=4Ki", "write '=='"),
+        ("rep>=x", "not a repeat index"),
+    ],
 )
 def test_translate_errors(expression: str, needle: str) -> None:
     with pytest.raises(SelectionError, match="-m") as info:
@@ -101,21 +122,26 @@ def test_len_up_to_1mi(sweep: pytest.Pytester) -> None:
 
 def test_window_with_repeats_is_pass_major(sweep: pytest.Pytester) -> None:
     window = ["128Ki", "256Ki", "512Ki", "1Mi", "2Mi", "4Mi", "8Mi"]
-    got = collected(sweep, "-m", "len>64Ki and len<=8Mi", "--longctx-repeats=2", "--longctx-to=64Mi")
+    got = collected(
+        sweep, "-m", "len>64Ki and len<=8Mi", "--longctx-repeats=2", "--longctx-to=64Mi"
+    )
     assert got == ids(window, 0) + ids(window, 1)
 
 
 def test_length_major_order(sweep: pytest.Pytester) -> None:
     got = collected(sweep, "--longctx-to=2Ki", "--longctx-repeats=2", "--longctx-order=length")
     assert got == [
-        "test_prefill_decode[len=1Ki-rep=0]", "test_prefill_decode[len=1Ki-rep=1]",
-        "test_prefill_decode[len=2Ki-rep=0]", "test_prefill_decode[len=2Ki-rep=1]",
+        "test_prefill_decode[len=1Ki-rep=0]",
+        "test_prefill_decode[len=1Ki-rep=1]",
+        "test_prefill_decode[len=2Ki-rep=0]",
+        "test_prefill_decode[len=2Ki-rep=1]",
     ]
 
 
 def test_not_and_rep(sweep: pytest.Pytester) -> None:
-    got = collected(sweep, "-m", "not len>=16Mi and rep==0", "--longctx-repeats=3",
-                    "--longctx-to=64Mi")
+    got = collected(
+        sweep, "-m", "not len>=16Mi and rep==0", "--longctx-repeats=3", "--longctx-to=64Mi"
+    )
     assert got == ids(ALL_17[:14])
 
 
@@ -125,28 +151,30 @@ def test_equality_mixed_units(sweep: pytest.Pytester) -> None:
 
 
 def test_not_equal_and_parentheses(sweep: pytest.Pytester) -> None:
-    got = collected(sweep, "-m", "(len != 2Ki) and (len < 8Ki or len > 32Mi)",
-                    "--longctx-to=64Mi")
+    got = collected(sweep, "-m", "(len != 2Ki) and (len < 8Ki or len > 32Mi)", "--longctx-to=64Mi")
     assert got == ids(["1Ki", "4Ki", "64Mi"])
 
 
 def test_keyword_comparisons(sweep: pytest.Pytester) -> None:
-    got = collected(sweep, "-k", "len>=16Mi and rep == 1", "--longctx-repeats=2",
-                    "--longctx-to=64Mi")
+    got = collected(
+        sweep, "-k", "len>=16Mi and rep == 1", "--longctx-repeats=2", "--longctx-to=64Mi"
+    )
     assert got == ids(["16Mi", "32Mi", "64Mi"], 1)
     # substring matching of -k must not confuse 1Mi (1048576) with 10Mi-ish numbers
     assert collected(sweep, "-k", "len<=1048576", "--longctx-to=16Mi") == ids(ALL_17[:11])
 
 
 def test_combined_with_other_marks(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(test_sweep="""
+    pytester.makepyfile(
+        test_sweep="""
         import pytest
         def test_prefill_decode(longctx_point):
             pass
         @pytest.mark.smoke
         def test_other():
             pass
-    """)
+    """
+    )
     pytester.makeini("[pytest]\nmarkers =\n    smoke: a smoke test\n")
     got = collected(pytester, "-m", "smoke or len<=2Ki", "--longctx-to=8Ki")
     assert got == ids(["1Ki", "2Ki"]) + ["test_other"]
@@ -206,16 +234,36 @@ def test_bad_input_is_a_usage_error(sweep: pytest.Pytester, args: list[str], nee
 
 def test_help_shows_the_option_group(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("--help")
-    result.stdout.fnmatch_lines(["long-context serving sweep*", "*--longctx-to=SIZE*",
-                                 "*--longctx-repeats=N*", "*longctx_profile*"])
+    result.stdout.fnmatch_lines(
+        [
+            "long-context serving sweep*",
+            "*--longctx-to=SIZE*",
+            "*--longctx-repeats=N*",
+            "*longctx_profile*",
+        ]
+    )
 
 
 def test_repository_suite_collects_only_the_selected_sweep_items() -> None:
     """The command from the README, on this repository: 11 lengths, none of the plugin's tests."""
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-         "-m", "len<=1Mi", "--longctx-to=64Mi"],
-        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-m",
+            "len<=1Mi",
+            "--longctx-to=64Mi",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     items = [line for line in done.stdout.splitlines() if "::" in line]

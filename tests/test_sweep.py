@@ -1,4 +1,4 @@
-"""The long-context sweep: one item per (length, repeat), e.g. ``test_prefill_decode[len=1Ki-rep=0]``.
+"""The long-context sweep: one item per (length, repeat): ``test_prefill_decode[len=1Ki-rep=0]``.
 
 Select lengths like any tests: ``pytest -m "len<=1Mi"``, ``pytest --longctx-to=64Mi
 --longctx-repeats=3``. Each item measures one cold prefill (TTFT) and a fixed-length decode.
@@ -17,5 +17,5 @@ def test_prefill_decode(longctx_point, longctx_prompt, longctx_measure):
 
 
 def test_regression(longctx_regression_length, longctx_gate):
-    """With --longctx-baseline: after a length's repeats, fail if it got slower than the baseline."""
+    """With --longctx-baseline: after a length's repeats, fail if it got slower than before."""
     longctx_gate.check(longctx_regression_length)

@@ -1,0 +1,27 @@
+"""Helpers shared by the plugin's own tests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pytest_longctx.records import Record, read_records
+
+REPO = Path(__file__).resolve().parents[1]
+SWEEP_TEST = (REPO / "tests" / "test_sweep.py").read_text(encoding="utf-8")
+
+
+def run_folder(output: Path) -> Path:
+    latest = output / "latest"
+    assert latest.is_symlink(), f"no run folder under {output}"
+    return latest.resolve()
+
+
+def records_of(output: Path) -> list[Record]:
+    result = read_records(run_folder(output) / "results.jsonl")
+    assert not result.problems, result.problems
+    return list(result.records)
+
+
+def raw_lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -1,0 +1,582 @@
+"""The instrument against a server whose timing and faults are known exactly.
+
+Timing checks use wide tolerances: they catch a wrong computation (a clock started late, a
+gap counted twice), not a slow machine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import time
+import traceback
+from array import array
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from fake_vllm import TOO_LONG_MESSAGE, Behaviour, FakeVLLM, fake_vllm, word_ids  # noqa: F401
+
+from pytest_longctx import client as client_module
+from pytest_longctx.client import (
+    ClientConfig,
+    CompletionClient,
+    CompletionCountError,
+    CompletionRequest,
+    ErrorFrameError,
+    FirstTokenTimeoutError,
+    InterTokenTimeoutError,
+    MalformedChunkError,
+    MeasurementError,
+    MissingUsageError,
+    PromptTooLongError,
+    RequestRejectedError,
+    ServerUnavailableError,
+    StreamError,
+    TruncatedStreamError,
+    encode_request,
+    encode_token_ids,
+    quantile,
+    summarize_stream,
+)
+from pytest_longctx.server_metrics import (
+    ExpositionError,
+    MetricsSnapshot,
+    cache_config_labels,
+    delta,
+    parse_exposition,
+)
+from pytest_longctx.timeouts import FirstTokenBudget
+
+MODEL = "fake-model"
+SECRET = "sk-test-4f9a1c2e"
+
+
+@pytest.fixture
+def server() -> Iterator[FakeVLLM]:
+    with FakeVLLM() as fake:
+        yield fake
+
+
+def client_for(fake: FakeVLLM, **config: object) -> CompletionClient:
+    return CompletionClient(ClientConfig(base_url=fake.url, **config))  # type: ignore[arg-type]
+
+
+def ids_request(length: int = 100, decode: int = 20, **fields: object) -> CompletionRequest:
+    return CompletionRequest(
+        model=MODEL, prompt=list(range(length)), decode_tokens=decode, **fields
+    )  # type: ignore[arg-type]
+
+
+def refused_url() -> str:
+    """A loopback port that nothing listens on."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The request body
+
+
+@pytest.mark.parametrize(
+    "ids",
+    [
+        [0],
+        [5, 10, 99, 100, 12345],
+        list(range(3000)),
+        [4194303, 1, 4194304, 2**32 - 1, 2**40],  # past the lookup table: digit by digit
+        np.array([3, 2, 1], dtype=np.int16),
+        array("I", [7, 8, 9, 151_935]),
+        range(5, 500, 7),
+        [],
+    ],
+    ids=["one", "mixed-widths", "3000", "wide", "int16", "array-I", "range", "empty"],
+)
+def test_token_ids_encode_like_json_dumps(ids: object) -> None:
+    expected = b"<" + json.dumps([int(i) for i in ids], separators=(",", ":")).encode() + b">"  # type: ignore[attr-defined]
+    assert bytes(encode_token_ids(ids, prefix=b"<", suffix=b">")) == expected  # type: ignore[arg-type]
+
+
+def test_python_fallback_encodes_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(client_module, "np", None)
+    assert bytes(encode_token_ids(array("I", [1, 22, 333]))) == b"[1,22,333]"
+    with pytest.raises(ValueError, match="-4"):
+        encode_token_ids([1, -4])
+
+
+@pytest.mark.parametrize(
+    ("ids", "complaint"),
+    [([3, -1], "negative"), ([1.5], "float"), ([[1, 2]], "flat"), (["7"], "dtype")],
+)
+def test_bad_token_ids_are_named(ids: object, complaint: str) -> None:
+    with pytest.raises(ValueError, match=complaint):
+        encode_token_ids(ids)  # type: ignore[arg-type]
+
+
+def test_request_body_holds_the_decode_contract() -> None:
+    request = ids_request(
+        length=5, decode=64, extra_body={"temperature": 0.5, "seed": 3}, return_token_ids=True
+    )
+    body = encode_request(request)
+    decoded = json.loads(bytes(body.data))
+    assert decoded == {
+        "model": MODEL,
+        "prompt": [0, 1, 2, 3, 4],
+        "max_tokens": 64,
+        "min_tokens": 64,
+        "ignore_eos": True,
+        "temperature": 0.5,  # extra_body wins
+        "seed": 3,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "return_token_ids": True,
+    }
+    assert body.size == len(bytes(body.data))
+    assert b"".join(body.chunks(7)) == bytes(body.data)
+
+
+def test_text_prompt_body_and_repr() -> None:
+    request = CompletionRequest(model=MODEL, prompt='say "hi"\n', decode_tokens=2)
+    assert json.loads(bytes(encode_request(request).data))["prompt"] == 'say "hi"\n'
+    assert request.prompt_length is None
+    long_request = ids_request(length=100_000)
+    assert "100000 ids" in repr(long_request)
+    assert len(repr(long_request)) < 300
+
+
+@pytest.mark.parametrize(
+    ("fields", "complaint"),
+    [({"decode_tokens": 0}, "positive"), ({"extra_body": {"prompt": [1]}}, "prompt")],
+)
+def test_request_rejects_bad_fields(fields: dict, complaint: str) -> None:
+    arguments = {"model": MODEL, "prompt": [1], "decode_tokens": 4, **fields}
+    with pytest.raises(ValueError, match=complaint):
+        CompletionRequest(**arguments)
+
+
+# ---------------------------------------------------------------------------------------------
+# Figures from a stream
+
+
+def test_summary_hand_computed() -> None:
+    # chunks at 1.0, 1.1, 1.3, 1.6 s carrying 1, 1, 2, 1 tokens; the server counted 5
+    throughput, gaps = summarize_stream((1.0, 1.1, 1.3, 1.6), (1, 1, 2, 1), 5)
+    assert throughput == pytest.approx(4 / 0.6)  # (5 - 1) / (1.6 - 1.0)
+    assert gaps == pytest.approx((0.1, 0.1, 0.1, 0.3))  # the 2-token chunk: two gaps of 0.1
+    ordered = sorted(gaps)
+    assert quantile(ordered, 0.5) == pytest.approx(0.1)
+    assert quantile(ordered, 0.9) == pytest.approx(0.1 + 0.2 * 0.7)  # rank 2.7 of 0..3
+
+
+def test_summary_needs_two_chunks() -> None:
+    assert summarize_stream((0.5,), (1,), 1) == (None, ())
+    assert quantile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5
+
+
+def test_ttft_and_decode_match_the_injected_delays(server: FakeVLLM) -> None:
+    server.configure(first_token_delay_s=0.3, token_delay_s=0.02)
+    with client_for(server) as client:
+        result = client.measure(ids_request(length=100, decode=20), first_token_budget_s=10)
+    assert 0.3 <= result.ttft_s < 0.3 + 0.15
+    assert result.decode_throughput == pytest.approx(1 / 0.02, rel=0.15)
+    assert result.itl_median_s == pytest.approx(0.02, rel=0.25)
+    assert result.completion_tokens == 20
+    assert result.prompt_tokens == 100
+    assert result.requested_tokens == 20
+    assert len(result.token_times_s) == 20 and len(result.itl_s) == 19
+    assert result.e2e_s >= 0.3 + 19 * 0.02
+    assert result.finish_reason == "length"
+    assert result.token_count_source == "text"
+    assert result.body_bytes == len(encode_request(ids_request(length=100, decode=20)).data)
+    assert result.upload_s is not None and result.connect_s is not None
+    figures = result.figures()
+    assert figures["ttft"] == result.ttft_s
+    assert figures["request_body_bytes"] == result.body_bytes
+
+
+def test_server_receives_exactly_the_contract(server: FakeVLLM) -> None:
+    with client_for(server) as client:
+        client.measure(ids_request(length=7, decode=3), first_token_budget_s=10)
+    (received,) = [r for r in server.requests if r.path == "/v1/completions"]
+    assert received.payload["prompt"] == list(range(7))
+    assert received.payload["max_tokens"] == received.payload["min_tokens"] == 3
+    assert received.payload["ignore_eos"] is True
+    assert received.payload["temperature"] == 0
+    assert received.headers["Content-Type"] == "application/json"
+    assert "Authorization" not in received.headers
+
+
+def test_empty_chunks_do_not_stop_the_clock(server: FakeVLLM) -> None:
+    server.configure(first_token_delay_s=0.3, empty_chunks_first=3)
+    with client_for(server) as client:
+        result = client.measure(ids_request(decode=4), first_token_budget_s=10)
+    assert result.ttft_s >= 0.3
+    assert result.stream_tokens == 4
+
+
+def test_multi_token_chunks_counted_from_token_ids(server: FakeVLLM) -> None:
+    server.configure(first_token_delay_s=0.1, token_delay_s=0.02, tokens_per_chunk=3)
+    with client_for(server) as client:
+        result = client.measure(
+            ids_request(decode=20, return_token_ids=True), first_token_budget_s=10
+        )
+    assert result.token_count_source == "token_ids"
+    assert result.tokens_per_chunk == (3, 3, 3, 3, 3, 3, 2)
+    assert len(result.itl_s) == 17  # every token after the first chunk gets a gap
+    # the first chunk leaves with token 3, at 0.1 + 2 * 0.02
+    assert 0.14 <= result.ttft_s < 0.14 + 0.15
+    assert result.decode_throughput == pytest.approx(1 / 0.02, rel=0.15)
+
+
+def test_text_prompt_is_measured(server: FakeVLLM) -> None:
+    request = CompletionRequest(model=MODEL, prompt="one two three four", decode_tokens=2)
+    with client_for(server) as client:
+        result = client.measure(request, first_token_budget_s=10)
+    assert result.prompt_tokens == 4
+    assert result.completion_tokens == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# Failures, each with the facts a person needs
+
+
+def test_prompt_too_long_reports_the_servers_numbers(server: FakeVLLM) -> None:
+    server.configure(max_model_len=50)
+    with client_for(server) as client, pytest.raises(PromptTooLongError) as caught:
+        client.measure(ids_request(length=60, decode=4), first_token_budget_s=10)
+    error = caught.value
+    assert (error.max_model_len, error.prompt_tokens, error.status_code) == (50, 60, 400)
+    assert error.server_message == TOO_LONG_MESSAGE.format(limit=50, count=60)
+    assert "at most 50 tokens" in str(error)
+    assert "--max-model-len >= 64" in str(error)  # 60 prompt + 4 decode
+
+
+def test_clamped_completion_is_an_error_with_the_timing_attached(server: FakeVLLM) -> None:
+    server.configure(max_model_len=100)
+    request = ids_request(length=96, decode=8)
+    with client_for(server) as client:
+        with pytest.raises(CompletionCountError) as caught:
+            client.measure(request, first_token_budget_s=10)
+        unchecked = client.measure(request, first_token_budget_s=10, check_count=False)
+    error = caught.value
+    assert "asked for 8 completion tokens, got 4" in str(error)
+    assert "clamped" in str(error) and "96 + 8 = 104" in str(error)
+    assert (error.requested, error.received) == (8, 4)
+    assert error.measurement is not None and error.measurement.completion_tokens == 4
+    assert unchecked.completion_tokens == 4
+
+
+def test_http_500_carries_the_server_message(server: FakeVLLM) -> None:
+    server.configure(fault="http_500")
+    with client_for(server) as client, pytest.raises(RequestRejectedError) as caught:
+        client.measure(ids_request(length=2048), first_token_budget_s=10)
+    assert caught.value.status_code == 500
+    assert not isinstance(caught.value, PromptTooLongError)
+    assert "HTTP 500" in str(caught.value) and "EngineCore" in str(caught.value)
+    assert "2Ki-token prompt" in str(caught.value)
+
+
+def test_unknown_model_is_named(server: FakeVLLM) -> None:
+    request = CompletionRequest(model="other", prompt=[1, 2], decode_tokens=2)
+    with client_for(server) as client, pytest.raises(RequestRejectedError) as caught:
+        client.measure(request, first_token_budget_s=10)
+    assert caught.value.status_code == 404
+    assert "`other` does not exist" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("fault", "error_type", "facts"),
+    [
+        ("error_frame", ErrorFrameError, ["after 3 tokens", "Internal server error", "500"]),
+        ("truncate", TruncatedStreamError, ["after 3 tokens", "[DONE]"]),
+        ("malformed_chunk", MalformedChunkError, ["chunk 4", "not JSON"]),
+    ],
+)
+def test_broken_streams(server: FakeVLLM, fault: str, error_type: type, facts: list[str]) -> None:
+    server.configure(fault=fault, fault_after_tokens=3)
+    with client_for(server) as client, pytest.raises(error_type) as caught:
+        client.measure(ids_request(decode=10), first_token_budget_s=10)
+    assert isinstance(caught.value, StreamError)
+    for fact in facts:
+        assert fact in str(caught.value)
+
+
+def test_missing_usage_is_an_error(server: FakeVLLM) -> None:
+    server.configure(fault="no_usage")
+    with client_for(server) as client, pytest.raises(MissingUsageError, match="usage"):
+        client.measure(ids_request(decode=3), first_token_budget_s=10)
+
+
+def test_refused_connection_is_server_unavailable() -> None:
+    url = refused_url()
+    with CompletionClient(ClientConfig(base_url=url, connect_timeout_s=2)) as client:
+        assert client.health() is False
+        with pytest.raises(ServerUnavailableError, match="cannot connect") as caught:
+            client.measure(ids_request(), first_token_budget_s=5)
+        assert url in str(caught.value)
+        with pytest.raises(ServerUnavailableError):
+            client.models()
+
+
+def test_reset_before_answer_is_server_unavailable(server: FakeVLLM) -> None:
+    server.configure(fault="reset")
+    with client_for(server) as client, pytest.raises(ServerUnavailableError, match="crashed"):
+        client.measure(ids_request(), first_token_budget_s=5)
+
+
+@pytest.mark.parametrize(
+    ("fault", "progress"),
+    [("hang_before_headers", "never answered"), ("hang_after_headers", "accepted the request")],
+)
+def test_first_token_timeout_names_length_budget_and_source(
+    server: FakeVLLM, fault: str, progress: str
+) -> None:
+    server.configure(fault=fault)
+    started = time.perf_counter()
+    with client_for(server) as client, pytest.raises(FirstTokenTimeoutError) as caught:
+        client.measure(
+            ids_request(length=1024), first_token_budget_s=0.5, budget_source="the test's limit"
+        )
+    assert time.perf_counter() - started < 20  # ended by the budget, not by the server
+    error = caught.value
+    assert (error.length, error.budget_s, error.budget_source) == (1024, 0.5, "the test's limit")
+    for fact in ("1Ki-token prompt", "0.5 s", "the test's limit", progress):
+        assert fact in str(error)
+
+
+def test_slow_first_token_times_out(server: FakeVLLM) -> None:
+    server.configure(first_token_delay_s=5.0)
+    with client_for(server) as client, pytest.raises(FirstTokenTimeoutError):
+        client.measure(ids_request(), first_token_budget_s=0.5)
+
+
+def test_stalled_stream_hits_the_inter_token_limit(server: FakeVLLM) -> None:
+    server.configure(fault="stall", fault_after_tokens=3, token_delay_s=0.01)
+    with (
+        client_for(server, inter_token_timeout_s=0.5) as client,
+        pytest.raises(InterTokenTimeoutError) as caught,
+    ):
+        client.measure(ids_request(decode=10), first_token_budget_s=30)
+    assert "token 3 of 10" in str(caught.value)
+    assert "0.5 s" in str(caught.value)
+
+
+def test_inter_token_limit_does_not_cut_a_slow_first_token(server: FakeVLLM) -> None:
+    server.configure(first_token_delay_s=0.8, token_delay_s=0.01)
+    with client_for(server, inter_token_timeout_s=0.3) as client:
+        result = client.measure(ids_request(decode=5), first_token_budget_s=10)
+    assert result.ttft_s >= 0.8
+
+
+# ---------------------------------------------------------------------------------------------
+# The API key
+
+
+def test_api_key_is_sent_and_accepted(server: FakeVLLM) -> None:
+    server.configure(api_key=SECRET)
+    with client_for(server, api_key=SECRET) as client:
+        result = client.measure(ids_request(decode=2), first_token_budget_s=10)
+        assert client.models().id == MODEL
+    assert result.completion_tokens == 2
+    assert server.requests[0].headers["Authorization"] == f"Bearer {SECRET}"
+
+
+def test_wrong_key_is_rejected_without_showing_it(server: FakeVLLM) -> None:
+    server.configure(api_key="the-right-one")
+    with client_for(server, api_key=SECRET) as client, pytest.raises(RequestRejectedError) as e:
+        client.measure(ids_request(), first_token_budget_s=10)
+    assert e.value.status_code == 401 and "API key" in str(e.value)
+    assert SECRET not in str(e.value)
+
+
+def test_api_key_never_appears_in_errors_or_reprs(server: FakeVLLM) -> None:
+    server.configure(fault="reject_echoing_auth")
+    config = ClientConfig(base_url=server.url, api_key=SECRET)
+    with CompletionClient(config) as client:
+        for call in (
+            lambda: client.measure(ids_request(), first_token_budget_s=10),
+            client.models,
+            client.metrics_text,
+        ):
+            with pytest.raises(MeasurementError) as caught:
+                call()
+            shown = "".join(traceback.format_exception(caught.value))
+            assert "credentials in header" in shown  # the server's message is kept...
+            assert SECRET not in shown and SECRET not in repr(caught.value)  # ...the key is not
+        assert SECRET not in repr(client) and SECRET not in repr(config)
+
+
+# ---------------------------------------------------------------------------------------------
+# Control endpoints
+
+
+def test_control_endpoints(server: FakeVLLM) -> None:
+    server.configure(max_model_len=4096)
+    with client_for(server) as client:
+        assert client.health() is True
+        served = client.models()
+        assert (served.id, served.max_model_len) == (MODEL, 4096)
+        assert client.tokenize("alpha beta  gamma") == word_ids("alpha beta gamma")
+        assert "vllm:time_to_first_token_seconds_sum" in client.metrics_text()
+
+
+def test_module_fixture_serves(fake_vllm: FakeVLLM) -> None:  # noqa: F811
+    with client_for(fake_vllm) as client:
+        assert client.health()
+
+
+# ---------------------------------------------------------------------------------------------
+# /metrics
+
+EXPOSITION = r"""# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1",model_name="m,1"} 1.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="m,1"} 3.0
+vllm:time_to_first_token_seconds_count{engine="0",model_name="m,1"} 3.0
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="m,1"} 4.5
+vllm:time_to_first_token_seconds_created{engine="0",model_name="m,1"} 1.7e+09
+vllm:time_to_first_token_seconds_count{engine="1",model_name="m,1"} 1.0
+vllm:time_to_first_token_seconds_sum{engine="1",model_name="m,1"} 0.25
+# HELP vllm:request_prefill_time_seconds Histogram of time spent in PREFILL phase for request.
+# TYPE vllm:request_prefill_time_seconds histogram
+vllm:request_prefill_time_seconds_sum{engine="0",model_name="m,1"} 4.0
+# HELP vllm:prompt_tokens_total Number of prefill tokens processed.
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{engine="0",model_name="m,1"} 3072.0
+vllm:prompt_tokens_created{engine="0",model_name="m,1"} 1.7e+09
+# TYPE vllm:prompt_tokens_by_source_total counter
+vllm:prompt_tokens_by_source_total{engine="0",model_name="m,1",source="local_compute"} 2048.0
+vllm:prompt_tokens_by_source_total{engine="0",model_name="m,1",source="local_cache_hit"} 1024.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m,1"} NaN
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="128",cache_dtype="auto",engine="0",kv_cache_size_tokens="2097152",note="a \"quoted\", {braced} value\\",num_gpu_blocks="16384"} 1.0
+process_start_time_seconds 1.7e+09
+"""
+
+
+def later(text: str, replacements: dict[str, str]) -> str:
+    for old, new in replacements.items():
+        assert old in text
+        text = text.replace(old, new)
+    return text
+
+
+def test_exposition_parses_labels_values_and_sums() -> None:
+    samples = parse_exposition(EXPOSITION)
+    info = [s for s in samples if s.name == "vllm:cache_config_info"][0]
+    assert info.labels["note"] == 'a "quoted", {braced} value\\'
+    assert info.labels["num_gpu_blocks"] == "16384"
+    inf_bucket = [s for s in samples if s.labels.get("le") == "+Inf"][0]
+    assert inf_bucket.value == 3.0
+    snapshot = MetricsSnapshot.from_text(EXPOSITION)
+    assert snapshot.total("vllm:time_to_first_token_seconds_sum") == 4.75  # 4.5 + 0.25
+    assert snapshot.total("vllm:time_to_first_token_seconds_count") == 4.0
+    assert snapshot.total("process_start_time_seconds") == 1.7e9
+    assert math.isnan(snapshot.total("vllm:kv_cache_usage_perc"))
+    assert snapshot.total("vllm:missing") is None
+    labels = cache_config_labels(EXPOSITION)
+    assert labels is not None and labels["kv_cache_size_tokens"] == "2097152"
+    assert cache_config_labels("# nothing here\n") is None
+
+
+def test_exposition_error_names_the_line() -> None:
+    with pytest.raises(ExpositionError, match="line 2"):
+        parse_exposition('ok 1\nbroken{le="1" 2\n')
+
+
+def test_delta_hand_computed() -> None:
+    before = MetricsSnapshot.from_text(EXPOSITION)
+    after = MetricsSnapshot.from_text(
+        later(
+            EXPOSITION,
+            {
+                'count{engine="0",model_name="m,1"} 3.0': 'count{engine="0",model_name="m,1"} 4.0',
+                'sum{engine="0",model_name="m,1"} 4.5': 'sum{engine="0",model_name="m,1"} 6.5',
+                'seconds_sum{engine="0",model_name="m,1"} 4.0': (
+                    'seconds_sum{engine="0",model_name="m,1"} 5.75'
+                ),
+                "} 3072.0": "} 7168.0",
+                'source="local_cache_hit"} 1024.0': 'source="local_cache_hit"} 1536.0',
+            },
+        )
+    )
+    view = delta(before, after)
+    assert view.requests == 1.0
+    assert view.server_ttft_s == pytest.approx(2.0)  # 6.5 + 0.25 - 4.75
+    assert view.server_prefill_s == pytest.approx(1.75)
+    assert view.prompt_tokens == 4096.0
+    assert view.cached_prompt_tokens == 512.0  # from by_source: no prompt_tokens_cached here
+    assert view.server_queue_s is None and view.server_decode_s is None  # not exposed
+    assert view.prefix_cache_hits is None
+    assert view.figures() == {"server_ttft": view.server_ttft_s, "server_prefill": 1.75}
+    assert view.counters()["prompt_tokens"] == 4096.0
+
+
+def test_counter_reset_gives_none() -> None:
+    before = MetricsSnapshot.from_text(EXPOSITION)
+    after = MetricsSnapshot.from_text(later(EXPOSITION, {"} 3072.0": "} 100.0"}))
+    assert delta(before, after).prompt_tokens is None
+
+
+def test_metrics_delta_over_a_real_request(server: FakeVLLM) -> None:
+    server.configure(first_token_delay_s=0.2, cached_prompt_tokens=16)
+    with client_for(server) as client:
+        before = MetricsSnapshot.from_text(client.metrics_text())
+        result = client.measure(ids_request(length=300, decode=5), first_token_budget_s=10)
+        after = MetricsSnapshot.from_text(client.metrics_text())
+    view = delta(before, after)
+    assert view.requests == 1
+    assert view.prompt_tokens == 300
+    assert view.cached_prompt_tokens == 16 and view.prefix_cache_hits == 16
+    assert view.prefix_cache_queries == 300
+    assert 0.2 <= view.server_ttft_s <= result.ttft_s
+    assert result.cached_prompt_tokens == 16
+
+
+# ---------------------------------------------------------------------------------------------
+# First-token budgets
+
+
+def test_budget_override_wins() -> None:
+    budget = FirstTokenBudget(override_s=300.0)
+    assert budget.for_length(1 << 20, {1024: 0.08}) == (300.0, "explicit override of 300 s")
+
+
+def test_budget_default_when_nothing_below() -> None:
+    seconds, why = FirstTokenBudget(default_s=7200.0).for_length(4096, {8192: 3.0})
+    assert seconds == 7200.0
+    assert "default" in why and "4Ki" in why
+
+
+@pytest.mark.parametrize(
+    ("measured", "length", "expected"),
+    [
+        ({8192: 2.6}, 32768, 2.6 * 16 * 3),  # 124.8 s
+        ({16384: 8.0, 65536: 118.0}, 131072, 118.0 * 4 * 3),  # the largest base is used
+        ({4096: 30.0}, 4096, 90.0),  # a repeat reuses its own length
+        ({32 << 20: 9900.0}, 64 << 20, 9900.0 * 4 * 3),  # 32Mi at 2.75 h -> 64Mi
+    ],
+)
+def test_budget_extrapolates_quadratically(
+    measured: dict[int, float], length: int, expected: float
+) -> None:
+    seconds, why = FirstTokenBudget(floor_s=60.0, safety_factor=3.0).for_length(length, measured)
+    assert seconds == pytest.approx(expected)
+    assert why.startswith("extrapolated")
+
+
+def test_budget_floor_and_bad_values() -> None:
+    budget = FirstTokenBudget(floor_s=60.0, safety_factor=3.0)
+    seconds, why = budget.for_length(8192, {1024: 0.08, 2048: 0.2, 4096: float("nan")})
+    assert seconds == 60.0  # 0.2 * 4**2 * 3 = 9.6 s is below the floor
+    assert "floor" in why and "9.6 s" in why and "2Ki" in why
+    custom = FirstTokenBudget(floor_s=1.0, safety_factor=2.0, exponent=1.5)
+    assert custom.for_length(4096, {1024: 0.5})[0] == pytest.approx(0.5 * 4**1.5 * 2)
+    with pytest.raises(ValueError, match="safety_factor"):
+        FirstTokenBudget(safety_factor=0)
+    with pytest.raises(ValueError, match="length"):
+        budget.for_length(0, {})
