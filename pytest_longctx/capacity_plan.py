@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -81,3 +82,59 @@ def render_table(run: Run, lengths: Sequence[int]) -> str:
         return f"capacity: unknown (no config.json for {profile.model.source} at hand)"
     rows = capacity.capacity_table(layout, hardware_for(profile), lengths, run.plan.decode_tokens)
     return "capacity plan:\n" + capacity.render_capacity_table(rows, layout)
+
+
+@dataclass(frozen=True)
+class ServerCapacityCheck:
+    """The plan's token capacity for the cache vLLM was given, against what vLLM reports."""
+
+    planned_tokens: int
+    reported_tokens: int
+    block_size: int
+    kv_cache_bytes: int
+
+    @property
+    def agrees(self) -> bool:
+        return abs(self.planned_tokens - self.reported_tokens) < self.block_size
+
+    def describe(self) -> str:
+        verdict = "agrees" if self.agrees else "DISAGREES"
+        return (
+            f"KV cache of {self.kv_cache_bytes:,} B: plan {self.planned_tokens:,} tokens, vLLM "
+            f"{self.reported_tokens:,} tokens (block {self.block_size}): {verdict} within a block"
+        )
+
+
+def check_against_server(profile: Profile, cache_labels: dict[str, str]) -> ServerCapacityCheck:
+    """Compare with ``vllm:cache_config_info``: its ``num_gpu_blocks`` x ``block_size``.
+
+    (Its ``kv_cache_size_tokens`` is lower when ``--max-model-len`` is not a whole number of
+    blocks: a request at full length wastes part of its last block.)
+    """
+    layout = layout_for(profile)
+    if layout is None:
+        raise ValueError(f"no model config for {profile.model.source}")
+    block_size = int(cache_labels["block_size"])
+    kv_bytes = int(
+        cache_labels.get("kv_cache_memory_bytes") or profile.serving.kv_cache_memory or 0
+    )
+    reported = int(cache_labels["num_gpu_blocks"]) * block_size
+    planned = capacity.token_capacity(layout, kv_bytes, block_size)
+    return ServerCapacityCheck(planned, reported, block_size, kv_bytes)
+
+
+def check_served(
+    profile: Profile, base_url: str, api_key: str | None
+) -> ServerCapacityCheck | None:
+    """The cross-check against a running server, when it exposes its cache configuration."""
+    import httpx
+
+    from .server_metrics import cache_config_labels
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    with contextlib.suppress(httpx.HTTPError, KeyError, ValueError):
+        text = httpx.get(f"{base_url}/metrics", headers=headers, timeout=30).text
+        labels = cache_config_labels(text)
+        if labels and layout_for(profile) is not None:
+            return check_against_server(profile, labels)
+    return None

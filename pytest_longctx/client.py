@@ -14,9 +14,13 @@ request is handed to the HTTP client; the JSON body is built before ``t0``):
   arrivals of the first/last carrying chunks. With one token per chunk this is ``(N-1)/(t_last -
   t_first)``. N comes from ``usage`` because without ``token_ids`` a token whose text is still
   held back by the detokenizer arrives as an empty chunk and cannot be counted from the stream.
+  Counting text, k1 is taken as 1, which is exact for vLLM: it sends the first token alone even
+  with ``--stream-interval`` above 1.
 * Inter-token gaps: a carrying chunk that arrives ``g`` seconds after the previous one and
   carries ``k`` tokens adds ``k`` gaps of ``g / k``, so the gaps sum to ``t_last - t_first`` and
   their mean is ``1 / decode_throughput`` whenever the stream's count matches ``usage``.
+  Counting text, every chunk is one gap (k is unknown): with ``--stream-interval`` above 1 ask
+  for ``return_token_ids`` on short prompts to see per-token gaps.
 * ``e2e_s``: ``t0`` to the arrival of ``data: [DONE]``.
 
 Only vLLM-compatible servers are targeted; everything the client checks is named in the error
@@ -310,18 +314,17 @@ def _as_id_array(ids: Sequence[int]) -> Any:
 
 
 _ENCODE_CHUNK_IDS = 1 << 20
-_TABLE_LIMIT = 1 << 22  # ids below this render through a lookup table
+_TABLE_LIMIT = 1 << 22  # ids below this (7 digits at most) render through a lookup table
+_TABLE_ROW = 8  # bytes per table row: 7 digits and a comma, one uint64
 
 
 @dataclass(frozen=True, eq=False)
 class _IdTable:
-    """Every id below ``size`` pre-rendered as a fixed-width row: digits, a comma, padding."""
+    """Every id below ``size`` pre-rendered as one uint64: NUL padding, digits, a comma."""
 
     size: int
-    width: int  # bytes per row: the widest id's digits plus the comma
-    rows: Any  # numpy void array, one row per id
-    keep: Any  # numpy void array of bool rows: which bytes of the row are real
-    lengths: Any  # bytes each id adds, comma included
+    rows: Any  # numpy uint64, one per id; gathering uint64 is the fastest numpy gather
+    lengths: Any  # numpy int8: bytes each id adds, comma included
 
 
 _ID_TABLES: dict[int, _IdTable] = {}
@@ -331,36 +334,35 @@ def _id_table(largest: int) -> _IdTable:
     size = 1 << max(10, largest.bit_length())  # one table serves a whole vocabulary
     table = _ID_TABLES.get(size)
     if table is None:
-        ids = np.arange(size, dtype=np.uint64)
-        rows, keep, lengths = _render_fixed_width(ids, len(str(size - 1)))
-        width = rows.shape[1]
+        rows = _render_rows(np.arange(size, dtype=np.uint64), _TABLE_ROW)
         table = _IdTable(
             size=size,
-            width=width,
-            rows=np.ascontiguousarray(rows).view(f"V{width}").ravel(),
-            keep=np.ascontiguousarray(keep).view(f"V{width}").ravel(),
-            lengths=lengths.astype(np.int64),
+            rows=rows.view(np.uint64).ravel(),
+            lengths=np.count_nonzero(rows, axis=1).astype(np.int8),
         )
         _ID_TABLES.clear()  # keep one: a sweep uses one vocabulary
         _ID_TABLES[size] = table
     return table
 
 
-def _render_fixed_width(values: Any, digits: int) -> tuple[Any, Any, Any]:
-    """Right-aligned decimal rows with a trailing comma, a mask of real bytes, their count."""
-    rows = np.empty((values.size, digits + 1), dtype=np.uint8)
-    rows[:, digits] = ord(",")
+def _render_rows(values: Any, width: int) -> Any:
+    """uint8 rows of ``width`` bytes: right-aligned decimal digits and a comma, NUL before.
+
+    NUL never occurs in the JSON, so ``rows[rows != 0]`` is the compact text.
+    """
+    rows = np.empty((values.size, width), dtype=np.uint8)
+    rows[:, width - 1] = ord(",")
     remaining = values.astype(np.uint64, copy=True)
-    for column in range(digits - 1, -1, -1):
+    for column in range(width - 2, -1, -1):
         rows[:, column] = remaining % 10 + ord("0")
         remaining //= 10
-    lengths = np.ones(values.size, dtype=np.int8)
+    digits = np.ones(values.size, dtype=np.int64)
     power = 10
-    for _ in range(digits - 1):
-        lengths += values >= power
+    for _ in range(width - 2):
+        digits += values >= power
         power *= 10
-    keep = np.arange(digits + 1)[None, :] >= (digits - lengths)[:, None]
-    return rows, keep, lengths + 1
+    rows[np.arange(width)[None, :] < (width - 1 - digits)[:, None]] = 0
+    return rows
 
 
 def _encode_ids_numpy(ids: Any, prefix: bytes, suffix: bytes) -> bytearray:
@@ -373,7 +375,8 @@ def _encode_ids_numpy(ids: Any, prefix: bytes, suffix: bytes) -> bytearray:
     table = _id_table(largest)
     starts = range(0, count, _ENCODE_CHUNK_IDS)
     chunk_lengths = [
-        int(table.lengths[ids[start : start + _ENCODE_CHUNK_IDS]].sum()) for start in starts
+        int(table.lengths[ids[start : start + _ENCODE_CHUNK_IDS]].sum(dtype=np.int64))
+        for start in starts
     ]
     # Sized once and filled in place: the body is the only large allocation.
     out = bytearray(len(prefix) + 1 + sum(chunk_lengths) + len(suffix))
@@ -383,10 +386,8 @@ def _encode_ids_numpy(ids: Any, prefix: bytes, suffix: bytes) -> bytearray:
     view[position] = ord("[")
     position += 1
     for start, length in zip(starts, chunk_lengths, strict=True):
-        piece = ids[start : start + _ENCODE_CHUNK_IDS]
-        rows = table.rows[piece].view(np.uint8)
-        keep = table.keep[piece].view(np.bool_)
-        view[position : position + length] = rows[keep]
+        rows = table.rows[ids[start : start + _ENCODE_CHUNK_IDS]].view(np.uint8)
+        view[position : position + length] = rows[rows != 0]
         position += length
     view[position - 1] = ord("]")  # the last id's comma closes the list
     if suffix:
@@ -396,15 +397,12 @@ def _encode_ids_numpy(ids: Any, prefix: bytes, suffix: bytes) -> bytearray:
 
 def _encode_ids_wide(ids: Any, prefix: bytes, suffix: bytes) -> bytearray:
     """Ids too large for a lookup table: render each chunk digit by digit."""
-    digits = len(str(int(ids.max())))
-    pieces = []
-    for start in range(0, int(ids.size), _ENCODE_CHUNK_IDS):
-        rows, keep, _ = _render_fixed_width(ids[start : start + _ENCODE_CHUNK_IDS], digits)
-        pieces.append(rows[keep].tobytes())
+    width = len(str(int(ids.max()))) + 1
     out = bytearray(prefix)
     out += b"["
-    for piece in pieces:
-        out += piece
+    for start in range(0, int(ids.size), _ENCODE_CHUNK_IDS):
+        rows = _render_rows(ids[start : start + _ENCODE_CHUNK_IDS], width)
+        out += rows[rows != 0].tobytes()
     out[-1] = ord("]")
     out += suffix
     return out
@@ -438,6 +436,8 @@ class StreamMeasurement:
     connect_s: float | None  # TCP connect, inside ttft_s
     upload_s: float | None  # body handed to the kernel, inside ttft_s
     response_headers_s: float | None  # t0 to the response headers
+    #: ``time.perf_counter()`` at t0: lines the stream up with other clocks of this machine.
+    started_perf_s: float = 0.0
 
     @property
     def stream_tokens(self) -> int:
@@ -511,6 +511,8 @@ class ClientConfig:
             value = getattr(self, name)
             if not value > 0:
                 raise ValueError(f"{name}={value!r}: expected a positive number of seconds")
+        if self.upload_chunk_bytes < 1:
+            raise ValueError(f"upload_chunk_bytes={self.upload_chunk_bytes}: expected >= 1")
 
 
 # --------------------------------------------------------------------------------------------
@@ -623,7 +625,7 @@ class _Watchdog:
                         _shutdown(self._socket)
                     return
                 self._sleeping_until = self._deadline
-                self._wake.wait(remaining)
+                self._wake.wait(None if math.isinf(remaining) else remaining)
                 self._sleeping_until = math.inf
 
 
@@ -664,7 +666,8 @@ class CompletionClient:
 
     Every request opens a fresh connection (no keep-alive): an idle pooled connection that the
     server closed would otherwise fail or retry inside a measurement. Loopback connect is
-    tens of microseconds and is reported separately as ``connect_s``.
+    tens of microseconds and is reported separately as ``connect_s``. Proxy settings from the
+    environment are ignored: a proxy buffers streams and would move every arrival time.
     """
 
     def __init__(self, config: ClientConfig) -> None:
@@ -811,10 +814,11 @@ class CompletionClient:
             extensions={"trace": exchange},
         )
         context = _MeasureContext(request, body, first_token_budget_s, budget_source, exchange)
+        watchdog.start(math.inf, _FIRST_TOKEN)  # a thread start is no part of the TTFT
         t0 = time.perf_counter()
         context.t0 = t0
-        watchdog.start(t0 + first_token_budget_s, _FIRST_TOKEN)
         try:
+            watchdog.extend(t0 + first_token_budget_s, _FIRST_TOKEN)
             try:
                 response = self._http.send(http_request, stream=True)
             except httpx.HTTPError as exc:
@@ -982,6 +986,7 @@ class CompletionClient:
                 "http11.send_request_body.started", "http11.send_request_body.complete"
             ),
             response_headers_s=context.response_headers_s,
+            started_perf_s=context.t0,
         )
         if check_count and completion_tokens != request.decode_tokens:
             raise CompletionCountError(
@@ -1075,9 +1080,13 @@ class CompletionClient:
             if request is not None and (prompt_tokens or wanted):
                 total = (prompt_tokens or wanted or 0) + request.decode_tokens
                 needed = f"; serve with --max-model-len >= {total} (prompt + decode)"
+            size = (
+                f"the prompt has {prompt_tokens} tokens"
+                if prompt_tokens is not None
+                else "the prompt (with the decode length) does not fit"
+            )
             return PromptTooLongError(
-                f"prompt too long for the server: it accepts at most {limit} tokens, the prompt "
-                f"has {prompt_tokens if prompt_tokens is not None else 'more'} tokens"
+                f"prompt too long for the server: it accepts at most {limit} tokens, {size}"
                 f"{needed}. Server said: {server_message}",
                 status_code=status,
                 server_message=server_message,

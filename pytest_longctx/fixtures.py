@@ -43,11 +43,9 @@ def longctx_client(longctx_server: ServerInfo) -> Iterator[measure.CompletionCli
 
 
 @pytest.fixture(scope="session")
-def longctx_prompts(
-    longctx_run: Run, longctx_server: ServerInfo, longctx_client: measure.CompletionClient
-) -> PromptBuilder:
+def longctx_prompts(longctx_run: Run, longctx_server: ServerInfo) -> PromptBuilder:
     """Builds exact-length prompts with the served model's tokenizer."""
-    return measure.prompt_builder(longctx_run, longctx_server, longctx_client)
+    return measure.prompt_builder(longctx_run, longctx_server)
 
 
 @pytest.fixture

@@ -21,24 +21,23 @@ class GateState:
     baseline: list[Record]
     tolerances: gate.Tolerances
     problems: list[str] = field(default_factory=list)
-    #: Messages of lengths that improved beyond tolerance: time to refresh the baseline.
+    #: Messages of metrics that improved beyond tolerance: time to refresh the baseline.
     improved: list[str] = field(default_factory=list)
 
 
 def configure(run: Run) -> None:
     """Load and check the baseline and tolerances; raise a usage error naming what is wrong."""
-    if run.settings.baseline is None:
-        if run.settings.tolerance:
-            gate.parse_tolerances(run.settings.tolerance)  # still validate what was given
-        return
     try:
         tolerances = gate.parse_tolerances(run.settings.tolerance)
+    except gate.ToleranceError as exc:  # checked even without a baseline: a typo is a typo
+        raise pytest.UsageError(str(exc)) from None
+    if run.settings.baseline is None:
+        return
+    try:
         problems: list[str] = []
         baseline = gate.load_baseline(run.settings.baseline, problems)
-    except (gate.ToleranceError, gate.BaselineError) as exc:
-        raise pytest.UsageError(
-            f"--longctx-baseline: {exc}" if isinstance(exc, gate.BaselineError) else str(exc)
-        ) from None
+    except gate.BaselineError as exc:
+        raise pytest.UsageError(f"--longctx-baseline: {exc}") from None
     run.gate = GateState(baseline, tolerances, problems)
     run.problems.extend(problems)
 
@@ -60,7 +59,10 @@ class Gate:
         state: GateState = self.run.gate
         current = self.run.all_records()
         if not self.run.settings.baseline_force:
-            differences = gate.fingerprint_differences(self.baseline, current)
+            # Only measurements count: a point that errored before any server was up carries
+            # no fingerprint, and must not make the passed ones look incomparable.
+            measured = [record for record in current if record.outcome == "passed"]
+            differences = gate.fingerprint_differences(self.baseline, measured)
             if differences:
                 pytest.fail(
                     "refusing to compare unlike with unlike (use --longctx-baseline-force to "
@@ -69,9 +71,9 @@ class Gate:
                 )
         verdict = gate.compare_length(self.baseline, current, length, state.tolerances)
         if verdict.status == "missing_in_baseline":
-            pytest.skip(f"{format_size(length)} is not in the baseline: {verdict.message}")
-        if verdict.status == "improved":
-            state.improved.append(verdict.message)
+            pytest.skip(verdict.message)
+        if verdict.status == "improved":  # only what improved: "ok" lines are no news
+            state.improved.extend(v.message for v in verdict.verdicts if v.status == "improved")
         if verdict.status in ("regressed", "missing_in_current", "insufficient"):
             pytest.fail(verdict.message, pytrace=False)
         return verdict
@@ -82,7 +84,7 @@ def summary_lines(run: Run) -> list[str]:
     state: GateState | None = getattr(run, "gate", None)
     if state is None:
         return []
-    lines = [f"improved beyond tolerance, refresh the baseline: {m}" for m in state.improved]
+    lines = list(state.improved)  # each ends saying to refresh the baseline
     measured = {p.length for p in run.selected_points}
     unmeasured = sorted({r.length for r in state.baseline} - measured)
     if unmeasured:

@@ -74,7 +74,7 @@ def client_for(server: ServerInfo) -> CompletionClient:
     return CompletionClient(ClientConfig(base_url=server.base_url, api_key=server.api_key))
 
 
-def prompt_builder(run: Run, server: ServerInfo, client: CompletionClient) -> PromptBuilder:
+def prompt_builder(run: Run, server: ServerInfo) -> PromptBuilder:
     """The served model's tokenizer: the local copy when there is one, else the server's."""
     if run.prompt_builder is not None:
         return run.prompt_builder
@@ -91,8 +91,10 @@ def prompt_builder(run: Run, server: ServerInfo, client: CompletionClient) -> Pr
             trust_remote_code=profile.model.trust_remote_code,
         )
     else:
+        client = client_for(server)  # lives as long as the builder, for /tokenize
         source = ServerTokenSource(
-            server.model_name, lambda text: client.tokenize(text, add_special_tokens=False)
+            server.model_name,
+            lambda text, special: client.tokenize(text, add_special_tokens=special),
         )
     run.prompt_builder = PromptBuilder(source, cache_root() / "prompts", seed=run.settings.seed)
     return run.prompt_builder
@@ -112,7 +114,7 @@ def warm_up(run: Run, server: ServerInfo) -> None:
     length = min([p.length for p in run.selected_points] or [WARMUP_PROMPT_TOKENS])
     length = min(length, WARMUP_PROMPT_TOKENS)
     with client_for(server) as client:
-        builder = prompt_builder(run, server, client)
+        builder = prompt_builder(run, server)
         for index in range(run.plan.profile.sweep.warmup_prompts):
             prompt = builder.build(length, f"Warm-up {index + 1} of run {run.run_id}.")
             request = CompletionRequest(
@@ -154,7 +156,7 @@ def measure_point(
         stream = client.measure(request, first_token_budget_s=budget_s, budget_source=source)
     except MeasurementError as exc:
         try:
-            serving.check_alive(run)
+            serving.check_alive(run, grace_s=5.0)
         except ServerError as gone:
             raise PointFailure(f"{type(exc).__name__}: {exc}\n{gone}") from None
         raise PointFailure(f"{type(exc).__name__}: {exc}") from None

@@ -96,9 +96,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
     return report
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-html writes the page that shows the plots
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+# Around every other implementation: before pytest-benchmark saves its JSON (the sweep's
+# points go into the user's --benchmark-json) and pytest-html writes the page with the plots.
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int):
     reporting.finish(session.config)
+    return (yield)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

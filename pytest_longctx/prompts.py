@@ -38,6 +38,10 @@ class TokenSource(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
+    def count_as_server(self, text: str) -> int:
+        """Tokens the server reads for a text prompt (special tokens such as BOS included)."""
+        ...
+
     def vocab_size(self) -> int | None: ...
 
     def decode(self, ids: Sequence[int]) -> str | None: ...
@@ -70,6 +74,9 @@ class LocalTokenSource:
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
+    def count_as_server(self, text: str) -> int:
+        return len(self.tokenizer(text)["input_ids"])
+
     def vocab_size(self) -> int | None:
         return len(self.tokenizer)
 
@@ -82,7 +89,8 @@ class ServerTokenSource:
     """The server's own ``/tokenize``, for attach mode without a local tokenizer."""
 
     model_name: str
-    tokenize: Callable[[str], list[int]]
+    #: ``tokenize(text, add_special_tokens)`` through the server's ``/tokenize``.
+    tokenize: Callable[[str, bool], list[int]]
 
     @property
     def key(self) -> str:
@@ -91,8 +99,11 @@ class ServerTokenSource:
     def encode(self, text: str) -> list[int]:
         ids: list[int] = []
         for start in range(0, len(text), CORPUS_CHUNK_CHARS):
-            ids.extend(self.tokenize(text[start : start + CORPUS_CHUNK_CHARS]))
+            ids.extend(self.tokenize(text[start : start + CORPUS_CHUNK_CHARS], False))
         return ids
+
+    def count_as_server(self, text: str) -> int:
+        return len(self.tokenize(text, True))
 
     def vocab_size(self) -> int | None:
         return None
@@ -108,10 +119,12 @@ class Prompt:
     header_tokens: int
     build_s: float
     text: str | None = None  # only for text prompts
+    text_tokens: int | None = None  # what the served tokenizer counted in ``text``
 
     @property
     def token_count(self) -> int:
-        return len(self.ids)
+        """Tokens the server will read: the ids, or the text as its tokenizer counts it."""
+        return len(self.ids) if self.text is None else (self.text_tokens or 0)
 
 
 def _safe(key: str) -> str:
@@ -164,7 +177,14 @@ class PromptBuilder:
         ids[: len(header)] = header
         self.verify(ids, length)
         prompt_text = self._fit_text(ids, length) if text else None
-        return Prompt(length, ids, len(header), time.perf_counter() - started, prompt_text)
+        return Prompt(
+            length,
+            ids,
+            len(header),
+            time.perf_counter() - started,
+            prompt_text,
+            self.source.count_as_server(prompt_text) if prompt_text is not None else None,
+        )
 
     def verify(self, ids: Sequence[int], length: int) -> None:
         """Before timing: exactly ``length`` ids, all inside the tokenizer's vocabulary."""
@@ -177,17 +197,25 @@ class PromptBuilder:
             )
 
     def _fit_text(self, ids: array, length: int) -> str:
-        """Text that the served tokenizer reads as exactly ``length`` tokens."""
-        decode = self.source.decode
-        if decode(ids[:1]) is None:
-            raise PromptError("text prompts need a local tokenizer to decode ids")
-        take = length
+        """Text that the served tokenizer reads as exactly ``length`` tokens.
+
+        Decoding natural-text ids and re-encoding them gives the same ids except where the
+        cut and the header meet the text, and the server adds its special tokens: a few
+        rounds of trimming or extending the id span close the gap.
+        """
+        if self.source.decode(ids[:1]) is None:
+            raise PromptError(
+                "text prompts need the served model's tokenizer locally to decode ids; "
+                "use --longctx-prompt-format=ids"
+            )
+        source = ids + self.body(2 * length)[: length // 2 + 64]
+        take, count = length, -1
         for _ in range(TEXT_FIT_ATTEMPTS):
-            text = decode(ids[:take] if take <= length else ids + self.body(take)[length:])
-            count = len(self.source.encode(text))
+            text = self.source.decode(source[:take])
+            count = self.source.count_as_server(text)
             if count == length:
                 return text
-            take += length - count
+            take = max(1, min(len(source), take + length - count))
         raise PromptError(
             f"could not make text of exactly {length} tokens in {TEXT_FIT_ATTEMPTS} attempts "
             f"(last: {count})"

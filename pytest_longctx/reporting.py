@@ -75,14 +75,42 @@ def _kv_plot(run: Run):  # noqa: ANN202 - an ExtraPlot callable
 
 
 def finish(config: pytest.Config) -> None:
+    """Runs before pytest-benchmark saves and before pytest-html writes its page."""
     run = config.stash.get(RUN_KEY, None)
-    if run is None or not run.written:
+    if run is None or not (run.written or run.resumed):
         return
     records = run.all_records()
     write_markdown(run.run_dir / MARKDOWN, records, title=_title(run))
     write_benchmark_json(run.run_dir / BENCHMARK, records)
     with contextlib.suppress(ImportError):
         run.plot_paths = plots.write_plots(run.run_dir, records, [_kv_plot(run)])
+    write_users_benchmark_json(config)
+
+
+def write_users_benchmark_json(config: pytest.Config) -> None:
+    """Write ``--benchmark-json=FILE`` when pytest-benchmark would leave it out.
+
+    pytest-benchmark writes that file only when it timed benchmarks of its own, and a sweep
+    has none: it would warn "Not saving anything" and the points would be missing. The file
+    is made through its own hooks (its layout and machine_info, and
+    ``pytest_benchmark_update_json`` adding the points), and it is told the file is written.
+    """
+    session = getattr(config, "_benchmarksession", None)
+    if session is None or not getattr(session, "json", None) or session.benchmarks:
+        return
+    machine_info = session.get_machine_info()
+    commit_info = config.hook.pytest_benchmark_generate_commit_info(config=config)
+    config.hook.pytest_benchmark_update_commit_info(config=config, commit_info=commit_info)
+    output_json = config.hook.pytest_benchmark_generate_json(
+        config=config,
+        benchmarks=[],
+        include_data=True,
+        machine_info=machine_info,
+        commit_info=commit_info,
+    )
+    config.hook.pytest_benchmark_update_json(config=config, benchmarks=[], output_json=output_json)
+    session.save_json(output_json)
+    session.json = None
 
 
 def terminal_summary(terminalreporter, config: pytest.Config) -> None:  # noqa: ANN001
@@ -91,6 +119,11 @@ def terminal_summary(terminalreporter, config: pytest.Config) -> None:  # noqa: 
         return
     for problem in run.problems:
         terminalreporter.write_line(f"pytest-longctx: {problem}", yellow=True)
+    if run.capacity_check is not None:
+        terminalreporter.write_line(
+            f"pytest-longctx capacity: {run.capacity_check.describe()}",
+            red=not run.capacity_check.agrees,
+        )
     for line in gate_items.summary_lines(run):
         terminalreporter.write_line(f"pytest-longctx gate: {line}", yellow=True)
     if not run.written and not run.resumed:
@@ -121,5 +154,5 @@ def html_summary(config: pytest.Config, prefix: list[str]) -> None:
 def extend_benchmark_json(config: pytest.Config, output_json: dict) -> None:
     """A user's own ``--benchmark-json`` gets one benchmark per measured point too."""
     run = config.stash.get(RUN_KEY, None)
-    if run is not None and run.written:
+    if run is not None and (run.written or run.resumed):
         output_json.setdefault("benchmarks", []).extend(benchmark_entries(run.all_records()))

@@ -37,6 +37,20 @@ def resolve_resume(output_root: Path, resume: str) -> Path:
     return run_dir.resolve()
 
 
+def end_last_line(path: Path) -> None:
+    """End a half-written last line (a crash mid-write) so the next record gets its own line.
+
+    Appended to directly, the next record would join the half line and be lost with it. The
+    half line itself stays as it is: readers report and skip it, nothing rewrites it away.
+    """
+    with contextlib.suppress(FileNotFoundError), open(path, "rb+") as handle:
+        if handle.seek(0, os.SEEK_END) == 0:
+            return
+        handle.seek(-1, os.SEEK_END)
+        if handle.read(1) != b"\n":
+            handle.write(b"\n")
+
+
 @dataclass
 class Run:
     """Mutable state of a session, kept in ``config.stash``."""
@@ -65,6 +79,8 @@ class Run:
     prompt_builder: Any = None
     #: Lengths the capacity plan says cannot fit: skipped, and left out of --max-model-len.
     unfit_lengths: set[int] = field(default_factory=set)
+    #: The capacity plan against the launched server's own report (capacity_plan.py).
+    capacity_check: Any = None
 
     @classmethod
     def create(cls, settings: Settings, plan: SweepPlan, rootdir: Path) -> Run:
@@ -103,6 +119,7 @@ class Run:
 
     def append(self, record: Record) -> None:
         self.open()
+        end_last_line(self.results_path)
         append_record(self.results_path, record)
         self.written.append(record)
 

@@ -7,14 +7,16 @@ sweep item errors at once with it (and the server log's last lines) instead of w
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
+import subprocess
 import sys
 from typing import Any
 
 import httpx
 import pytest
 
-from . import hardware
+from . import capacity_plan, hardware
 from .plan import SweepPlan
 from .profiles import Profile
 from .run import Run
@@ -103,6 +105,12 @@ def start(config: pytest.Config) -> ServerInfo:
         raise
     run.server = info
     run.fingerprint = fingerprint(config, run, info)
+    if info.mode == "launched":
+        run.capacity_check = capacity_plan.check_served(
+            run.plan.profile, info.base_url, info.api_key
+        )
+        if run.capacity_check is not None:
+            run.fingerprint["kv_cache_check"] = dataclasses.asdict(run.capacity_check)
     config.hook.pytest_longctx_server_ready(config=config, base_url=info.base_url, mode=info.mode)
     return info
 
@@ -143,9 +151,16 @@ def _launch(config: pytest.Config, run: Run) -> ServerInfo:
     )
 
 
-def check_alive(run: Run) -> None:
-    """Raise at once with the log tail when a launched server has died."""
+def check_alive(run: Run, grace_s: float = 0.0) -> None:
+    """Raise at once with the log tail when the server has died.
+
+    After a failed request, ``grace_s`` lets a dying process finish dying, so the failure
+    names the real cause (the exit and the log) rather than a refused connection.
+    """
     if run.launched is not None:
+        if grace_s and run.launched.process is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                run.launched.process.wait(timeout=grace_s)
         run.launched.check_alive()
     elif isinstance(run.server, ServerInfo):
         check_attached(run.server.base_url, run.server.api_key)

@@ -134,16 +134,11 @@ def print_plan(session: pytest.Session) -> None:
     )
     for item in session.items:
         point = point_of(item)
-        marks = [
-            m.name
-            for m in item.iter_markers()
-            if m.name.startswith("longctx_") and m.name in (SLOW_MARK, VERY_SLOW_MARK)
-        ]
+        length = point.length if point else regression_length_of(item)
+        bands = run.plan.band_marks(length) if length else ()
         skip = next((m.kwargs.get("reason") for m in item.iter_markers("skip")), None)
         label = point.id if point else item.name
-        extra = (" [" + ", ".join(marks) + "]" if marks else "") + (
-            f" SKIP: {skip}" if skip else ""
-        )
+        extra = (f" [{bands[0]}]" if bands else "") + (f" SKIP: {skip}" if skip else "")
         write(f"  {label}{extra}")
     write("")
     write(serving.describe_server(config, run))

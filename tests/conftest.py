@@ -8,14 +8,28 @@ that are about launching start their own server in a subprocess session.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from longctx_testing import SWEEP_TEST
 
+from pytest_longctx.embedded import CACHE_ENV, cache_root
+
+# pytester points HOME at a temporary folder: keep sub-sessions on the real cache of embedded
+# models and built prompts, as a user's repeated sessions would be.
+os.environ.setdefault(CACHE_ENV, str(cache_root()))
+
+#: Reuse a cpu-tiny server that is already running (while developing), instead of launching.
+EXISTING_SERVER_ENV = "LONGCTX_TEST_SERVER_URL"
+
 
 @pytest.fixture(scope="session")
-def vllm_url(longctx_server) -> str:  # noqa: ANN001
-    """URL of this session's real vLLM server (cpu-tiny), for sub-sessions to attach to."""
-    return longctx_server.base_url
+def vllm_url(request: pytest.FixtureRequest) -> str:
+    """URL of a real vLLM server serving cpu-tiny, for sub-sessions to attach to."""
+    existing = os.environ.get(EXISTING_SERVER_ENV)
+    if existing:
+        return existing.rstrip("/")
+    return request.getfixturevalue("longctx_server").base_url
 
 
 @pytest.fixture

@@ -91,6 +91,16 @@ class ReceivedRequest:
     payload: Any = field(default=None, repr=False)  # parsed JSON, None when not read
 
 
+@dataclass(frozen=True)
+class StreamTimes:
+    """When the fake did what for one streamed request, on ``time.perf_counter``'s clock."""
+
+    body_read_at: float  # the schedule's origin
+    first_token_at: float | None  # just after the first token's chunk was written
+    last_token_at: float | None
+    tokens: int
+
+
 @dataclass
 class _Totals:
     """Monotonic counters behind /metrics."""
@@ -115,6 +125,7 @@ class FakeVLLM:
     def __init__(self, behaviour: Behaviour | None = None) -> None:
         self.behaviour = behaviour or Behaviour()
         self.requests: list[ReceivedRequest] = []
+        self.streams: list[StreamTimes] = []
         self.totals = _Totals()
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -162,6 +173,10 @@ class FakeVLLM:
     def record(self, request: ReceivedRequest) -> None:
         with self._lock:
             self.requests.append(request)
+
+    def record_stream(self, times: StreamTimes) -> None:
+        with self._lock:
+            self.streams.append(times)
 
     def account(self, **amounts: float) -> None:
         with self._lock:
@@ -408,6 +423,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._write(b"data: [DONE]\n\n")
             self.wfile.write(b"0\r\n\r\n")
             end = time.perf_counter()
+            self.fake.record_stream(StreamTimes(t_body, first_at, last_at, total))
             ttft = (first_at or end) - t_body
             decode = (last_at or end) - (first_at or end)
             self.fake.account(

@@ -161,6 +161,27 @@ def test_request_rejects_bad_fields(fields: dict, complaint: str) -> None:
 # Figures from a stream
 
 
+def test_event_stream_split_anywhere() -> None:
+    stream = (
+        b": a comment\r\n"
+        b'data: {"a": 1}\r\n\r\n'
+        b"event: ignored\n"
+        b'data: {"b":\n'
+        b"data: 2}\n\n"
+        b"data: [DONE]\n\n"
+    )
+    expected = ['{"a": 1}', '{"b":\n2}', "[DONE]"]
+    for step in (1, 2, 5, len(stream)):
+        decoder = client_module._SSEDecoder()
+        events = []
+        for start in range(0, len(stream), step):
+            events += decoder.feed(stream[start : start + step])
+        assert events + decoder.finish() == expected, step
+    unterminated = client_module._SSEDecoder()
+    assert unterminated.feed(b"data: x") == []
+    assert unterminated.finish() == ["x"]
+
+
 def test_summary_hand_computed() -> None:
     # chunks at 1.0, 1.1, 1.3, 1.6 s carrying 1, 1, 2, 1 tokens; the server counted 5
     throughput, gaps = summarize_stream((1.0, 1.1, 1.3, 1.6), (1, 1, 2, 1), 5)
@@ -229,6 +250,15 @@ def test_multi_token_chunks_counted_from_token_ids(server: FakeVLLM) -> None:
     # the first chunk leaves with token 3, at 0.1 + 2 * 0.02
     assert 0.14 <= result.ttft_s < 0.14 + 0.15
     assert result.decode_throughput == pytest.approx(1 / 0.02, rel=0.15)
+
+
+def test_sink_mode_counts_ids_without_parsing(server: FakeVLLM) -> None:
+    server.configure(read_prompt=False)
+    with client_for(server, upload_chunk_bytes=4096) as client:
+        result = client.measure(ids_request(length=5000, decode=3), first_token_budget_s=10)
+    assert (result.prompt_tokens, result.completion_tokens) == (5000, 3)
+    assert server.requests[-1].payload is None
+    assert server.requests[-1].body_bytes == result.body_bytes
 
 
 def test_text_prompt_is_measured(server: FakeVLLM) -> None:
@@ -355,11 +385,13 @@ def test_slow_first_token_times_out(server: FakeVLLM) -> None:
 
 def test_stalled_stream_hits_the_inter_token_limit(server: FakeVLLM) -> None:
     server.configure(fault="stall", fault_after_tokens=3, token_delay_s=0.01)
+    started = time.perf_counter()
     with (
         client_for(server, inter_token_timeout_s=0.5) as client,
         pytest.raises(InterTokenTimeoutError) as caught,
     ):
         client.measure(ids_request(decode=10), first_token_budget_s=30)
+    assert time.perf_counter() - started < 10  # the 0.5 s limit, not the 30 s first-token one
     assert "token 3 of 10" in str(caught.value)
     assert "0.5 s" in str(caught.value)
 
@@ -431,7 +463,7 @@ def test_module_fixture_serves(fake_vllm: FakeVLLM) -> None:  # noqa: F811
 # ---------------------------------------------------------------------------------------------
 # /metrics
 
-EXPOSITION = r"""# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.
+EXPOSITION_HEAD = r"""# HELP vllm:time_to_first_token_seconds Histogram of time to first token.
 # TYPE vllm:time_to_first_token_seconds histogram
 vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1",model_name="m,1"} 1.0
 vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="m,1"} 3.0
@@ -453,9 +485,14 @@ vllm:prompt_tokens_by_source_total{engine="0",model_name="m,1",source="local_cac
 # TYPE vllm:kv_cache_usage_perc gauge
 vllm:kv_cache_usage_perc{engine="0",model_name="m,1"} NaN
 # TYPE vllm:cache_config_info gauge
-vllm:cache_config_info{block_size="128",cache_dtype="auto",engine="0",kv_cache_size_tokens="2097152",note="a \"quoted\", {braced} value\\",num_gpu_blocks="16384"} 1.0
-process_start_time_seconds 1.7e+09
 """
+# Label values may hold commas, braces, escaped quotes and backslashes.
+CACHE_INFO_LINE = (
+    'vllm:cache_config_info{block_size="128",cache_dtype="auto",engine="0",'
+    r'kv_cache_size_tokens="2097152",note="a \"quoted\", {braced} value\\",num_gpu_blocks="16384"}'
+    " 1.0\n"
+)
+EXPOSITION = EXPOSITION_HEAD + CACHE_INFO_LINE + "process_start_time_seconds 1.7e+09\n"
 
 
 def later(text: str, replacements: dict[str, str]) -> str:

@@ -1,0 +1,189 @@
+"""Serving profiles and the exact vLLM command lines they produce (no GPU needed)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from longctx_testing import SWEEP_TEST
+
+from pytest_longctx.profiles import ProfileError, available_profiles, load_profile
+from pytest_longctx.vllm_command import build_server_command, max_model_len_for
+
+KIMI = "moonshotai/Kimi-Linear-48B-A3B-Instruct"
+KIMI_REVISION = "e1df551a447157d4658b573f9a695d57658590e9"
+SERVER = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+
+
+def command(name: str, max_model_len: int, model_path: str | None = None):
+    profile = load_profile(name)
+    return build_server_command(
+        profile,
+        model_path=model_path or profile.model.source,
+        tokenizer_path=profile.model.tokenizer,
+        max_model_len=max_model_len,
+        port=8123,
+        python=sys.executable,
+    )
+
+
+def test_shipped_profiles() -> None:
+    assert available_profiles() == [
+        "cpu-tiny", "cpu-tiny-mla", "kimi-linear-h200", "kimi-linear-mi355x",
+    ]
+
+
+def test_reference_mi355x_command_flag_by_flag() -> None:
+    cmd = command("kimi-linear-mi355x", 64 * 1024**2 + 1024)
+    assert list(cmd.argv) == SERVER + [
+        "--host", "127.0.0.1", "--port", "8123",
+        "--model", KIMI, "--revision", KIMI_REVISION,
+        "--served-model-name", KIMI,
+        "--trust-remote-code",
+        "--max-model-len", "67109888",
+        "--dtype", "bfloat16", "--kv-cache-dtype", "fp8_e4m3",
+        "--tensor-parallel-size", "8",
+        "--attention-backend", "ROCM_AITER_MLA",
+        "--gpu-memory-utilization", "0.952",
+        "--max-num-seqs", "1",
+        "--compilation-config", '{"cudagraph_mode":"FULL_AND_PIECEWISE"}',
+    ]
+    assert dict(cmd.env) == {
+        "VLLM_ROCM_USE_AITER": "1",
+        "VLLM_ROCM_USE_AITER_MLA": "1",
+        "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
+    }
+    profile = load_profile("kimi-linear-mi355x")
+    assert profile.serving.expected_versions == {
+        "vllm": "0.25.1", "aiter": "v0.1.19.post2", "rocm": "7.2.3",
+    }
+    assert (profile.serving.data_parallel_size, profile.serving.pipeline_parallel_size) == (1, 1)
+    assert (profile.hardware.devices, profile.hardware.memory_per_device) == (8, 288 * 1024**3)
+    assert (profile.sweep.from_length, profile.sweep.to_length) == (1024, 64 * 1024**2)
+
+
+def test_h200_command_flag_by_flag() -> None:
+    cmd = command("kimi-linear-h200", 16 * 1024**2 + 1024)
+    assert list(cmd.argv) == SERVER + [
+        "--host", "127.0.0.1", "--port", "8123",
+        "--model", KIMI, "--revision", KIMI_REVISION,
+        "--served-model-name", KIMI,
+        "--trust-remote-code",
+        "--max-model-len", "16778240",
+        "--dtype", "bfloat16", "--kv-cache-dtype", "fp8_e4m3",
+        "--tensor-parallel-size", "8",
+        "--attention-backend", "FLASHMLA",
+        "--gpu-memory-utilization", "0.95",
+        "--max-num-seqs", "1",
+        "--compilation-config", '{"cudagraph_mode":"FULL_AND_PIECEWISE"}',
+    ]
+    assert dict(cmd.env) == {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
+
+
+@pytest.mark.parametrize("name", ["cpu-tiny", "cpu-tiny-mla"])
+def test_cpu_commands_flag_by_flag(name: str) -> None:
+    cmd = command(name, 16416, model_path="/models/tiny")
+    assert list(cmd.argv) == SERVER + [
+        "--host", "127.0.0.1", "--port", "8123",
+        "--model", "/models/tiny",
+        "--served-model-name", load_profile(name).model.served_name,
+        "--max-model-len", "16416",
+        "--dtype", "bfloat16", "--kv-cache-dtype", "auto",
+        "--tensor-parallel-size", "1",
+        "--kv-cache-memory-bytes", "1073741824",
+        "--max-num-seqs", "1",
+        "--enforce-eager",
+        "--distributed-executor-backend", "uni",
+        "--seed", "0",
+    ]
+    # One process: about 13 s less start-up than three (measured on this machine kind).
+    assert dict(cmd.env) == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
+def test_max_model_len_makes_room_for_the_decode() -> None:
+    assert max_model_len_for(1024, 32) == 1056
+
+
+def test_user_profile_by_path(tmp_path: Path) -> None:
+    path = tmp_path / "mine.toml"
+    path.write_text(
+        '[model]\nsource = "org/model"\nrevision = "abc"\n'
+        '[serving]\ntensor_parallel_size = 2\nextra_args = ["--enable-chunked-prefill"]\n'
+        '[sweep]\nto = "1Mi"\ndecode_tokens = 16\n'
+    )
+    profile = load_profile(str(path))
+    assert (profile.name, profile.model.revision, profile.sweep.to_length) == (
+        "mine", "abc", 1024**2,
+    )
+    cmd = build_server_command(profile, model_path="org/model", tokenizer_path=None,
+                               max_model_len=1024**2 + 16, port=1)
+    assert cmd.argv[-1] == "--enable-chunked-prefill"
+    assert cmd.argv[cmd.argv.index("--tensor-parallel-size") + 1] == "2"
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ('[model]\nrevision = "x"\n', "[model] source is required"),
+        ('[model]\nsource = "m"\n[sweep]\nto = "lots"\n', "[sweep] to: 'lots' is not a length"),
+        ('[model]\nsource = "m"\n[serving]\ntensor_parallel_size = "8"\n', "must be a int"),
+        ("[model\n", "cannot read it as TOML"),
+    ],
+)
+def test_bad_profiles(tmp_path: Path, text: str, needle: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ProfileError, match="bad.toml") as info:
+        load_profile(str(path))
+    assert needle in str(info.value)
+
+
+def test_plan_prints_points_command_and_capacity_without_starting(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    result = pytester.runpytest(
+        "-p", "no:cacheprovider", "--longctx-plan", "--longctx-profile=kimi-linear-mi355x",
+        "-m", "len>=16Mi", "--longctx-repeats=2", f"--longctx-output={pytester.path / 'out'}",
+    )
+    assert result.ret == 0
+    result.stdout.fnmatch_lines([
+        "pytest-longctx plan: profile kimi-linear-mi355x*",
+        "6 item(s), decode 1024 tokens per request, order pass",
+        "  len=16Mi-rep=0 [[]longctx_slow[]]",
+        "  len=32Mi-rep=0 [[]longctx_very_slow[]]",
+        "  len=64Mi-rep=1 [[]longctx_very_slow[]]",
+        "server command*",
+        "  VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 VLLM_ROCM_USE_AITER=1 VLLM_ROCM_USE_AITER_MLA=1 *"
+        " --max-model-len 67109888 *--kv-cache-dtype fp8_e4m3*",
+        "capacity plan:",
+        "*4,032 B/token per rank*",
+        "64Mi*yes",
+    ])
+    assert not (pytester.path / "out").exists()  # nothing written, nothing started
+
+
+def test_plan_redacts_the_api_key(pytester: pytest.Pytester, monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.setenv("TEAM_VLLM_KEY", "sk-very-secret-value")
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    result = pytester.runpytest("--longctx-plan", "--longctx-api-key-env=TEAM_VLLM_KEY")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["*VLLM_API_KEY=*[*][*][*]* -m vllm.entrypoints.openai.api_server *"])
+    assert "sk-very-secret-value" not in result.stdout.str() + result.stderr.str()
+
+
+def test_points_that_cannot_fit_are_skipped_with_both_figures(pytester: pytest.Pytester) -> None:
+    """The H200 profile cannot hold 32Mi of replicated MLA cache per rank: skipped, no server."""
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    result = pytester.runpytest(
+        "-p", "no:cacheprovider", "--longctx-profile=kimi-linear-h200", "-m", "len>=32Mi",
+        "--longctx-to=64Mi", "-rs", f"--longctx-output={pytester.path / 'out'}",
+    )
+    result.assert_outcomes(skipped=2)
+    text = result.stdout.str()
+    assert "32Mi + 1024 decode at TP=8, KV fp8_e4m3: needs" in text
+    assert "does not fit in" in text and "GiB" in text
+    records = [line for line in (pytester.path / "out" / "latest" / "results.jsonl")
+               .read_text().splitlines()]
+    assert len(records) == 2 and all('"outcome": "skipped"' in line for line in records)
