@@ -56,6 +56,7 @@ class Gate:
 
     def check(self, length: int) -> gate.LengthVerdict:
         """Fail like a reviewer would if ``length`` got slower than the baseline."""
+        __tracebackhide__ = True  # a skip names the test's line, not this module's
         state: GateState = self.run.gate
         current = self.run.all_records()
         if not self.run.settings.baseline_force:

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.vllm
 
 def test_sweep_1ki_to_4ki_two_repeats(sweep_dir: pytest.Pytester, vllm_url: str) -> None:
     output = sweep_dir.path / "reports"
-    result = sweep_dir.runpytest(
+    result = sweep_dir.runpytest_subprocess(
         "-p",
         "no:cacheprovider",
         f"--longctx-url={vllm_url}",
@@ -50,7 +50,7 @@ def test_sweep_1ki_to_4ki_two_repeats(sweep_dir: pytest.Pytester, vllm_url: str)
 def test_repeats_of_a_length_are_cold(sweep_dir: pytest.Pytester, vllm_url: str) -> None:
     """Three repeats of 4Ki: were the prefix cache hit, repeats would be ~10x faster."""
     output = sweep_dir.path / "reports"
-    result = sweep_dir.runpytest(
+    result = sweep_dir.runpytest_subprocess(
         "-p",
         "no:cacheprovider",
         f"--longctx-url={vllm_url}",

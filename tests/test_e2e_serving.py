@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 from pathlib import Path
 
 import pytest
@@ -119,7 +118,7 @@ def test_bad_model_path_fails_every_item_fast(pytester: pytest.Pytester) -> None
         },
     )
     output = pytester.path / "reports"
-    result = pytester.runpytest(
+    result = pytester.runpytest_subprocess(
         "-p",
         "no:cacheprovider",
         f"--longctx-profile={profile}",
@@ -151,7 +150,8 @@ def test_launch_mla_model_and_check_capacity(pytester: pytest.Pytester) -> None:
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(
         [
-            "*CHECK KV cache of 1,073,741,824 B: plan 466,032 tokens, vLLM 466,032 tokens (block 16)*",
+            "*CHECK KV cache of 1,073,741,824 B: plan 466,032 tokens, "
+            "vLLM 466,032 tokens (block 16)*",
             "LOG *CPU KV cache size: 466,032 tokens*",
         ]
     )
@@ -168,7 +168,7 @@ def test_attach_without_local_tokenizer_uses_the_servers(
         sweep_dir.path, "cpu-tiny", **{'served_name = "tiny-llama"': 'served_name = "elsewhere"'}
     )
     output = sweep_dir.path / "reports"
-    result = sweep_dir.runpytest(
+    result = sweep_dir.runpytest_subprocess(
         "-p",
         "no:cacheprovider",
         f"--longctx-url={vllm_url}",
@@ -183,7 +183,7 @@ def test_attach_without_local_tokenizer_uses_the_servers(
 
 def test_text_prompts(sweep_dir: pytest.Pytester, vllm_url: str) -> None:
     output = sweep_dir.path / "reports"
-    result = sweep_dir.runpytest(
+    result = sweep_dir.runpytest_subprocess(
         "-p",
         "no:cacheprovider",
         f"--longctx-url={vllm_url}",
@@ -197,7 +197,7 @@ def test_text_prompts(sweep_dir: pytest.Pytester, vllm_url: str) -> None:
 
 def test_attach_to_nothing_errors_every_item(sweep_dir: pytest.Pytester) -> None:
     output = sweep_dir.path / "reports"
-    result = sweep_dir.runpytest(
+    result = sweep_dir.runpytest_subprocess(
         "-p",
         "no:cacheprovider",
         "--longctx-url=http://127.0.0.1:9",

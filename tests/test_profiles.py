@@ -30,24 +30,43 @@ def command(name: str, max_model_len: int, model_path: str | None = None):
 
 def test_shipped_profiles() -> None:
     assert available_profiles() == [
-        "cpu-tiny", "cpu-tiny-mla", "kimi-linear-h200", "kimi-linear-mi355x",
+        "cpu-tiny",
+        "cpu-tiny-mla",
+        "kimi-linear-h200",
+        "kimi-linear-mi355x",
     ]
 
 
 def test_reference_mi355x_command_flag_by_flag() -> None:
     cmd = command("kimi-linear-mi355x", 64 * 1024**2 + 1024)
     assert list(cmd.argv) == SERVER + [
-        "--host", "127.0.0.1", "--port", "8123",
-        "--model", KIMI, "--revision", KIMI_REVISION,
-        "--served-model-name", KIMI,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8123",
+        "--model",
+        KIMI,
+        "--revision",
+        KIMI_REVISION,
+        "--served-model-name",
+        KIMI,
         "--trust-remote-code",
-        "--max-model-len", "67109888",
-        "--dtype", "bfloat16", "--kv-cache-dtype", "fp8_e4m3",
-        "--tensor-parallel-size", "8",
-        "--attention-backend", "ROCM_AITER_MLA",
-        "--gpu-memory-utilization", "0.952",
-        "--max-num-seqs", "1",
-        "--compilation-config", '{"cudagraph_mode":"FULL_AND_PIECEWISE"}',
+        "--max-model-len",
+        "67109888",
+        "--dtype",
+        "bfloat16",
+        "--kv-cache-dtype",
+        "fp8_e4m3",
+        "--tensor-parallel-size",
+        "8",
+        "--attention-backend",
+        "ROCM_AITER_MLA",
+        "--gpu-memory-utilization",
+        "0.952",
+        "--max-num-seqs",
+        "1",
+        "--compilation-config",
+        '{"cudagraph_mode":"FULL_AND_PIECEWISE"}',
     ]
     assert dict(cmd.env) == {
         "VLLM_ROCM_USE_AITER": "1",
@@ -56,7 +75,9 @@ def test_reference_mi355x_command_flag_by_flag() -> None:
     }
     profile = load_profile("kimi-linear-mi355x")
     assert profile.serving.expected_versions == {
-        "vllm": "0.25.1", "aiter": "v0.1.19.post2", "rocm": "7.2.3",
+        "vllm": "0.25.1",
+        "aiter": "v0.1.19.post2",
+        "rocm": "7.2.3",
     }
     assert (profile.serving.data_parallel_size, profile.serving.pipeline_parallel_size) == (1, 1)
     assert (profile.hardware.devices, profile.hardware.memory_per_device) == (8, 288 * 1024**3)
@@ -66,17 +87,33 @@ def test_reference_mi355x_command_flag_by_flag() -> None:
 def test_h200_command_flag_by_flag() -> None:
     cmd = command("kimi-linear-h200", 16 * 1024**2 + 1024)
     assert list(cmd.argv) == SERVER + [
-        "--host", "127.0.0.1", "--port", "8123",
-        "--model", KIMI, "--revision", KIMI_REVISION,
-        "--served-model-name", KIMI,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8123",
+        "--model",
+        KIMI,
+        "--revision",
+        KIMI_REVISION,
+        "--served-model-name",
+        KIMI,
         "--trust-remote-code",
-        "--max-model-len", "16778240",
-        "--dtype", "bfloat16", "--kv-cache-dtype", "fp8_e4m3",
-        "--tensor-parallel-size", "8",
-        "--attention-backend", "FLASHMLA",
-        "--gpu-memory-utilization", "0.95",
-        "--max-num-seqs", "1",
-        "--compilation-config", '{"cudagraph_mode":"FULL_AND_PIECEWISE"}',
+        "--max-model-len",
+        "16778240",
+        "--dtype",
+        "bfloat16",
+        "--kv-cache-dtype",
+        "fp8_e4m3",
+        "--tensor-parallel-size",
+        "8",
+        "--attention-backend",
+        "FLASHMLA",
+        "--gpu-memory-utilization",
+        "0.95",
+        "--max-num-seqs",
+        "1",
+        "--compilation-config",
+        '{"cudagraph_mode":"FULL_AND_PIECEWISE"}',
     ]
     assert dict(cmd.env) == {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
 
@@ -85,17 +122,31 @@ def test_h200_command_flag_by_flag() -> None:
 def test_cpu_commands_flag_by_flag(name: str) -> None:
     cmd = command(name, 16416, model_path="/models/tiny")
     assert list(cmd.argv) == SERVER + [
-        "--host", "127.0.0.1", "--port", "8123",
-        "--model", "/models/tiny",
-        "--served-model-name", load_profile(name).model.served_name,
-        "--max-model-len", "16416",
-        "--dtype", "bfloat16", "--kv-cache-dtype", "auto",
-        "--tensor-parallel-size", "1",
-        "--kv-cache-memory-bytes", "1073741824",
-        "--max-num-seqs", "1",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8123",
+        "--model",
+        "/models/tiny",
+        "--served-model-name",
+        load_profile(name).model.served_name,
+        "--max-model-len",
+        "16416",
+        "--dtype",
+        "bfloat16",
+        "--kv-cache-dtype",
+        "auto",
+        "--tensor-parallel-size",
+        "1",
+        "--kv-cache-memory-bytes",
+        "1073741824",
+        "--max-num-seqs",
+        "1",
         "--enforce-eager",
-        "--distributed-executor-backend", "uni",
-        "--seed", "0",
+        "--distributed-executor-backend",
+        "uni",
+        "--seed",
+        "0",
     ]
     # One process: about 13 s less start-up than three (measured on this machine kind).
     assert dict(cmd.env) == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
@@ -114,10 +165,13 @@ def test_user_profile_by_path(tmp_path: Path) -> None:
     )
     profile = load_profile(str(path))
     assert (profile.name, profile.model.revision, profile.sweep.to_length) == (
-        "mine", "abc", 1024**2,
+        "mine",
+        "abc",
+        1024**2,
     )
-    cmd = build_server_command(profile, model_path="org/model", tokenizer_path=None,
-                               max_model_len=1024**2 + 16, port=1)
+    cmd = build_server_command(
+        profile, model_path="org/model", tokenizer_path=None, max_model_len=1024**2 + 16, port=1
+    )
     assert cmd.argv[-1] == "--enable-chunked-prefill"
     assert cmd.argv[cmd.argv.index("--tensor-parallel-size") + 1] == "2"
 
@@ -144,23 +198,31 @@ def test_plan_prints_points_command_and_capacity_without_starting(
 ) -> None:
     pytester.makepyfile(test_sweep=SWEEP_TEST)
     result = pytester.runpytest(
-        "-p", "no:cacheprovider", "--longctx-plan", "--longctx-profile=kimi-linear-mi355x",
-        "-m", "len>=16Mi", "--longctx-repeats=2", f"--longctx-output={pytester.path / 'out'}",
+        "-p",
+        "no:cacheprovider",
+        "--longctx-plan",
+        "--longctx-profile=kimi-linear-mi355x",
+        "-m",
+        "len>=16Mi",
+        "--longctx-repeats=2",
+        f"--longctx-output={pytester.path / 'out'}",
     )
     assert result.ret == 0
-    result.stdout.fnmatch_lines([
-        "pytest-longctx plan: profile kimi-linear-mi355x*",
-        "6 item(s), decode 1024 tokens per request, order pass",
-        "  len=16Mi-rep=0 [[]longctx_slow[]]",
-        "  len=32Mi-rep=0 [[]longctx_very_slow[]]",
-        "  len=64Mi-rep=1 [[]longctx_very_slow[]]",
-        "server command*",
-        "  VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 VLLM_ROCM_USE_AITER=1 VLLM_ROCM_USE_AITER_MLA=1 *"
-        " --max-model-len 67109888 *--kv-cache-dtype fp8_e4m3*",
-        "capacity plan:",
-        "*4,032 B/token per rank*",
-        "64Mi*yes",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "pytest-longctx plan: profile kimi-linear-mi355x*",
+            "6 item(s), decode 1024 tokens per request, order pass",
+            "  len=16Mi-rep=0 [[]longctx_slow[]]",
+            "  len=32Mi-rep=0 [[]longctx_very_slow[]]",
+            "  len=64Mi-rep=1 [[]longctx_very_slow[]]",
+            "server command*",
+            "  VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 VLLM_ROCM_USE_AITER=1 VLLM_ROCM_USE_AITER_MLA=1 *"
+            " --max-model-len 67109888 *--kv-cache-dtype fp8_e4m3*",
+            "capacity plan:",
+            "*4,032 B/token per rank*",
+            "64Mi*yes",
+        ]
+    )
     assert not (pytester.path / "out").exists()  # nothing written, nothing started
 
 
@@ -169,7 +231,9 @@ def test_plan_redacts_the_api_key(pytester: pytest.Pytester, monkeypatch) -> Non
     pytester.makepyfile(test_sweep=SWEEP_TEST)
     result = pytester.runpytest("--longctx-plan", "--longctx-api-key-env=TEAM_VLLM_KEY")
     assert result.ret == 0
-    result.stdout.fnmatch_lines(["*VLLM_API_KEY=*[*][*][*]* -m vllm.entrypoints.openai.api_server *"])
+    result.stdout.fnmatch_lines(
+        ["*VLLM_API_KEY=*[*][*][*]* -m vllm.entrypoints.openai.api_server *"]
+    )
     assert "sk-very-secret-value" not in result.stdout.str() + result.stderr.str()
 
 
@@ -177,13 +241,21 @@ def test_points_that_cannot_fit_are_skipped_with_both_figures(pytester: pytest.P
     """The H200 profile cannot hold 32Mi of replicated MLA cache per rank: skipped, no server."""
     pytester.makepyfile(test_sweep=SWEEP_TEST)
     result = pytester.runpytest(
-        "-p", "no:cacheprovider", "--longctx-profile=kimi-linear-h200", "-m", "len>=32Mi",
-        "--longctx-to=64Mi", "-rs", f"--longctx-output={pytester.path / 'out'}",
+        "-p",
+        "no:cacheprovider",
+        "--longctx-profile=kimi-linear-h200",
+        "-m",
+        "len>=32Mi",
+        "--longctx-to=64Mi",
+        "-rs",
+        f"--longctx-output={pytester.path / 'out'}",
     )
     result.assert_outcomes(skipped=2)
     text = result.stdout.str()
     assert "32Mi + 1024 decode at TP=8, KV fp8_e4m3: needs" in text
     assert "does not fit in" in text and "GiB" in text
-    records = [line for line in (pytester.path / "out" / "latest" / "results.jsonl")
-               .read_text().splitlines()]
+    records = [
+        line
+        for line in (pytester.path / "out" / "latest" / "results.jsonl").read_text().splitlines()
+    ]
     assert len(records) == 2 and all('"outcome": "skipped"' in line for line in records)
