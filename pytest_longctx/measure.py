@@ -47,6 +47,9 @@ class PointMeasurement:
         for name in ("server_ttft", "server_prefill", "server_queue", "server_decode"):
             if self.server_view.get(name) is not None:
                 figures[name] = self.server_view[name]
+        decode_s = self.server_view.get("server_decode")
+        if decode_s and self.completion_tokens > 1:
+            figures["server_decode_throughput"] = (self.completion_tokens - 1) / decode_s
         return figures
 
     def server_metrics(self) -> dict[str, float]:

@@ -27,6 +27,7 @@ FIGURE_UNITS: Mapping[str, str] = {
     "server_prefill": "s",
     "server_queue": "s",
     "server_decode": "s",
+    "server_decode_throughput": "tok/s",  # (N-1) / vLLM's decode time: no client scheduling
     "request_body_bytes": "B",
     "prompt_build": "s",
 }

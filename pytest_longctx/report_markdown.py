@@ -49,11 +49,14 @@ _HEADER_KEYS: tuple[tuple[str, str], ...] = (
 REPRODUCE_LABELS: Mapping[str, str] = {
     "command_line": "Command line",
     "server_command": "Server command",
+    "server_env": "Server environment (besides the inherited one; secrets redacted)",
+    "server_url": "Server URL",
     "profile": "Profile",
     "model": "Model",
     "revision": "Revision",
     "vllm_version": "vLLM",
     "torch_version": "torch",
+    "expected_versions": "Versions the profile was measured with",
 }
 #: Reproduce keys printed as shell commands rather than as list items.
 COMMAND_KEYS = ("command_line", "server_command")

@@ -80,10 +80,10 @@ def finish(config: pytest.Config) -> None:
     if run is None or not (run.written or run.resumed):
         return
     records = run.all_records()
-    write_markdown(run.run_dir / MARKDOWN, records, title=_title(run))
-    write_benchmark_json(run.run_dir / BENCHMARK, records)
     with contextlib.suppress(ImportError):
         run.plot_paths = plots.write_plots(run.run_dir, records, [_kv_plot(run)])
+    write_markdown(run.run_dir / MARKDOWN, records, title=_title(run), plots=run.plot_paths)
+    write_benchmark_json(run.run_dir / BENCHMARK, records)
     write_users_benchmark_json(config)
 
 

@@ -101,7 +101,9 @@ def test_launch_with_api_key_then_the_server_dies(pytester: pytest.Pytester) -> 
     assert "--kv-cache-memory-bytes" in fingerprint["server_command"]
     assert fingerprint["server_env"]["VLLM_API_KEY"] == "***"
     assert fingerprint["vllm_version"] == "0.32.0"
+    # the capacity plan against vLLM's own report of the 1 GiB cache: 2 x 2 x 1 x 64 x 2 B/token
     assert fingerprint["kv_cache_check"]["planned_tokens"] == 2_097_152
+    assert fingerprint["kv_cache_check"]["reported_tokens"] == 2_097_152
     log = (run_folder(output) / "server.log").read_text()
     assert "Application startup complete" in log
     assert group_is_gone(int((pytester.path / "server.pgid").read_text()))
