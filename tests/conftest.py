@@ -9,6 +9,7 @@ that are about launching start their own server in a subprocess session.
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 from longctx_testing import SWEEP_TEST
@@ -37,3 +38,23 @@ def sweep_dir(pytester: pytest.Pytester) -> pytest.Pytester:
     """A folder holding the repository's own sweep test, as a user's project would."""
     pytester.makepyfile(test_sweep=SWEEP_TEST)
     return pytester
+
+
+@pytest.fixture(autouse=True)
+def _own_test_sweep_module(request: pytest.FixtureRequest):
+    """In-process sessions import their own ``test_sweep.py``: hide the repository's module
+    of that name meanwhile (pytester restores ``sys.modules`` after each run)."""
+    if "pytester" not in request.fixturenames:
+        yield
+        return
+    saved = sys.modules.pop("test_sweep", None)
+    yield
+    if saved is not None:
+        sys.modules["test_sweep"] = saved
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The sweep's own items measure real vLLM too: ``-m "not vllm"`` leaves them out."""
+    for item in items:
+        if item.get_closest_marker("longctx") or item.get_closest_marker("longctx_regression"):
+            item.add_marker(pytest.mark.vllm)

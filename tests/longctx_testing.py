@@ -25,3 +25,16 @@ def records_of(output: Path) -> list[Record]:
 
 def raw_lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run_session(pytester, *args: str, url: str | None = None, timeout: float = 600):  # noqa: ANN001, ANN201
+    """A pytest session in its own process, as a user runs one, writing under ``reports/``.
+
+    Returns the run result and the output root. With ``url`` it attaches to that server.
+    """
+    output = pytester.path / "reports"
+    attach = [f"--longctx-url={url}"] if url else []
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", f"--longctx-output={output}", *attach, *args, timeout=timeout
+    )
+    return result, output

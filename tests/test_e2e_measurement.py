@@ -5,21 +5,13 @@ from __future__ import annotations
 import statistics
 
 import pytest
-from longctx_testing import records_of, run_folder
+from longctx_testing import records_of, run_folder, run_session
 
 pytestmark = pytest.mark.vllm
 
 
 def test_sweep_1ki_to_4ki_two_repeats(sweep_dir: pytest.Pytester, vllm_url: str) -> None:
-    output = sweep_dir.path / "reports"
-    result = sweep_dir.runpytest_subprocess(
-        "-p",
-        "no:cacheprovider",
-        f"--longctx-url={vllm_url}",
-        f"--longctx-output={output}",
-        "--longctx-to=4Ki",
-        "--longctx-repeats=2",
-    )
+    result, output = run_session(sweep_dir, "--longctx-to=4Ki", "--longctx-repeats=2", url=vllm_url)
     result.assert_outcomes(passed=6)
     records = records_of(output)
     assert [(r.length, r.repeat) for r in records] == [
@@ -49,16 +41,7 @@ def test_sweep_1ki_to_4ki_two_repeats(sweep_dir: pytest.Pytester, vllm_url: str)
 
 def test_repeats_of_a_length_are_cold(sweep_dir: pytest.Pytester, vllm_url: str) -> None:
     """Three repeats of 4Ki: were the prefix cache hit, repeats would be ~10x faster."""
-    output = sweep_dir.path / "reports"
-    result = sweep_dir.runpytest_subprocess(
-        "-p",
-        "no:cacheprovider",
-        f"--longctx-url={vllm_url}",
-        f"--longctx-output={output}",
-        "-m",
-        "len==4Ki",
-        "--longctx-repeats=3",
-    )
+    result, output = run_session(sweep_dir, "-m", "len==4Ki", "--longctx-repeats=3", url=vllm_url)
     result.assert_outcomes(passed=3)
     ttfts = [r.figures["server_prefill"] for r in records_of(output)]
     assert all(r.server_metrics["prefix_cache_hits"] == 0 for r in records_of(output))

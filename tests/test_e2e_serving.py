@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
-from longctx_testing import SWEEP_TEST, records_of, run_folder
+from longctx_testing import SWEEP_TEST, records_of, run_folder, run_session
 
 from pytest_longctx.profiles import PROFILE_DIR
 
@@ -68,7 +68,9 @@ def files_containing(root: Path, needle: bytes) -> list[Path]:
     return [p for p in root.rglob("*") if p.is_file() and needle in p.read_bytes()]
 
 
-def test_launch_with_api_key_then_the_server_dies(pytester: pytest.Pytester) -> None:
+def test_launch_with_api_key_then_the_server_dies(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Launch cpu-tiny (API key required), warm up, measure one point; then kill the server:
     the remaining items fail at once with the log tail, and nothing is left running."""
     pytester.makepyfile(test_sweep=SWEEP_TEST)
@@ -78,16 +80,8 @@ def test_launch_with_api_key_then_the_server_dies(pytester: pytest.Pytester) -> 
         "cpu-tiny",
         **{"[serving]\n": '[serving]\napi_key_env = "LONGCTX_TEST_KEY"\n'},
     )
-    output = pytester.path / "reports"
-    pytester._monkeypatch.setenv("LONGCTX_TEST_KEY", SECRET)
-    result = pytester.runpytest_subprocess(
-        "-p",
-        "no:cacheprovider",
-        f"--longctx-profile={profile}",
-        f"--longctx-output={output}",
-        "--longctx-to=4Ki",
-        timeout=600,
-    )
+    monkeypatch.setenv("LONGCTX_TEST_KEY", SECRET)
+    result, output = run_session(pytester, f"--longctx-profile={profile}", "--longctx-to=4Ki")
     result.assert_outcomes(passed=1, failed=2)
     result.stdout.fnmatch_lines(
         ["*the vLLM server is gone (exit code -9; log *server.log); last lines:*"]
@@ -119,14 +113,7 @@ def test_bad_model_path_fails_every_item_fast(pytester: pytest.Pytester) -> None
             'source = "embedded:tiny-llama"': f'source = "{pytester.path / "no-such-model"}"',
         },
     )
-    output = pytester.path / "reports"
-    result = pytester.runpytest_subprocess(
-        "-p",
-        "no:cacheprovider",
-        f"--longctx-profile={profile}",
-        f"--longctx-output={output}",
-        "--longctx-to=4Ki",
-    )
+    result, output = run_session(pytester, f"--longctx-profile={profile}", "--longctx-to=4Ki")
     result.assert_outcomes(errors=3)
     records = records_of(output)
     assert [r.outcome for r in records] == ["error"] * 3
@@ -138,16 +125,8 @@ def test_bad_model_path_fails_every_item_fast(pytester: pytest.Pytester) -> None
 def test_launch_mla_model_and_check_capacity(pytester: pytest.Pytester) -> None:
     """cpu-tiny-mla: the reference model's 576-element latent cache, served for real."""
     pytester.makepyfile(test_sweep=SWEEP_TEST, test_capacity_check=CAPACITY_CHECK_TEST)
-    output = pytester.path / "reports"
-    result = pytester.runpytest_subprocess(
-        "-p",
-        "no:cacheprovider",
-        "-s",
-        "--longctx-profile=cpu-tiny-mla",
-        f"--longctx-output={output}",
-        "-m",
-        "len==1Ki or not longctx",
-        timeout=600,
+    result, output = run_session(
+        pytester, "-s", "--longctx-profile=cpu-tiny-mla", "-m", "len==1Ki or not longctx"
     )
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(
@@ -169,14 +148,8 @@ def test_attach_without_local_tokenizer_uses_the_servers(
     profile = profile_copy(
         sweep_dir.path, "cpu-tiny", **{'served_name = "tiny-llama"': 'served_name = "elsewhere"'}
     )
-    output = sweep_dir.path / "reports"
-    result = sweep_dir.runpytest_subprocess(
-        "-p",
-        "no:cacheprovider",
-        f"--longctx-url={vllm_url}",
-        f"--longctx-profile={profile}",
-        f"--longctx-output={output}",
-        "--longctx-to=2Ki",
+    result, output = run_session(
+        sweep_dir, f"--longctx-profile={profile}", "--longctx-to=2Ki", url=vllm_url
     )
     result.assert_outcomes(passed=2)
     assert [r.prompt_tokens for r in records_of(output)] == [1024, 2048]
@@ -184,28 +157,15 @@ def test_attach_without_local_tokenizer_uses_the_servers(
 
 
 def test_text_prompts(sweep_dir: pytest.Pytester, vllm_url: str) -> None:
-    output = sweep_dir.path / "reports"
-    result = sweep_dir.runpytest_subprocess(
-        "-p",
-        "no:cacheprovider",
-        f"--longctx-url={vllm_url}",
-        f"--longctx-output={output}",
-        "--longctx-to=2Ki",
-        "--longctx-prompt-format=text",
+    result, output = run_session(
+        sweep_dir, "--longctx-to=2Ki", "--longctx-prompt-format=text", url=vllm_url
     )
     result.assert_outcomes(passed=2)
     assert [r.prompt_tokens for r in records_of(output)] == [1024, 2048]
 
 
 def test_attach_to_nothing_errors_every_item(sweep_dir: pytest.Pytester) -> None:
-    output = sweep_dir.path / "reports"
-    result = sweep_dir.runpytest_subprocess(
-        "-p",
-        "no:cacheprovider",
-        "--longctx-url=http://127.0.0.1:9",
-        f"--longctx-output={output}",
-        "--longctx-to=2Ki",
-    )
+    result, output = run_session(sweep_dir, "--longctx-url=http://127.0.0.1:9", "--longctx-to=2Ki")
     result.assert_outcomes(errors=2)
     reasons = [r.reason for r in records_of(output)]
     assert len(reasons) == 2
@@ -226,14 +186,7 @@ def pytest_runtest_call(item):
             handle.write(str(run.launched.process.pid))
         os.kill(os.getpid(), signal.SIGINT)
 """)
-    output = pytester.path / "reports"
-    result = pytester.runpytest_subprocess(
-        "-p",
-        "no:cacheprovider",
-        f"--longctx-output={output}",
-        "--longctx-to=4Ki",
-        timeout=600,
-    )
+    result, output = run_session(pytester, "--longctx-to=4Ki")
     assert result.ret == pytest.ExitCode.INTERRUPTED
     assert [(r.length, r.outcome) for r in records_of(output)] == [(1024, "passed")]
     assert group_is_gone(int((pytester.path / "server.pgid").read_text()))

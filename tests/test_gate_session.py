@@ -2,7 +2,7 @@
 
 Most sessions here resume a run folder written by hand, so every sweep item is reported from
 its record and no server is needed (a guard fails any attempt to start one); only the last
-tests measure real vLLM.
+test measures real vLLM.
 """
 
 from __future__ import annotations
@@ -97,8 +97,6 @@ def scaled(figures: Figures, lengths: set[int], ttft: float, decode: float) -> d
 @pytest.fixture
 def no_server(monkeypatch: pytest.MonkeyPatch) -> None:
     """In-process sessions fail at once, instead of launching vLLM, if they ask for a server."""
-    # The suite's own tests/test_sweep.py holds the module name the sessions' test_sweep.py needs.
-    monkeypatch.delitem(sys.modules, "test_sweep", raising=False)
 
     def refuse(config: pytest.Config) -> None:
         raise AssertionError("a session that needs no measurement started a server")
