@@ -105,6 +105,12 @@ def start(config: pytest.Config) -> ServerInfo:
         raise
     run.server = info
     run.fingerprint = fingerprint(config, run, info)
+    expected = run.plan.profile.serving.expected_versions.get("vllm")
+    if expected and info.engine_version and info.engine_version != expected:
+        run.problems.append(
+            f"vLLM {info.engine_version} serves this session; profile "
+            f"{run.plan.profile.name} was measured with {expected}: compare with care"
+        )
     if info.mode == "launched":
         run.capacity_check = capacity_plan.check_served(
             run.plan.profile, info.base_url, info.api_key

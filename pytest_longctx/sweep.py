@@ -84,6 +84,13 @@ def arrange(config: pytest.Config, items: list[pytest.Item]) -> None:
             items[:] = [i for i in items if i not in unused]
     points = [p for p in map(point_of, items) if p is not None]
     run.selected_points = points
+    if not points and any(c.field == "len" for c in config.stash.get(COMPARISONS_KEY, ())):
+        plan = run.plan
+        run.problems.append(
+            f"the length selection matched no point of {format_size(plan.lengths[0])}.."
+            f"{format_size(plan.lengths[-1])} (profile {plan.profile.name}); widen the range "
+            "with --longctx-from/--longctx-to"
+        )
     from . import capacity_plan
 
     verdicts = capacity_plan.check_points(run, sorted({p.length for p in points}))

@@ -268,3 +268,14 @@ def test_repository_suite_collects_only_the_selected_sweep_items() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     items = [line for line in done.stdout.splitlines() if "::" in line]
     assert items == [f"tests/test_sweep.py::{i}" for i in ids(ALL_17[:11])]
+
+
+def test_a_selection_outside_the_profiles_range_says_so(sweep: pytest.Pytester) -> None:
+    result = sweep.runpytest("--collect-only", "-q", "-m", "len>64Ki")  # cpu-tiny: 1Ki..16Ki
+    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
+    result.stdout.fnmatch_lines(
+        [
+            "pytest-longctx: the length selection matched no point of 1Ki..16Ki (profile cpu-tiny);"
+            " widen the range with --longctx-from/--longctx-to"
+        ]
+    )
