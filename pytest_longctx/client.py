@@ -827,7 +827,10 @@ class CompletionClient:
             try:
                 return self._read_stream(response, watchdog, context, check_count)
             finally:
-                response.close()
+                # Closing a half-read stream can raise (h11: incomplete chunked read); the
+                # connection is discarded either way, and the error to report is the one above.
+                with contextlib.suppress(Exception):
+                    response.close()
         finally:
             watchdog.stop()
 

@@ -145,10 +145,13 @@ def measure_point(
     except ServerError as exc:
         raise PointFailure(str(exc)) from None
     decode_tokens = run.plan.decode_tokens
+    budget = FirstTokenBudget(
+        default_s=run.plan.profile.sweep.first_token_timeout_s,
+        override_s=run.settings.ttft_timeout_s,
+    )
+    budget_s, source = budget.for_length(point.length, run.measured_ttft)
     if run.settings.ttft_timeout_s is not None:
-        budget_s, source = run.settings.ttft_timeout_s, "--longctx-ttft-timeout"
-    else:
-        budget_s, source = FirstTokenBudget().for_length(point.length, run.measured_ttft)
+        source += " (--longctx-ttft-timeout)"
     request = CompletionRequest(
         model=server.model_name,
         prompt=prompt.text if prompt.text is not None else prompt.ids,

@@ -72,6 +72,8 @@ class SweepSpec:
     slow_from: int | None = None
     very_slow_from: int | None = None
     warmup_prompts: int = 3
+    #: First-token limit before any length is measured (then it grows from measurements).
+    first_token_timeout_s: float = 6 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -160,6 +162,8 @@ def _profile_from_toml(path: Path, data: Mapping[str, Any]) -> Profile:
             slow_from=reader.size("sweep", "slow_from"),
             very_slow_from=reader.size("sweep", "very_slow_from"),
             warmup_prompts=reader.optional("sweep", "warmup_prompts", int) or 3,
+            first_token_timeout_s=reader.optional("sweep", "first_token_timeout_s", float)
+            or 6 * 3600.0,
         ),
         hardware=HardwareSpec(
             description=str(reader.table("hardware").get("description", "")),

@@ -8,13 +8,31 @@ that are about launching start their own server in a subprocess session.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
+import pkgutil
 import sys
 
 import pytest
+from fake_vllm import fake_vllm  # noqa: F401 - the fixture, for every test module
 from longctx_testing import SWEEP_TEST
 
 from pytest_longctx.embedded import CACHE_ENV, cache_root
+
+
+def _import_all(*packages: str) -> None:
+    """In-process pytester sessions drop the modules they imported when they end; a later
+    session re-imports them as new classes, and httpx no longer recognises httpcore's
+    exceptions. Importing the HTTP stack fully here keeps one copy for every session."""
+    for name in packages:
+        package = importlib.import_module(name)
+        for module in pkgutil.walk_packages(package.__path__, f"{name}."):
+            with contextlib.suppress(ImportError):
+                importlib.import_module(module.name)
+
+
+_import_all("h11", "httpcore", "httpx")
 
 # pytester points HOME at a temporary folder: keep sub-sessions on the real cache of embedded
 # models and built prompts, as a user's repeated sessions would be.
