@@ -718,12 +718,13 @@ def plot_kv_footprint(
     path: str | Path,
     *,
     device_memory_bytes: int | float | None = None,
+    operating: CacheLayout | None = None,
 ) -> Path:
     """Per-rank KV against context length (log-log), the study's Figure 1 layout.
 
     FP8 and BF16 lines, a horizontal line per fixed-memory reference with the FP8 crossover
     marked, the per-device memory line when given, and the operating point (the largest
-    length, FP8) as an open square.
+    length, in ``operating``'s cache dtype, FP8 by default) as an open square.
     """
     import matplotlib
 
@@ -771,15 +772,18 @@ def plot_kv_footprint(
             label=f"device memory ({device_memory_bytes / GIB:g} GiB)",
         )
     top = xs[-1]
+    served = operating or layout_fp8
+    served_gib = served.kv_bytes(top) / GIB
     ax.plot(
         [top],
-        [layout_fp8.kv_bytes(top) / GIB],
+        [served_gib],
         "s",
         markersize=11,
         markerfacecolor="none",
         markeredgecolor="black",
         markeredgewidth=1.5,
-        label=f"operating point {format_size(top)}: {layout_fp8.kv_bytes(top) / GIB:.0f} GiB FP8",
+        label=f"operating point {format_size(top)}: {served_gib:.3g} GiB "
+        f"({served.cache_dtype} KV)",
     )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")

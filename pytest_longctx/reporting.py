@@ -68,7 +68,13 @@ def _kv_plot(run: Run):  # noqa: ANN202 - an ExtraPlot callable
         hardware = capacity_plan.hardware_for(run.plan.profile)
         device = hardware.kv_cache_bytes or hardware.usable_per_device_bytes
         return capacity.plot_kv_footprint(
-            fp8, bf16, lengths, marks, run_dir / "kv_cache.png", device_memory_bytes=device
+            fp8,
+            bf16,
+            lengths,
+            marks,
+            run_dir / "kv_cache.png",
+            device_memory_bytes=device,
+            operating=layout,
         )
 
     return draw
