@@ -34,6 +34,8 @@ class ModelSpec:
     weights_bytes: int | None = None
     #: A copy of the checkpoint's config.json, so the capacity plan needs no download.
     config: Path | None = None
+    #: Fixed memory the KV-cache plot compares against (label -> bytes), e.g. the checkpoint.
+    memory_marks: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def embedded_name(self) -> str | None:
@@ -132,6 +134,10 @@ def _profile_from_toml(path: Path, data: Mapping[str, Any]) -> Profile:
             trust_remote_code=reader.optional("model", "trust_remote_code", bool) or False,
             weights_bytes=reader.size("model", "weights_bytes"),
             config=_beside(path, reader.optional("model", "config", str)),
+            memory_marks={
+                str(label): reader.size_value("model.memory_marks", label, value)
+                for label, value in dict(reader.table("model").get("memory_marks", {})).items()
+            },
         ),
         serving=ServingSpec(
             device=reader.optional("serving", "device", str) or "cuda",
@@ -215,8 +221,9 @@ class _Reader:
 
     def size(self, table: str, key: str) -> int | None:
         value = self.table(table).get(key)
-        if value is None:
-            return None
+        return None if value is None else self.size_value(table, key, value)
+
+    def size_value(self, table: str, key: str, value: Any) -> int:
         try:
             return parse_size(value)
         except SizeError as exc:

@@ -63,8 +63,10 @@ def _kv_plot(run: Run):  # noqa: ANN202 - an ExtraPlot callable
         lengths = sorted({r.length for r in records})
         fp8 = layout.with_changes(cache_dtype="fp8")
         bf16 = layout.with_changes(cache_dtype="bfloat16")
-        weights = run.plan.profile.model.weights_bytes
-        marks = {"checkpoint": weights, "half the checkpoint": weights / 2} if weights else {}
+        model = run.plan.profile.model
+        marks = dict(model.memory_marks)
+        if not marks and model.weights_bytes:
+            marks = {"weights": model.weights_bytes, "half the weights": model.weights_bytes / 2}
         hardware = capacity_plan.hardware_for(run.plan.profile)
         device = hardware.kv_cache_bytes or hardware.usable_per_device_bytes
         return capacity.plot_kv_footprint(

@@ -259,3 +259,31 @@ def test_points_that_cannot_fit_are_skipped_with_both_figures(pytester: pytest.P
         for line in (pytester.path / "out" / "latest" / "results.jsonl").read_text().splitlines()
     ]
     assert len(records) == 2 and all('"outcome": "skipped"' in line for line in records)
+
+
+def test_reference_profile_reproduces_the_studys_capacity_figures() -> None:
+    """Table of the study: 4032 B/token FP8, 252 GiB at 64Mi, crossovers ~1.6M/12.8M/25.6M."""
+    from pytest_longctx import capacity, capacity_plan
+
+    profile = load_profile("kimi-linear-mi355x")
+    layout = capacity_plan.layout_for(profile)
+    assert layout.kv_bytes_per_token == 7 * 576 * 1
+    assert layout.kv_bytes(64 * 1024**2) == 252 * 1024**3
+    crossovers = {
+        label: round(capacity.crossover_tokens(layout, size) / 1e6, 1)
+        for label, size in profile.model.memory_marks.items()
+    }
+    assert crossovers == {
+        "active MoE decode footprint": 1.6,
+        "half the checkpoint": 12.8,
+        "checkpoint": 25.6,
+    }
+    fit = capacity.fit_point(layout, capacity_plan.hardware_for(profile), 64 * 1024**2, 1024)
+    assert fit.fits
+    bf16 = capacity.fit_point(
+        layout.with_changes(cache_dtype="bfloat16"),
+        capacity_plan.hardware_for(profile),
+        64 * 1024**2,
+        1024,
+    )
+    assert not bf16.fits and "fp8" in bf16.reason.lower()
