@@ -88,6 +88,7 @@ def longctx_measure(
     def run_measurement(prompt: Prompt) -> measure.PointMeasurement:
         result = measure.measure_point(longctx_run, server, client, longctx_point, prompt)
         request.node.stash[MEASUREMENT_KEY] = result
+        measure.verify(longctx_point, result)
         return result
 
     return run_measurement

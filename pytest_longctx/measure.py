@@ -179,19 +179,18 @@ def measure_point(
         server_view=server_view,
         prompt_build_s=prompt.build_s,
     )
-    _check(point, result, view)
     return result
 
 
-def _check(point: Point, result: PointMeasurement, view: ServerSideView | None) -> None:
+def verify(point: Point, result: PointMeasurement) -> None:
+    """What makes the figures trustworthy; the item fails (its figures still recorded)."""
     if result.prompt_tokens != point.length:
         raise PointFailure(
             f"the server counted {result.prompt_tokens} prompt tokens; the point sent "
             f"{point.length}"
         )
-    cached = None
-    if view is not None:
-        cached = max(view.cached_prompt_tokens or 0, view.prefix_cache_hits or 0)
+    view = result.server_view
+    cached = max(view.get("cached_prompt_tokens") or 0, view.get("prefix_cache_hits") or 0)
     if cached:
         raise PointFailure(
             f"the server's prefix cache served {cached:.0f} of {point.length} prompt tokens: "

@@ -99,6 +99,7 @@ def test_a_prefix_cache_hit_is_not_a_cold_measurement(session) -> None:  # noqa:
     result, records = session("-m", "len==1Ki", cached_prompt_tokens=512)
     result.assert_outcomes(failed=1)
     assert "prefix cache served 512 of 1024 prompt tokens" in records[0].reason
+    assert records[0].figures["ttft"] > 0  # what was measured is kept with the failure
 
 
 def test_the_api_key_is_sent_and_never_shown(session, monkeypatch) -> None:  # noqa: ANN001
