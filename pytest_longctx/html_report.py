@@ -137,10 +137,22 @@ def summary_fragment(records: Iterable[Record], plot_paths: Iterable[Path | None
         if path is not None and Path(path).is_file()
     ]
     return (
-        '<section class="longctx-summary">'
+        f'<section class="longctx-summary"><style>{_SUMMARY_STYLE}</style>'
         "<h3>Long-context sweep (mean ± sample std over passed repeats)</h3>"
         f"{table}{''.join(images)}</section>"
     )
+
+
+#: Scoped to the fragment, so it reads the same inside pytest-html's page and on its own.
+_SUMMARY_STYLE = """
+.longctx-summary h3 { color: #222; }
+.longctx-summary-table { border-collapse: collapse; margin: 0.8em 0; font-size: 13px; }
+.longctx-summary-table th, .longctx-summary-table td {
+  border: 1px solid #ccc; padding: 0.3em 0.7em; text-align: right; color: #222; }
+.longctx-summary-table th { background: #f3f3f3; }
+.longctx-summary-table td:first-child, .longctx-summary-table th:first-child { text-align: left; }
+.longctx-summary figure { margin: 0.8em 0; }
+"""
 
 
 # --------------------------------------------------------------------------- standalone page

@@ -9,6 +9,7 @@ and adds the sweep's columns, table and plots through pytest-html's own hooks.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,7 @@ def configure_outputs(config: pytest.Config, run: Run) -> None:
     if getattr(config.option, "htmlpath", None) is None:
         config.option.htmlpath = str(run.run_dir / HTML)
         config.option.self_contained_html = True
+    config.pluginmanager.register(HtmlTitle(_title(run)), "longctx-html-title")
 
 
 def after_record(config: pytest.Config, run: Run) -> None:
@@ -142,6 +144,17 @@ def terminal_summary(terminalreporter, config: pytest.Config) -> None:  # noqa: 
     terminalreporter.write_line(
         f"reports: {run.run_dir} (report.md, report.html, benchmark.json, plots)"
     )
+
+
+@dataclass(frozen=True)
+class HtmlTitle:
+    """Registered per session: pytest-html's title hook gets no config to find the run by."""
+
+    title: str
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_html_report_title(self, report) -> None:  # noqa: ANN001 - pytest-html's
+        report.title = self.title
 
 
 def html_table_header(cells: list[str]) -> None:
