@@ -130,6 +130,11 @@ def pytest_html_results_summary(
 
 
 @pytest.hookimpl(optionalhook=True)
+def pytest_metadata(metadata: dict, config: pytest.Config) -> None:
+    reporting.describe_environment(config, metadata)
+
+
+@pytest.hookimpl(optionalhook=True)
 def pytest_benchmark_update_json(
     config: pytest.Config, benchmarks: list, output_json: dict
 ) -> None:

@@ -19,6 +19,7 @@ from .benchmark_json import benchmark_entries, write_benchmark_json
 from .records import Record
 from .report_markdown import render_terminal_table, write_markdown
 from .run import Run
+from .sizes import format_size
 from .stash import RUN_KEY
 
 MARKDOWN = "report.md"
@@ -39,12 +40,40 @@ def _sweep_session(config: pytest.Config) -> bool:
 
 def configure_outputs(config: pytest.Config, run: Run) -> None:
     """Point pytest-html at the run folder unless the user chose a path (runs before it)."""
+    _add_to_metadata_table(config)
     if not _sweep_session(config) or not config.pluginmanager.hasplugin("html"):
         return
     if getattr(config.option, "htmlpath", None) is None:
         config.option.htmlpath = str(run.run_dir / HTML)
         config.option.self_contained_html = True
     config.pluginmanager.register(HtmlTitle(_title(run)), "longctx-html-title")
+
+
+def _add_to_metadata_table(config: pytest.Config) -> None:
+    """pytest-metadata may have filled its table before this plugin was configured: then the
+    ``pytest_metadata`` hook has passed, and the table is completed here instead."""
+    with contextlib.suppress(ImportError):
+        from pytest_metadata.plugin import metadata_key
+
+        if metadata_key in config.stash:
+            describe_environment(config, config.stash[metadata_key])
+
+
+def describe_environment(config: pytest.Config, metadata: dict) -> None:
+    """The sweep's setup in pytest-metadata's table (pytest-html's Environment section)."""
+    run = config.stash.get(RUN_KEY, None)
+    if run is None:
+        return
+    profile = run.plan.profile
+    revision = f" @ {profile.model.revision}" if profile.model.revision else ""
+    metadata["longctx run"] = run.run_id
+    metadata["longctx profile"] = f"{profile.name}: {profile.description}"
+    metadata["longctx model"] = profile.model.source + revision
+    metadata["longctx server"] = run.settings.url or "launched from the profile"
+    metadata["longctx points"] = (
+        f"{format_size(run.plan.lengths[0])}..{format_size(run.plan.lengths[-1])}, "
+        f"{run.plan.repeats} repeat(s), {run.plan.decode_tokens} decode tokens"
+    )
 
 
 def after_record(config: pytest.Config, run: Run) -> None:

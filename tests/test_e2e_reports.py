@@ -337,6 +337,8 @@ class HtmlPage(HTMLParser):
         self.tables: list[Table] = []
         self.tags: list[tuple[str, dict[str, str | None]]] = []
         self.styles: list[str] = []
+        self.headings: list[str] = []  # <h1> texts
+        self._heading: list[str] | None = None
         self._open_tables: list[Table] = []
         self._in_head = False
         self._in_style = False
@@ -359,6 +361,8 @@ class HtmlPage(HTMLParser):
             self._cell, self._cell_attributes = [], attributes
         elif tag == "style":
             self._in_style = True
+        elif tag == "h1":
+            self._heading = []
 
     def handle_endtag(self, tag: str) -> None:
         if tag == "table" and self._open_tables:
@@ -378,8 +382,13 @@ class HtmlPage(HTMLParser):
             self._row = None
         elif tag == "style":
             self._in_style = False
+        elif tag == "h1" and self._heading is not None:
+            self.headings.append("".join(self._heading).strip())
+            self._heading = None
 
     def handle_data(self, data: str) -> None:
+        if self._heading is not None:
+            self._heading.append(data)
         if self._cell is not None:
             self._cell.append(data)
         if self._in_style:
@@ -610,6 +619,13 @@ def test_html_report_shows_the_table_columns_and_embedded_plots(
     # the plots shown are the run's own, carried inside the page
     assert sorted(images) == sorted(p.read_bytes() for p in run_dir.glob("*.png"))
     assert external_resources(page) == []
+
+    environment = json.loads(page.attribute("div", "data-jsonblob"))["environment"]
+    assert environment["longctx run"] == run_dir.name
+    assert environment["longctx profile"].startswith("cpu-tiny: ")
+    assert environment["longctx model"] == "embedded:tiny-llama"
+    assert environment["longctx points"] == "1Ki..2Ki, 2 repeat(s), 32 decode tokens"
+    assert page.headings == [f"Long-context sweep {run_dir.name} (cpu-tiny)"]
 
 
 # --------------------------------------------------------------------------- 4: --benchmark-json

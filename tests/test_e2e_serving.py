@@ -122,9 +122,21 @@ def test_bad_model_path_fails_every_item_fast(pytester: pytest.Pytester) -> None
         assert "last lines:" in record.reason and "no-such-model" in record.reason
 
 
+#: Notes the launched server's process group through the plugin's own hook.
+NOTE_SERVER_GROUP = """
+from pytest_longctx.stash import RUN_KEY
+
+def pytest_longctx_server_ready(config, base_url, mode):
+    with open("server.pgid", "w") as handle:
+        handle.write(str(config.stash[RUN_KEY].launched.process.pid))
+"""
+
+
 def test_launch_mla_model_and_check_capacity(pytester: pytest.Pytester) -> None:
-    """cpu-tiny-mla: the reference model's 576-element latent cache, served for real."""
+    """cpu-tiny-mla: the reference model's 576-element latent cache, served for real, and
+    torn down at the end of the session with nothing left running."""
     pytester.makepyfile(test_sweep=SWEEP_TEST, test_capacity_check=CAPACITY_CHECK_TEST)
+    pytester.makeconftest(NOTE_SERVER_GROUP)
     result, output = run_session(
         pytester, "-s", "--longctx-profile=cpu-tiny-mla", "-m", "len==1Ki or not longctx"
     )
@@ -139,6 +151,7 @@ def test_launch_mla_model_and_check_capacity(pytester: pytest.Pytester) -> None:
     (record,) = records_of(output)
     assert (record.prompt_tokens, record.completion_tokens) == (1024, 32)
     assert record.server_metrics["prefix_cache_hits"] == 0
+    assert group_is_gone(int((pytester.path / "server.pgid").read_text()))
 
 
 def test_attach_without_local_tokenizer_uses_the_servers(
