@@ -92,6 +92,13 @@ class Run:
             run = cls(settings, plan, output_root, run_dir.name, run_dir)
             previous = read_records(run.results_path)
             run.problems.extend(previous.problems)
+            profiles = {r.fingerprint.get("profile") for r in previous.records} - {None}
+            if profiles and profiles != {plan.profile.name}:
+                raise ResumeError(
+                    f"--longctx-resume={settings.resume}: run {run_dir.name} measured profile "
+                    f"{', '.join(sorted(profiles))}; this session selects {plan.profile.name}. "
+                    "Resume with the same --longctx-profile, or start a new run"
+                )
             for record in previous.records:
                 point = Point(record.length, record.repeat)
                 if record.outcome == "passed":
