@@ -19,6 +19,12 @@ from .stash import MEASUREMENT_KEY, RUN_KEY
 @pytest.fixture(scope="session")
 def longctx_run(pytestconfig: pytest.Config) -> Run:
     """This session's plan, run folder and records so far."""
+    if hasattr(pytestconfig, "workerinput"):
+        pytest.fail(
+            "the sweep measures one request at a time against one server; each pytest-xdist "
+            "worker would start its own. Run the sweep without -n",
+            pytrace=False,
+        )
     return pytestconfig.stash[RUN_KEY]
 
 

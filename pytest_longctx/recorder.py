@@ -31,7 +31,7 @@ def on_report(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.Tes
         return
     if point in run.resumed:
         if report.when == "call":
-            setattr(report, REPORT_ATTRIBUTE, run.resumed[point])
+            setattr(report, REPORT_ATTRIBUTE, run.resumed[point].to_json())
         return
     if report.when == "call":
         outcome = report.outcome
@@ -56,7 +56,7 @@ def on_report(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.Tes
         finished_at=time.time(),
     )
     run.append(record)
-    setattr(report, REPORT_ATTRIBUTE, record)
+    setattr(report, REPORT_ATTRIBUTE, record.to_json())
     if outcome == "passed" and measurement is not None:
         slowest = max(measurement.ttft_s, run.measured_ttft.get(point.length, 0.0))
         run.measured_ttft[point.length] = slowest

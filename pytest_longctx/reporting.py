@@ -25,7 +25,8 @@ from .stash import RUN_KEY
 MARKDOWN = "report.md"
 HTML = "report.html"
 BENCHMARK = "benchmark.json"
-#: The record an item produced, set on its report for pytest-html's row hook.
+#: The record an item produced (as JSON, so pytest-xdist can ship reports), set on its report
+#: for pytest-html's row hook.
 REPORT_ATTRIBUTE = "longctx_record"
 
 
@@ -191,7 +192,8 @@ def html_table_header(cells: list[str]) -> None:
 
 
 def html_table_row(report: pytest.TestReport, cells: list[str]) -> None:
-    cells[2:2] = html_report.table_row_cells(getattr(report, REPORT_ATTRIBUTE, None))
+    data = getattr(report, REPORT_ATTRIBUTE, None)
+    cells[2:2] = html_report.table_row_cells(Record.from_json(data) if data else None)
 
 
 def html_summary(config: pytest.Config, prefix: list[str]) -> None:
