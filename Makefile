@@ -14,12 +14,16 @@ PROFILE ?= cpu-tiny
 URL     ?=
 ARGS    ?=
 BASELINE ?= longctx-baseline.jsonl
+RUNS     ?= reports/latest
+SESSIONS ?= 10
+K        ?= 5
+LEVEL    ?= 0.01
 
 SWEEP_ARGS = --longctx-profile=$(PROFILE) --longctx-repeats=$(REPEATS) \
 	$(if $(FROM),--longctx-from=$(FROM)) $(if $(TO),--longctx-to=$(TO)) \
 	$(if $(URL),--longctx-url=$(URL))
 
-.PHONY: install test lint run plan baseline gate report clean
+.PHONY: install test lint run plan baseline calibrate gate report clean
 
 install: $(VENV)/.installed
 
@@ -45,17 +49,31 @@ run: install
 plan: install
 	$(PY) -m pytest -p no:cacheprovider tests/test_sweep.py $(SWEEP_ARGS) --longctx-plan $(ARGS)
 
-# Store the latest run as the baseline file a team commits.
+# Add the latest run (or RUNS="reports/ID ...") to the baseline history a team commits, keeping
+# the newest SESSIONS sessions; FRESH=1 starts the file over.
 baseline: install
-	$(PY) -m pytest_longctx baseline reports/latest --output $(BASELINE)
+	$(PY) -m pytest_longctx baseline $(RUNS) --output $(BASELINE) $(if $(FRESH),,--append) \
+		--max-sessions $(SESSIONS)
 
-# The CI gate: the sweep, compared with the committed baseline.
+# Run the sweep K times (a server start each), report the noise between sessions, store the
+# sessions and the tolerances that keep false alarms below LEVEL as the baseline.
+calibrate: install
+	$(PY) -m pytest_longctx calibrate --sessions $(K) --level $(LEVEL) --output $(BASELINE) \
+		--max-sessions $(SESSIONS) -- $(SWEEP_ARGS) $(ARGS)
+
+# The CI gate: the sweep, compared with the committed baseline at level LEVEL.
 gate: install
 	$(PY) -m pytest -p no:cacheprovider tests/test_sweep.py $(SWEEP_ARGS) \
-		--longctx-baseline=$(BASELINE) $(ARGS)
+		--longctx-baseline=$(BASELINE) --longctx-gate-level=$(LEVEL) $(ARGS)
 
 report: install
 	$(PY) -m pytest_longctx report reports/latest
 
 clean:
 	rm -rf $(VENV) reports/2* reports/latest
+
+# Mutation testing of the measurement core (client timing and counting, stats, timeouts,
+# sizes): which one-operator changes no test notices. Slow (tens of minutes); not run in CI.
+.PHONY: mutation
+mutation: install
+	$(PY) benchmarks/mutation.py $(ARGS)

@@ -15,6 +15,7 @@ from typing import Any
 
 from pytest_longctx.benchmark_json import write_benchmark_json
 from pytest_longctx.html_report import write_standalone_html
+from pytest_longctx.kv_plot import draw_kv_cache_plot
 from pytest_longctx.plots import ExtraPlot, write_plots
 from pytest_longctx.records import Record, read_runs, results_path
 from pytest_longctx.report_markdown import DEFAULT_TITLE, write_markdown
@@ -43,7 +44,7 @@ def rebuild_reports(
     """
     records = list(records)
     out_dir = Path(out_dir)
-    plots = write_plots(out_dir, records, extra_plots)
+    plots = write_plots(out_dir, records, [draw_kv_cache_plot, *extra_plots])
     markdown = write_markdown(
         out_dir / MARKDOWN_FILENAME, records, title=title, reproduce=reproduce, plots=plots
     )
@@ -101,19 +102,165 @@ def _report_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _baseline_command(args: argparse.Namespace) -> int:
-    from .gate import BaselineError, load_baseline, write_baseline
+def _load_runs(run_dirs: Sequence[str]) -> list[Record]:
+    from .gate import BaselineError, load_baseline
+
+    records: list[Record] = []
+    for run_dir in run_dirs:
+        try:
+            records.extend(load_baseline(Path(run_dir)))
+        except BaselineError as exc:
+            raise UsageError(str(exc)) from None
+    return records
+
+
+def _positive(option: str, minimum: int) -> Any:
+    def parse(text: str) -> int:
+        if not text.strip().isdigit() or int(text) < minimum:
+            raise argparse.ArgumentTypeError(
+                f"{option}={text}: expected a whole number >= {minimum}"
+            )
+        return int(text)
+
+    return parse
+
+
+def _level(text: str) -> float:
+    from .gate import LevelError, parse_level
 
     try:
-        records = load_baseline(Path(args.run_dir))
-        count = write_baseline(records, Path(args.output))
-    except BaselineError as exc:
+        return parse_level(text)
+    except LevelError as exc:
+        raise argparse.ArgumentTypeError(
+            str(exc).replace("--longctx-gate-level", "--level")
+        ) from None
+
+
+def _baseline_command(args: argparse.Namespace) -> int:
+    from . import gate
+
+    records = _load_runs(args.run_dirs)
+    output = Path(args.output)
+    info = gate.BaselineInfo(max_sessions=args.max_sessions)
+    kept_before = 0
+    if args.append and output.exists():
+        try:
+            existing = gate.load_baseline_file(output)
+        except gate.BaselineError as exc:
+            raise UsageError(f"--append: {exc}") from None
+        if not args.force:
+            differences = gate.fingerprint_differences(existing.records, records)
+            if differences:
+                raise UsageError(
+                    f"--append: the new run(s) measured another setup than {output} "
+                    "(start a new baseline without --append, or pass --force):\n  "
+                    + "\n  ".join(differences)
+                )
+        new_ids = {record.run_id for record in records}
+        kept = [record for record in existing.records if record.run_id not in new_ids]
+        kept_before = gate.session_count(kept)
+        records = kept + records
+        info = gate.BaselineInfo(
+            tolerance=existing.info.tolerance,
+            max_sessions=args.max_sessions or existing.info.max_sessions,
+            calibration=existing.info.calibration,
+        )
+    cap = info.max_sessions or gate.DEFAULT_MAX_SESSIONS
+    total = gate.session_count(records)
+    records = gate.keep_newest_sessions(records, cap)
+    try:
+        count = gate.write_baseline(records, output, info)
+    except gate.BaselineError as exc:
+        raise UsageError(str(exc)) from None
+    sessions = gate.session_count(records)
+    dropped = f", the {total - sessions} oldest dropped (cap {cap})" if total > sessions else ""
+    kept_words = f" ({kept_before} kept from the file)" if args.append else ""
+    print(
+        f"{output}: {count} passed record(s) of {sessions} session(s){kept_words}{dropped}; "
+        f"commit it and gate with --longctx-baseline={output}"
+    )
+    if sessions < 2:
+        print(
+            "note: one session, so the gate's noise estimate is within-session only; append "
+            "more runs (--append) to include the spread between sessions"
+        )
+    return 0
+
+
+def _calibrate_command(args: argparse.Namespace) -> int:
+    from . import gate
+
+    records = _load_runs(args.runs) if args.runs else _run_sessions(args)
+    try:
+        calibration = gate.calibrate(records, args.level)
+    except ValueError as exc:
         raise UsageError(str(exc)) from None
     print(
-        f"{args.output}: {count} passed record(s) from {args.run_dir}; commit it and gate "
-        f"with --longctx-baseline={args.output}"
+        f"calibration over {len(calibration.run_ids)} sessions, level {calibration.level:g} "
+        "(between CV: spread of per-session means; within CV: spread of repeats in a session)"
     )
+    for line in calibration.table_lines():
+        print(line)
+    spec = calibration.tolerances().describe()
+    print(f"proposed tolerances: {spec}")
+    if args.output:
+        try:
+            count = gate.write_baseline(records, args.output, calibration.info(args.max_sessions))
+        except gate.BaselineError as exc:
+            raise UsageError(str(exc)) from None
+        print(
+            f"{args.output}: {count} passed record(s) of {len(calibration.run_ids)} sessions "
+            f"and the proposed tolerances; gate with --longctx-baseline={args.output}"
+        )
     return 0
+
+
+def _run_sessions(args: argparse.Namespace) -> list[Record]:
+    """K sessions of the sweep, each its own pytest process, so each launches its own server."""
+    import subprocess
+    import tempfile
+
+    pytest_args = list(args.pytest_args)
+    if pytest_args and pytest_args[0] == "--":
+        pytest_args = pytest_args[1:]
+    if any(arg.startswith("--longctx-url") for arg in pytest_args):
+        print(
+            "note: --longctx-url attaches to one server for every session, so the server is "
+            "not restarted between sessions and its start-to-start spread is not measured",
+            file=sys.stderr,
+        )
+    output = Path(args.reports or tempfile.mkdtemp(prefix="longctx-calibrate-"))
+    records: list[Record] = []
+    for session in range(1, args.sessions + 1):
+        command = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            args.test,
+            f"--longctx-output={output}",
+            *pytest_args,
+        ]
+        print(f"session {session}/{args.sessions}: {' '.join(command)}", flush=True)
+        latest = output / "latest"
+        before = latest.resolve() if latest.exists() else None
+        completed = subprocess.run(command, check=False)
+        run_dir = latest.resolve() if latest.exists() else None
+        if run_dir is None or run_dir == before:
+            raise UsageError(
+                f"session {session} wrote no run under {output} (pytest exit "
+                f"{completed.returncode}); check the arguments after --"
+            )
+        if completed.returncode != 0:
+            print(
+                f"warning: session {session} exited {completed.returncode}; its passed points "
+                "count, the others do not",
+                file=sys.stderr,
+            )
+        records.extend(_load_runs([str(run_dir)]))
+    return records
 
 
 def _build_model_command(args: argparse.Namespace) -> int:
@@ -148,11 +295,83 @@ def build_parser() -> argparse.ArgumentParser:
     report.set_defaults(handler=_report_command)
     baseline = commands.add_parser(
         "baseline",
-        help="store a run's passed records as the baseline file a team commits",
+        help="store runs' passed records as the baseline file a team commits",
+        description=(
+            "Store the passed records of one or more runs as a baseline file. Each run is a "
+            "session; with two or more sessions the gate judges a new run against the spread "
+            "between sessions. --append adds the runs to an existing baseline's history "
+            "(keeping its calibrated tolerances), dropping the oldest sessions beyond the cap."
+        ),
     )
-    baseline.add_argument("run_dir", metavar="RUN_DIR", help="a run folder or its results.jsonl")
+    baseline.add_argument(
+        "run_dirs", nargs="+", metavar="RUN_DIR", help="a run folder or its results.jsonl"
+    )
     baseline.add_argument("--output", required=True, metavar="FILE", help="baseline file to write")
+    baseline.add_argument(
+        "--append",
+        action="store_true",
+        help="add the runs to FILE's sessions instead of replacing them (FILE may not exist yet)",
+    )
+    baseline.add_argument(
+        "--max-sessions",
+        type=_positive("--max-sessions", 1),
+        metavar="N",
+        help="sessions to keep, the newest (default: the file's cap, else 10)",
+    )
+    baseline.add_argument(
+        "--force", action="store_true", help="append even when the fingerprints differ"
+    )
     baseline.set_defaults(handler=_baseline_command)
+    calibrate = commands.add_parser(
+        "calibrate",
+        help="run the sweep K times, report the noise between sessions, propose tolerances",
+        description=(
+            "Run the same sweep K times, each a separate pytest session that starts its own "
+            "server, then report per length and metric the CV between sessions (of the "
+            "per-session means) and within them, and propose the tolerances that keep an "
+            "unchanged rerun's false-alarm rate below --level. With --output the sessions and "
+            "the proposed tolerances are stored as a baseline file. Arguments after -- go to "
+            "pytest, e.g. -- --longctx-to=4Ki --longctx-repeats=2."
+        ),
+    )
+    calibrate.add_argument(
+        "--sessions",
+        type=_positive("--sessions", 2),
+        default=5,
+        metavar="K",
+        help="sessions to run (default 5)",
+    )
+    calibrate.add_argument(
+        "--runs",
+        nargs="+",
+        metavar="RUN_DIR",
+        help="calibrate from these finished runs (one session each) instead of running any",
+    )
+    calibrate.add_argument(
+        "--level",
+        type=_level,
+        default=0.01,
+        metavar="P",
+        help="one-sided false-alarm level the tolerances must keep (default 0.01)",
+    )
+    calibrate.add_argument("--output", metavar="FILE", help="baseline file to write")
+    calibrate.add_argument(
+        "--max-sessions",
+        type=_positive("--max-sessions", 1),
+        metavar="N",
+        help="cap on sessions stored in FILE's header for later --append",
+    )
+    calibrate.add_argument(
+        "--test",
+        default="tests/test_sweep.py",
+        metavar="PATH",
+        help="the sweep test file (default tests/test_sweep.py)",
+    )
+    calibrate.add_argument(
+        "--reports", metavar="DIR", help="where the sessions write their runs (default: a temp dir)"
+    )
+    calibrate.add_argument("pytest_args", nargs=argparse.REMAINDER, metavar="-- PYTEST_ARGS")
+    calibrate.set_defaults(handler=_calibrate_command)
     build = commands.add_parser("build-model", help="build (or find) an embedded model")
     build.add_argument("name", help="tiny-llama or tiny-mla")
     build.set_defaults(handler=_build_model_command)

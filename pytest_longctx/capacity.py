@@ -64,10 +64,6 @@ _MODEL_DTYPE_BYTES: Mapping[str, int] = {"bfloat16": 2, "float16": 2, "float32":
 #: The cache dtype suggested when a point does not fit in a wider one.
 FP8_CACHE_DTYPE = "fp8_e4m3"
 
-#: vLLM on CPU: standard attention pages hold 128 tokens, the CPU MLA kernel only takes 16.
-CPU_BLOCK_SIZE_ATTENTION = 128
-CPU_BLOCK_SIZE_MLA = 16
-
 #: vLLM aligns a hybrid MLA model's attention block size to 128 tokens (TRTLLM/FlashInfer MLA
 #: kernel invariant); other hybrids align to the attention kernel's block, commonly 16.
 _HYBRID_BLOCK_ALIGNMENT = {"mla": 128, "gqa": 16}
@@ -342,11 +338,6 @@ def _linear_state_bytes(
     return unsharded // tensor_parallel, unsharded
 
 
-def cpu_block_size(layout: CacheLayout) -> int:
-    """The block size vLLM uses on CPU for this layout (16 for MLA, 128 otherwise)."""
-    return CPU_BLOCK_SIZE_MLA if layout.attention == "mla" else CPU_BLOCK_SIZE_ATTENTION
-
-
 def describe_layout(layout: CacheLayout) -> str:
     """One line a terminal user can check against the model card."""
     grows = (
@@ -387,10 +378,9 @@ def token_capacity(
     ``int(blocks / ceil(max_model_len / block_size) * max_model_len)``, which equals the
     whole-block figure when ``max_model_len`` is a multiple of the block size, and is lower by
     up to ``(block_size - 1) / max_model_len`` of it otherwise (a request at max length wastes
-    part of its last block). The CPU MLA figure, 465,812 tokens in 1 GiB, is 220 tokens (about
-    14 blocks of 16) under the 466,032 whole-block tokens: that is this last-block effect, e.g.
-    with ``--max-model-len 17000`` (1063 blocks per request), not block rounding. Pass
-    ``max_model_len`` to reproduce the printed number exactly.
+    part of its last block). The block size is vLLM's choice (it differs by platform, kernel
+    and CPU features): read it from the server's ``vllm:cache_config_info``, never assume it.
+    Pass ``max_model_len`` to reproduce the printed number exactly.
 
     For hybrids one sequence's constant state is taken from the cache first: vLLM keeps the
     state pages in the same pool (padded to the attention page size, so this is a few blocks
@@ -718,12 +708,15 @@ def plot_kv_footprint(
     path: str | Path,
     *,
     device_memory_bytes: int | float | None = None,
+    budget_label: str = "device memory",
     operating: CacheLayout | None = None,
+    ranks_known: bool = True,
 ) -> Path:
     """Per-rank KV against context length (log-log), the study's Figure 1 layout.
 
     FP8 and BF16 lines, a horizontal line per fixed-memory reference with the FP8 crossover
-    marked, the per-device memory line when given, and the operating point (the largest
+    marked, the budget line (device memory, or the explicit KV cache budget) when given, and
+    the operating point (the largest
     length, in ``operating``'s cache dtype, FP8 by default) as an open square.
     """
     import matplotlib
@@ -769,7 +762,7 @@ def plot_kv_footprint(
             device_memory_bytes / GIB,
             color="black",
             linewidth=1.2,
-            label=f"device memory ({device_memory_bytes / GIB:g} GiB)",
+            label=f"{budget_label} ({device_memory_bytes / GIB:g} GiB)",
         )
     top = xs[-1]
     served = operating or layout_fp8
@@ -792,7 +785,8 @@ def plot_kv_footprint(
     ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: format_size(int(round(value)))))
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("KV cache per rank (GiB)")
-    ax.set_title(f"KV cache footprint: {layout_fp8.architecture}, TP={layout_fp8.tensor_parallel}")
+    ranks = f"TP={layout_fp8.tensor_parallel}" if ranks_known else "TP not reported, per rank at 1"
+    ax.set_title(f"KV cache footprint: {layout_fp8.architecture}, {ranks}")
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
@@ -805,8 +799,6 @@ def plot_kv_footprint(
 
 __all__ = [
     "CACHE_DTYPE_BYTES",
-    "CPU_BLOCK_SIZE_ATTENTION",
-    "CPU_BLOCK_SIZE_MLA",
     "FP8_CACHE_DTYPE",
     "GIB",
     "CacheLayout",
@@ -817,7 +809,6 @@ __all__ = [
     "cache_layout",
     "capacity_table",
     "config_model_dtype",
-    "cpu_block_size",
     "crossover_tokens",
     "describe_layout",
     "fit_point",

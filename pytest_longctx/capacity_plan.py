@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from . import capacity
+from . import hardware as host
 from .profiles import Profile
 from .run import Run
 
@@ -22,7 +23,8 @@ def model_config(profile: Profile) -> dict[str, Any] | None:
     if model.embedded_name is not None:
         from .embedded import get_spec
 
-        return get_spec(model.embedded_name).model_config()
+        spec = get_spec(model.embedded_name)
+        return {**spec.model_config(), "architectures": [spec.architecture]}
     source = Path(model.source)
     if (source / "config.json").exists():
         return capacity.load_model_config(source)
@@ -49,9 +51,13 @@ def layout_for(profile: Profile) -> capacity.CacheLayout | None:
 
 
 def hardware_for(profile: Profile) -> capacity.Hardware:
+    """The profile's hardware; a GPU present here is sized by what its driver reports."""
     serving, hardware = profile.serving, profile.hardware
     memory = hardware.memory_per_device
-    if memory is None:  # a CPU profile: the host's memory
+    reported = None if serving.device == "cpu" else host.reported_device_memory()
+    if reported is not None:
+        memory = reported[0]
+    elif memory is None:  # a CPU profile: the host's memory
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return capacity.Hardware(
         devices=max(hardware.devices, serving.tensor_parallel_size),
@@ -63,8 +69,14 @@ def hardware_for(profile: Profile) -> capacity.Hardware:
 
 
 def check_points(run: Run, lengths: Sequence[int]) -> dict[int, capacity.PointFit]:
-    """One verdict per selected length; empty when the model's config is not at hand."""
+    """One verdict per selected length; empty when the model's config is not at hand.
+
+    Only a launched server is the profile's to size: an attached one serves what it serves on
+    hardware the profile does not describe, and its ``max_model_len`` decides instead.
+    """
     profile = run.plan.profile
+    if run.settings.url:
+        return {}
     layout = layout_for(profile)
     if layout is None or not lengths:
         return {}
@@ -121,20 +133,3 @@ def check_against_server(profile: Profile, cache_labels: dict[str, str]) -> Serv
     reported = int(cache_labels["num_gpu_blocks"]) * block_size
     planned = capacity.token_capacity(layout, kv_bytes, block_size)
     return ServerCapacityCheck(planned, reported, block_size, kv_bytes)
-
-
-def check_served(
-    profile: Profile, base_url: str, api_key: str | None
-) -> ServerCapacityCheck | None:
-    """The cross-check against a running server, when it exposes its cache configuration."""
-    import httpx
-
-    from .server_metrics import cache_config_labels
-
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    with contextlib.suppress(httpx.HTTPError, KeyError, ValueError):
-        text = httpx.get(f"{base_url}/metrics", headers=headers, timeout=30).text
-        labels = cache_config_labels(text)
-        if labels and layout_for(profile) is not None:
-            return check_against_server(profile, labels)
-    return None

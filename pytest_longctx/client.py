@@ -1,19 +1,25 @@
 """The instrument: one streamed ``/v1/completions`` request, timed from the client's side.
 
-Definitions (all clocks are :func:`time.perf_counter`, relative to ``t0``, taken just before the
-request is handed to the HTTP client; the JSON body is built before ``t0``):
+Definitions (all clocks are :func:`time.perf_counter`, CLOCK_MONOTONIC on Linux and so comparable
+with other processes' stamps, relative to ``t0``, taken just before the request is handed to the
+HTTP client; the JSON body is built and the connection opened before ``t0``):
 
-* A chunk *carries tokens* when its choices hold a non-empty ``token_ids`` list (vLLM sends it
-  with ``return_token_ids``), else non-empty ``logprobs.tokens``, else non-empty ``text``; then it
-  counts ``len(token_ids)``/``len(tokens)`` tokens, or one token for text alone. Chunks without
-  any of these (a role-only chunk, an empty keep-alive chunk) never stop the TTFT clock.
-* ``ttft_s``: ``t0`` to the arrival of the first chunk that carries tokens. It includes the TCP
-  connect, the upload, the server's parsing, queueing and prefill: what a client waits.
+* A chunk *carries tokens* when its choices count any. A choice with a ``token_ids`` list (vLLM
+  sends it with ``return_token_ids``) counts ``len(token_ids)``, else one with a
+  ``logprobs.tokens`` list counts ``len(tokens)``: exact, an empty list is no token. Otherwise a
+  choice with a ``text`` key (``delta.content`` for chat-style chunks) counts one token, also
+  for ``"text": ""``: vLLM streams one chunk per generated token and sends empty text while
+  the token is an incomplete UTF-8 piece. Chunks without any of these (a role-only chunk, a
+  keep-alive chunk, the final usage chunk) never stop the TTFT clock.
+* ``ttft_s``: ``t0`` to the arrival of the first chunk that carries tokens. It includes the
+  upload, the server's parsing, queueing and prefill, and the chunk's way back: what a client
+  with an open connection waits. The TCP connection is opened just before ``t0`` (``connect_s``)
+  and the watchdog thread started, so neither is inside the TTFT.
 * ``decode_throughput``: ``(N - k1) / (t_last - t_first)``, N the server's
   ``usage.completion_tokens``, k1 the tokens in the first carrying chunk, t_first/t_last the
   arrivals of the first/last carrying chunks. With one token per chunk this is ``(N-1)/(t_last -
-  t_first)``. N comes from ``usage`` because without ``token_ids`` a token whose text is still
-  held back by the detokenizer arrives as an empty chunk and cannot be counted from the stream.
+  t_first)``. N comes from ``usage`` because without ``token_ids`` a chunk that carries several
+  tokens (``--stream-interval`` above 1) counts as one and the stream alone undercounts.
   Counting text, k1 is taken as 1, which is exact for vLLM: it sends the first token alone even
   with ``--stream-interval`` above 1.
 * Inter-token gaps: a carrying chunk that arrives ``g`` seconds after the previous one and
@@ -41,6 +47,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpcore
 import httpx
 
 from .sizes import format_size
@@ -433,7 +440,7 @@ class StreamMeasurement:
     itl_max_s: float | None
     body_bytes: int
     body_build_s: float
-    connect_s: float | None  # TCP connect, inside ttft_s
+    connect_s: float | None  # TCP connect, just before t0 (outside ttft_s)
     upload_s: float | None  # body handed to the kernel, inside ttft_s
     response_headers_s: float | None  # t0 to the response headers
     #: ``time.perf_counter()`` at t0: lines the stream up with other clocks of this machine.
@@ -491,6 +498,8 @@ def summarize_stream(
 class ServedModel:
     id: str
     max_model_len: int | None
+    #: Where the server loaded it from (vLLM's ``root``: a hub id or a folder on its machine).
+    root: str | None = None
 
 
 @dataclass(frozen=True)
@@ -591,11 +600,16 @@ class _Watchdog:
         self._stopped = False
         self.expired_phase: str | None = None
         self._wake = threading.Condition()
+        self._waiting = threading.Event()
         self._thread = threading.Thread(target=self._run, name="longctx-watchdog", daemon=True)
 
     def start(self, deadline: float, phase: str) -> None:
+        """Start the thread and return once it sleeps, so it takes no time from the caller."""
         self.extend(deadline, phase)
         self._thread.start()
+        self._waiting.wait()
+        with self._wake:  # acquired once the thread's wait() released it
+            pass
 
     def extend(self, deadline: float, phase: str) -> None:
         """Move the deadline; the thread is woken only when it must fire sooner."""
@@ -625,6 +639,7 @@ class _Watchdog:
                         _shutdown(self._socket)
                     return
                 self._sleeping_until = self._deadline
+                self._waiting.set()
                 self._wake.wait(None if math.isinf(remaining) else remaining)
                 self._sleeping_until = math.inf
 
@@ -647,10 +662,13 @@ def _choice_tokens(choice: Mapping[str, Any]) -> tuple[int, str]:
     logprobs = choice.get("logprobs")
     if isinstance(logprobs, Mapping) and isinstance(logprobs.get("tokens"), list):
         return len(logprobs["tokens"]), "logprobs"
-    text = choice.get("text")
-    if text is None and isinstance(choice.get("delta"), Mapping):
-        text = choice["delta"].get("content")
-    return (1 if text else 0), "text"
+    if isinstance(choice.get("text"), str):
+        return 1, "text"  # "" too: a token whose text the detokenizer holds back
+    delta = choice.get("delta")
+    if isinstance(delta, Mapping) and isinstance(delta.get("content"), str):
+        # a chat role announcement carries "content": "" beside "role" and no token
+        return (0 if "role" in delta and not delta["content"] else 1), "text"
+    return 0, "text"
 
 
 _MAX_LEN_RE = re.compile(r"maximum context length is (\d+) tokens")
@@ -661,13 +679,81 @@ _PROMPT_TOKENS_RE = re.compile(r"contains (?:at least )?(\d+) input tokens")
 # Client
 
 
+class _PreopenedBackend(httpcore.NetworkBackend):
+    """httpcore's network backend, able to hand over a TCP connection opened in advance.
+
+    :meth:`CompletionClient.measure` opens its request's connection just before ``t0`` and
+    stages it here; the pool, which keeps no idle connection, takes it instead of connecting
+    inside the timed window. Any other connection, or a staged one for another address, is
+    opened as usual.
+    """
+
+    def __init__(self, inner: httpcore.NetworkBackend) -> None:
+        self._inner = inner
+        self._lock = threading.Lock()
+        self._staged: tuple[str, int, httpcore.NetworkStream] | None = None
+
+    def open(self, host: str, port: int, timeout: float) -> httpcore.NetworkStream:
+        stream = self._inner.connect_tcp(host, port, timeout=timeout)
+        with self._lock:
+            staged, self._staged = self._staged, (host, port, stream)
+        if staged is not None:
+            staged[2].close()
+        return stream
+
+    def discard(self) -> None:
+        """Close a staged connection nobody took (the request failed before sending)."""
+        with self._lock:
+            staged, self._staged = self._staged, None
+        if staged is not None:
+            staged[2].close()
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Any = None,
+    ) -> httpcore.NetworkStream:
+        with self._lock:
+            staged, self._staged = self._staged, None
+        if staged is not None:
+            if staged[:2] == (host, port) and local_address is None and not socket_options:
+                return staged[2]
+            staged[2].close()
+        return self._inner.connect_tcp(host, port, timeout, local_address, socket_options)
+
+    def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Any = None
+    ) -> httpcore.NetworkStream:
+        return self._inner.connect_unix_socket(path, timeout, socket_options)
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
+
+
+def _preopening_transport() -> tuple[httpx.HTTPTransport, _PreopenedBackend | None]:
+    """httpx's transport with :class:`_PreopenedBackend` under its pool (None if httpx changed)."""
+    transport = httpx.HTTPTransport(limits=httpx.Limits(max_keepalive_connections=0))
+    pool = getattr(transport, "_pool", None)
+    inner = getattr(pool, "_network_backend", None)
+    if not isinstance(inner, httpcore.NetworkBackend):
+        return transport, None
+    backend = _PreopenedBackend(inner)
+    pool._network_backend = backend  # type: ignore[union-attr]
+    return transport, backend
+
+
 class CompletionClient:
     """A vLLM-compatible server, measured one request at a time.
 
     Every request opens a fresh connection (no keep-alive): an idle pooled connection that the
-    server closed would otherwise fail or retry inside a measurement. Loopback connect is
-    tens of microseconds and is reported separately as ``connect_s``. Proxy settings from the
-    environment are ignored: a proxy buffers streams and would move every arrival time.
+    server closed would otherwise fail or retry inside a measurement. The measured request's
+    connection is opened just before ``t0`` (reported as ``connect_s``, outside the TTFT),
+    as a client with a warm connection would send it; it is never idle long enough for a
+    server to drop it. Proxy settings from the environment are ignored: a proxy buffers
+    streams and would move every arrival time.
     """
 
     def __init__(self, config: ClientConfig) -> None:
@@ -676,10 +762,11 @@ class CompletionClient:
         headers = {"Accept-Encoding": "identity"}
         if config.api_key:
             headers["Authorization"] = f"Bearer {config.api_key}"
+        transport, self._backend = _preopening_transport()
         self._http = httpx.Client(
             headers=headers,
             timeout=httpx.Timeout(config.control_timeout_s, connect=config.connect_timeout_s),
-            limits=httpx.Limits(max_keepalive_connections=0),
+            transport=transport,
             trust_env=False,
         )
 
@@ -714,7 +801,33 @@ class CompletionClient:
                 f"{self._redact(json.dumps(data)[:300])}"
             )
         max_len = entries[0].get("max_model_len")
-        return ServedModel(id=str(entries[0]["id"]), max_model_len=_int_or_none(max_len))
+        root = entries[0].get("root")
+        return ServedModel(
+            id=str(entries[0]["id"]),
+            max_model_len=_int_or_none(max_len),
+            root=str(root) if root else None,
+        )
+
+    def version(self) -> str | None:
+        """The engine's version from ``/version``; None when the server has no such endpoint."""
+        try:
+            data = self._get_json("/version")
+        except MeasurementError:
+            return None
+        version = data.get("version") if isinstance(data, Mapping) else None
+        return str(version) if version else None
+
+    def detokenize(self, model: str, ids: Sequence[int]) -> str:
+        """Text for token ids through the server's own tokenizer (``POST /detokenize``)."""
+        payload = {"model": model, "tokens": list(ids)}
+        data = self._post_json("/detokenize", payload, None)
+        text = data.get("prompt") if isinstance(data, Mapping) else None
+        if not isinstance(text, str):
+            raise MalformedResponseError(
+                f"{self.base_url}/detokenize answered without a 'prompt' string: "
+                f"{self._redact(json.dumps(data)[:300])}"
+            )
+        return text
 
     def tokenize(
         self, text: str, add_special_tokens: bool = True, timeout_s: float | None = None
@@ -814,7 +927,11 @@ class CompletionClient:
             extensions={"trace": exchange},
         )
         context = _MeasureContext(request, body, first_token_budget_s, budget_source, exchange)
-        watchdog.start(math.inf, _FIRST_TOKEN)  # a thread start is no part of the TTFT
+        # Everything that is the instrument's and not the server's happens before t0: the body
+        # (above), the connection, and the watchdog thread's start. At t0 the deadline moves
+        # later than the one the thread sleeps on, which does not wake it.
+        context.connect_s = self._preconnect(http_request.url)
+        watchdog.start(time.perf_counter() + first_token_budget_s, _FIRST_TOKEN)
         t0 = time.perf_counter()
         context.t0 = t0
         try:
@@ -823,6 +940,9 @@ class CompletionClient:
                 response = self._http.send(http_request, stream=True)
             except httpx.HTTPError as exc:
                 raise self._send_failure(exc, watchdog, context) from None
+            finally:
+                if self._backend is not None:
+                    self._backend.discard()
             context.response_headers_s = time.perf_counter() - t0
             try:
                 return self._read_stream(response, watchdog, context, check_count)
@@ -833,6 +953,18 @@ class CompletionClient:
                     response.close()
         finally:
             watchdog.stop()
+
+    def _preconnect(self, url: httpx.URL) -> float | None:
+        """Open the request's TCP connection now; seconds it took, None when not pre-opened."""
+        if self._backend is None or url.scheme not in ("http", "https"):
+            return None
+        port = url.port or (443 if url.scheme == "https" else 80)
+        started = time.perf_counter()
+        try:
+            self._backend.open(url.host, port, timeout=self.config.connect_timeout_s)
+        except (httpcore.ConnectError, httpcore.ConnectTimeout, OSError) as exc:
+            raise self._unavailable(exc) from None
+        return time.perf_counter() - started
 
     def _read_stream(
         self,
@@ -982,8 +1114,12 @@ class CompletionClient:
             itl_max_s=ordered[-1] if ordered else None,
             body_bytes=context.body.size,
             body_build_s=context.body.build_s,
-            connect_s=exchange.span(
-                "connection.connect_tcp.started", "connection.connect_tcp.complete"
+            connect_s=(
+                context.connect_s
+                if context.connect_s is not None
+                else exchange.span(
+                    "connection.connect_tcp.started", "connection.connect_tcp.complete"
+                )
             ),
             upload_s=exchange.span(
                 "http11.send_request_body.started", "http11.send_request_body.complete"
@@ -1006,7 +1142,7 @@ class CompletionClient:
         key = self.config.api_key
         return text.replace(key, _REDACTED) if key else text
 
-    def _unavailable(self, exc: httpx.HTTPError) -> ServerUnavailableError:
+    def _unavailable(self, exc: Exception) -> ServerUnavailableError:
         reason = self._redact(str(exc)) or type(exc).__name__
         return ServerUnavailableError(
             f"cannot connect to {self.base_url} within {self.config.connect_timeout_s:g} s "
@@ -1135,6 +1271,7 @@ class _MeasureContext:
     budget_source: str
     exchange: _Exchange
     t0: float = 0.0
+    connect_s: float | None = None  # the connection opened before t0
     response_headers_s: float | None = None
 
     def describe_request(self) -> str:

@@ -9,7 +9,7 @@ import pytest
 
 from . import gate_items, measure, serving
 from .plan import Point
-from .prompts import Prompt, PromptBuilder
+from .prompts import Prompt, PromptBuilder, PromptError
 from .records import Record
 from .run import Run
 from .server import ServerError, ServerInfo
@@ -51,7 +51,13 @@ def longctx_client(longctx_server: ServerInfo) -> Iterator[measure.CompletionCli
 @pytest.fixture(scope="session")
 def longctx_prompts(longctx_run: Run, longctx_server: ServerInfo) -> PromptBuilder:
     """Builds exact-length prompts with the served model's tokenizer."""
-    return measure.prompt_builder(longctx_run, longctx_server)
+    builder = measure.prompt_builder(longctx_run, longctx_server)
+    if longctx_run.settings.prompt_format == "text":
+        try:
+            builder.check_text_prompts()
+        except PromptError as exc:  # one usage error, not one failure per item
+            pytest.exit(str(exc), returncode=pytest.ExitCode.USAGE_ERROR)
+    return builder
 
 
 @pytest.fixture
@@ -84,7 +90,12 @@ def longctx_prompt(
 def longctx_measure(
     request: pytest.FixtureRequest, longctx_point: Point, longctx_run: Run
 ) -> Callable[[Prompt], measure.PointMeasurement]:
-    """Measure one prompt: TTFT, decode throughput, server-side metrics, all checked."""
+    """Measure one prompt: TTFT, decode throughput and the server's counters around it.
+
+    It fails the item when the request did not complete or the server's counters cannot be
+    read; what the counts must be (exact, cold, alone) is the calling test's to assert, as
+    ``test_prefill_decode`` does.
+    """
     recorded = longctx_run.resumed.get(longctx_point)
     if recorded is not None:
         return lambda prompt: measure.PointMeasurement.from_record(recorded)
@@ -92,9 +103,12 @@ def longctx_measure(
     client = request.getfixturevalue("longctx_client")
 
     def run_measurement(prompt: Prompt) -> measure.PointMeasurement:
-        result = measure.measure_point(longctx_run, server, client, longctx_point, prompt)
+        try:
+            result = measure.measure_point(longctx_run, server, client, longctx_point, prompt)
+        except measure.UnverifiedPoint as exc:
+            request.node.stash[MEASUREMENT_KEY] = exc.measurement  # its figures stay recorded
+            raise
         request.node.stash[MEASUREMENT_KEY] = result
-        measure.verify(longctx_point, result)
         return result
 
     return run_measurement

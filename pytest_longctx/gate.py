@@ -5,49 +5,260 @@ The gate reads records only (:mod:`pytest_longctx.records`); it never talks to a
 The rule
 --------
 At every length, for every gated metric, the gate compares the mean of this run's passed repeats
-with the mean of the baseline's. A point **regresses** only when the change in the bad direction
-(TTFT or inter-token latency up, decode throughput down) is beyond BOTH
+with the baseline's. A point **regresses** only when the change in the bad direction (TTFT or
+inter-token latency up, decode throughput down) is beyond BOTH
 
 1. the tolerance: ``|mean_now - mean_base| > tolerance% * mean_base``, the change the team has
-   declared it cares about (it also absorbs day-to-day drift a single run cannot see), and
-2. the run-to-run spread: ``|mean_now - mean_base| > SPREAD_FACTOR * SE`` with the Welch standard
-   error ``SE = sqrt(std_base**2 / n_base + std_now**2 / n_now)`` (sample std over repeats).
-   With ``SPREAD_FACTOR = 3`` and three repeats a side this is roughly a one-sided Welch t-test at
-   the 2% level: one wild repeat inflates its side's std and keeps the gate quiet, while a
-   consistent slowdown has a small std and fails.
+   declared it cares about, and
+2. the noise: a one-sided t-test at the gate's level (``--longctx-gate-level``, default
+   :data:`DEFAULT_LEVEL`) says the change is unlikely to be noise, ``p < level``.
 
-When one side has a single sample its std is unknown; the other side's std stands in for it
-(same server, same prompt: the noise is alike). When both sides have a single sample the spread
-is unknown and the tolerance alone decides; the message says so, and more repeats fix it.
+The noise model depends on what the baseline holds:
 
-An **improvement** beyond both bounds is reported (``improved``) so the team refreshes the
-baseline; it never fails. A change beyond the tolerance but within the spread is ``ok`` with a
-message saying it is noise-sized. Lengths measured on one side only are reported
-(``missing_in_current`` / ``missing_in_baseline``), never silently dropped.
+* **Several sessions** (records of two or more run ids, see ``python -m pytest_longctx
+  baseline --append``): the current run is one more session, judged against the distribution of
+  the baseline's per-session means. With K session means of sample variance ``S_m**2`` (K - 1
+  degrees of freedom), ``SE**2 = S_m**2 * (1 + 1/K)``: the noise of the baseline's mean plus that
+  of a new session's mean, the spread *between* sessions (server start, machine state) included.
+  When this run has fewer repeats than the baseline's sessions, its mean is noisier by
+  ``s_w**2 * (1/n_now - 1/n_base)`` (``s_w`` the pooled spread *within* sessions); that term is
+  added and the degrees of freedom come from Welch-Satterthwaite over the two terms.
+* **One session**: Welch's t-test between the baseline's repeats and this run's, with
+  Welch-Satterthwaite degrees of freedom. Repeats of one session share a server start, so this
+  noise estimate is within-session only and understates the difference between two sessions;
+  every message says so. With a single repeat on either side there is no spread to test: the
+  tolerance alone decides, and the message says that too.
+
+The t distribution is computed here (regularized incomplete beta), so the gate needs no SciPy.
+
+An **improvement** beyond the tolerance and significant at the same level in the good direction
+is reported (``improved``) so the team refreshes the baseline; it never fails. A change beyond the
+tolerance but not significant is ``ok`` with a message saying it is noise-sized. Lengths measured
+on one side only are reported (``missing_in_current`` / ``missing_in_baseline``), never silently
+dropped.
+
+Baseline files
+--------------
+A baseline file is JSON lines: passed records (each carries its session's ``run_id``), optionally
+preceded by one header object ``{"longctx_baseline": 1, ...}`` holding the tolerances a
+calibration proposed (``tolerance``), the cap on sessions kept (``max_sessions``) and the
+calibration's table (``calibration``). Tolerances are taken from ``--longctx-tolerance`` when
+given, else from the baseline's header, else from the profile's ``[gate] tolerance``, else the
+built-in defaults.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .records import FIGURE_UNITS, Record, append_record, read_records, results_path
+from .records import BASELINE_HEADER_KEY, FIGURE_UNITS, Record, append_record, results_path
 from .sizes import SizeError, format_size, parse_size
 from .stats import latest_records, summarize_values
 
 TOLERANCE_OPTION = "--longctx-tolerance"
 
-#: How many Welch standard errors a change must exceed to count as more than noise.
-SPREAD_FACTOR = 3.0
+LEVEL_OPTION = "--longctx-gate-level"
+
+#: One-sided false-alarm level of the noise test when ``--longctx-gate-level`` is not given.
+DEFAULT_LEVEL = 0.01
+
+LEVEL_FORM = "a probability between 0 and 0.5, e.g. 0.01 (a 1% one-sided false-alarm level)"
+
+#: Sessions a baseline history keeps by default; older ones drop out as new ones are appended.
+DEFAULT_MAX_SESSIONS = 10
 
 #: Changes this close to the tolerance (in percentage points) count as within it, so that
 #: ``1.0 s -> 1.1 s`` passes a 10% tolerance despite binary floating point.
 _PERCENT_SLACK = 1e-9
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+class LevelError(ValueError):
+    """A ``--longctx-gate-level`` value that does not parse."""
+
+
+def parse_level(text: object) -> float:
+    """``0.01`` or ``1%`` -> 0.01; anything outside (0, 0.5) is refused with the accepted form."""
+    raw = str(text).strip()
+    try:
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError:
+        value = math.nan
+    if not (0 < value < 0.5):
+        raise LevelError(f"{LEVEL_OPTION}={text}: expected {LEVEL_FORM}")
+    return value
+
+
+def _continued_fraction(a: float, b: float, x: float) -> float:
+    """The continued fraction of the incomplete beta function (modified Lentz)."""
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    result = d
+    for m in range(1, 10_000):
+        m2 = 2 * m
+        for numerator in (
+            m * (b - m) * x / ((a - 1.0 + m2) * (a + m2)),
+            -(a + m) * (a + b + m) * x / ((a + m2) * (a + 1.0 + m2)),
+        ):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            step = c * d
+            result *= step
+        if abs(step - 1.0) < 1e-15:
+            break
+    return result
+
+
+def regularized_beta(a: float, b: float, x: float) -> float:
+    """I_x(a, b), the regularized incomplete beta function, for a, b > 0 and 0 <= x <= 1."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    log_front = (
+        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    )
+    front = math.exp(log_front)
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _continued_fraction(a, b, x) / a
+    return 1.0 - front * _continued_fraction(b, a, 1.0 - x) / b
+
+
+def student_t_sf(t: float, df: float) -> float:
+    """P(T > t) for Student's t with ``df`` (any real > 0) degrees of freedom."""
+    if math.isnan(t) or not df > 0:
+        raise ValueError(f"student_t_sf needs a number and df > 0, got t={t}, df={df}")
+    if math.isinf(t):
+        return 0.0 if t > 0 else 1.0
+    if math.isinf(df) or df > 1e7:
+        return 0.5 * math.erfc(t / math.sqrt(2.0))
+    tail = 0.5 * regularized_beta(df / 2.0, 0.5, df / (df + t * t))
+    return tail if t >= 0 else 1.0 - tail
+
+
+def student_t_isf(p: float, df: float) -> float:
+    """The t with ``P(T > t) = p``: the one-sided critical value at level ``p``."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"student_t_isf needs 0 < p < 1, got {p}")
+    if p > 0.5:
+        return -student_t_isf(1.0 - p, df)
+    low, high = 0.0, 1.0
+    while student_t_sf(high, df) > p:
+        low, high = high, high * 2.0
+    for _ in range(200):
+        middle = (low + high) / 2.0
+        if student_t_sf(middle, df) > p:
+            low = middle
+        else:
+            high = middle
+        if high - low <= 1e-12 * high:
+            break
+    return (low + high) / 2.0
+
+
+@dataclass(frozen=True)
+class NoiseTest:
+    """A one-sided t-test of a change against the noise the baseline shows."""
+
+    model: str  # "between-session" or "within-session"
+    #: Change divided by its standard error, signed so that positive is the bad direction.
+    t: float
+    df: float
+    se: float  # standard error of the change, in the figure's unit
+    #: One-sided p-values: of a change at least this bad, and at least this good, from noise.
+    p_worse: float
+    p_better: float
+    sessions: int  # baseline sessions behind the test
+
+
+def welch_test(before: Sequence[float], after: Sequence[float], worse_sign: float) -> NoiseTest:
+    """Welch's t-test (Welch-Satterthwaite df) of ``mean(after) - mean(before)``; n >= 2 a side.
+
+    ``worse_sign`` is +1 when higher is worse, -1 when lower is.
+    """
+    n_before, n_after = len(before), len(after)
+    if n_before < 2 or n_after < 2:
+        raise ValueError("Welch's test needs two or more values on each side")
+    var_before = _variance(before) / n_before
+    var_after = _variance(after) / n_after
+    se2 = var_before + var_after
+    terms = [(var_before, n_before - 1), (var_after, n_after - 1)]
+    delta = _mean(after) - _mean(before)
+    return _noise_test("within-session", worse_sign * delta, se2, terms, sessions=1)
+
+
+def session_test(
+    sessions: Sequence[Sequence[float]], after: Sequence[float], worse_sign: float
+) -> NoiseTest:
+    """This run as one more session, against the baseline's K >= 2 per-session means.
+
+    ``SE**2 = S_m**2 (1 + 1/K) [+ s_w**2 (1/n_now - 1/n_base) when this run has fewer repeats]``
+    with Welch-Satterthwaite degrees of freedom over the terms (see the module's docstring).
+    """
+    groups = [list(values) for values in sessions if values]
+    count = len(groups)
+    if count < 2 or not after:
+        raise ValueError("the between-session test needs two or more baseline sessions")
+    means = [_mean(values) for values in groups]
+    between = _variance(means) * (1.0 + 1.0 / count)
+    terms = [(between, count - 1)]
+    within_df = sum(len(values) - 1 for values in (*groups, after))
+    n_base = count / sum(1.0 / len(values) for values in groups)  # harmonic mean of repeats
+    n_now = len(after)
+    if within_df > 0 and n_now < n_base:
+        pooled = (
+            math.fsum(_variance(values) * (len(values) - 1) for values in (*groups, after))
+            / within_df
+        )
+        terms.append((pooled * (1.0 / n_now - 1.0 / n_base), within_df))
+    se2 = math.fsum(term for term, _ in terms)
+    delta = _mean(after) - _mean(means)
+    return _noise_test("between-session", worse_sign * delta, se2, terms, sessions=count)
+
+
+def _noise_test(
+    model: str, worse_delta: float, se2: float, terms: list[tuple[float, int]], sessions: int
+) -> NoiseTest:
+    se = math.sqrt(max(se2, 0.0))
+    denominator = math.fsum(term * term / df for term, df in terms if df > 0 and term > 0)
+    df = se2 * se2 / denominator if denominator > 0 else float(max(df for _, df in terms))
+    df = max(df, 1e-9)
+    # With no spread at all, any change is beyond noise and no change is not.
+    no_spread = math.copysign(math.inf, worse_delta) if worse_delta else 0.0
+    t = worse_delta / se if se > 0 else no_spread
+    return NoiseTest(
+        model=model,
+        t=t,
+        df=df,
+        se=se,
+        p_worse=student_t_sf(t, df),
+        p_better=student_t_sf(-t, df),
+        sessions=sessions,
+    )
+
+
+def _mean(values: Sequence[float]) -> float:
+    return math.fsum(values) / len(values)
+
+
+def _variance(values: Sequence[float]) -> float:
+    """Sample variance (divisor n - 1); 0.0 for a single value."""
+    if len(values) < 2:
+        return 0.0
+    mean = _mean(values)
+    return math.fsum((value - mean) ** 2 for value in values) / (len(values) - 1)
 
 
 # --------------------------------------------------------------------------- metrics
@@ -196,11 +407,64 @@ class BaselineError(ValueError):
 BASELINE_FORM = "a run folder, its results.jsonl, or a baseline .jsonl written from a passing run"
 
 
+#: The key that marks a baseline file's header line.
+HEADER_KEY = BASELINE_HEADER_KEY
+HEADER_VERSION = 1
+
+
+@dataclass(frozen=True)
+class BaselineInfo:
+    """A baseline file's header: what a calibration stored next to the records."""
+
+    #: Tolerance spec proposed by a calibration; used unless --longctx-tolerance is given.
+    tolerance: str | None = None
+    #: Cap on sessions kept when runs are appended.
+    max_sessions: int | None = None
+    #: The calibration's level, session count and per length/metric table.
+    calibration: Mapping[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {HEADER_KEY: HEADER_VERSION}
+        if self.tolerance is not None:
+            data["tolerance"] = self.tolerance
+        if self.max_sessions is not None:
+            data["max_sessions"] = self.max_sessions
+        if self.calibration is not None:
+            data["calibration"] = dict(self.calibration)
+        return data
+
+    @property
+    def empty(self) -> bool:
+        return self.tolerance is None and self.max_sessions is None and self.calibration is None
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A baseline's passed records (of one or more sessions) and its header."""
+
+    records: list[Record]
+    info: BaselineInfo = field(default_factory=BaselineInfo)
+    path: Path | None = None
+
+    @property
+    def sessions(self) -> int:
+        return session_count(self.records)
+
+    def tolerances(self) -> Tolerances | None:
+        """The stored tolerances, or None when the file stores none."""
+        return parse_tolerances(self.info.tolerance) if self.info.tolerance else None
+
+
 def load_baseline(path: Path | str, problems: list[str] | None = None) -> list[Record]:
     """The passed records of a baseline; corrupt lines among good ones go to ``problems``.
 
     Only passed records are returned: a failed point has no figure worth comparing against.
     """
+    return load_baseline_file(path, problems).records
+
+
+def load_baseline_file(path: Path | str, problems: list[str] | None = None) -> Baseline:
+    """A baseline's passed records and its header (see :class:`BaselineInfo`)."""
     given = Path(path)
     file = results_path(given)
     if given.is_dir() and not file.exists():
@@ -212,34 +476,80 @@ def load_baseline(path: Path | str, problems: list[str] | None = None) -> list[R
     if not file.is_file():
         raise BaselineError(f"baseline {file}: not a regular file; expected {BASELINE_FORM}")
     try:
-        result = read_records(file)
+        records, info, found = _read_baseline_lines(file)
     except OSError as exc:
         raise BaselineError(f"baseline {file}: cannot be read ({exc.strerror or exc})") from None
-    if not result.records and not result.problems:
+    if not records and not found:
         raise BaselineError(f"baseline {file}: the file is empty, it holds no records")
-    if not result.records:
+    if not records:
         raise BaselineError(
-            f"baseline {file}: every line is corrupt ({len(result.problems)} lines), "
-            f"first: {result.problems[0]}"
+            f"baseline {file}: every line is corrupt ({len(found)} lines), first: {found[0]}"
         )
-    passed = [record for record in result.records if record.outcome == "passed"]
+    passed = [record for record in records if record.outcome == "passed"]
     if not passed:
-        outcomes = Counter(record.outcome for record in result.records)
+        outcomes = Counter(record.outcome for record in records)
         tally = ", ".join(f"{count} {outcome}" for outcome, count in sorted(outcomes.items()))
         raise BaselineError(
-            f"baseline {file}: none of its {len(result.records)} records passed ({tally}); "
+            f"baseline {file}: none of its {len(records)} records passed ({tally}); "
             "a baseline needs passed measurements"
         )
     if problems is not None:
-        problems.extend(result.problems)
-    return passed
+        problems.extend(found)
+    return Baseline(passed, info, file)
 
 
-def write_baseline(records: Iterable[Record], path: Path | str) -> int:
+def _read_baseline_lines(file: Path) -> tuple[list[Record], BaselineInfo, list[str]]:
+    records: list[Record] = []
+    problems: list[str] = []
+    info = BaselineInfo()
+    with open(file, encoding="utf-8", errors="replace") as handle:
+        for lineno, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                data = json.loads(line)
+                if not (isinstance(data, dict) and HEADER_KEY in data):
+                    records.append(Record.from_json(data))
+                    continue
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                problems.append(f"{file}:{lineno}: skipped a corrupt record ({exc})")
+                continue
+            info = _header_from_json(file, lineno, data)  # a bad header is fatal, not skipped
+    return records, info, problems
+
+
+def _header_from_json(file: Path, lineno: int, data: Mapping[str, Any]) -> BaselineInfo:
+    """The header, checked: a bad stored tolerance is the file's fault and names the line."""
+    where = f"baseline {file}:{lineno}: header"
+    if data.get(HEADER_KEY) != HEADER_VERSION:
+        raise BaselineError(
+            f"{where} has version {data.get(HEADER_KEY)!r}; this reader knows {HEADER_VERSION}"
+        )
+    tolerance = data.get("tolerance")
+    if tolerance is not None:
+        try:
+            parse_tolerances(str(tolerance))
+        except ToleranceError as exc:
+            raise BaselineError(f"{where} stores a bad tolerance: {exc}") from None
+    cap = data.get("max_sessions")
+    if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
+        raise BaselineError(f"{where} has max_sessions {cap!r}; expected a whole number >= 1")
+    calibration = data.get("calibration")
+    return BaselineInfo(
+        tolerance=None if tolerance is None else str(tolerance),
+        max_sessions=cap,
+        calibration=dict(calibration) if isinstance(calibration, Mapping) else None,
+    )
+
+
+def write_baseline(
+    records: Iterable[Record], path: Path | str, info: BaselineInfo | None = None
+) -> int:
     """Store the passed records, every field, as a baseline file; returns how many.
 
-    The file appears whole or not at all (written aside, then renamed), so an interrupted
-    refresh never leaves the team a truncated baseline to commit.
+    A header line comes first when ``info`` holds anything. The file appears whole or not at
+    all (written aside, then renamed), so an interrupted refresh never leaves the team a
+    truncated baseline to commit.
     """
     target = Path(path)
     if target.is_dir():
@@ -253,6 +563,9 @@ def write_baseline(records: Iterable[Record], path: Path | str) -> int:
     scratch = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     scratch.unlink(missing_ok=True)
     try:
+        if info is not None and not info.empty:
+            with open(scratch, "w", encoding="utf-8") as handle:
+                handle.write(json.dumps(info.to_json(), sort_keys=True) + "\n")
         for record in passed:
             append_record(scratch, record)
         os.replace(scratch, target)
@@ -260,6 +573,28 @@ def write_baseline(records: Iterable[Record], path: Path | str) -> int:
         scratch.unlink(missing_ok=True)
         raise
     return len(passed)
+
+
+def sessions_of(records: Iterable[Record]) -> dict[str, list[Record]]:
+    """Records by session (run id), in the order sessions first appear."""
+    grouped: dict[str, list[Record]] = {}
+    for record in records:
+        grouped.setdefault(record.run_id, []).append(record)
+    return grouped
+
+
+def keep_newest_sessions(records: Iterable[Record], cap: int) -> list[Record]:
+    """The records of the ``cap`` most recent sessions (by their last finish time)."""
+    grouped = sessions_of(records)
+
+    def finished(item: tuple[int, tuple[str, list[Record]]]) -> tuple[float, int]:
+        position, (_, group) = item
+        times = [r.finished_at or r.started_at or 0.0 for r in group]
+        return (max(times), position)
+
+    ordered = sorted(enumerate(grouped.items()), key=finished)
+    kept = {run_id for _, (run_id, _) in ordered[-cap:]} if cap > 0 else set()
+    return [record for run_id, group in grouped.items() if run_id in kept for record in group]
 
 
 # --------------------------------------------------------------------------- fingerprints
@@ -361,19 +696,40 @@ def fingerprint_differences(
 VERDICT_STATUSES = ("ok", "regressed", "improved", "insufficient")
 LENGTH_STATUSES = (*VERDICT_STATUSES, "missing_in_current", "missing_in_baseline")
 
+WITHIN_ONLY = "one-session baseline: within-session noise only"
+
 
 @dataclass(frozen=True)
 class Stats:
-    """Mean and sample std of one metric's repeats; ``std`` is None with a single sample."""
+    """One side's figures at one length.
+
+    With one session, ``mean`` and ``std`` are over its repeats (``std`` None with a single
+    sample). With several (the baseline of a history), ``mean`` is the mean of the per-session
+    means and ``std`` their spread: the between-session noise.
+    """
 
     n: int
     mean: float
     std: float | None
+    sessions: int = 1
 
     @classmethod
     def of(cls, name: str, values: list[float]) -> Stats:
         summary = summarize_values(name, values)
         return cls(n=summary.n, mean=summary.mean, std=summary.std if summary.n > 1 else None)
+
+    @classmethod
+    def of_sessions(cls, groups: Sequence[Sequence[float]]) -> Stats:
+        groups = [values for values in groups if values]
+        if len(groups) == 1:
+            return cls.of("", list(groups[0]))
+        means = [_mean(values) for values in groups]
+        return cls(
+            n=sum(len(values) for values in groups),
+            mean=_mean(means),
+            std=math.sqrt(_variance(means)),
+            sessions=len(groups),
+        )
 
 
 @dataclass(frozen=True)
@@ -386,9 +742,15 @@ class MetricVerdict:
     #: Signed relative change of the mean, current vs baseline (+ is up, whatever is worse).
     change_pct: float | None
     tolerance_pct: float
-    #: SPREAD_FACTOR standard errors in the figure's unit; None when both sides have n=1.
-    spread: float | None
+    #: The noise test; None when a side has a single sample (tolerance alone decides).
+    test: NoiseTest | None
+    level: float
     message: str
+
+    @property
+    def noise(self) -> str:
+        """``between-session``, ``within-session`` or ``tolerance-only``."""
+        return self.test.model if self.test is not None else "tolerance-only"
 
 
 @dataclass(frozen=True)
@@ -419,6 +781,9 @@ class GateReport:
     tolerances: Tolerances
     #: Non-fatal trouble while reading, e.g. corrupt baseline lines.
     problems: tuple[str, ...] = ()
+    level: float = DEFAULT_LEVEL
+    #: Sessions (run ids) among the baseline's passed records.
+    baseline_sessions: int = 1
 
     def for_length(self, length: int) -> LengthVerdict | None:
         return next((verdict for verdict in self.lengths if verdict.length == length), None)
@@ -453,7 +818,10 @@ class GateReport:
             return ", ".join(format_size(length) for length in lengths)
 
         compared = [v for v in self.lengths if not v.status.startswith("missing")]
-        headline = f"regression gate ({self.tolerances.describe()}): "
+        headline = (
+            f"regression gate ({self.tolerances.describe()}, level {self.level:g}, "
+            f"{noise_model_words(self.baseline_sessions)}): "
+        )
         if self.regressed:
             headline += (
                 f"{len(self.regressed)} of {len(compared)} lengths regressed "
@@ -472,11 +840,24 @@ class GateReport:
         return lines
 
 
+def noise_model_words(sessions: int) -> str:
+    """How the gate estimates noise for a baseline of ``sessions`` sessions."""
+    if sessions >= 2:
+        return f"{sessions} baseline sessions: between-session noise"
+    return WITHIN_ONLY
+
+
+def session_count(records: Iterable[Record]) -> int:
+    """Distinct sessions (run ids) among passed records."""
+    return len({record.run_id for record in records if record.outcome == "passed"})
+
+
 def compare(
     baseline: Iterable[Record],
     current: Iterable[Record],
     tolerances: Tolerances | None = None,
     *,
+    level: float = DEFAULT_LEVEL,
     problems: Iterable[str] = (),
 ) -> GateReport:
     """Verdicts for every length either side measured.
@@ -485,7 +866,8 @@ def compare(
     record), as in every other report.
     """
     tolerances = tolerances or Tolerances()
-    baseline_by_length = _passed_by_length(latest_records(baseline))
+    baseline_list = latest_records(baseline)
+    baseline_by_length = _passed_by_length(baseline_list)
     current_list = latest_records(current)
     current_by_length = _passed_by_length(current_list)
     attempted = Counter(record.length for record in current_list)
@@ -497,10 +879,17 @@ def compare(
             current_by_length.get(length, []),
             attempted[length],
             tolerances,
+            level,
         )
         for length in lengths
     )
-    return GateReport(lengths=verdicts, tolerances=tolerances, problems=tuple(problems))
+    return GateReport(
+        lengths=verdicts,
+        tolerances=tolerances,
+        problems=tuple(problems),
+        level=level,
+        baseline_sessions=session_count(baseline_list),
+    )
 
 
 def compare_length(
@@ -508,6 +897,8 @@ def compare_length(
     current: Iterable[Record],
     length: int,
     tolerances: Tolerances | None = None,
+    *,
+    level: float = DEFAULT_LEVEL,
 ) -> LengthVerdict:
     """The verdict at one length: what the per-length test item reports after its repeats."""
     current_here = [record for record in latest_records(current) if record.length == length]
@@ -518,6 +909,7 @@ def compare_length(
         [r for r in current_here if r.outcome == "passed"],
         len(current_here),
         tolerances or Tolerances(),
+        level,
     )
 
 
@@ -535,6 +927,7 @@ def _judge_length(
     current: list[Record],
     attempted: int,
     tolerances: Tolerances,
+    level: float = DEFAULT_LEVEL,
 ) -> LengthVerdict:
     size = format_size(length)
     if not baseline:
@@ -556,7 +949,7 @@ def _judge_length(
         tolerance = tolerances.for_metric(metric.name, length)
         if tolerance is None:
             continue
-        verdict = _judge_metric(metric, length, baseline, current, tolerance)
+        verdict = _judge_metric(metric, length, baseline, current, tolerance, level)
         if verdict is not None:
             verdicts.append(verdict)
     statuses = {verdict.status for verdict in verdicts}
@@ -575,103 +968,127 @@ def _figure_values(records: list[Record], figure: str) -> list[float]:
     return [float(value) for value in values if value is not None and math.isfinite(value)]
 
 
+def _session_values(records: list[Record], figure: str) -> list[list[float]]:
+    """The figure's values grouped by session (run id), in the order sessions first appear."""
+    by_session: dict[str, list[Record]] = {}
+    for record in records:
+        by_session.setdefault(record.run_id, []).append(record)
+    groups = [_figure_values(group, figure) for group in by_session.values()]
+    return [values for values in groups if values]
+
+
 def _judge_metric(
     metric: Metric,
     length: int,
     baseline_records: list[Record],
     current_records: list[Record],
     tolerance: float,
+    level: float = DEFAULT_LEVEL,
 ) -> MetricVerdict | None:
-    before_values = _figure_values(baseline_records, metric.figure)
+    before_groups = _session_values(baseline_records, metric.figure)
     after_values = _figure_values(current_records, metric.figure)
-    if not before_values and not after_values:
+    if not before_groups and not after_values:
         return None  # neither side records it (e.g. a prefill-only profile): nothing to judge
     where = f"{metric.label} at {format_size(length)}"
-    before = Stats.of(metric.figure, before_values) if before_values else None
+    before = Stats.of_sessions(before_groups) if before_groups else None
     after = Stats.of(metric.figure, after_values) if after_values else None
 
-    def insufficient(reason: str) -> MetricVerdict:
+    def verdict(status: str, message: str, **figures: Any) -> MetricVerdict:
         return MetricVerdict(
             metric=metric.name,
             length=length,
-            status="insufficient",
+            status=status,
             baseline=before,
             current=after,
-            change_pct=None,
+            change_pct=figures.get("change_pct"),
             tolerance_pct=tolerance,
-            spread=None,
-            message=f"{where}: not compared, {reason}",
+            test=figures.get("test"),
+            level=level,
+            message=message,
         )
 
     if before is None:
-        return insufficient(f"the baseline has no {metric.figure} figure (now n={after.n})")
+        return verdict(
+            "insufficient",
+            f"{where}: not compared, the baseline has no {metric.figure} figure (now n={after.n})",
+        )
     if after is None:
-        return insufficient(f"this run has no {metric.figure} figure (baseline n={before.n})")
+        return verdict(
+            "insufficient",
+            f"{where}: not compared, this run has no {metric.figure} figure "
+            f"(baseline n={before.n})",
+        )
     if before.mean <= 0:
-        return insufficient(f"the baseline mean is {before.mean:g}, no base for a percentage")
+        return verdict(
+            "insufficient",
+            f"{where}: not compared, the baseline mean is {before.mean:g}, "
+            "no base for a percentage",
+        )
 
-    delta = after.mean - before.mean
-    change_pct = 100.0 * delta / before.mean
-    worse_pct = change_pct if metric.higher_is_worse else -change_pct
-    spread, spread_source = _spread(before, after)
-    beyond_spread = spread is None or abs(delta) > spread
+    worse_sign = 1.0 if metric.higher_is_worse else -1.0
+    if before.sessions >= 2:
+        test: NoiseTest | None = session_test(before_groups, after_values, worse_sign)
+    elif before.n >= 2 and after.n >= 2:
+        test = welch_test(before_groups[0], after_values, worse_sign)
+    else:
+        test = None
+    change_pct = 100.0 * (after.mean - before.mean) / before.mean
+    worse_pct = worse_sign * change_pct
     beyond_tolerance = abs(change_pct) > tolerance + _PERCENT_SLACK
+    significant_worse = test is None or test.p_worse < level
+    significant_better = test is None or test.p_better < level
 
     sides = f"baseline {_describe(before, metric)}, now {_describe(after, metric)}"
     change = f"{change_pct:+.1f}%"
-    bad_sign = "+" if metric.higher_is_worse else "-"
-    signed_tolerance = f"{bad_sign}{tolerance:g}%"
-    if spread is None:
-        spread_words = "one sample per side, spread unknown: judged on tolerance alone"
+    signed_tolerance = f"{'+' if metric.higher_is_worse else '-'}{tolerance:g}%"
+    if test is None:
+        sides_of_one = (("the baseline", before), ("this run", after))
+        single = [side for side, stats in sides_of_one if stats.n == 1]
+        noise = f"n=1 on {' and '.join(single)}, spread unknown: judged on tolerance alone"
     else:
-        spread_words = "beyond run-to-run spread" + spread_source
+        noise = _test_words(test, level, worse_pct >= 0)
 
-    if beyond_tolerance and beyond_spread and worse_pct > 0:
+    if beyond_tolerance and worse_pct > 0 and significant_worse:
         status = "regressed"
         message = (
             f"{where} {metric.worse_verb}: {sides}, {change} "
-            f"(tolerance {signed_tolerance}, {spread_words})"
+            f"(tolerance {signed_tolerance}, {noise})"
         )
-    elif beyond_tolerance and beyond_spread:
+    elif beyond_tolerance and worse_pct < 0 and significant_better:
         status = "improved"
         message = (
             f"{where} {metric.better_verb}: {sides}, {change} (beyond tolerance {tolerance:g}%, "
-            f"{spread_words}); refresh the baseline so later changes are measured from here"
+            f"{noise}); refresh the baseline so later changes are measured from here"
         )
     elif beyond_tolerance:
         status = "ok"
         message = (
             f"{where} ok within noise: {sides}, {change} exceeds tolerance {signed_tolerance} "
-            f"but not the run-to-run spread ({SPREAD_FACTOR:g} standard errors = "
-            f"{spread:.{_decimals(before.mean, spread)}f} {metric.unit}{spread_source})"
+            f"but is not significant ({noise})"
         )
     else:
         status = "ok"
-        message = f"{where} ok: {sides}, {change} (tolerance {signed_tolerance})"
-    return MetricVerdict(
-        metric=metric.name,
-        length=length,
-        status=status,
-        baseline=before,
-        current=after,
-        change_pct=change_pct,
-        tolerance_pct=tolerance,
-        spread=spread,
-        message=message,
+        label = noise if test is None else _model_words(test)
+        message = f"{where} ok: {sides}, {change} (tolerance {signed_tolerance}; {label})"
+    return verdict(status, message, change_pct=change_pct, test=test)
+
+
+def _model_words(test: NoiseTest) -> str:
+    if test.model == "between-session":
+        return f"against {test.sessions} baseline sessions"
+    return WITHIN_ONLY
+
+
+def _test_words(test: NoiseTest, level: float, worse: bool) -> str:
+    """``p=0.003 < 0.01, t=4.20, df=3.1; one-session baseline: within-session noise only``."""
+    p = test.p_worse if worse else test.p_better
+    relation = "<" if p < level else ">="
+    t = test.t if worse else -test.t
+    name = "t" if test.model == "between-session" else "Welch t"
+    t_text = f"{t:.2f}" if math.isfinite(t) else ("inf" if t > 0 else "-inf")
+    return f"p={p:.2g} {relation} {level:g}, {name}={t_text}, df={test.df:.1f}; " + _model_words(
+        test
     )
-
-
-def _spread(before: Stats, after: Stats) -> tuple[float | None, str]:
-    """SPREAD_FACTOR Welch standard errors, and a note when one side's std stood in."""
-    if before.std is not None and after.std is not None:
-        error = math.sqrt(before.std**2 / before.n + after.std**2 / after.n)
-        return SPREAD_FACTOR * error, ""
-    known = before.std if before.std is not None else after.std
-    if known is None:
-        return None, ""
-    side = "baseline" if before.std is not None else "this run"
-    error = known * math.sqrt(1 / before.n + 1 / after.n)
-    return SPREAD_FACTOR * error, f", estimated from {side}'s repeats"
 
 
 def _decimals(mean: float, spread: float | None = None) -> int:
@@ -691,6 +1108,133 @@ def _exponent(value: float, digits: int) -> int:
 
 
 def _describe(stats: Stats, metric: Metric) -> str:
+    """``0.120 ± 0.001 s (n=3)``; a history: ``0.120 ± 0.004 s between 4 sessions (n=12)``."""
     decimals = _decimals(stats.mean, stats.std)
     spread = f" ± {stats.std:.{decimals}f}" if stats.std is not None else ""
-    return f"{stats.mean:.{decimals}f}{spread} {metric.unit} (n={stats.n})"
+    between = f" between {stats.sessions} sessions" if stats.sessions > 1 else ""
+    return f"{stats.mean:.{decimals}f}{spread} {metric.unit}{between} (n={stats.n})"
+
+
+# --------------------------------------------------------------------------- calibration
+
+
+@dataclass(frozen=True)
+class CalibrationRow:
+    """One length and metric over K unchanged sessions."""
+
+    length: int
+    metric: str
+    sessions: int
+    mean: float  # of the per-session means
+    #: Spread of the per-session means over their mean: the noise a gated rerun meets.
+    between_cv: float
+    #: Pooled spread of repeats inside a session over the mean; None with one repeat each.
+    within_cv: float | None
+    #: The smallest whole-percent tolerance an unchanged new session exceeds in the bad direction
+    #: with probability below the level. Session-to-session noise is taken as multiplicative:
+    #: with ``sd`` the spread of the log session means and
+    #: ``b = t(1 - level, K - 1) * sd * sqrt(1 + 1/K)``, it is ``exp(b) - 1`` where higher is
+    #: worse and ``1 - exp(-b)`` where lower is (a throughput tolerance stays below 100%);
+    #: at least 1%.
+    proposed_pct: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "length": self.length,
+            "metric": self.metric,
+            "sessions": self.sessions,
+            "mean": self.mean,
+            "between_cv": self.between_cv,
+            "within_cv": self.within_cv,
+            "proposed_pct": self.proposed_pct,
+        }
+
+
+@dataclass(frozen=True)
+class Calibration:
+    level: float
+    run_ids: tuple[str, ...]
+    rows: tuple[CalibrationRow, ...]
+
+    def tolerances(self) -> Tolerances:
+        """Per length and metric the proposed tolerance; as defaults, each metric's largest."""
+        default: dict[str, float | None] = dict(DEFAULT_TOLERANCES)
+        per_length: dict[int, dict[str, float | None]] = {}
+        for name in METRICS:
+            proposed = [row.proposed_pct for row in self.rows if row.metric == name]
+            if proposed:
+                default[name] = max(proposed)
+        for row in self.rows:
+            if row.proposed_pct != default[row.metric]:
+                per_length.setdefault(row.length, {})[row.metric] = row.proposed_pct
+        return Tolerances(default=default, per_length=per_length)
+
+    def info(self, max_sessions: int | None = None) -> BaselineInfo:
+        """The header a calibrated baseline file stores."""
+        return BaselineInfo(
+            tolerance=self.tolerances().describe(),
+            max_sessions=max_sessions,
+            calibration={
+                "level": self.level,
+                "sessions": len(self.run_ids),
+                "run_ids": list(self.run_ids),
+                "rows": [row.to_json() for row in self.rows],
+            },
+        )
+
+    def table_lines(self) -> list[str]:
+        lines = [
+            f"{'length':>8}  {'metric':<7} {'mean':>12}  {'between CV':>10}  "
+            f"{'within CV':>9}  {'tolerance':>9}"
+        ]
+        for row in self.rows:
+            metric = METRICS[row.metric]
+            within = f"{row.within_cv:.1%}" if row.within_cv is not None else "-"
+            mean = f"{row.mean:.{_decimals(row.mean)}f} {metric.unit}"
+            lines.append(
+                f"{format_size(row.length):>8}  {row.metric:<7} {mean:>12}  "
+                f"{row.between_cv:>10.1%}  {within:>9}  {row.proposed_pct:>8g}%"
+            )
+        return lines
+
+
+def calibrate(records: Iterable[Record], level: float = DEFAULT_LEVEL) -> Calibration:
+    """Between- and within-session noise per length and metric, over the sessions (run ids) of
+    ``records``, and the tolerances that keep the false-alarm rate of an unchanged rerun judged
+    on tolerance alone below ``level``."""
+    passed = [record for record in latest_records(records) if record.outcome == "passed"]
+    run_ids = tuple(sessions_of(passed))
+    if len(run_ids) < 2:
+        raise ValueError(
+            f"calibration needs two or more sessions with passed points, got {len(run_ids)}"
+        )
+    rows = []
+    for length, group in sorted(_passed_by_length(passed).items()):
+        for metric in METRICS.values():
+            groups = _session_values(group, metric.figure)
+            if len(groups) < 2:
+                continue
+            means = [_mean(values) for values in groups]
+            centre = _mean(means)
+            if min(means) <= 0:
+                continue
+            count = len(groups)
+            between_cv = math.sqrt(_variance(means)) / centre
+            within_df = sum(len(values) - 1 for values in groups)
+            within_cv = (
+                math.sqrt(
+                    math.fsum(_variance(values) * (len(values) - 1) for values in groups)
+                    / within_df
+                )
+                / centre
+                if within_df
+                else None
+            )
+            log_spread = math.sqrt(_variance([math.log(mean) for mean in means]))
+            bound = student_t_isf(level, count - 1) * log_spread * math.sqrt(1 + 1 / count)
+            ratio = math.expm1(bound) if metric.higher_is_worse else -math.expm1(-bound)
+            proposed = max(1.0, float(math.ceil(100 * ratio - 1e-9)))
+            rows.append(
+                CalibrationRow(length, metric.name, count, centre, between_cv, within_cv, proposed)
+            )
+    return Calibration(level=level, run_ids=run_ids, rows=tuple(rows))

@@ -56,10 +56,35 @@ def gpus() -> list[dict[str, Any]]:
     out = _run(["rocm-smi", "--showproductname", "--csv"])
     if out:
         lines = [ln for ln in out.strip().splitlines()[1:] if ln.strip()]
-        return [
+        found = [
             {"vendor": "amd", "name": ln.split(",")[1].strip() if "," in ln else ln} for ln in lines
         ]
+        for gpu, total in zip(found, _rocm_vram_totals(), strict=False):
+            gpu["memory_bytes"] = total
+        return found
     return []
+
+
+def _rocm_vram_totals() -> list[int]:
+    """``rocm-smi --showmeminfo vram --csv``: ``device,VRAM Total Memory (B),...`` per GPU."""
+    out = _run(["rocm-smi", "--showmeminfo", "vram", "--csv"])
+    if not out:
+        return []
+    lines = [line.split(",") for line in out.strip().splitlines() if line.strip()]
+    if not lines or "VRAM Total Memory (B)" not in lines[0]:
+        return []
+    column = lines[0].index("VRAM Total Memory (B)")
+    return [int(row[column]) for row in lines[1:] if len(row) > column and row[column].isdigit()]
+
+
+def reported_device_memory() -> tuple[int, str] | None:
+    """The smallest GPU's total memory in bytes as its driver reports it, and which tool said
+    so; None on a host without GPUs (or without the tools)."""
+    found = [gpu for gpu in gpus() if gpu.get("memory_bytes")]
+    if not found:
+        return None
+    tool = "nvidia-smi" if found[0]["vendor"] == "nvidia" else "rocm-smi"
+    return min(int(gpu["memory_bytes"]) for gpu in found), tool
 
 
 def package_version(*names: str) -> str | None:

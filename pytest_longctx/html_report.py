@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pytest_longctx.kv_plot import kv_plot_note
 from pytest_longctx.records import Record
 from pytest_longctx.report_markdown import (
     COMMAND_KEYS,
@@ -136,6 +137,9 @@ def summary_fragment(records: Iterable[Record], plot_paths: Iterable[Path | None
         for path in plot_paths
         if path is not None and Path(path).is_file()
     ]
+    note = kv_plot_note(records)
+    if note:
+        images.append(f'<p class="longctx-note">{html.escape(note)}</p>')
     return (
         f'<section class="longctx-summary"><style>{_SUMMARY_STYLE}</style>'
         "<h3>Long-context sweep (mean ± sample std over passed repeats)</h3>"

@@ -7,18 +7,23 @@ its prefix cache (a cached 8Ki prefill takes 0.1 s instead of 2.6 s on the CPU d
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import serving
-from .client import ClientConfig, CompletionClient, CompletionRequest, MeasurementError
+from . import served_model, serving
+from .client import (
+    ClientConfig,
+    CompletionClient,
+    CompletionRequest,
+    MeasurementError,
+    RequestRejectedError,
+)
 from .plan import Point
 from .prompts import LocalTokenSource, Prompt, PromptBuilder, ServerTokenSource
 from .records import Record
 from .run import Run
 from .server import ServerError, ServerInfo
-from .server_metrics import MetricsSnapshot, ServerSideView, delta
+from .server_metrics import ExpositionError, MetricsSnapshot, ServerSideView, delta
 from .timeouts import FirstTokenBudget
 
 WARMUP_PROMPT_TOKENS = 1024
@@ -26,11 +31,21 @@ WARMUP_DECODE_TOKENS = 8
 
 
 class PointFailure(AssertionError):
-    """A measurement that ran but cannot be trusted; the item fails with this message."""
+    """A measurement that did not happen or cannot be checked; the item fails with this."""
+
+
+class UnverifiedPoint(PointFailure):
+    """Measured, but the server's counters to check it against could not be read."""
+
+    def __init__(self, message: str, measurement: PointMeasurement) -> None:
+        super().__init__(message)
+        self.measurement = measurement
 
 
 @dataclass(frozen=True)
 class PointMeasurement:
+    """One point's figures and the counts its contract is checked against (test_sweep.py)."""
+
     length: int
     requested_tokens: int
     prompt_tokens: int
@@ -39,6 +54,29 @@ class PointMeasurement:
     stream_figures: dict[str, float] = field(default_factory=dict)
     server_view: dict[str, float] = field(default_factory=dict)
     prompt_build_s: float | None = None
+    #: Prompt tokens the server did not compute: the largest of ``usage``'s
+    #: ``prompt_tokens_details.cached_tokens`` and /metrics' cached and prefix-hit counters;
+    #: None when neither was readable (only with --longctx-allow-unverified).
+    cached_prompt_tokens: int | None = None
+    #: Requests the server counted between the /metrics reads around this one (1: alone).
+    server_requests: int | None = None
+    finish_reason: str | None = None
+
+    def completion_problem(self) -> str:
+        """Why the completion count is off, in the words a user can act on."""
+        asked, got = self.requested_tokens, self.completion_tokens
+        if got > asked:
+            return f"asked for {asked} completion tokens, got {got}: the server ignored max_tokens"
+        if self.finish_reason == "stop":
+            return (
+                f"asked for {asked} completion tokens, got {got}: the model stopped at an end "
+                "token, so the server ignored ignore_eos/min_tokens"
+            )
+        return (
+            f"asked for {asked} completion tokens, got {got}: the server clamped the request, "
+            f"likely prompt + max_tokens > max_model_len ({self.prompt_tokens} + {asked}); serve "
+            "with a --max-model-len of at least the prompt plus the decode length"
+        )
 
     def figures(self) -> dict[str, float]:
         figures = dict(self.stream_figures)
@@ -70,7 +108,13 @@ class PointMeasurement:
             ttft_s=record.figures.get("ttft", 0.0),
             stream_figures=dict(record.figures),
             server_view=dict(record.server_metrics),
+            cached_prompt_tokens=_cached_tokens(dict(record.server_metrics)),
+            server_requests=_whole(record.server_metrics.get("requests")),
         )
+
+
+def _whole(value: float | None) -> int | None:
+    return None if value is None else int(value)
 
 
 def client_for(server: ServerInfo) -> CompletionClient:
@@ -78,34 +122,44 @@ def client_for(server: ServerInfo) -> CompletionClient:
 
 
 def prompt_builder(run: Run, server: ServerInfo) -> PromptBuilder:
-    """The served model's tokenizer: the local copy when there is one, else the server's."""
+    """The served model's tokenizer: a local copy when there is one, else the server's own.
+
+    Local: the profile's (launched, or attached to the profile's model) or the server's model
+    folder when it is readable here. Otherwise ``/tokenize`` encodes and ``/detokenize``
+    decodes (text prompts).
+    """
     if run.prompt_builder is not None:
         return run.prompt_builder
     from .embedded import cache_root
 
     profile = run.plan.profile
-    local = server.mode == "launched" or server.model_name == (
-        profile.model.served_name or profile.model.source
-    )
-    if local:
-        source: Any = LocalTokenSource(
+    described_by = getattr(run.model, "described_by", served_model.BY_PROFILE)
+    source: Any
+    if described_by == served_model.BY_PROFILE:
+        source = LocalTokenSource(
             serving.tokenizer_location(profile, build=True),
             revision=None if profile.model.embedded_name else profile.model.revision,
             trust_remote_code=profile.model.trust_remote_code,
         )
+    elif described_by == served_model.BY_FOLDER and server.model_root:
+        source = LocalTokenSource(server.model_root, trust_remote_code=True)
     else:
         client = client_for(server)  # lives as long as the builder, for /tokenize
         source = ServerTokenSource(
             server.model_name,
             lambda text, special: client.tokenize(text, add_special_tokens=special),
+            lambda ids: client.detokenize(server.model_name, ids),
         )
     run.prompt_builder = PromptBuilder(source, cache_root() / "prompts", seed=run.settings.seed)
     return run.prompt_builder
 
 
 def build_prompt(run: Run, builder: PromptBuilder, point: Point) -> Prompt:
+    """The point's own nonce first (its index in the plan), then a readable tag."""
     tag = f"Run {run.run_id}, prompt of {point.length} tokens, pass {point.repeat}."
-    return builder.build(point.length, tag, text=run.settings.prompt_format == "text")
+    index = run.plan.points.index(point) if point in run.plan.points else len(run.plan.points)
+    nonce = builder.nonce(run.run_id, index)
+    return builder.build(point.length, tag, text=run.settings.prompt_format == "text", nonce=nonce)
 
 
 def warm_up(run: Run, server: ServerInfo) -> None:
@@ -119,7 +173,11 @@ def warm_up(run: Run, server: ServerInfo) -> None:
     with client_for(server) as client:
         builder = prompt_builder(run, server)
         for index in range(run.plan.profile.sweep.warmup_prompts):
-            prompt = builder.build(length, f"Warm-up {index + 1} of run {run.run_id}.")
+            # Nonces after the plan's points: a warm-up shares no first token with a point.
+            nonce = builder.nonce(run.run_id, len(run.plan.points) + 1 + index)
+            prompt = builder.build(
+                length, f"Warm-up {index + 1} of run {run.run_id}.", nonce=nonce
+            )
             request = CompletionRequest(
                 model=server.model_name, prompt=prompt.ids, decode_tokens=WARMUP_DECODE_TOKENS
             )
@@ -131,20 +189,36 @@ def warm_up(run: Run, server: ServerInfo) -> None:
                 raise ServerError(f"warm-up request {index + 1} failed: {exc}") from exc
 
 
-def _snapshot(client: CompletionClient) -> MetricsSnapshot | None:
-    with contextlib.suppress(Exception):
-        return MetricsSnapshot.from_text(client.metrics_text())
-    return None
+def _snapshot(client: CompletionClient) -> tuple[MetricsSnapshot | None, str | None]:
+    """A /metrics read, or None and why it failed."""
+    try:
+        return MetricsSnapshot.from_text(client.metrics_text()), None
+    except (MeasurementError, ExpositionError) as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+UNVERIFIED_HINT = (
+    "the cold-prefill and one-request checks need the server's /metrics; set "
+    "--longctx-allow-unverified to keep points without them"
+)
 
 
 def measure_point(
     run: Run, server: ServerInfo, client: CompletionClient, point: Point, prompt: Prompt
 ) -> PointMeasurement:
+    """Time one request between two /metrics reads; raise :class:`PointFailure` when the
+    measurement itself did not happen or cannot be checked. The contract (exact, cold, alone)
+    is the sweep test's to assert."""
     try:
         serving.check_alive(run)
     except ServerError as exc:
         raise PointFailure(str(exc)) from None
     decode_tokens = run.plan.decode_tokens
+    if server.max_model_len is not None and point.length + decode_tokens > server.max_model_len:
+        raise PointFailure(
+            f"the server at {server.base_url} serves at most {server.max_model_len} tokens "
+            f"(max_model_len); this point needs {point.length} + {decode_tokens} decode"
+        )
     budget = FirstTokenBudget(
         default_s=run.plan.profile.sweep.first_token_timeout_s,
         override_s=run.settings.ttft_timeout_s,
@@ -157,18 +231,28 @@ def measure_point(
         prompt=prompt.text if prompt.text is not None else prompt.ids,
         decode_tokens=decode_tokens,
     )
-    before = _snapshot(client)
+    before, why_not = _snapshot(client)
     try:
-        stream = client.measure(request, first_token_budget_s=budget_s, budget_source=source)
+        stream = client.measure(
+            request, first_token_budget_s=budget_s, budget_source=source, check_count=False
+        )
+    except RequestRejectedError as exc:
+        if exc.status_code in (401, 403):
+            raise PointFailure(str(serving.refused(run, server.base_url, exc))) from None
+        raise PointFailure(f"{type(exc).__name__}: {exc}") from None
     except MeasurementError as exc:
         try:
             serving.check_alive(run, grace_s=5.0)
         except ServerError as gone:
             raise PointFailure(f"{type(exc).__name__}: {exc}\n{gone}") from None
         raise PointFailure(f"{type(exc).__name__}: {exc}") from None
-    after = _snapshot(client)
+    after, why_not_after = _snapshot(client) if before is not None else (None, None)
     view: ServerSideView | None = delta(before, after) if before and after else None
     server_view = {**view.figures(), **view.counters()} if view is not None else {}
+    if stream.cached_prompt_tokens is not None:
+        server_view["usage_cached_prompt_tokens"] = float(stream.cached_prompt_tokens)
+    cached = _cached_tokens(server_view)
+    requests = _whole(view.requests) if view is not None else None
     result = PointMeasurement(
         length=point.length,
         requested_tokens=decode_tokens,
@@ -178,21 +262,24 @@ def measure_point(
         stream_figures=stream.figures(),
         server_view=server_view,
         prompt_build_s=prompt.build_s,
+        cached_prompt_tokens=cached,
+        server_requests=requests,
+        finish_reason=stream.finish_reason,
     )
+    if not run.settings.allow_unverified:
+        problem = why_not or why_not_after
+        if problem is None and (view is None or requests is None or cached is None):
+            problem = "the server's /metrics lacks vLLM's request and prefix-cache counters"
+        if problem is not None:
+            raise UnverifiedPoint(
+                f"this point cannot be verified: /metrics could not be read ({problem}); "
+                + UNVERIFIED_HINT,
+                result,
+            )
     return result
 
 
-def verify(point: Point, result: PointMeasurement) -> None:
-    """What makes the figures trustworthy; the item fails (its figures still recorded)."""
-    if result.prompt_tokens != point.length:
-        raise PointFailure(
-            f"the server counted {result.prompt_tokens} prompt tokens; the point sent "
-            f"{point.length}"
-        )
-    view = result.server_view
-    cached = max(view.get("cached_prompt_tokens") or 0, view.get("prefix_cache_hits") or 0)
-    if cached:
-        raise PointFailure(
-            f"the server's prefix cache served {cached:.0f} of {point.length} prompt tokens: "
-            "this is not a cold prefill"
-        )
+def _cached_tokens(view: dict[str, float]) -> int | None:
+    names = ("usage_cached_prompt_tokens", "cached_prompt_tokens", "prefix_cache_hits")
+    known = [view[name] for name in names if view.get(name) is not None]
+    return int(max(known)) if known else None

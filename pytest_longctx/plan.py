@@ -58,13 +58,14 @@ class SweepPlan:
 
 
 def build_plan(settings: Settings, profile: Profile) -> SweepPlan:
-    low = settings.from_length or 1024
+    low = settings.from_length or profile.sweep.from_length
     high = settings.to_length or profile.sweep.to_length
     lengths = tuple(powers_of_two_between(low, high))
     if not lengths:
         raise PlanError(
             f"--longctx-from/--longctx-to select no power of two between {low} and {high} tokens "
-            f"(TO {'given' if settings.to_length else f'from profile {profile.name}'}): "
+            f"(FROM {'given' if settings.from_length else f'from profile {profile.name}'}, "
+            f"TO {'given' if settings.to_length else f'from profile {profile.name}'}): "
             "expected FROM <= TO with a power of two between them"
         )
     return SweepPlan(

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from . import gate_items, hookspecs, recorder, reporting, selection, sweep
+from . import gate_items, hookspecs, recorder, reporting, selection, serving, sweep
 from .plan import SLOW_MARK, VERY_SLOW_MARK, PlanError, build_plan
 from .profiles import ProfileError, load_profile
 from .run import ResumeError, Run
-from .settings import OPTIONS, read_settings
+from .settings import OPTIONS, attach_resume_value, read_settings
+from .signals import SessionSignals
 from .stash import COMPARISONS_KEY, RUN_KEY
 
 pytest_plugins = ("pytest_longctx.fixtures",)
@@ -46,9 +47,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         dest="longctx_resume",
         metavar="RUN_ID",
-        help="continue a run (default: the latest): points with a passed record "
-        "are reported from it, everything else is measured",
+        help="continue a run: the latest, or RUN_ID given attached (--longctx-resume=RUN_ID); "
+        "points with a passed record are reported from it, everything else is measured",
     )
+
+
+def pytest_load_initial_conftests(
+    early_config: pytest.Config, parser: pytest.Parser, args: list[str]
+) -> None:
+    attach_resume_value(args)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -62,12 +69,22 @@ def pytest_configure(config: pytest.Config) -> None:
         settings = read_settings(config)
         plan = build_plan(settings, load_profile(settings.profile))
         run = Run.create(settings, plan, config.rootpath)
+        serving.check_api_key_env(run)
         gate_items.configure(run)
-    except (selection.SelectionError, ProfileError, PlanError, ResumeError) as exc:
+    except (
+        selection.SelectionError,
+        ProfileError,
+        PlanError,
+        ResumeError,
+        serving.ApiKeyError,
+    ) as exc:
         raise pytest.UsageError(str(exc)) from None
     config.stash[COMPARISONS_KEY] = comparisons
     config.stash[RUN_KEY] = run
     reporting.configure_outputs(config, run)
+    if not settings.plan_only:
+        run.signals = SessionSignals()
+        run.signals.install()
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -90,6 +107,14 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
 
 
 @pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    recorder.on_item_start(item)
+    result = yield
+    recorder.on_item_end(item)
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
     report = yield
     recorder.on_report(item, call, report)
@@ -100,12 +125,16 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
 # points go into the user's --benchmark-json) and pytest-html writes the page with the plots.
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int):
+    recorder.record_interrupted(session.config)
     reporting.finish(session.config)
     return (yield)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     sweep.shutdown(config)
+    run = config.stash.get(RUN_KEY, None)
+    if run is not None and run.signals is not None:
+        run.signals.restore()
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:

@@ -86,6 +86,12 @@ class HardwareSpec:
 
 
 @dataclass(frozen=True)
+class GateSpec:
+    #: Default ``--longctx-tolerance`` spec for this profile's gate (see gate.py).
+    tolerance: str | None = None
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     path: Path
@@ -94,6 +100,7 @@ class Profile:
     serving: ServingSpec
     sweep: SweepSpec
     hardware: HardwareSpec
+    gate: GateSpec = field(default_factory=GateSpec)
 
 
 def available_profiles() -> list[str]:
@@ -143,9 +150,9 @@ def _profile_from_toml(path: Path, data: Mapping[str, Any]) -> Profile:
             device=reader.optional("serving", "device", str) or "cuda",
             dtype=reader.optional("serving", "dtype", str) or "auto",
             kv_cache_dtype=reader.optional("serving", "kv_cache_dtype", str) or "auto",
-            tensor_parallel_size=reader.optional("serving", "tensor_parallel_size", int) or 1,
-            data_parallel_size=reader.optional("serving", "data_parallel_size", int) or 1,
-            pipeline_parallel_size=reader.optional("serving", "pipeline_parallel_size", int) or 1,
+            tensor_parallel_size=reader.number("serving", "tensor_parallel_size", int, 1, 1),
+            data_parallel_size=reader.number("serving", "data_parallel_size", int, 1, 1),
+            pipeline_parallel_size=reader.number("serving", "pipeline_parallel_size", int, 1, 1),
             attention_backend=reader.optional("serving", "attention_backend", str),
             kv_cache_memory=reader.size("serving", "kv_cache_memory"),
             gpu_memory_utilization=reader.optional("serving", "gpu_memory_utilization", float),
@@ -159,23 +166,26 @@ def _profile_from_toml(path: Path, data: Mapping[str, Any]) -> Profile:
                 str(k): str(v) for k, v in dict(serving.get("expected_versions", {})).items()
             },
             api_key_env=reader.optional("serving", "api_key_env", str),
-            startup_timeout_s=float(reader.optional("serving", "startup_timeout_s", float) or 1800),
+            startup_timeout_s=reader.number("serving", "startup_timeout_s", float, 1800.0, 1.0),
         ),
         sweep=SweepSpec(
+            # Sizes are positive or refused (parse_size), so "or" only fills in absent keys.
             from_length=reader.size("sweep", "from") or 1024,
             to_length=reader.size("sweep", "to") or 64 * 1024**2,
-            decode_tokens=reader.optional("sweep", "decode_tokens", int) or 64,
+            decode_tokens=reader.number("sweep", "decode_tokens", int, 64, 2),
             slow_from=reader.size("sweep", "slow_from"),
             very_slow_from=reader.size("sweep", "very_slow_from"),
-            warmup_prompts=reader.optional("sweep", "warmup_prompts", int) or 3,
-            first_token_timeout_s=reader.optional("sweep", "first_token_timeout_s", float)
-            or 6 * 3600.0,
+            warmup_prompts=reader.number("sweep", "warmup_prompts", int, 3, 0),
+            first_token_timeout_s=reader.number(
+                "sweep", "first_token_timeout_s", float, 6 * 3600.0, 0.001
+            ),
         ),
         hardware=HardwareSpec(
             description=str(reader.table("hardware").get("description", "")),
-            devices=reader.optional("hardware", "devices", int) or 1,
+            devices=reader.number("hardware", "devices", int, 1, 1),
             memory_per_device=reader.size("hardware", "memory_per_device"),
         ),
+        gate=GateSpec(tolerance=reader.optional("gate", "tolerance", str)),
     )
 
 
@@ -210,6 +220,17 @@ class _Reader:
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise ProfileError(
                 f"profile {self.path}: [{table}] {key} = {value!r} must be a {kind.__name__}"
+            )
+        return value
+
+    def number(self, table: str, key: str, kind: type, default: Any, minimum: Any) -> Any:
+        """A number that is honoured as written, 0 included, or refused below ``minimum``."""
+        value = self.optional(table, key, kind)
+        if value is None:
+            return default
+        if value < minimum:
+            raise ProfileError(
+                f"profile {self.path}: [{table}] {key} = {value!r} must be >= {minimum}"
             )
         return value
 

@@ -2,10 +2,13 @@
 
 A prompt is token ids taken from the tokenized corpus (cycled from a seeded offset), never
 text decoded and re-encoded: at 64Mi that is minutes and gigabytes, and random ids decoded to
-text re-tokenize to another length. The first tokens are a header naming the run, length and
-repeat, so vLLM's automatic prefix cache can never match a measured prompt's first block and
-every measured prefill is cold. The body (the costly part) is cached on disk keyed by
-tokenizer, revision, length and seed; the header is spliced in per point.
+text re-tokenize to another length. It opens with a nonce: a few tokens drawn for this run and
+point, the first of them different for every point of the run. vLLM's prefix cache matches
+whole blocks, chained from the first, and a GPU block is 16 tokens: a prompt that differs from
+its very first token shares no block with any earlier prompt, so every measured prefill is
+cold on any block size. A readable tag naming the run, length and repeat follows. The body
+(the costly part) is cached on disk keyed by tokenizer, revision, length and seed; the header
+is spliced in per point.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Protocol
 from .corpus import generate_corpus
 
 CORPUS_CHARS = 1_000_000
+NONCE_TOKENS = 4
 CORPUS_CHUNK_CHARS = 16_000  # what one /tokenize request carries when the server tokenizes
 TEXT_FIT_ATTEMPTS = 8
 
@@ -86,11 +90,13 @@ class LocalTokenSource:
 
 @dataclass
 class ServerTokenSource:
-    """The server's own ``/tokenize``, for attach mode without a local tokenizer."""
+    """The server's own ``/tokenize`` and ``/detokenize``, for a model with no local copy."""
 
     model_name: str
     #: ``tokenize(text, add_special_tokens)`` through the server's ``/tokenize``.
     tokenize: Callable[[str, bool], list[int]]
+    #: ``detokenize(ids)`` through the server's ``/detokenize``; None: text prompts refused.
+    detokenize: Callable[[Sequence[int]], str] | None = None
 
     @property
     def key(self) -> str:
@@ -109,7 +115,7 @@ class ServerTokenSource:
         return None
 
     def decode(self, ids: Sequence[int]) -> str | None:
-        return None
+        return None if self.detokenize is None else self.detokenize(ids)
 
 
 @dataclass(frozen=True, eq=False)
@@ -139,6 +145,7 @@ class PromptBuilder:
         self.seed = seed
         self.cache_dir = Path(cache_dir) / _safe(source.key)
         self._corpus: array | None = None
+        self._nonce_pool: tuple[int, ...] | None = None
 
     def corpus_ids(self) -> array:
         if self._corpus is None:
@@ -167,10 +174,33 @@ class PromptBuilder:
         _write_ids(path, ids)
         return ids
 
-    def build(self, length: int, tag: str, text: bool = False) -> Prompt:
-        """Header ``tag`` first, then the body: exactly ``length`` tokens."""
+    def nonce_pool(self) -> tuple[int, ...]:
+        """Ids that occur in natural text (no special tokens), in id order."""
+        if self._nonce_pool is None:
+            self._nonce_pool = tuple(sorted(set(self.corpus_ids())))
+        return self._nonce_pool
+
+    def nonce(self, run_key: str, index: int) -> array:
+        """``NONCE_TOKENS`` ids for point ``index`` of run ``run_key``.
+
+        The first id is the pool's entry at a run-seeded offset plus ``index``, so every point
+        of a run (indices below the pool's size) starts with its own token; the others are
+        drawn from the run key and index, so runs differ from each other as well.
+        """
+        pool = self.nonce_pool()
+        digest = hashlib.sha256(f"{run_key}:{index}".encode()).digest()
+        offset = int.from_bytes(hashlib.sha256(run_key.encode()).digest()[:8], "big")
+        ids = [pool[(offset + index) % len(pool)]]
+        for k in range(1, NONCE_TOKENS):
+            ids.append(pool[int.from_bytes(digest[4 * k : 4 * k + 4], "big") % len(pool)])
+        return array("I", ids)
+
+    def build(
+        self, length: int, tag: str, text: bool = False, nonce: Sequence[int] = ()
+    ) -> Prompt:
+        """``nonce``, then ``tag``, then the body: exactly ``length`` tokens."""
         started = time.perf_counter()
-        header = array("I", self.source.encode(f"{tag}\n"))
+        header = array("I", nonce) + array("I", self.source.encode(f"{tag}\n"))
         if len(header) >= length:
             raise PromptError(f"the header alone is {len(header)} tokens, at least {length}")
         ids = self.body(length)[:]  # a copy: the cached body stays pristine
@@ -196,6 +226,21 @@ class PromptBuilder:
                 f"prompt holds token id {max(ids)}, outside the vocabulary of {limit}"
             )
 
+    def check_text_prompts(self) -> None:
+        """Raise :class:`PromptError` unless ids can be decoded to text (text prompts)."""
+        try:
+            decoded = self.source.decode(self.corpus_ids()[:8])
+        except Exception as exc:  # noqa: BLE001 - whatever the server said, it cannot decode
+            decoded, why = None, f" ({type(exc).__name__}: {exc})"
+        else:
+            why = ""
+        if decoded is None:
+            raise PromptError(
+                "--longctx-prompt-format=text needs a tokenizer that decodes ids: the served "
+                f"model's locally, or the server's /detokenize{why}; expected "
+                "--longctx-prompt-format=ids"
+            )
+
     def _fit_text(self, ids: array, length: int) -> str:
         """Text that the served tokenizer reads as exactly ``length`` tokens.
 
@@ -205,8 +250,9 @@ class PromptBuilder:
         """
         if self.source.decode(ids[:1]) is None:
             raise PromptError(
-                "text prompts need the served model's tokenizer locally to decode ids; "
-                "use --longctx-prompt-format=ids"
+                "--longctx-prompt-format=text needs a tokenizer that decodes ids: the served "
+                "model's locally, or the server's /detokenize; expected "
+                "--longctx-prompt-format=ids"
             )
         source = ids + self.body(2 * length)[: length // 2 + 64]
         take, count = length, -1
@@ -220,16 +266,6 @@ class PromptBuilder:
             f"could not make text of exactly {length} tokens in {TEXT_FIT_ATTEMPTS} attempts "
             f"(last: {count})"
         )
-
-
-def _largest(ids: Sequence[int]) -> int:
-    """max() at C speed for the 64Mi-id arrays (Python's max boxes every element)."""
-    try:
-        import numpy
-
-        return int(numpy.frombuffer(ids, dtype=numpy.uint32).max())
-    except (ImportError, TypeError, ValueError):
-        return max(ids)
 
 
 def _read_ids(path: Path) -> array | None:

@@ -23,6 +23,46 @@ def _reason(call: pytest.CallInfo[None], report: pytest.TestReport) -> str | Non
     return report.longreprtext.strip().splitlines()[-1] if report.longreprtext else None
 
 
+def on_item_start(item: pytest.Item) -> None:
+    run = item.config.stash.get(RUN_KEY, None)
+    point = point_of(item)
+    if run is None or point is None or run.settings.plan_only or point in run.resumed:
+        return
+    run.in_flight = (item.nodeid, point, time.time())
+
+
+def on_item_end(item: pytest.Item) -> None:
+    run = item.config.stash.get(RUN_KEY, None)
+    if run is not None:
+        run.in_flight = None
+
+
+def record_interrupted(config: pytest.Config) -> None:
+    """The point a stopped session was measuring: kept as interrupted, measured on resume."""
+    run = config.stash.get(RUN_KEY, None)
+    if run is None or run.in_flight is None:
+        return
+    nodeid, point, started = run.in_flight
+    run.in_flight = None
+    if any(r.nodeid == nodeid for r in run.written):
+        return  # it reported before the interrupt reached it
+    received = run.signals.received if run.signals is not None else None
+    record = Record(
+        run_id=run.run_id,
+        nodeid=nodeid,
+        length=point.length,
+        repeat=point.repeat,
+        outcome="interrupted",
+        reason="the session was stopped during this point"
+        + (f" ({received})" if received else ""),
+        fingerprint=run.fingerprint,
+        started_at=started,
+        finished_at=time.time(),
+    )
+    run.append(record)
+    config.hook.pytest_longctx_record(config=config, record=record)
+
+
 def on_report(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport) -> None:
     config = item.config
     run = config.stash.get(RUN_KEY, None)

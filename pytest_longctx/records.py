@@ -32,7 +32,12 @@ FIGURE_UNITS: Mapping[str, str] = {
     "prompt_build": "s",
 }
 
-OUTCOMES = ("passed", "failed", "skipped", "error")
+#: ``interrupted``: the point was being measured when the session was stopped (Ctrl-C,
+#: SIGTERM, SIGHUP); it has no figures and ``--longctx-resume`` measures it again.
+#: The key of a baseline file's first line, which holds the gate's settings (gate.py).
+BASELINE_HEADER_KEY = "longctx_baseline"
+
+OUTCOMES = ("passed", "failed", "skipped", "error", "interrupted")
 
 
 @dataclass(frozen=True)
@@ -130,7 +135,10 @@ def read_records(path: Path) -> ReadResult:
             if not line.strip():
                 continue
             try:
-                records.append(Record.from_json(json.loads(line)))
+                data = json.loads(line)
+                if isinstance(data, dict) and BASELINE_HEADER_KEY in data:
+                    continue  # a baseline file's header: its settings, not a record
+                records.append(Record.from_json(data))
             except (ValueError, KeyError, TypeError) as exc:
                 problems.append(f"{path}:{lineno}: skipped a corrupt record ({exc})")
     return ReadResult(tuple(records), tuple(problems))

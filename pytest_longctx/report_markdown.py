@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from pytest_longctx.kv_plot import kv_plot_note
 from pytest_longctx.records import OUTCOMES, Record
 from pytest_longctx.sizes import format_size
 from pytest_longctx.stats import FigureSummary, LengthSummary, latest_records, summarize
@@ -263,6 +264,9 @@ def header_items(records: Sequence[Record]) -> list[tuple[str, str]]:
     for key, label in _HEADER_KEYS:
         if fingerprint.get(key) is not None:
             items.append((label, format_fingerprint_value(fingerprint[key])))
+    if fingerprint.get("unverified_points_allowed"):
+        kept = "points kept without the server's counters (--longctx-allow-unverified)"
+        items.append(("Verification", kept))
     span = _time_span(records)
     if span:
         items.append(("Measured", span))
@@ -340,6 +344,9 @@ def render_markdown(
     lines += [markdown_table(records), ""]
     for link in plot_links:
         lines += [f"![{Path(link).stem}]({link})", ""]
+    note = kv_plot_note(records)
+    if note:
+        lines += [note, ""]
     lines += ["## Points that did not pass", ""]
     lines += _non_passed_lines(records)
     lines += ["", "## How to reproduce", ""]

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-from . import capacity_plan, gate_items, html_report, plots
+from . import gate_items, html_report, plots
 from .benchmark_json import benchmark_entries, write_benchmark_json
+from .kv_plot import draw_kv_cache_plot
 from .records import Record
 from .report_markdown import render_terminal_table, write_markdown
 from .run import Run
@@ -30,24 +30,43 @@ BENCHMARK = "benchmark.json"
 REPORT_ATTRIBUTE = "longctx_record"
 
 
-def _sweep_session(config: pytest.Config) -> bool:
-    """Outputs are written for sessions that use the plugin, not every pytest run it sees."""
+def _may_run_sweep(config: pytest.Config) -> bool:
+    """Whether this session may measure points; whether it does is known after collection."""
     if config.getoption("collectonly") or config.getoption("longctx_plan", False):
         return False
-    if config.getoption("longctx_resume", None) or config.getoption("longctx_url", None):
-        return True
-    return any(config.getini(name) for name in ("longctx_profile", "longctx_to", "longctx_url"))
+    return not hasattr(config, "workerinput")
 
 
 def configure_outputs(config: pytest.Config, run: Run) -> None:
-    """Point pytest-html at the run folder unless the user chose a path (runs before it)."""
+    """Point pytest-html at the run folder unless the user chose a path (runs before it).
+
+    pytest-html makes the folder of its page when it is configured, before anything is
+    collected: :func:`drop_unused_outputs` takes the page back, and the folder with it, from a
+    session that selects no sweep point (the plugin's own unit tests, a user's other tests).
+    """
     _add_to_metadata_table(config)
-    if not _sweep_session(config) or not config.pluginmanager.hasplugin("html"):
+    if not _may_run_sweep(config) or not config.pluginmanager.hasplugin("html"):
         return
     if getattr(config.option, "htmlpath", None) is None:
         config.option.htmlpath = str(run.run_dir / HTML)
         config.option.self_contained_html = True
+        run.owns_html_page = True
     config.pluginmanager.register(HtmlTitle(_title(run)), "longctx-html-title")
+
+
+def drop_unused_outputs(config: pytest.Config, run: Run) -> None:
+    """After collection: a session with no sweep point keeps no run folder and no page."""
+    if run.selected_points or not run.owns_html_page:
+        return
+    with contextlib.suppress(ImportError):
+        from pytest_html.basereport import BaseReport
+
+        for plugin in config.pluginmanager.get_plugins():
+            if isinstance(plugin, BaseReport):
+                config.pluginmanager.unregister(plugin)
+    run.owns_html_page = False
+    with contextlib.suppress(OSError):
+        run.run_dir.rmdir()  # only when empty: never a folder holding results
 
 
 def _add_to_metadata_table(config: pytest.Config) -> None:
@@ -69,7 +88,11 @@ def describe_environment(config: pytest.Config, metadata: dict) -> None:
     revision = f" @ {profile.model.revision}" if profile.model.revision else ""
     metadata["longctx run"] = run.run_id
     metadata["longctx profile"] = f"{profile.name}: {profile.description}"
-    metadata["longctx model"] = profile.model.source + revision
+    metadata["longctx model"] = (
+        f"as {run.settings.url} serves it (see the sweep summary)"
+        if run.settings.url
+        else profile.model.source + revision
+    )
     metadata["longctx server"] = run.settings.url or "launched from the profile"
     metadata["longctx points"] = (
         f"{format_size(run.plan.lengths[0])}..{format_size(run.plan.lengths[-1])}, "
@@ -85,35 +108,6 @@ def _title(run: Run) -> str:
     return f"Long-context sweep {run.run_id} ({run.plan.profile.name})"
 
 
-def _kv_plot(run: Run):  # noqa: ANN202 - an ExtraPlot callable
-    def draw(records: list[Record], run_dir: Path) -> Path | None:
-        from . import capacity
-
-        layout = capacity_plan.layout_for(run.plan.profile)
-        if layout is None or not records:
-            return None
-        lengths = sorted({r.length for r in records})
-        fp8 = layout.with_changes(cache_dtype="fp8")
-        bf16 = layout.with_changes(cache_dtype="bfloat16")
-        model = run.plan.profile.model
-        marks = dict(model.memory_marks)
-        if not marks and model.weights_bytes:
-            marks = {"weights": model.weights_bytes, "half the weights": model.weights_bytes / 2}
-        hardware = capacity_plan.hardware_for(run.plan.profile)
-        device = hardware.kv_cache_bytes or hardware.usable_per_device_bytes
-        return capacity.plot_kv_footprint(
-            fp8,
-            bf16,
-            lengths,
-            marks,
-            run_dir / "kv_cache.png",
-            device_memory_bytes=device,
-            operating=layout,
-        )
-
-    return draw
-
-
 def finish(config: pytest.Config) -> None:
     """Runs before pytest-benchmark saves and before pytest-html writes its page."""
     run = config.stash.get(RUN_KEY, None)
@@ -121,7 +115,7 @@ def finish(config: pytest.Config) -> None:
         return
     records = run.all_records()
     with contextlib.suppress(ImportError):
-        run.plot_paths = plots.write_plots(run.run_dir, records, [_kv_plot(run)])
+        run.plot_paths = plots.write_plots(run.run_dir, records, [draw_kv_cache_plot])
     write_markdown(run.run_dir / MARKDOWN, records, title=_title(run), plots=run.plot_paths)
     write_benchmark_json(run.run_dir / BENCHMARK, records)
     write_users_benchmark_json(config)

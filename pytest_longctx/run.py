@@ -81,6 +81,15 @@ class Run:
     unfit_lengths: set[int] = field(default_factory=set)
     #: The capacity plan against the launched server's own report (capacity_plan.py).
     capacity_check: Any = None
+    #: pytest-html writes its page into the run folder because this plugin told it to.
+    owns_html_page: bool = False
+    #: The measured model as the server describes it (served_model.py), once it is known.
+    model: Any = None
+    #: The sweep item being run: (nodeid, point, unix start), recorded as interrupted if the
+    #: session is stopped before it reports.
+    in_flight: tuple[str, Point, float] | None = None
+    #: SIGTERM/SIGHUP turned into Ctrl-C for this session (signals.py).
+    signals: Any = None
 
     @classmethod
     def create(cls, settings: Settings, plan: SweepPlan, rootdir: Path) -> Run:

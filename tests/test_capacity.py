@@ -18,7 +18,6 @@ from pytest_longctx.capacity import (
     ModelConfigError,
     cache_layout,
     capacity_table,
-    cpu_block_size,
     crossover_tokens,
     fit_point,
     load_model_config,
@@ -341,7 +340,7 @@ def test_unknown_model_dtype_names_the_accepted_values():
 # --- vLLM on CPU: reported token capacity ----------------------------------------------------
 
 
-def test_cpu_llama_tiny_reports_2097152_tokens_in_1gib():
+def test_cpu_llama_tiny_holds_2097152_tokens_in_1gib_at_any_block_size():
     tiny = {
         "num_hidden_layers": 2,
         "hidden_size": 128,
@@ -352,32 +351,33 @@ def test_cpu_llama_tiny_reports_2097152_tokens_in_1gib():
     }
     layout = cache_layout(tiny)
     assert layout.kv_bytes_per_token == 2 * 2 * 1 * 64 * 2 == 512
-    assert cpu_block_size(layout) == 128
-    assert token_capacity(layout, GIB, 128) == 2_097_152
-    assert token_capacity(layout, GIB, 128, max_model_len=32_768) == 2_097_152
+    # 1 GiB / 512 B is a power of two: every power-of-two block divides it.
+    for block in (16, 32, 128):
+        assert token_capacity(layout, GIB, block) == 2_097_152
+        assert token_capacity(layout, GIB, block, max_model_len=32_768) == 2_097_152
 
 
-def test_cpu_mla_tiny_capacity_is_whole_blocks_and_the_last_block_effect():
+@pytest.mark.parametrize("block", [16, 32, 128])
+def test_cpu_mla_tiny_capacity_is_whole_blocks_and_the_last_block_effect(block: int):
+    """The block size is vLLM's choice (16 or 128 for MLA on CPU, by CPU features): the
+    capacity is whole blocks of whichever it chose, and a max_model_len that is not a multiple
+    of it wastes part of each request's last block."""
     layout = cache_layout(deepseek_v3_like(layers=2))
     per_token = 2 * 576 * 2
     assert layout.kv_bytes_per_token == per_token == 2304
-    block = cpu_block_size(layout)
-    assert block == 16
     whole_blocks = GIB // (block * per_token)
     capacity = token_capacity(layout, GIB, block)
     assert capacity == whole_blocks * block
     # Block rounding alone costs less than one block against the raw quotient ...
     assert 0 <= GIB // per_token - capacity < block
-    # ... but vLLM printed 465,812: that is more than a block lower. vLLM scales the blocks
-    # by max_model_len / (blocks per max-length request * block); with a max_model_len that is
-    # not a multiple of 16 the last block of a request is partly wasted.
-    reported = 465_812
-    assert capacity - reported > block
-    max_model_len = 17_000  # 1063 blocks of 16 per request, 8 tokens of the last one unused
-    assert token_capacity(layout, GIB, block, max_model_len=max_model_len) == reported
-    assert int(whole_blocks / -(-max_model_len // block) * max_model_len) == reported
-    # The shortfall is bounded by (block - 1) / max_model_len of the whole-block capacity.
-    assert capacity - reported <= capacity * (block - 1) / max_model_len
+    # ... a max_model_len that is a whole number of blocks costs nothing more ...
+    assert token_capacity(layout, GIB, block, max_model_len=block * 1000) == capacity
+    # ... and one that is not scales the blocks by max_model_len / (its blocks x block).
+    max_model_len = block * 1000 + 1  # 1001 blocks per request, one token of the last used
+    expected = int(whole_blocks / 1001 * max_model_len)
+    assert token_capacity(layout, GIB, block, max_model_len=max_model_len) == expected
+    assert capacity - expected > 0
+    assert capacity - expected <= capacity * (block - 1) / max_model_len + 1  # int() truncates
 
 
 def test_explicit_kv_cache_size_excludes_the_weights():
@@ -441,3 +441,62 @@ def test_kimi_test_data_uses_the_real_field_names():
     assert sorted(linear["full_attn_layers"] + linear["kda_layers"]) == list(range(1, 28))
     assert config["architectures"] == ["KimiLinearForCausalLM"]
     assert "max_position_embeddings" not in config
+
+
+# --- device memory as the driver reports it ---------------------------------------------------
+
+
+def fake_tool(folder: Path, name: str, output: str) -> None:
+    """An executable on PATH that prints what the real tool prints (its documented format)."""
+    path = folder / name
+    lines = " ".join(f"'{line}'" for line in output.splitlines())
+    path.write_text(f"#!/bin/sh\nprintf '%s\\n' {lines}\n")  # a shell builtin: PATH is bare
+    path.chmod(0o755)
+
+
+def test_the_plan_uses_the_memory_nvidia_smi_reports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pytest_longctx.capacity_plan import hardware_for
+    from pytest_longctx.profiles import load_profile
+
+    profile = load_profile("kimi-linear-h200")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no GPU tool at all: the profile's figure
+    assert hardware_for(profile).memory_per_device_bytes == 143_771 * 2**20
+    # --query-gpu=name,memory.total,driver_version --format=csv,noheader,nounits
+    fake_tool(tmp_path, "nvidia-smi", "\n".join(["NVIDIA H200 NVL, 143000, 580.159.03"] * 8))
+    assert hardware_for(profile).memory_per_device_bytes == 143_000 * 2**20
+
+
+def test_the_plan_uses_the_memory_rocm_smi_reports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pytest_longctx.capacity_plan import hardware_for
+    from pytest_longctx.hardware import reported_device_memory
+    from pytest_longctx.profiles import load_profile
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    script = tmp_path / "rocm-smi"
+    script.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in\n'
+        '  *showproductname*) printf "device,Card series\\ncard0,AMD Instinct MI355X\\n" ;;\n'
+        '  *showmeminfo*) printf "device,VRAM Total Memory (B),VRAM Total Used Memory (B)\\n'
+        'card0,309220868096,10960896\\n" ;;\n'
+        "esac\n"
+    )
+    script.chmod(0o755)
+    assert reported_device_memory() == (309_220_868_096, "rocm-smi")
+    profile = load_profile("kimi-linear-mi355x")
+    assert hardware_for(profile).memory_per_device_bytes == 309_220_868_096
+
+
+def test_the_kv_plot_calls_an_explicit_cache_a_budget_not_device_memory() -> None:
+    from pytest_longctx.profiles import load_profile
+    from pytest_longctx.served_model import describe_launched
+
+    cpu = describe_launched(load_profile("cpu-tiny")).kv_plot()
+    assert (cpu["budget_bytes"], cpu["budget_label"]) == (GIB, "KV cache budget")
+    gpu = describe_launched(load_profile("kimi-linear-mi355x")).kv_plot()
+    assert gpu["budget_label"] == "device memory"
+    assert gpu["budget_bytes"] == int(309_237_645_312 * 0.952)

@@ -35,7 +35,6 @@ def test_sweep_1ki_to_4ki_two_repeats(sweep_dir: pytest.Pytester, vllm_url: str)
         assert record.figures["server_prefill"] > 0
     fastest = {n: min(r.figures["ttft"] for r in records if r.length == n) for n in (1024, 4096)}
     assert fastest[4096] > fastest[1024], fastest
-    # the same prompt length twice in a run is two different prompts: both were cold
     assert run_folder(output).name == records[0].run_id
 
 

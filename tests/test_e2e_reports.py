@@ -506,7 +506,7 @@ def test_every_record_carries_the_schema_and_fingerprint(
         (KI, 1),
         (2 * KI, 1),
     ]
-    served = httpx.get(f"{vllm_url}/v1/models", timeout=10).json()["data"][0]["id"]
+    served = httpx.get(f"{vllm_url}/v1/models", timeout=10).json()["data"][0]
     version = httpx.get(f"{vllm_url}/version", timeout=10).json()["version"]
     for line in lines:
         assert line["schema_version"] == 1
@@ -523,11 +523,16 @@ def test_every_record_carries_the_schema_and_fingerprint(
         assert line["started_at"] < line["finished_at"]
         fingerprint = line["fingerprint"]
         assert fingerprint["profile"] == "cpu-tiny"
-        assert fingerprint["model"] == served
+        # the server serves the profile's model: the profile describes it
+        assert fingerprint["served_model_name"] == served["id"]
+        assert fingerprint["model_root"] == served["root"]
+        assert fingerprint["model"] == "embedded:tiny-llama"
+        assert fingerprint["model_described_by"] == "profile"
+        assert fingerprint["architecture"] == "LlamaForCausalLM"
         assert fingerprint["revision"]
         assert fingerprint["server_url"] == vllm_url  # attached: the URL, not a command
         assert fingerprint["vllm_version"] == version
-        assert fingerprint["hardware"]["cpu_count"] >= 1
+        assert fingerprint["hardware"]["cpu_count"] == os.cpu_count()  # this host, attached locally
         assert "--longctx-to=2Ki" in fingerprint["command_line"]
     for earlier, later in zip(lines, lines[1:], strict=False):
         assert earlier["finished_at"] <= later["started_at"]
@@ -596,7 +601,7 @@ def test_plots_are_pngs(failing_sweep: FailingSweep) -> None:
 
 
 def test_html_report_shows_the_table_columns_and_embedded_plots(
-    failing_sweep: FailingSweep,
+    failing_sweep: FailingSweep, vllm_url: str
 ) -> None:
     run_dir = failing_sweep.run_dir
     page = HtmlPage((run_dir / "report.html").read_text(encoding="utf-8"))
@@ -623,7 +628,8 @@ def test_html_report_shows_the_table_columns_and_embedded_plots(
     environment = json.loads(page.attribute("div", "data-jsonblob"))["environment"]
     assert environment["longctx run"] == run_dir.name
     assert environment["longctx profile"].startswith("cpu-tiny: ")
-    assert environment["longctx model"] == "embedded:tiny-llama"
+    # attached: the table is written before the server is asked what it serves
+    assert environment["longctx model"] == f"as {vllm_url} serves it (see the sweep summary)"
     assert environment["longctx points"] == "1Ki..2Ki, 2 repeat(s), 32 decode tokens"
     assert page.headings == [f"Long-context sweep {run_dir.name} (cpu-tiny)"]
 

@@ -3,19 +3,31 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
 from pytest_longctx.gate import (
     FINGERPRINT_KEYS,
     BaselineError,
+    BaselineInfo,
+    LevelError,
     ToleranceError,
     Tolerances,
+    calibrate,
     compare,
     compare_length,
     fingerprint_differences,
+    keep_newest_sessions,
     load_baseline,
+    load_baseline_file,
+    parse_level,
     parse_tolerances,
+    regularized_beta,
+    session_test,
+    student_t_isf,
+    student_t_sf,
+    welch_test,
     write_baseline,
 )
 from pytest_longctx.records import Record, append_record, read_records
@@ -106,8 +118,9 @@ def test_an_equal_run_passes_at_every_length():
     assert two_ki["ttft"].change_pct == pytest.approx(0.0)
     assert two_ki["ttft"].message == (
         "TTFT at 2Ki ok: baseline 0.120 ± 0.001 s (n=3), now 0.120 ± 0.001 s (n=3), "
-        "+0.0% (tolerance +10%)"
+        "+0.0% (tolerance +10%; one-session baseline: within-session noise only)"
     )
+    assert two_ki["ttft"].noise == "within-session"
 
 
 def test_a_slower_run_fails_exactly_the_slower_lengths_with_readable_messages():
@@ -127,14 +140,21 @@ def test_a_slower_run_fails_exactly_the_slower_lengths_with_readable_messages():
     two_ki = by_metric(report.for_length(2 * KI))
     assert two_ki["ttft"].status == "regressed"
     assert two_ki["ttft"].change_pct == pytest.approx(30.0)  # (0.156 - 0.120) / 0.120
-    assert two_ki["ttft"].message == (
+    # Welch: SE = sqrt(0.001^2/3 + 0.001^2/3) = 0.000816 s, t = 0.036 / 0.000816 = 44.09 on
+    # (2 * 0.001^2/3)^2 / (2 * (0.001^2/3)^2 / 2) = 4 degrees of freedom.
+    assert two_ki["ttft"].test.t == pytest.approx(44.09, abs=0.01)
+    assert two_ki["ttft"].test.df == pytest.approx(4.0)
+    assert two_ki["ttft"].message.startswith(
         "TTFT at 2Ki regressed: baseline 0.120 ± 0.001 s (n=3), now 0.156 ± 0.001 s (n=3), "
-        "+30.0% (tolerance +10%, beyond run-to-run spread)"
+        "+30.0% (tolerance +10%, p="
+    )
+    assert two_ki["ttft"].message.endswith(
+        " < 0.01, Welch t=44.09, df=4.0; one-session baseline: within-session noise only)"
     )
     assert two_ki["decode"].change_pct == pytest.approx(-30.0)  # (192.5 - 275.0) / 275.0
-    assert two_ki["decode"].message == (
+    assert two_ki["decode"].message.startswith(
         "decode throughput at 2Ki fell: baseline 275.0 ± 0.2 tok/s (n=3), "
-        "now 192.5 ± 0.2 tok/s (n=3), -30.0% (tolerance -5%, beyond run-to-run spread)"
+        "now 192.5 ± 0.2 tok/s (n=3), -30.0% (tolerance -5%, p="
     )
     # Inter-token gap is 1/throughput: 1/0.7 - 1 = +42.9%.
     assert two_ki["itl"].status == "regressed"
@@ -144,12 +164,17 @@ def test_a_slower_run_fails_exactly_the_slower_lengths_with_readable_messages():
     assert "TTFT at 8Ki regressed: baseline 0.350 ± 0.001 s (n=3), now 0.455" in eight_ki.message
     assert "+30.0% (tolerance +10%" in eight_ki.message
     assert eight_ki.message.splitlines()[0].startswith("TTFT at 8Ki regressed")
-    assert report.summary_lines()[0].endswith("2 of 4 lengths regressed (2Ki, 8Ki)")
+    assert report.summary_lines()[0] == (
+        "regression gate (ttft=10%,decode=5%,itl=10%, level 0.01, one-session baseline: "
+        "within-session noise only): 2 of 4 lengths regressed (2Ki, 8Ki)"
+    )
 
 
 def test_a_slowdown_hidden_in_run_to_run_noise_passes():
     # Baseline 0.200 ± 0.001; now 0.150/0.224/0.298: mean 0.224 (+12.0%), std 0.074.
-    # 3 * sqrt(0.001^2/3 + 0.074^2/3) = 3 * 0.04273 = 0.128 s > 0.024 s difference.
+    # SE = sqrt(0.001^2/3 + 0.074^2/3) = 0.04273 s, t = 0.024 / 0.04273 = 0.562; the now side
+    # dominates, so df = 2.0; P(T_2 > 0.562) = 0.315 (t_2 = 0.562 sits between the table's
+    # 0.289 at p=0.40 and 0.617 at p=0.30).
     current = points("now", 4 * KI, [0.150, 0.224, 0.298])
     verdict = compare_length(baseline_sweep(), current, 4 * KI, Tolerances())
 
@@ -157,11 +182,13 @@ def test_a_slowdown_hidden_in_run_to_run_noise_passes():
     assert ttft.status == "ok"
     assert verdict.status == "ok"
     assert ttft.change_pct == pytest.approx(12.0)
-    assert ttft.spread == pytest.approx(0.1282, abs=1e-4)
+    assert ttft.test.se == pytest.approx(0.04273, abs=1e-5)
+    assert ttft.test.df == pytest.approx(2.0, abs=0.01)
+    assert 0.30 < ttft.test.p_worse < 0.40
     assert ttft.message == (
         "TTFT at 4Ki ok within noise: baseline 0.200 ± 0.001 s (n=3), "
-        "now 0.224 ± 0.074 s (n=3), +12.0% exceeds tolerance +10% "
-        "but not the run-to-run spread (3 standard errors = 0.128 s)"
+        "now 0.224 ± 0.074 s (n=3), +12.0% exceeds tolerance +10% but is not significant "
+        "(p=0.32 >= 0.01, Welch t=0.56, df=2.0; one-session baseline: within-session noise only)"
     )
 
 
@@ -172,13 +199,14 @@ def test_one_wild_repeat_does_not_fail_but_a_consistent_slowdown_does():
     assert by_metric(wild)["ttft"].change_pct == pytest.approx(15.17, abs=0.01)
     assert wild.status == "ok"
 
-    # Every repeat 12% slower, spread 0.001: 0.224 vs 0.200 is 24 standard errors apart.
+    # Every repeat 12% slower, spread 0.001: 0.224 vs 0.200 is 29 Welch standard errors apart.
     steady = compare_length(baseline, points("now", 4 * KI, [0.223, 0.224, 0.225]), 4 * KI)
     assert steady.status == "regressed"
-    assert by_metric(steady)["ttft"].message == (
+    assert by_metric(steady)["ttft"].message.startswith(
         "TTFT at 4Ki regressed: baseline 0.200 ± 0.001 s (n=3), now 0.224 ± 0.001 s (n=3), "
-        "+12.0% (tolerance +10%, beyond run-to-run spread)"
+        "+12.0% (tolerance +10%, p="
     )
+    assert by_metric(steady)["ttft"].test.t == pytest.approx(29.39, abs=0.01)  # 0.024/0.000816
 
 
 def test_single_samples_fall_back_to_the_tolerance_and_say_so():
@@ -186,27 +214,43 @@ def test_single_samples_fall_back_to_the_tolerance_and_say_so():
     slower = compare_length(baseline, points("now", 4 * KI, [0.224]), 4 * KI)
     ttft = by_metric(slower)["ttft"]
     assert ttft.status == "regressed"
-    assert ttft.spread is None
+    assert ttft.test is None
+    assert ttft.noise == "tolerance-only"
     assert ttft.message == (
         "TTFT at 4Ki regressed: baseline 0.200 s (n=1), now 0.224 s (n=1), +12.0% "
-        "(tolerance +10%, one sample per side, spread unknown: judged on tolerance alone)"
+        "(tolerance +10%, n=1 on the baseline and this run, spread unknown: "
+        "judged on tolerance alone)"
     )
-    # +5% is inside the tolerance: one sample each is enough to pass.
-    close = compare_length(baseline, points("now", 4 * KI, [0.210]), 4 * KI)
-    assert by_metric(close)["ttft"].status == "ok"
+    # +5% is inside the tolerance: one sample each is enough to pass, and it says how it judged.
+    close = by_metric(compare_length(baseline, points("now", 4 * KI, [0.210]), 4 * KI))["ttft"]
+    assert close.status == "ok"
+    assert close.message.endswith(
+        "+5.0% (tolerance +10%; n=1 on the baseline and this run, spread unknown: "
+        "judged on tolerance alone)"
+    )
 
 
-def test_a_single_current_sample_borrows_the_baseline_spread():
-    # Quiet baseline (std 0.001): 3 * 0.001 * sqrt(1/3 + 1) = 0.0035 s, so 0.224 is a regression.
+def test_a_single_sample_on_one_side_is_judged_on_tolerance_alone():
+    # n=1 now against a quiet baseline: no Welch test (its df needs n >= 2 a side).
     quiet = compare_length(baseline_sweep(), points("now", 4 * KI, [0.224]), 4 * KI)
     ttft = by_metric(quiet)["ttft"]
     assert ttft.status == "regressed"
-    assert ttft.spread == pytest.approx(0.003464, abs=1e-6)
-    assert "estimated from baseline's repeats" in ttft.message
+    assert ttft.test is None
+    assert ttft.message.endswith(
+        "(tolerance +10%, n=1 on this run, spread unknown: judged on tolerance alone)"
+    )
 
-    # Noisy baseline 0.170/0.200/0.230 (std 0.030): 3 * 0.030 * 1.1547 = 0.104 s > 0.024 s.
+    # A noisy baseline does not rescue a single sample beyond the tolerance: +12.0% fails.
     noisy = points("base", 4 * KI, [0.170, 0.200, 0.230])
-    assert compare_length(noisy, points("now", 4 * KI, [0.224]), 4 * KI).status == "ok"
+    verdict = compare_length(noisy, points("now", 4 * KI, [0.224]), 4 * KI)
+    assert verdict.status == "regressed"
+    # n=1 in the baseline, three repeats now.
+    one_base = compare_length(points("base", 4 * KI, [0.200]), steady_now(), 4 * KI)
+    assert "n=1 on the baseline, spread unknown" in by_metric(one_base)["ttft"].message
+
+
+def steady_now() -> list[Record]:
+    return points("now", 4 * KI, [0.223, 0.224, 0.225])
 
 
 def test_a_change_of_exactly_the_tolerance_passes():
@@ -287,7 +331,9 @@ def test_per_length_tolerance_overrides_apply_to_their_length_only():
     assert [v.length for v in report.regressed] == [2 * KI]
     eight_ki = by_metric(report.for_length(8 * KI))["ttft"]
     assert eight_ki.tolerance_pct == 15.0
-    assert eight_ki.message.endswith("+12.0% (tolerance +15%)")
+    assert eight_ki.message.endswith(
+        "+12.0% (tolerance +15%; one-session baseline: within-session noise only)"
+    )
 
 
 def test_a_metric_switched_off_is_not_judged():
@@ -504,3 +550,284 @@ def test_unusable_baselines_name_the_file_and_the_problem(tmp_path, make, proble
     message = str(caught.value)
     assert problem in message
     assert str(path) in message
+
+
+# --------------------------------------------------------------------------- the t distribution
+
+
+@pytest.mark.parametrize(
+    ("df", "p", "critical"),
+    [
+        # One-sided critical values from a printed Student t table (three decimals).
+        (1, 0.025, 12.706),
+        (2, 0.05, 2.920),
+        (2, 0.01, 6.965),
+        (3, 0.01, 4.541),
+        (4, 0.01, 3.747),
+        (5, 0.01, 3.365),
+        (10, 0.005, 3.169),
+        (30, 0.025, 2.042),
+        (120, 0.05, 1.658),
+        (math.inf, 0.01, 2.326),
+    ],
+)
+def test_t_critical_values_match_the_table(df, p, critical):
+    assert student_t_isf(p, df) == pytest.approx(critical, abs=0.0006)
+    assert student_t_sf(critical, df) == pytest.approx(p, rel=0.003)
+
+
+@pytest.mark.parametrize("t", [-7.5, -1.0, 0.0, 0.3, 1.0, 2.5, 40.0])
+def test_t_tail_matches_the_closed_forms_of_one_two_and_three_degrees_of_freedom(t):
+    cauchy = 0.5 - math.atan(t) / math.pi
+    two = 0.5 - t / (2 * math.sqrt(2 + t * t))
+    u = t / math.sqrt(3)
+    three = 0.5 - (u / (1 + u * u) + math.atan(u)) / math.pi
+    assert student_t_sf(t, 1) == pytest.approx(cauchy, rel=1e-10, abs=1e-15)
+    assert student_t_sf(t, 2) == pytest.approx(two, rel=1e-10, abs=1e-15)
+    assert student_t_sf(t, 3) == pytest.approx(three, rel=1e-10, abs=1e-15)
+
+
+def test_regularized_beta_known_values():
+    assert regularized_beta(1, 1, 0.3) == pytest.approx(0.3)  # uniform
+    assert regularized_beta(3, 1, 0.5) == pytest.approx(0.125)  # x^a
+    assert regularized_beta(1, 4, 0.5) == pytest.approx(1 - 0.5**4)  # 1 - (1-x)^b
+    assert regularized_beta(7.5, 7.5, 0.5) == pytest.approx(0.5)  # symmetry
+    assert regularized_beta(2, 3, 0.0) == 0.0
+    assert regularized_beta(2, 3, 1.0) == 1.0
+    # Non-integer degrees of freedom lie between their integer neighbours.
+    assert student_t_sf(2.0, 3) > student_t_sf(2.0, 3.5) > student_t_sf(2.0, 4)
+
+
+@pytest.mark.parametrize(("text", "level"), [("0.01", 0.01), ("0.05", 0.05), ("1%", 0.01)])
+def test_levels_parse(text, level):
+    assert parse_level(text) == pytest.approx(level)
+
+
+@pytest.mark.parametrize("text", ["0", "0.5", "1", "5", "-0.01", "nan", "often", ""])
+def test_a_bad_level_names_the_option_and_the_form(text):
+    with pytest.raises(LevelError) as caught:
+        parse_level(text)
+    assert str(caught.value) == (
+        f"--longctx-gate-level={text}: expected a probability between 0 and 0.5, e.g. 0.01 "
+        "(a 1% one-sided false-alarm level)"
+    )
+
+
+# --------------------------------------------------------------------------- the noise tests
+
+
+def test_welch_test_worked_by_hand():
+    # Means 2 and 5; s^2/n = 1/3 and (20/3)/4 = 5/3; SE^2 = 2, t = 3 / sqrt(2) = 2.1213;
+    # df = 2^2 / ((1/3)^2 / 2 + (5/3)^2 / 3) = 4 / 0.98148 = 4.0755.
+    test = welch_test([1.0, 2.0, 3.0], [2.0, 4.0, 6.0, 8.0], worse_sign=1.0)
+    assert test.model == "within-session"
+    assert test.se == pytest.approx(math.sqrt(2))
+    assert test.t == pytest.approx(2.1213, abs=1e-4)
+    assert test.df == pytest.approx(4.0755, abs=1e-4)
+    # t_{0.05, 4} = 2.132 and t_{0.05, 4.08} a little lower: p just above 5%.
+    assert 0.04 < test.p_worse < 0.06
+    assert test.p_worse + test.p_better == pytest.approx(1.0)
+    # Lower is worse (decode throughput): the same rise is an improvement.
+    assert welch_test([1.0, 2.0, 3.0], [2.0, 4.0, 6.0, 8.0], worse_sign=-1.0).t < 0
+
+
+#: Four baseline sessions, two repeats each, session means 1.0, 1.1, 0.9 and 1.0.
+HISTORY = [[0.98, 1.02], [1.08, 1.12], [0.88, 0.92], [0.98, 1.02]]
+
+
+def test_session_test_worked_by_hand():
+    # Means' variance (0 + 0.01 + 0.01 + 0) / 3 = 0.006667; SE^2 = 0.006667 * (1 + 1/4),
+    # SE = 0.09129 s; now 1.30 against 1.00: t = 3.2863 on K - 1 = 3 degrees of freedom.
+    test = session_test(HISTORY, [1.29, 1.31], worse_sign=1.0)
+    assert test.model == "between-session"
+    assert test.sessions == 4
+    assert test.se == pytest.approx(0.091287, abs=1e-6)
+    assert test.t == pytest.approx(3.2863, abs=1e-4)
+    assert test.df == pytest.approx(3.0)
+    u = test.t / math.sqrt(3)  # closed form of the t tail at 3 df: 0.0231
+    assert test.p_worse == pytest.approx(0.5 - (u / (1 + u * u) + math.atan(u)) / math.pi)
+    assert test.p_worse == pytest.approx(0.0231, abs=1e-4)
+
+
+def test_a_run_with_fewer_repeats_than_the_baseline_sessions_adds_their_within_spread():
+    # Within-session variance 0.0008 in every session (4 df); one repeat now instead of two:
+    # + 0.0008 * (1/1 - 1/2) = 0.0004, SE^2 = 0.008333 + 0.0004, SE = 0.09345 s, and
+    # Welch-Satterthwaite df = 0.008733^2 / (0.008333^2 / 3 + 0.0004^2 / 4) = 3.289.
+    test = session_test(HISTORY, [1.30], worse_sign=1.0)
+    assert test.se == pytest.approx(0.093452, abs=1e-6)
+    assert test.df == pytest.approx(3.289, abs=1e-3)
+    # More repeats now than in the baseline: nothing is subtracted (a conservative estimate).
+    assert session_test(HISTORY, [1.29, 1.30, 1.31], worse_sign=1.0).se == pytest.approx(
+        0.091287, abs=1e-6
+    )
+
+
+def sessions_of(figures: dict[str, tuple[list[float], list[float]]], length: int = 2 * KI):
+    """Baseline records of one length, one session per run id: {run_id: (ttfts, decodes)}."""
+    return [
+        record
+        for run_id, (ttfts, decodes) in figures.items()
+        for record in points(run_id, length, ttfts, decodes)
+    ]
+
+
+#: Decode throughput at 2Ki over four unchanged sessions: it moves by ~10% between server starts
+#: (336, 302, 320 and 328 tok/s) while repeats inside a session agree within 2 tok/s.
+DRIFTING = {
+    "s1": ([0.120, 0.120], [334.0, 338.0]),
+    "s2": ([0.120, 0.120], [300.0, 304.0]),
+    "s3": ([0.120, 0.120], [318.0, 322.0]),
+    "s4": ([0.120, 0.120], [326.0, 330.0]),
+}
+
+
+def test_a_history_of_sessions_absorbs_drift_that_one_session_calls_a_regression():
+    now = points("now", 2 * KI, [0.120, 0.120], [298.0, 302.0])
+    decode_only = parse_tolerances("ttft=off,itl=off")
+
+    one = compare_length(sessions_of({"s1": DRIFTING["s1"]}), now, 2 * KI, decode_only)
+    # Against s1 alone: 300 vs 336 is -10.7%; Welch SE = sqrt(8/2 + 8/2) = 2.83, t = 12.7, 2 df.
+    decode = by_metric(one)["decode"]
+    assert one.status == "regressed"
+    assert decode.noise == "within-session"
+    assert decode.message.endswith("; one-session baseline: within-session noise only)")
+
+    history = compare_length(sessions_of(DRIFTING), now, 2 * KI, decode_only)
+    # Against the four: means 336, 302, 320, 328 -> 321.5 ± 14.55; 300 is -6.7%, beyond the 5%
+    # tolerance, but t = 21.5 / (14.55 * sqrt(1.25)) = 1.32 on 3 df: p = 0.14, noise-sized.
+    decode = by_metric(history)["decode"]
+    assert history.status == "ok"
+    assert decode.noise == "between-session"
+    assert decode.test.t == pytest.approx(1.3213, abs=1e-3)
+    assert decode.message == (
+        "decode throughput at 2Ki ok within noise: baseline 322 ± 15 tok/s between 4 sessions "
+        "(n=8), now 300 ± 3 tok/s (n=2), -6.7% exceeds tolerance -5% but is not significant "
+        "(p=0.14 >= 0.01, t=1.32, df=3.0; against 4 baseline sessions)"
+    )
+
+
+def test_a_real_slowdown_is_still_caught_against_a_history():
+    now = points("now", 2 * KI, [0.120, 0.120], [225.0, 227.0])
+    verdict = compare_length(
+        sessions_of(DRIFTING), now, 2 * KI, parse_tolerances("ttft=off,itl=off")
+    )
+    # 226 vs 321.5: -29.7%; t = 95.5 / 16.27 = 5.87 on 3 df, beyond t_{0.005, 3} = 5.841.
+    decode = by_metric(verdict)["decode"]
+    assert verdict.status == "regressed"
+    assert 0.004 < decode.test.p_worse < 0.005
+    assert decode.message.startswith(
+        "decode throughput at 2Ki fell: baseline 322 ± 15 tok/s between 4 sessions (n=8), "
+        "now 226 ± 1 tok/s (n=2), -29.7% (tolerance -5%, p=0.0049 < 0.01, t=5.87, df=3.0; "
+        "against 4 baseline sessions)"
+    )
+
+
+def test_the_level_decides_a_borderline_change():
+    # TTFT 1.30 s against the sessions of HISTORY: +30%, p = 0.0231 (worked out above).
+    baseline = sessions_of({f"s{i}": (ttfts, [250.0] * 2) for i, ttfts in enumerate(HISTORY)})
+    now = points("now", 2 * KI, [1.29, 1.31], [250.0, 250.0])
+    assert compare_length(baseline, now, 2 * KI).status == "ok"
+    assert compare_length(baseline, now, 2 * KI, level=0.05).status == "regressed"
+    report = compare(baseline, now, level=0.05)
+    assert report.baseline_sessions == 4
+    assert report.summary_lines()[0] == (
+        "regression gate (ttft=10%,decode=5%,itl=10%, level 0.05, 4 baseline sessions: "
+        "between-session noise): 1 of 1 lengths regressed (2Ki)"
+    )
+
+
+# --------------------------------------------------------------------------- histories, files
+
+
+def test_a_header_with_calibrated_tolerances_round_trips(tmp_path):
+    target = tmp_path / "baseline.jsonl"
+    info = BaselineInfo(tolerance="ttft=20%,decode=8%,itl=15%", max_sessions=6)
+    assert write_baseline(sessions_of(DRIFTING), target, info) == 8
+
+    loaded = load_baseline_file(target)
+    assert loaded.info == info
+    assert loaded.sessions == 4
+    assert loaded.tolerances() == parse_tolerances("ttft=20%,decode=8%,itl=15%")
+    assert json.loads(target.read_text().splitlines()[0]) == {
+        "longctx_baseline": 1,
+        "max_sessions": 6,
+        "tolerance": "ttft=20%,decode=8%,itl=15%",
+    }
+    # A file without a header stores no tolerances: the gate falls back to its other sources.
+    write_baseline(sessions_of(DRIFTING), target)
+    assert load_baseline_file(target).tolerances() is None
+
+
+@pytest.mark.parametrize(
+    ("header", "problem"),
+    [
+        ({"longctx_baseline": 1, "tolerance": "ttft=fast"}, "stores a bad tolerance"),
+        ({"longctx_baseline": 9}, "has version 9; this reader knows 1"),
+        ({"longctx_baseline": 1, "max_sessions": 0}, "expected a whole number >= 1"),
+    ],
+)
+def test_a_bad_header_is_an_error_naming_the_file_and_line(tmp_path, header, problem):
+    target = tmp_path / "baseline.jsonl"
+    write_lines(target, json.dumps(header), *(json.dumps(r.to_json()) for r in baseline_sweep()))
+    with pytest.raises(BaselineError) as caught:
+        load_baseline_file(target)
+    assert f"baseline {target}:1: header" in str(caught.value)
+    assert problem in str(caught.value)
+
+
+def test_keep_newest_sessions_drops_the_oldest():
+    records = []
+    for age, run_id in enumerate(["old", "middle", "new"]):
+        for record in points(run_id, KI, [0.1, 0.1]):
+            shift = 1000.0 * age
+            records.append(Record(**{**vars(record), "finished_at": record.finished_at + shift}))
+    kept = keep_newest_sessions(records, 2)
+    assert [r.run_id for r in kept] == ["middle", "middle", "new", "new"]
+    assert len(keep_newest_sessions(records, 5)) == 6
+
+
+# --------------------------------------------------------------------------- calibration
+
+
+def test_calibration_reports_both_spreads_and_proposes_tolerances_at_the_level():
+    # 1Ki: TTFT session means 1.0, 1.1, 0.9 (between CV 10%), repeats ±0.01 (within CV 1.41%),
+    # decode 250, 275, 225 tok/s (the same ratios); 2Ki: TTFT 0.20, 0.21, 0.19, decode steady.
+    records = []
+    for run_id, (one, two, rate) in {
+        "a": (1.0, 0.20, 250.0),
+        "b": (1.1, 0.21, 275.0),
+        "c": (0.9, 0.19, 225.0),
+    }.items():
+        records += points(run_id, KI, [one - 0.01, one + 0.01], [rate, rate])
+        records += points(run_id, 2 * KI, [two - 0.001, two + 0.001], [250.0, 250.0])
+    calibration = calibrate(records, level=0.01)
+
+    rows = {(row.length, row.metric): row for row in calibration.rows}
+    assert calibration.run_ids == ("a", "b", "c")
+    assert rows[(KI, "ttft")].between_cv == pytest.approx(0.10)
+    assert rows[(KI, "ttft")].within_cv == pytest.approx(0.01 * math.sqrt(2))
+    assert rows[(2 * KI, "ttft")].between_cv == pytest.approx(0.05)
+    # The proposal works on log session means: sd of ln(1.0, 1.1, 0.9) = 0.10038, and with
+    # t_{0.01, 2} = 6.965, b = 6.965 * 0.10038 * sqrt(1 + 1/3) = 0.8072. TTFT (higher is
+    # worse): e^b - 1 = 124.2% -> 125%. Decode (lower is worse): 1 - e^-b = 55.4% -> 56%, below
+    # 100% however noisy. ITL is 1/decode: 125% again.
+    assert rows[(KI, "ttft")].proposed_pct == 125
+    assert rows[(KI, "decode")].proposed_pct == 56
+    assert rows[(KI, "itl")].proposed_pct == 125
+    # 2Ki TTFT: sd of ln(0.20, 0.21, 0.19) = 0.05005, b = 0.4025, e^b - 1 = 49.6% -> 50%.
+    assert rows[(2 * KI, "ttft")].proposed_pct == 50
+    assert rows[(2 * KI, "decode")].between_cv == 0.0
+    assert rows[(2 * KI, "decode")].proposed_pct == 1  # never below 1%
+    assert calibration.tolerances().describe() == (
+        "ttft=125%,decode=56%,itl=125%,2Ki:ttft=50%,2Ki:decode=1%,2Ki:itl=1%"
+    )
+    # A looser level asks for less: t_{0.05, 2} = 2.920, b = 0.3384, e^b - 1 = 40.3% -> 41%.
+    assert calibrate(records, level=0.05).tolerances().for_metric("ttft", KI) == 41
+    header = calibration.info(max_sessions=10).to_json()
+    assert header["calibration"]["level"] == 0.01
+    assert header["calibration"]["sessions"] == 3
+
+
+def test_calibration_needs_two_sessions():
+    with pytest.raises(ValueError, match="two or more sessions with passed points, got 1"):
+        calibrate(points("only", KI, [0.1, 0.1]))

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from fake_vllm import FakeVLLM
-from longctx_testing import SWEEP_TEST, records_of
+from longctx_testing import SWEEP_TEST, records_of, run_folder
 
 
 @pytest.fixture
@@ -52,10 +52,16 @@ def test_reported_figures_match_the_injected_timing(session) -> None:  # noqa: A
     result, records = session("-m", "len==1Ki", first_token_delay_s=0.3, token_delay_s=0.02)
     result.assert_outcomes(passed=1)
     (record,) = records
-    # TTFT = 0.3 s injected + request handling; decode = 1 / 0.02 s = 50 tok/s
-    assert 0.3 <= record.figures["ttft"] < 0.45, record.figures
-    assert record.figures["decode_throughput"] == pytest.approx(50, rel=0.15)
-    assert record.figures["itl_median"] == pytest.approx(0.02, rel=0.25)
+    # What holds on any machine, however loaded (closeness: test_accuracy.py): the fake writes
+    # token i no earlier than 0.3 + i * 0.02 s after reading the request, the client's clock
+    # starts before that read and stops after the write.
+    figures = record.figures
+    assert figures["ttft"] >= figures["server_ttft"] >= 0.3, figures
+    # the 8th token arrives 7 gaps after the first, before [DONE] and after its schedule
+    last_token = figures["ttft"] + 7 / figures["decode_throughput"]
+    assert 0.3 + 7 * 0.02 <= last_token <= figures["e2e"], figures
+    assert figures["itl_median"] <= figures["itl_p90"] <= figures["itl_max"]
+    assert figures["decode_throughput"] >= 1 / figures["itl_max"]  # the mean gap <= the max
     assert (record.prompt_tokens, record.completion_tokens) == (1024, 8)
 
 
@@ -84,8 +90,8 @@ def test_truncated_stream(session) -> None:  # noqa: ANN001
 def test_clamped_completion_is_caught(session) -> None:  # noqa: ANN001
     result, records = session("-m", "len==1Ki", tokens=3)
     result.assert_outcomes(failed=1)
-    assert "CompletionCountError" in records[0].reason
-    assert "asked for 8" in records[0].reason
+    assert "asked for 8 completion tokens, got 3: the server clamped" in records[0].reason
+    assert records[0].figures["ttft"] > 0  # what was measured is kept with the failure
 
 
 def test_prompt_longer_than_the_servers_limit(session) -> None:  # noqa: ANN001
@@ -102,6 +108,52 @@ def test_a_prefix_cache_hit_is_not_a_cold_measurement(session) -> None:  # noqa:
     assert records[0].figures["ttft"] > 0  # what was measured is kept with the failure
 
 
+def test_a_cache_hit_reported_only_in_usage_is_caught(session) -> None:  # noqa: ANN001
+    """Production reads ``usage.prompt_tokens_details.cached_tokens`` as well as /metrics."""
+    result, records = session(
+        "-m", "len==1Ki", cached_prompt_tokens=256, cached_tokens_in_metrics=False
+    )
+    result.assert_outcomes(failed=1)
+    assert "prefix cache served 256 of 1024 prompt tokens" in records[0].reason
+    assert records[0].server_metrics["usage_cached_prompt_tokens"] == 256
+    assert records[0].server_metrics["prefix_cache_hits"] == 0
+
+
+def test_unreadable_metrics_fail_the_point_unless_allowed(session) -> None:  # noqa: ANN001
+    result, records = session("-m", "len==1Ki", metrics_status=404)
+    result.assert_outcomes(failed=1)
+    assert "this point cannot be verified: /metrics could not be read" in records[0].reason
+    assert "--longctx-allow-unverified" in records[0].reason
+    assert records[0].figures["ttft"] > 0
+
+
+def test_allowed_unverified_points_pass_and_say_so(session, pytester) -> None:  # noqa: ANN001
+    result, records = session("-m", "len==1Ki", "--longctx-allow-unverified", metrics_status=404)
+    result.assert_outcomes(passed=1)
+    assert records[0].fingerprint["unverified_points_allowed"] is True
+    assert "requests" not in records[0].server_metrics
+    report = run_folder(pytester.path / "reports") / "report.md"
+    assert "- Verification: points kept without the server's counters" in report.read_text()
+
+
+def test_an_unset_api_key_variable_is_a_usage_error(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("NO_SUCH_KEY_VAR", raising=False)
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    result = pytester.runpytest("--longctx-api-key-env=NO_SUCH_KEY_VAR")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["*--longctx-api-key-env=NO_SUCH_KEY_VAR: $NO_SUCH_KEY_VAR is not set*"]
+    )
+
+
+def test_another_clients_request_during_the_point_fails_it(session) -> None:  # noqa: ANN001
+    result, records = session("-m", "len==1Ki", other_requests=2)
+    result.assert_outcomes(failed=1)
+    assert "the server served 3 requests during this point" in records[0].reason
+
+
 def test_the_api_key_is_sent_and_never_shown(session, monkeypatch) -> None:  # noqa: ANN001
     monkeypatch.setenv("FAKE_KEY", "sk-fake-4242")
     result, records = session(
@@ -114,3 +166,22 @@ def test_the_api_key_is_sent_and_never_shown(session, monkeypatch) -> None:  # n
     result.assert_outcomes(failed=1)
     assert "sk-fake-4242" not in result.stdout.str()
     assert "sk-fake-4242" not in records[0].reason
+
+
+def test_text_prompts_through_the_servers_detokenize(session) -> None:  # noqa: ANN001
+    """No local tokenizer (the fake's model is no profile's): /tokenize and /detokenize."""
+    result, records = session("-m", "len==1Ki", "--longctx-prompt-format=text")
+    result.assert_outcomes(passed=1)
+    assert records[0].prompt_tokens == 1024
+
+
+def test_text_prompts_without_detokenize_are_one_usage_error(
+    session, fake_vllm: FakeVLLM  # noqa: ANN001
+) -> None:
+    fake_vllm.configure(detokenize=False)
+    result, _ = session("--longctx-to=4Ki", "--longctx-prompt-format=text")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stdout.fnmatch_lines(
+        ["*--longctx-prompt-format=text needs a tokenizer that decodes ids*"
+         "expected --longctx-prompt-format=ids*"]
+    )

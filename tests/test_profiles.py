@@ -287,3 +287,58 @@ def test_reference_profile_reproduces_the_studys_capacity_figures() -> None:
         1024,
     )
     assert not bf16.fits and "fp8" in bf16.reason.lower()
+
+
+def write_profile(directory: Path, **changes: str) -> Path:
+    """cpu-tiny with some lines replaced, as a user's own profile file."""
+    text = (Path(load_profile("cpu-tiny").path)).read_text()
+    for old, new in changes.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    path = directory / "mine.toml"
+    path.write_text(text)
+    return path
+
+
+def test_zero_warmup_prompts_is_honoured(tmp_path: Path) -> None:
+    path = write_profile(
+        tmp_path,
+        **{"first_token_timeout_s = 600": "warmup_prompts = 0\nfirst_token_timeout_s = 600"},
+    )
+    assert load_profile(str(path)).sweep.warmup_prompts == 0
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        ("decode_tokens = 32", "decode_tokens = 0", "[sweep] decode_tokens = 0 must be >= 2"),
+        (
+            "tensor_parallel_size = 1",
+            "tensor_parallel_size = 0",
+            "[serving] tensor_parallel_size = 0 must be >= 1",
+        ),
+        ('from = "1Ki"', "from = 0", "[sweep] from: 0 is not a positive length"),
+        ("devices = 1", "devices = 0", "[hardware] devices = 0 must be >= 1"),
+    ],
+)
+def test_a_zero_that_cannot_work_is_refused(
+    tmp_path: Path, old: str, new: str, message: str
+) -> None:
+    path = write_profile(tmp_path, **{old: new})
+    with pytest.raises(ProfileError) as caught:
+        load_profile(str(path))
+    assert message in str(caught.value)
+
+
+def test_the_profiles_sweep_from_is_honoured(pytester: pytest.Pytester) -> None:
+    path = write_profile(pytester.path, **{'from = "1Ki"': 'from = "4Ki"'})
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    result = pytester.runpytest("--collect-only", "-q", f"--longctx-profile={path}")
+    result.stdout.fnmatch_lines(
+        [
+            "test_sweep.py::test_prefill_decode[[]len=4Ki-rep=0[]]",
+            "test_sweep.py::test_prefill_decode[[]len=8Ki-rep=0[]]",
+            "test_sweep.py::test_prefill_decode[[]len=16Ki-rep=0[]]",
+        ]
+    )
+    assert "len=2Ki" not in result.stdout.str()

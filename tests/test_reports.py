@@ -152,7 +152,13 @@ def test_summaries_are_sorted_by_length_with_outcome_counts_and_reasons():
     summaries = summarize(records)
     assert [s.length for s in summaries] == [KI, 2 * KI, 4 * KI]
     first = summaries[0]
-    assert dict(first.outcomes) == {"passed": 1, "failed": 0, "skipped": 1, "error": 1}
+    assert dict(first.outcomes) == {
+        "passed": 1,
+        "failed": 0,
+        "skipped": 1,
+        "error": 1,
+        "interrupted": 0,
+    }
     assert first.n == 1
     assert [r.reason for r in first.non_passed] == ["beyond max-model-len", "server died"]
     # A length with no passed record has counts but no figures.
@@ -660,3 +666,29 @@ def test_rebuild_reports_returns_every_written_path(tmp_path):
     assert all(path.is_file() for path in paths)
     markdown = (tmp_path / "report.md").read_text()
     assert "![ttft](ttft.png)" in markdown and "![decode](decode.png)" in markdown
+
+
+def test_the_report_command_draws_the_kv_plot_the_session_drew(tmp_path, capsys):
+    """The KV plot is drawn from what the records say about the served model."""
+    from pytest_longctx.profiles import load_profile
+    from pytest_longctx.served_model import describe_launched
+
+    described = {**FINGERPRINT, **describe_launched(load_profile("cpu-tiny")).fingerprint()}
+    run_dir = tmp_path / "run-a"
+    for length in (KI, 2 * KI):
+        append_record(run_dir / "results.jsonl", record(length, 0, ttft=0.1, fingerprint=described))
+    assert main(["report", str(run_dir)]) == 0
+    plot = run_dir / "kv_cache.png"
+    assert plot.read_bytes().startswith(PNG_SIGNATURE)
+    assert "![kv_cache](kv_cache.png)" in (run_dir / "report.md").read_text()
+
+
+def test_a_model_nothing_describes_gets_a_line_instead_of_a_kv_plot(tmp_path):
+    unknown = {**FINGERPRINT, "kv_plot": {"unavailable": "the server serves 'x' (no root)"}}
+    run_dir = tmp_path / "run-a"
+    append_record(run_dir / "results.jsonl", record(KI, 0, ttft=0.1, fingerprint=unknown))
+    assert main(["report", str(run_dir)]) == 0
+    assert not (run_dir / "kv_cache.png").exists()
+    note = "KV-cache plot not drawn: the server serves 'x' (no root)"
+    assert note in (run_dir / "report.md").read_text()
+    assert note.replace("'", "&#x27;") in (run_dir / "report.html").read_text()

@@ -60,4 +60,26 @@ def test_resume_with_the_same_profile_reports_from_the_record(earlier_run) -> No
         "-m",
         "len==1Ki",
     )
-    result.assert_outcomes(passed=1)  # no server: the point is reported from its record
+    result.assert_outcomes(passed=1)
+    # Reported from its record: nothing measured (no server exists for this profile here),
+    # nothing appended, and the recorded TTFT is what the reports show.
+    assert len((run_dir / "results.jsonl").read_text().splitlines()) == 1
+    assert "server.log" not in {p.name for p in run_dir.iterdir()}
+    assert "| 1Ki | 1,024 | 1 | 0.10 |" in (run_dir / "report.md").read_text()
+
+
+def test_the_bare_resume_flag_never_takes_the_next_argument(earlier_run) -> None:  # noqa: ANN001
+    """``--longctx-resume test_sweep.py``: resume the latest run, collect only that file."""
+    pytester, run_dir = earlier_run
+    (pytester.path / "reports" / "latest").symlink_to(run_dir.name)
+    pytester.makepyfile(test_other="def test_not_selected():\n    assert False\n")
+    result = pytester.runpytest(
+        "-p",
+        "no:cacheprovider",
+        "--longctx-output=reports",
+        "--longctx-profile=kimi-linear-mi355x",
+        "--longctx-to=1Ki",
+        "--longctx-resume",
+        "test_sweep.py",
+    )
+    result.assert_outcomes(passed=1)  # test_other.py, had it been collected, would fail

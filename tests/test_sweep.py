@@ -6,14 +6,27 @@ Select lengths like any tests: ``pytest -m "len<=1Mi"``, ``pytest --longctx-to=6
 
 
 def test_prefill_decode(longctx_point, longctx_prompt, longctx_measure):
-    # Before the run: the tokenized prompt is exactly the target length.
-    assert longctx_prompt.token_count == longctx_point.length
-
+    """What makes a point's figures true: the whole contract, in one place."""
+    length = longctx_point.length
     result = longctx_measure(longctx_prompt)
 
-    # After the run: the server read every prompt token, and decode produced the asked output.
-    assert result.prompt_tokens == longctx_point.length
-    assert result.completion_tokens == result.requested_tokens
+    # Exact: the server read exactly the point's prompt ...
+    assert result.prompt_tokens == length, (
+        f"the server counted {result.prompt_tokens} prompt tokens; the point sent {length}"
+    )
+    # ... and generated exactly the decode length (vLLM clamps it silently at max_model_len).
+    assert result.completion_tokens == result.requested_tokens, result.completion_problem()
+    # Cold: its prefix cache served none of the prompt (usage and /metrics both say so).
+    assert not result.cached_prompt_tokens, (
+        f"the server's prefix cache served {result.cached_prompt_tokens} of {length} prompt "
+        "tokens: this is not a cold prefill"
+    )
+    # Alone: nobody else's request ran on the server while this one was timed (None only
+    # with --longctx-allow-unverified, when the server's counters cannot be read).
+    assert result.server_requests in (1, None), (
+        f"the server served {result.server_requests} requests during this point: its TTFT "
+        "is not this request's alone"
+    )
 
 
 def test_regression(longctx_regression_length, longctx_gate):

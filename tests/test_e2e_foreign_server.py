@@ -1,0 +1,95 @@
+"""Against a server unlike the embedded one: another architecture, a tokenizer that splits text
+finely, and a KV block of 32 tokens (a GPU's default is 16), attached by URL.
+
+Cold: every point is a cold prefill on that block size. Alone: a point another client's
+request shared the server with fails. True: the records describe the model that was served,
+not the profile's.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from longctx_testing import fine_grained_qwen_spec, records_of, run_folder, run_session
+
+from pytest_longctx.embedded import default_models_dir
+
+pytestmark = pytest.mark.vllm
+
+#: The readable tag every prompt of a run used to open with.
+OLD_HEADER = "Run 20261130T120000Z-0a1b2c, prompt of 1024 tokens, pass 0.\n"
+
+#: Another client's request between the /metrics reads around each measured one.
+SECOND_CLIENT = """
+import httpx
+from pytest_longctx import client
+
+measure = client.CompletionClient.measure
+
+def measure_beside_another_client(self, request, *args, **kwargs):
+    if request.decode_tokens == 32:  # the measured points, not the warm-up
+        httpx.post(
+            self.base_url + "/v1/completions",
+            json={"model": request.model, "prompt": [5, 6, 7, 8], "max_tokens": 2},
+            timeout=120,
+        ).raise_for_status()
+    return measure(self, request, *args, **kwargs)
+
+client.CompletionClient.measure = measure_beside_another_client
+"""
+
+
+def test_every_point_is_cold_on_a_32_token_block(
+    sweep_dir: pytest.Pytester, foreign_model_url: str
+) -> None:
+    from transformers import AutoTokenizer
+
+    folder = default_models_dir() / fine_grained_qwen_spec().folder_name
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    # The premise: with this tokenizer the run-wide words alone fill a 32-token block.
+    assert len(tokenizer(OLD_HEADER, add_special_tokens=False)["input_ids"]) > 32
+
+    result, output = run_session(
+        sweep_dir, "--longctx-to=4Ki", "--longctx-repeats=2", url=foreign_model_url
+    )
+    result.assert_outcomes(passed=6)
+    for record in records_of(output):
+        assert record.server_metrics["prefix_cache_hits"] == 0, record
+        assert record.server_metrics["prefix_cache_queries"] >= record.length
+        assert record.server_metrics["requests"] == 1
+
+
+def test_another_clients_request_during_a_point_fails_it(
+    sweep_dir: pytest.Pytester, foreign_model_url: str
+) -> None:
+    sweep_dir.makeconftest(SECOND_CLIENT)
+    result, output = run_session(sweep_dir, "--longctx-to=2Ki", url=foreign_model_url)
+    result.assert_outcomes(failed=2)
+    for record in records_of(output):
+        assert "the server served 2 requests during this point" in record.reason
+        assert record.figures["ttft"] > 0  # the figures are kept with the failure
+
+
+def test_the_records_describe_the_served_model_not_the_profile(
+    sweep_dir: pytest.Pytester, foreign_model_url: str
+) -> None:
+    """Attached with the default profile (cpu-tiny: a Llama) to a Qwen2 server."""
+    folder = default_models_dir() / fine_grained_qwen_spec().folder_name
+    result, output = run_session(sweep_dir, "-m", "len==1Ki", url=foreign_model_url)
+    result.assert_outcomes(passed=1)
+    (record,) = records_of(output)
+    fingerprint = record.fingerprint
+    assert fingerprint["profile"] == "cpu-tiny"
+    assert fingerprint["served_model_name"] == "tiny-qwen-fine"
+    assert fingerprint["model"] == str(folder)
+    assert fingerprint["model_described_by"] == "the server's model folder"
+    assert fingerprint["revision"] == folder.name  # the generated folder is named by its spec
+    assert fingerprint["architecture"] == "Qwen2ForCausalLM"
+    assert fingerprint["kv_plot"]["config"]["model_type"] == "qwen2"
+    assert fingerprint["kv_plot"]["cache_dtype"] == "auto"
+    assert fingerprint["vllm_version"]
+    assert fingerprint["max_model_len"] == 40_000
+    run_dir = run_folder(output)
+    assert (run_dir / "kv_cache.png").is_file()
+    assert "llama" not in json.dumps(fingerprint).lower()
