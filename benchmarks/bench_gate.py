@@ -27,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pytest_longctx.core.records import Record  # noqa: E402
 from pytest_longctx.gate import (  # noqa: E402
     DEFAULT_LEVEL,
     DEFAULT_TOLERANCES,
@@ -34,7 +35,6 @@ from pytest_longctx.gate import (  # noqa: E402
     parse_level,
     parse_tolerances,
 )
-from pytest_longctx.records import Record  # noqa: E402
 
 LENGTH = 4096
 MEAN_TTFT = 0.200

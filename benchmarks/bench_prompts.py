@@ -17,9 +17,9 @@ import time
 import tracemalloc
 from pathlib import Path
 
-from pytest_longctx.embedded import ensure_embedded_model
-from pytest_longctx.prompts import LocalTokenSource, PromptBuilder
-from pytest_longctx.sizes import format_size, parse_size
+from pytest_longctx.core.sizes import format_size, parse_size
+from pytest_longctx.measure.prompts import LocalTokenSource, PromptBuilder
+from pytest_longctx.serving.embedded import ensure_embedded_model
 
 
 def measure(builder: PromptBuilder, length: int, tag: str) -> tuple[float, float]:

@@ -30,6 +30,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = ROOT / ".venv" / "bin" / "python"
 
+#: Where each target's code lives, under pytest_longctx/.
+FILES: dict[str, tuple[str, ...]] = {
+    "client": (
+        "measure/client/events.py",
+        "measure/client/result.py",
+        "measure/client/watchdog.py",
+        "measure/client/transport.py",
+        "measure/client/client.py",
+    ),
+    "stats": ("core/stats.py",),
+    "timeouts": ("measure/timeouts.py",),
+    "sizes": ("core/sizes.py",),
+}
+
 #: module -> (functions to mutate, None for all; the fast tests that cover it)
 TARGETS: dict[str, tuple[tuple[str, ...] | None, tuple[str, ...]]] = {
     "client": (
@@ -93,6 +107,7 @@ _BOOL = {ast.And: ast.Or, ast.Or: ast.And}
 @dataclass(frozen=True)
 class Mutant:
     module: str
+    file: str  # under pytest_longctx/
     function: str
     line: int
     description: str
@@ -173,8 +188,14 @@ def mutants(module: str, only_functions: tuple[str, ...] = ()) -> list[Mutant]:
     names, _ = TARGETS[module]
     if only_functions:
         names = tuple(n for n in (names or only_functions) if n in only_functions)
-    path = ROOT / "pytest_longctx" / f"{module}.py"
-    pristine = ast.parse(path.read_text())
+    result = []
+    for file in FILES[module]:
+        result += _file_mutants(module, file, names)
+    return result
+
+
+def _file_mutants(module: str, file: str, names: tuple[str, ...] | None) -> list[Mutant]:
+    pristine = ast.parse((ROOT / "pytest_longctx" / file).read_text())
     result = []
     for function in _functions(pristine, names):
         for site_index, (node, _kind) in enumerate(_sites(function)):
@@ -187,7 +208,7 @@ def mutants(module: str, only_functions: tuple[str, ...] = ()) -> list[Mutant]:
             description = _mutate(tree, twin_node, twin_kind)
             line = getattr(node, "lineno", function.lineno)
             result.append(
-                Mutant(module, function.name, line, description, ast.unparse(tree) + "\n")
+                Mutant(module, file, function.name, line, description, ast.unparse(tree) + "\n")
             )
     return result
 
@@ -214,12 +235,12 @@ def run(selected: list[str], timeout_s: float, functions: tuple[str, ...] = ()) 
         _copy_repository(work)
         for module in selected:
             _, tests = TARGETS[module]
-            path = work / "pytest_longctx" / f"{module}.py"
-            original = path.read_text()
             module_mutants = mutants(module, functions)
             started = time.perf_counter()
             print(f"== {module}: {len(module_mutants)} mutants, tests: {' '.join(tests)}")
             for mutant in module_mutants:
+                path = work / "pytest_longctx" / mutant.file
+                original = path.read_text()
                 path.write_text(mutant.source)
                 try:
                     outcome = subprocess.run(

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from . import gate_items, hookspecs, recorder, reporting, selection, serving, sweep
-from .plan import SLOW_MARK, VERY_SLOW_MARK, PlanError, build_plan
-from .profiles import ProfileError, load_profile
-from .run import ResumeError, Run
-from .settings import OPTIONS, attach_resume_value, read_settings
-from .signals import SessionSignals
-from .stash import COMPARISONS_KEY, RUN_KEY
+from pytest_longctx.plan.sweep import SLOW_MARK, VERY_SLOW_MARK, PlanError, build_plan
+from pytest_longctx.serving.profiles import ProfileError, load_profile
+from pytest_longctx.session import gate_items, hookspecs, recorder, selection
+from pytest_longctx.session import items as sweep
+from pytest_longctx.session import outputs as reporting
+from pytest_longctx.session import server as serving
+from pytest_longctx.session.run import ResumeError, Run
+from pytest_longctx.session.settings import OPTIONS, attach_resume_value, read_settings
+from pytest_longctx.session.signals import SessionSignals
+from pytest_longctx.session.stash import COMPARISONS_KEY, RUN_KEY
 
-pytest_plugins = ("pytest_longctx.fixtures",)
+pytest_plugins = ("pytest_longctx.session.fixtures",)
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:

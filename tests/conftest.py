@@ -13,23 +13,24 @@ import dataclasses
 import importlib
 import os
 import pkgutil
+import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from fake_vllm import fake_vllm  # noqa: F401 - the fixture, for every test module
 from longctx_testing import SWEEP_TEST, fine_grained_qwen_spec
 
-from pytest_longctx.embedded import (
+from pytest_longctx.serving.embedded import (
     CACHE_ENV,
-    build_embedded_model,
     cache_root,
     default_models_dir,
     is_complete,
 )
-from pytest_longctx.profiles import load_profile
-from pytest_longctx.server import LaunchedServer, free_port
-from pytest_longctx.vllm_command import build_server_command
+from pytest_longctx.serving.process import LaunchedServer, free_port
+from pytest_longctx.serving.profiles import load_profile
+from pytest_longctx.serving.vllm_command import build_server_command
 
 
 def _import_all(*packages: str) -> None:
@@ -70,8 +71,19 @@ def foreign_model_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
     spec = fine_grained_qwen_spec()
     folder = default_models_dir() / spec.folder_name  # cached like the embedded models
     if not is_complete(folder):
+        # In its own process: torch imported here would be dropped from sys.modules by a
+        # pytester test's snapshot, and a second import of torch in one process crashes.
         staging = default_models_dir() / f".{spec.folder_name}.{os.getpid()}"
-        build_embedded_model(spec, staging)
+        build = (
+            "import sys; from longctx_testing import fine_grained_qwen_spec; "
+            "from pytest_longctx.serving.embedded import build_embedded_model; "
+            "build_embedded_model(fine_grained_qwen_spec(), sys.argv[1])"
+        )
+        subprocess.run(
+            [sys.executable, "-c", build, str(staging)],
+            check=True,
+            cwd=Path(__file__).parent,
+        )
         with contextlib.suppress(OSError):
             os.replace(staging, folder)
     profile = load_profile("cpu-tiny")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pytest_longctx.records import Record, read_records
+from pytest_longctx.core.records import Record, read_records
 
 REPO = Path(__file__).resolve().parents[1]
 SWEEP_TEST = (REPO / "tests" / "test_sweep.py").read_text(encoding="utf-8")
@@ -43,7 +43,11 @@ def run_session(pytester, *args: str, url: str | None = None, timeout: float = 6
 def fine_grained_qwen_spec():  # noqa: ANN201 - an EmbeddedModelSpec
     """A model no profile describes: Qwen2 architecture, and a byte-level tokenizer of only
     320 tokens, which splits text (digits above all) into many small tokens."""
-    from pytest_longctx.embedded import MAX_POSITION_EMBEDDINGS, ROPE_THETA, EmbeddedModelSpec
+    from pytest_longctx.serving.embedded import (
+        MAX_POSITION_EMBEDDINGS,
+        ROPE_THETA,
+        EmbeddedModelSpec,
+    )
 
     return EmbeddedModelSpec(
         name="tiny-qwen-fine",

@@ -27,7 +27,9 @@ from pytest_longctx.capacity import (
 )
 
 # The copy the reference profiles ship, so the figures tested are the ones the plan uses.
-KIMI_CONFIG = Path(pytest_longctx.__file__).parent / "data" / "kimi-linear-48b-a3b-config.json"
+KIMI_CONFIG = (
+    Path(pytest_longctx.__file__).parent / "serving" / "data" / "kimi-linear-48b-a3b-config.json"
+)
 MI = 1024**2
 
 # The study's node: 8 ranks of 288 GiB, vLLM at 0.952 utilisation, 91.5e9 bytes of weights.
@@ -457,8 +459,8 @@ def fake_tool(folder: Path, name: str, output: str) -> None:
 def test_the_plan_uses_the_memory_nvidia_smi_reports(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pytest_longctx.capacity_plan import hardware_for
-    from pytest_longctx.profiles import load_profile
+    from pytest_longctx.capacity.profile import hardware_for
+    from pytest_longctx.serving.profiles import load_profile
 
     profile = load_profile("kimi-linear-h200")
     monkeypatch.setenv("PATH", str(tmp_path))  # no GPU tool at all: the profile's figure
@@ -471,9 +473,9 @@ def test_the_plan_uses_the_memory_nvidia_smi_reports(
 def test_the_plan_uses_the_memory_rocm_smi_reports(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pytest_longctx.capacity_plan import hardware_for
-    from pytest_longctx.hardware import reported_device_memory
-    from pytest_longctx.profiles import load_profile
+    from pytest_longctx.capacity.profile import hardware_for
+    from pytest_longctx.serving.hardware import reported_device_memory
+    from pytest_longctx.serving.profiles import load_profile
 
     monkeypatch.setenv("PATH", str(tmp_path))
     script = tmp_path / "rocm-smi"
@@ -492,8 +494,8 @@ def test_the_plan_uses_the_memory_rocm_smi_reports(
 
 
 def test_the_kv_plot_calls_an_explicit_cache_a_budget_not_device_memory() -> None:
-    from pytest_longctx.profiles import load_profile
-    from pytest_longctx.served_model import describe_launched
+    from pytest_longctx.serving.profiles import load_profile
+    from pytest_longctx.serving.served_model import describe_launched
 
     cpu = describe_launched(load_profile("cpu-tiny")).kv_plot()
     assert (cpu["budget_bytes"], cpu["budget_label"]) == (GIB, "KV cache budget")

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 from fake_vllm import TOO_LONG_MESSAGE, Behaviour, FakeVLLM, fake_vllm, word_ids  # noqa: F401
 
-from pytest_longctx import client as client_module
-from pytest_longctx.client import (
+from pytest_longctx.core.sizes import format_size, parse_size, powers_of_two_between
+from pytest_longctx.measure.client import (
     ClientConfig,
     CompletionClient,
     CompletionCountError,
@@ -41,16 +41,18 @@ from pytest_longctx.client import (
     encode_token_ids,
     quantile,
     summarize_stream,
+    transport,
 )
-from pytest_longctx.server_metrics import (
+from pytest_longctx.measure.client import events as sse_events
+from pytest_longctx.measure.client import request as request_module
+from pytest_longctx.measure.server_metrics import (
     ExpositionError,
     MetricsSnapshot,
     cache_config_labels,
     delta,
     parse_exposition,
 )
-from pytest_longctx.sizes import format_size, parse_size, powers_of_two_between
-from pytest_longctx.timeouts import FirstTokenBudget
+from pytest_longctx.measure.timeouts import FirstTokenBudget
 
 MODEL = "fake-model"
 SECRET = "sk-test-4f9a1c2e"
@@ -104,7 +106,7 @@ def test_token_ids_encode_like_json_dumps(ids: object) -> None:
 
 
 def test_python_fallback_encodes_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(client_module, "np", None)
+    monkeypatch.setattr(request_module, "np", None)
     assert bytes(encode_token_ids(array("I", [1, 22, 333]))) == b"[1,22,333]"
     with pytest.raises(ValueError, match="-4"):
         encode_token_ids([1, -4])
@@ -175,12 +177,12 @@ def test_event_stream_split_anywhere() -> None:
     )
     expected = ['{"a": 1}', '{"b":\n2}', "[DONE]"]
     for step in (1, 2, 5, len(stream)):
-        decoder = client_module._SSEDecoder()
+        decoder = sse_events._SSEDecoder()
         events = []
         for start in range(0, len(stream), step):
             events += decoder.feed(stream[start : start + step])
         assert events + decoder.finish() == expected, step
-    unterminated = client_module._SSEDecoder()
+    unterminated = sse_events._SSEDecoder()
     assert unterminated.feed(b"data: x") == []
     assert unterminated.finish() == ["x"]
 
@@ -278,7 +280,7 @@ def test_a_staged_connection_serves_only_its_address() -> None:
             opened.append((host, port))
             return Stream()
 
-    backend = client_module._PreopenedBackend(Inner())  # type: ignore[arg-type]
+    backend = transport._PreopenedBackend(Inner())  # type: ignore[arg-type]
     staged = backend.open("127.0.0.1", 80, timeout=1)
     assert backend.connect_tcp("127.0.0.1", 80) is staged  # taken, not reconnected
     assert opened == [("127.0.0.1", 80)]
@@ -361,7 +363,7 @@ def test_an_empty_text_last_token_ends_the_decode(server: FakeVLLM) -> None:
     ],
 )
 def test_what_a_choice_counts(choice: dict, expected: tuple[int, str]) -> None:
-    assert client_module._choice_tokens(choice) == expected
+    assert sse_events._choice_tokens(choice) == expected
 
 
 def test_multi_token_chunks_counted_from_token_ids(server: FakeVLLM) -> None:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
 from longctx_testing import fine_grained_qwen_spec, records_of, run_folder, run_session
 
-from pytest_longctx.embedded import default_models_dir
+from pytest_longctx.serving.embedded import default_models_dir
 
 pytestmark = pytest.mark.vllm
 
@@ -23,8 +24,7 @@ OLD_HEADER = "Run 20261130T120000Z-0a1b2c, prompt of 1024 tokens, pass 0.\n"
 #: Another client's request between the /metrics reads around each measured one.
 SECOND_CLIENT = """
 import httpx
-from pytest_longctx import client
-
+from pytest_longctx.measure import client
 measure = client.CompletionClient.measure
 
 def measure_beside_another_client(self, request, *args, **kwargs):
@@ -43,12 +43,13 @@ client.CompletionClient.measure = measure_beside_another_client
 def test_every_point_is_cold_on_a_32_token_block(
     sweep_dir: pytest.Pytester, foreign_model_url: str
 ) -> None:
-    from transformers import AutoTokenizer
-
-    folder = default_models_dir() / fine_grained_qwen_spec().folder_name
-    tokenizer = AutoTokenizer.from_pretrained(str(folder))
     # The premise: with this tokenizer the run-wide words alone fill a 32-token block.
-    assert len(tokenizer(OLD_HEADER, add_special_tokens=False)["input_ids"]) > 32
+    tokens = httpx.post(
+        f"{foreign_model_url}/tokenize",
+        json={"prompt": OLD_HEADER, "add_special_tokens": False},
+        timeout=60,
+    ).json()["tokens"]
+    assert len(tokens) > 32
 
     result, output = run_session(
         sweep_dir, "--longctx-to=4Ki", "--longctx-repeats=2", url=foreign_model_url

@@ -27,7 +27,7 @@ import httpx
 import pytest
 from longctx_testing import SWEEP_TEST, raw_lines, run_folder
 
-from pytest_longctx.records import Record, read_records
+from pytest_longctx.core.records import Record, read_records
 
 pytestmark = pytest.mark.vllm
 

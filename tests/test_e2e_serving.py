@@ -15,8 +15,8 @@ import pytest
 from longctx_testing import SWEEP_TEST, records_of, run_folder, run_session
 
 from pytest_longctx.capacity import GIB, cache_layout, token_capacity
-from pytest_longctx.embedded import get_spec
-from pytest_longctx.profiles import PROFILE_DIR
+from pytest_longctx.serving.embedded import get_spec
+from pytest_longctx.serving.profiles import PROFILE_DIR
 
 pytestmark = pytest.mark.vllm
 
@@ -25,7 +25,7 @@ SECRET = "sk-longctx-test-8c1f3e9a77"
 #: Kills the launched server after the first sweep item, and notes its process group.
 KILL_AFTER_FIRST = """
 import os, signal
-from pytest_longctx.stash import RUN_KEY
+from pytest_longctx.session.stash import RUN_KEY
 
 def pytest_runtest_teardown(item):
     run = item.config.stash[RUN_KEY]
@@ -39,8 +39,8 @@ def pytest_runtest_teardown(item):
 CAPACITY_CHECK_TEST = """
 import re
 import httpx
-from pytest_longctx import capacity_plan
-from pytest_longctx.server_metrics import cache_config_labels
+from pytest_longctx.capacity import profile as capacity_plan
+from pytest_longctx.measure.server_metrics import cache_config_labels
 
 def test_capacity_plan_matches_vllm(longctx_server, longctx_run):
     labels = cache_config_labels(httpx.get(longctx_server.base_url + "/metrics").text)
@@ -140,7 +140,7 @@ def test_bad_model_path_fails_every_item_fast(pytester: pytest.Pytester) -> None
 
 #: Notes the launched server's process group through the plugin's own hook.
 NOTE_SERVER_GROUP = """
-from pytest_longctx.stash import RUN_KEY
+from pytest_longctx.session.stash import RUN_KEY
 
 def pytest_longctx_server_ready(config, base_url, mode):
     with open("server.pgid", "w") as handle:
@@ -209,7 +209,7 @@ def test_attach_to_nothing_errors_every_item(sweep_dir: pytest.Pytester) -> None
 #: Holds the 2Ki item in flight: notes the server's group, then waits to be signalled.
 HOLD_THE_SECOND_POINT = """
 import time
-from pytest_longctx.stash import RUN_KEY
+from pytest_longctx.session.stash import RUN_KEY
 
 def pytest_runtest_call(item):
     if item.name.endswith("[len=2Ki-rep=0]"):

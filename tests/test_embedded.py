@@ -18,15 +18,17 @@ from pathlib import Path
 
 import pytest
 
-from pytest_longctx import embedded
-from pytest_longctx.corpus import generate_corpus
-from pytest_longctx.embedded import (
+from pytest_longctx.measure.corpus import generate_corpus
+from pytest_longctx.serving import embedded
+from pytest_longctx.serving.embedded import (
     COMPLETE_MARKER,
     EMBEDDED_MODELS,
     EmbeddedModelSpec,
     UnknownEmbeddedModelError,
     ensure_embedded_model,
 )
+from pytest_longctx.serving.embedded import build as embedded_build
+from pytest_longctx.serving.embedded import spec as embedded_spec
 
 MODEL_NAMES = sorted(EMBEDDED_MODELS)
 
@@ -58,7 +60,7 @@ def two_caches(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     for name in MODEL_NAMES:
         ensure_embedded_model(name, cache_dir=here)
     script = (
-        "import sys; from pytest_longctx.embedded import ensure_embedded_model; "
+        "import sys; from pytest_longctx.serving.embedded import ensure_embedded_model; "
         "[ensure_embedded_model(name, cache_dir=sys.argv[1]) for name in sys.argv[2:]]"
     )
     subprocess.run(
@@ -190,7 +192,7 @@ def test_second_ensure_reuses_the_cached_folder(
     def must_not_build(*args: object, **kwargs: object) -> None:
         raise AssertionError("a cached model was rebuilt")
 
-    monkeypatch.setattr(embedded, "build_embedded_model", must_not_build)
+    monkeypatch.setattr(embedded_build, "build_embedded_model", must_not_build)
     assert ensure_embedded_model("tiny-llama", cache_dir=cache) == folder
     assert (folder / COMPLETE_MARKER).stat().st_mtime_ns == marker_mtime
 
@@ -218,7 +220,7 @@ def test_unmarked_folder_is_rebuilt_not_served(
         (Path(destination) / COMPLETE_MARKER).write_text("{}")
         return Path(destination)
 
-    monkeypatch.setattr(embedded, "build_embedded_model", recording_build)
+    monkeypatch.setattr(embedded_build, "build_embedded_model", recording_build)
     folder = ensure_embedded_model("tiny-llama", cache_dir=tmp_path)
     assert folder == leftover
     assert len(builds) == 1 and builds[0] != leftover
@@ -235,7 +237,7 @@ def test_failed_build_leaves_nothing_that_looks_complete(
         (Path(destination) / "config.json").write_text("{}")
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(embedded, "build_embedded_model", crashing_build)
+    monkeypatch.setattr(embedded_build, "build_embedded_model", crashing_build)
     with pytest.raises(RuntimeError, match="disk full"):
         ensure_embedded_model("tiny-mla", cache_dir=tmp_path)
     assert [path.name for path in tmp_path.iterdir() if not path.name.endswith(".lock")] == []
@@ -277,10 +279,10 @@ def test_spec_hash_tracks_every_input(monkeypatch: pytest.MonkeyPatch) -> None:
     }
     assert spec.spec_hash not in changed and len(changed) == 4
     before = spec.spec_hash
-    monkeypatch.setattr(embedded, "GENERATOR_VERSION", embedded.GENERATOR_VERSION + 1)
+    monkeypatch.setattr(embedded_spec, "GENERATOR_VERSION", embedded_spec.GENERATOR_VERSION + 1)
     assert spec.spec_hash != before
-    monkeypatch.setattr(embedded, "GENERATOR_VERSION", embedded.GENERATOR_VERSION - 1)
-    monkeypatch.setattr(embedded, "CORPUS_VERSION", embedded.CORPUS_VERSION + 1)
+    monkeypatch.setattr(embedded_spec, "GENERATOR_VERSION", embedded_spec.GENERATOR_VERSION - 1)
+    monkeypatch.setattr(embedded_spec, "CORPUS_VERSION", embedded_spec.CORPUS_VERSION + 1)
     assert spec.spec_hash != before
 
 
@@ -318,7 +320,7 @@ def test_cli_prints_the_cached_path(
 
 def test_importing_the_module_does_not_import_torch() -> None:
     script = (
-        "import sys, pytest_longctx.embedded, pytest_longctx.corpus; "
+        "import sys, pytest_longctx.serving.embedded, pytest_longctx.measure.corpus; "
         "print(sorted({'torch', 'transformers', 'tokenizers'} & set(sys.modules)))"
     )
     result = subprocess.run(
@@ -332,7 +334,7 @@ def test_importing_the_module_does_not_import_torch() -> None:
 
 def test_corpus_is_deterministic_across_processes() -> None:
     script = (
-        "import hashlib; from pytest_longctx.corpus import generate_corpus; "
+        "import hashlib; from pytest_longctx.measure.corpus import generate_corpus; "
         "print(hashlib.sha256(generate_corpus(200_000, 7).encode()).hexdigest())"
     )
     digests = {

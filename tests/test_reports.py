@@ -18,29 +18,29 @@ from types import SimpleNamespace
 
 import pytest
 
-from pytest_longctx.__main__ import main, rebuild_reports
-from pytest_longctx.benchmark_json import (
+from pytest_longctx.cli import main, rebuild_reports
+from pytest_longctx.core.records import Record, append_record
+from pytest_longctx.core.stats import latest_records, summarize, summarize_values
+from pytest_longctx.reports.benchmark_json import (
     benchmark_entries,
     build_benchmark_json,
     write_benchmark_json,
 )
-from pytest_longctx.html_report import (
+from pytest_longctx.reports.html import (
     RESULTS_TABLE_COLUMNS,
     standalone_page,
     summary_fragment,
     table_header_cells,
     table_row_cells,
 )
-from pytest_longctx.plots import plot_decode, plot_ttft, write_plots
-from pytest_longctx.records import Record, append_record
-from pytest_longctx.report_markdown import (
+from pytest_longctx.reports.markdown import (
     TABLE_COLUMNS,
     render_markdown,
     render_terminal_table,
     summary_rows,
     write_markdown,
 )
-from pytest_longctx.stats import latest_records, summarize, summarize_values
+from pytest_longctx.reports.plots import plot_decode, plot_ttft, write_plots
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 FINGERPRINT = {
@@ -670,8 +670,8 @@ def test_rebuild_reports_returns_every_written_path(tmp_path):
 
 def test_the_report_command_draws_the_kv_plot_the_session_drew(tmp_path, capsys):
     """The KV plot is drawn from what the records say about the served model."""
-    from pytest_longctx.profiles import load_profile
-    from pytest_longctx.served_model import describe_launched
+    from pytest_longctx.serving.profiles import load_profile
+    from pytest_longctx.serving.served_model import describe_launched
 
     described = {**FINGERPRINT, **describe_launched(load_profile("cpu-tiny")).fingerprint()}
     run_dir = tmp_path / "run-a"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from longctx_testing import SWEEP_TEST
 
-from pytest_longctx.records import Record, append_record
+from pytest_longctx.core.records import Record, append_record
 
 
 @pytest.fixture

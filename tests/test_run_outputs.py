@@ -9,7 +9,7 @@ from longctx_testing import SWEEP_TEST, records_of, run_folder
 #: a process that exits at once, so every item errors in well under a second.
 SERVER_THAT_EXITS = """
 import sys
-from pytest_longctx.vllm_command import ServerCommand
+from pytest_longctx.serving.vllm_command import ServerCommand
 
 def pytest_longctx_server_command(config, plan, command):
     argv = list(command.argv)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from longctx_testing import SWEEP_TEST
 
-from pytest_longctx.selection import Comparison, SelectionError, translate
-from pytest_longctx.sizes import SizeError, format_size, parse_size, powers_of_two_between
+from pytest_longctx.core.sizes import SizeError, format_size, parse_size, powers_of_two_between
+from pytest_longctx.session.selection import Comparison, SelectionError, translate
 
 REPO = Path(__file__).resolve().parents[1]
 SWEEP = """

@@ -1,0 +1,347 @@
+"""Tokens and bytes: what vLLM's cache holds, and whether a point fits the hardware."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from pytest_longctx.core.sizes import format_size
+
+from .layout import FP8_CACHE_DTYPE, GIB, CacheLayout, _text_fields, describe_layout
+
+
+def token_capacity(
+    layout: CacheLayout,
+    kv_cache_bytes: int,
+    block_size: int,
+    max_model_len: int | None = None,
+) -> int:
+    """Tokens vLLM reports ("KV cache size: N tokens") for a cache of ``kv_cache_bytes``.
+
+    vLLM makes ``kv_cache_bytes // (block_size * bytes per token)`` whole blocks. Without
+    ``max_model_len`` this returns those blocks' tokens: at most one block below
+    ``kv_cache_bytes / bytes per token``. vLLM itself prints
+    ``int(blocks / ceil(max_model_len / block_size) * max_model_len)``, which equals the
+    whole-block figure when ``max_model_len`` is a multiple of the block size, and is lower by
+    up to ``(block_size - 1) / max_model_len`` of it otherwise (a request at max length wastes
+    part of its last block). The block size is vLLM's choice (it differs by platform, kernel
+    and CPU features): read it from the server's ``vllm:cache_config_info``, never assume it.
+    Pass ``max_model_len`` to reproduce the printed number exactly.
+
+    For hybrids one sequence's constant state is taken from the cache first: vLLM keeps the
+    state pages in the same pool (padded to the attention page size, so this is a few blocks
+    optimistic).
+    """
+    if block_size <= 0:
+        raise ValueError(f"block_size must be a positive token count, got {block_size}")
+    if kv_cache_bytes < 0:
+        raise ValueError(f"kv_cache_bytes must be >= 0, got {kv_cache_bytes}")
+    usable = max(0, kv_cache_bytes - layout.state_bytes_per_rank)
+    blocks = usable // (block_size * layout.kv_bytes_per_token)
+    if max_model_len is None:
+        return blocks * block_size
+    if max_model_len <= 0:
+        raise ValueError(f"max_model_len must be a positive token count, got {max_model_len}")
+    blocks_per_request = math.ceil(max_model_len / block_size)
+    return int(blocks / blocks_per_request * max_model_len)
+
+
+def crossover_tokens(layout: CacheLayout, size_bytes: int | float) -> int:
+    """The shortest context whose per-rank KV (state excluded) reaches ``size_bytes``."""
+    if size_bytes < 0:
+        raise ValueError(f"size must be >= 0 bytes, got {size_bytes}")
+    return math.ceil(size_bytes / layout.kv_bytes_per_token)
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What a serving profile offers one model replica.
+
+    ``kv_cache_bytes`` is the explicit cache size vLLM is given on CPU
+    (``--kv-cache-memory-bytes``): then the cache alone must hold KV and state, and the weights
+    live outside it. Otherwise vLLM fills ``memory_per_device_bytes * memory_utilization`` per
+    rank with weights first and the cache after.
+
+    Weights are given in total (split evenly over the ranks) or per rank at the layout's TP
+    (then other rank counts are scaled from it). Both are estimates: replicated embeddings and
+    norms make the real per-rank share a little larger.
+    """
+
+    devices: int
+    memory_per_device_bytes: int
+    memory_utilization: float = 0.9
+    kv_cache_bytes: int | None = None
+    weights_bytes: int = 0
+    weights_per_rank_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.devices < 1:
+            raise ValueError(f"devices must be >= 1, got {self.devices}")
+        if self.memory_per_device_bytes <= 0:
+            raise ValueError(
+                f"memory_per_device_bytes must be > 0, got {self.memory_per_device_bytes}"
+            )
+        if not 0 < self.memory_utilization <= 1:
+            raise ValueError(f"memory_utilization must be in (0, 1], got {self.memory_utilization}")
+        if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:
+            raise ValueError(f"kv_cache_bytes must be > 0 when given, got {self.kv_cache_bytes}")
+        if self.weights_bytes < 0 or (self.weights_per_rank_bytes or 0) < 0:
+            raise ValueError("weights bytes must be >= 0")
+
+    @property
+    def usable_per_device_bytes(self) -> int:
+        return int(self.memory_per_device_bytes * self.memory_utilization)
+
+    def weights_on_rank(self, tensor_parallel: int, configured_tp: int) -> int:
+        """Weight bytes on one rank when the model runs on ``tensor_parallel`` ranks."""
+        total = self.weights_bytes
+        if self.weights_per_rank_bytes is not None:
+            total = self.weights_per_rank_bytes * configured_tp
+        return math.ceil(total / tensor_parallel)
+
+
+@dataclass(frozen=True)
+class PointFit:
+    """Whether one sweep length fits, with the figures that decide it (bytes per rank)."""
+
+    length: int
+    decode_tokens: int
+    tensor_parallel: int
+    cache_dtype: str
+    kv_bytes: int
+    state_bytes: int
+    weights_bytes: int
+    overhead_bytes: int
+    #: What must fit in ``available_bytes``: everything, or only KV + state when the cache
+    #: has an explicit size.
+    need_bytes: int
+    available_bytes: int
+    fits: bool
+    #: Longest prompt + decode the configured layout holds.
+    max_tokens: int
+    #: The smallest change that makes it fit, or why none in this node does; None if it fits.
+    suggestion: str | None
+    reason: str
+
+    @property
+    def kv_gib(self) -> float:
+        return self.kv_bytes / GIB
+
+    @property
+    def need_gib(self) -> float:
+        return self.need_bytes / GIB
+
+    @property
+    def available_gib(self) -> float:
+        return self.available_bytes / GIB
+
+
+def _gib(value: int | float) -> str:
+    return f"{value / GIB:.2f} GiB"
+
+
+def _needs(
+    layout: CacheLayout,
+    hardware: Hardware,
+    tokens: int,
+    overhead: int,
+    configured_tp: int,
+) -> tuple[int, int, int, int, int]:
+    """(kv, state, weights, need, available) per rank for ``layout`` on ``hardware``."""
+    kv = layout.kv_bytes(tokens)
+    state = layout.state_bytes_per_rank
+    weights = hardware.weights_on_rank(layout.tensor_parallel, configured_tp)
+    if hardware.kv_cache_bytes is not None:
+        return kv, state, weights, kv + state, hardware.kv_cache_bytes
+    return kv, state, weights, kv + state + weights + overhead, hardware.usable_per_device_bytes
+
+
+def _alternative_ranks(layout: CacheLayout, hardware: Hardware) -> list[int]:
+    """Rank counts above the configured one that this node has and vLLM could shard to."""
+    query_heads = _text_fields(layout.config).get("num_attention_heads")
+    counts = []
+    for ranks in range(layout.tensor_parallel + 1, hardware.devices + 1):
+        if isinstance(query_heads, int) and query_heads % ranks:
+            continue
+        counts.append(ranks)
+    return counts
+
+
+def _smallest_change(layout: CacheLayout, hardware: Hardware, tokens: int, overhead: int) -> str:
+    """Fewest devices first, then keeping the cache precision: the first option that fits."""
+    configured_tp = layout.tensor_parallel
+    want_fp8 = layout.element_bytes > 1
+
+    def fp8_of(candidate: CacheLayout) -> CacheLayout:
+        return candidate.with_changes(cache_dtype=FP8_CACHE_DTYPE)
+
+    if hardware.kv_cache_bytes is not None:
+        kv, state, weights, need, _ = _needs(layout, hardware, tokens, overhead, configured_tp)
+        if need + weights <= hardware.usable_per_device_bytes:
+            return (
+                f"a KV cache of at least {_gib(need)} (--kv-cache-memory-bytes {need}) "
+                f"would hold it beside {_gib(weights)} of weights"
+            )
+        if want_fp8:
+            fp8_need = _needs(fp8_of(layout), hardware, tokens, overhead, configured_tp)[3]
+            if fp8_need <= hardware.kv_cache_bytes:
+                return f"an FP8 KV cache ({FP8_CACHE_DTYPE}) would need {_gib(fp8_need)}"
+        return "no change within this node fits it"
+
+    candidates: list[tuple[int, CacheLayout, str]] = []
+    if want_fp8:
+        candidates.append((configured_tp, fp8_of(layout), "fp8"))
+    for ranks in _alternative_ranks(layout, hardware):
+        try:
+            wider = layout.with_changes(tensor_parallel=ranks)
+        except ValueError:
+            continue  # vLLM cannot shard this model over that many ranks
+        candidates.append((ranks, wider, "ranks"))
+        if want_fp8:
+            candidates.append((ranks, fp8_of(wider), "ranks+fp8"))
+    for ranks, candidate, change in candidates:
+        need, available = _needs(candidate, hardware, tokens, overhead, configured_tp)[3:]
+        if need > available:
+            continue
+        per_rank = f"{_gib(need)} of {_gib(available)} per rank"
+        if change == "fp8":
+            return f"an FP8 KV cache ({FP8_CACHE_DTYPE}) would need {per_rank}"
+        if change == "ranks":
+            return f"{ranks} tensor-parallel ranks would need {per_rank}"
+        return (
+            f"{ranks} tensor-parallel ranks with an FP8 KV cache ({FP8_CACHE_DTYPE}) "
+            f"would need {per_rank}"
+        )
+    return "no change within this node fits it"
+
+
+def _budget_words(
+    hardware: Hardware, kv: int, state: int, weights: int, available: int, overhead: int
+) -> tuple[str, str]:
+    """What the point must fit in, and what it needs, as a reason line says them."""
+    if hardware.kv_cache_bytes is not None:
+        budget = f"the {_gib(available)} KV cache (--kv-cache-memory-bytes)"
+        parts = f"KV {_gib(kv)} + state {_gib(state)}; weights {_gib(weights)} sit outside it"
+        return budget, parts
+    budget = (
+        f"{_gib(available)} available ({_gib(hardware.memory_per_device_bytes)} x "
+        f"{hardware.memory_utilization:g})"
+    )
+    parts = f"KV {_gib(kv)} + state {_gib(state)} + weights {_gib(weights)}"
+    if overhead:
+        parts += f" + overhead {_gib(overhead)}"
+    return budget, parts
+
+
+def fit_point(
+    layout: CacheLayout,
+    hardware: Hardware,
+    length: int,
+    decode_tokens: int = 0,
+    *,
+    overhead_bytes_per_rank: int = 0,
+) -> PointFit:
+    """Does a ``length``-token prompt plus ``decode_tokens`` fit one rank, and if not, what would.
+
+    ``overhead_bytes_per_rank`` is memory vLLM holds outside weights and cache (activations,
+    graphs, workspaces); it counts against the device budget, not an explicit cache size.
+    """
+    if length <= 0 or decode_tokens < 0:
+        raise ValueError(
+            f"length must be > 0 and decode_tokens >= 0, got {length} and {decode_tokens}"
+        )
+    if layout.tensor_parallel > hardware.devices:
+        raise ValueError(
+            f"the layout uses {layout.tensor_parallel} tensor-parallel ranks but the hardware "
+            f"has {hardware.devices} devices"
+        )
+    tokens = length + decode_tokens
+    tp = layout.tensor_parallel
+    kv, state, weights, need, available = _needs(
+        layout, hardware, tokens, overhead_bytes_per_rank, tp
+    )
+    fits = need <= available
+    fixed = need - kv
+    max_tokens = max(0, (available - fixed) // layout.kv_bytes_per_token)
+
+    what = format_size(length) + (f" + {decode_tokens} decode" if decode_tokens else "")
+    budget, parts = _budget_words(hardware, kv, state, weights, available, overhead_bytes_per_rank)
+    head = f"{what} at TP={tp}, KV {layout.cache_dtype}: needs {_gib(need)} per rank ({parts})"
+    if fits:
+        suggestion = None
+        reason = f"{head}; fits in {budget}"
+    else:
+        suggestion = _smallest_change(layout, hardware, tokens, overhead_bytes_per_rank)
+        reason = (
+            f"{head}; does not fit in {budget}; as configured at most {max_tokens:,} tokens "
+            f"fit; {suggestion}"
+        )
+    return PointFit(
+        length=length,
+        decode_tokens=decode_tokens,
+        tensor_parallel=tp,
+        cache_dtype=layout.cache_dtype,
+        kv_bytes=kv,
+        state_bytes=state,
+        weights_bytes=weights,
+        overhead_bytes=0 if hardware.kv_cache_bytes is not None else overhead_bytes_per_rank,
+        need_bytes=need,
+        available_bytes=available,
+        fits=fits,
+        max_tokens=max_tokens,
+        suggestion=suggestion,
+        reason=reason,
+    )
+
+
+def capacity_table(
+    layout: CacheLayout,
+    hardware: Hardware,
+    lengths: Iterable[int],
+    decode_tokens: int = 0,
+    *,
+    overhead_bytes_per_rank: int = 0,
+) -> list[PointFit]:
+    """One :class:`PointFit` per sweep length, in the order given."""
+    return [
+        fit_point(
+            layout,
+            hardware,
+            length,
+            decode_tokens,
+            overhead_bytes_per_rank=overhead_bytes_per_rank,
+        )
+        for length in lengths
+    ]
+
+
+def render_capacity_table(rows: Sequence[PointFit], layout: CacheLayout | None = None) -> str:
+    """Plain-text table for a terminal; the full reason of each point that does not fit below."""
+    lines = []
+    if layout is not None:
+        lines.append(describe_layout(layout))
+    header = ("length", "tokens", "KV GiB/rank", "need GiB", "avail GiB", "fits")
+    table = [header]
+    for row in rows:
+        table.append(
+            (
+                format_size(row.length),
+                f"{row.length + row.decode_tokens:,}",
+                f"{row.kv_gib:.2f}",
+                f"{row.need_gib:.2f}",
+                f"{row.available_gib:.2f}",
+                "yes" if row.fits else "NO",
+            )
+        )
+    widths = [max(len(cells[i]) for cells in table) for i in range(len(header))]
+    for index, cells in enumerate(table):
+        first = cells[0].ljust(widths[0])
+        rest = [cell.rjust(width) for cell, width in zip(cells[1:], widths[1:], strict=True)]
+        lines.append("  ".join([first, *rest]).rstrip())
+        if index == 0:
+            lines.append("  ".join("-" * width for width in widths))
+    for row in rows:
+        if not row.fits:
+            lines.append(f"{format_size(row.length)}: {row.reason}")
+    return "\n".join(lines)

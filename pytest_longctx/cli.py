@@ -1,0 +1,391 @@
+"""``python -m pytest_longctx report RUN_DIR ...``: rebuild every report from ``results.jsonl``.
+
+No pytest session and no server are needed: records are the only input, so a report can be
+rebuilt after a crash, on another machine, or from several passes of a campaign merged
+together (records of the same length from different runs count as repeats).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pytest_longctx.core.records import Record, read_runs, results_path
+from pytest_longctx.reports.benchmark_json import write_benchmark_json
+from pytest_longctx.reports.files import BENCHMARK as BENCHMARK_FILENAME
+from pytest_longctx.reports.files import HTML as HTML_FILENAME
+from pytest_longctx.reports.files import MARKDOWN as MARKDOWN_FILENAME
+from pytest_longctx.reports.html import write_standalone_html
+from pytest_longctx.reports.kv_plot import draw_kv_cache_plot
+from pytest_longctx.reports.markdown import DEFAULT_TITLE, write_markdown
+from pytest_longctx.reports.plots import ExtraPlot, write_plots
+
+PROG = "python -m pytest_longctx"
+
+
+def rebuild_reports(
+    records: Iterable[Record],
+    out_dir: Path,
+    *,
+    extra_plots: Iterable[ExtraPlot] = (),
+    title: str = DEFAULT_TITLE,
+    reproduce: Mapping[str, Any] | None = None,
+    machine_info: Mapping[str, Any] | None = None,
+    commit_info: Mapping[str, Any] | None = None,
+) -> list[Path]:
+    """Write report.md, the plots, report.html and benchmark.json; return the paths written.
+
+    Each file is replaced atomically, so this can run after every sweep point while the
+    reports are open.
+    """
+    records = list(records)
+    out_dir = Path(out_dir)
+    plots = write_plots(out_dir, records, [draw_kv_cache_plot, *extra_plots])
+    markdown = write_markdown(
+        out_dir / MARKDOWN_FILENAME, records, title=title, reproduce=reproduce, plots=plots
+    )
+    page = write_standalone_html(
+        out_dir / HTML_FILENAME, records, plots, title, reproduce=reproduce
+    )
+    benchmark = write_benchmark_json(
+        out_dir / BENCHMARK_FILENAME, records, machine_info, commit_info
+    )
+    return [markdown, *plots, page, benchmark]
+
+
+class UsageError(Exception):
+    """A command line that names something unusable; reported with exit status 2."""
+
+
+def _results_files(run_dirs: Sequence[Path]) -> list[Path]:
+    files = []
+    for run_dir in run_dirs:
+        if not run_dir.exists():
+            raise UsageError(
+                f"run folder {str(run_dir)!r} does not exist; expected a folder written by a "
+                "pytest-longctx session (reports/<run_id>/) or its results.jsonl"
+            )
+        path = results_path(run_dir)
+        if not path.is_file():
+            raise UsageError(
+                f"{str(run_dir)!r} holds no results.jsonl; expected a folder written by a "
+                "pytest-longctx session (reports/<run_id>/) or its results.jsonl"
+            )
+        files.append(path)
+    return files
+
+
+def _report_command(args: argparse.Namespace) -> int:
+    run_dirs = [Path(path) for path in args.run_dirs]
+    files = _results_files(run_dirs)
+    if args.output is not None:
+        out_dir = Path(args.output)
+    elif len(files) == 1:
+        out_dir = files[0].parent
+    else:
+        raise UsageError(
+            f"{len(files)} runs given: name the folder for the merged reports with --output DIR "
+            "(the runs' own folders are left as they are)"
+        )
+    result = read_runs(files)
+    for problem in result.problems:
+        print(f"warning: {problem}", file=sys.stderr)
+    if not result.records:
+        print(f"warning: no readable records in {', '.join(map(str, files))}", file=sys.stderr)
+    title = args.title or DEFAULT_TITLE
+    for path in rebuild_reports(result.records, out_dir, title=title):
+        print(path)
+    return 0
+
+
+def _load_runs(run_dirs: Sequence[str]) -> list[Record]:
+    from pytest_longctx.gate import BaselineError, load_baseline
+
+    records: list[Record] = []
+    for run_dir in run_dirs:
+        try:
+            records.extend(load_baseline(Path(run_dir)))
+        except BaselineError as exc:
+            raise UsageError(str(exc)) from None
+    return records
+
+
+def _positive(option: str, minimum: int) -> Any:
+    def parse(text: str) -> int:
+        if not text.strip().isdigit() or int(text) < minimum:
+            raise argparse.ArgumentTypeError(
+                f"{option}={text}: expected a whole number >= {minimum}"
+            )
+        return int(text)
+
+    return parse
+
+
+def _level(text: str) -> float:
+    from pytest_longctx.gate import LevelError, parse_level
+
+    try:
+        return parse_level(text)
+    except LevelError as exc:
+        raise argparse.ArgumentTypeError(
+            str(exc).replace("--longctx-gate-level", "--level")
+        ) from None
+
+
+def _baseline_command(args: argparse.Namespace) -> int:
+    from pytest_longctx import gate
+
+    records = _load_runs(args.run_dirs)
+    output = Path(args.output)
+    info = gate.BaselineInfo(max_sessions=args.max_sessions)
+    kept_before = 0
+    if args.append and output.exists():
+        try:
+            existing = gate.load_baseline_file(output)
+        except gate.BaselineError as exc:
+            raise UsageError(f"--append: {exc}") from None
+        if not args.force:
+            differences = gate.fingerprint_differences(existing.records, records)
+            if differences:
+                raise UsageError(
+                    f"--append: the new run(s) measured another setup than {output} "
+                    "(start a new baseline without --append, or pass --force):\n  "
+                    + "\n  ".join(differences)
+                )
+        new_ids = {record.run_id for record in records}
+        kept = [record for record in existing.records if record.run_id not in new_ids]
+        kept_before = gate.session_count(kept)
+        records = kept + records
+        info = gate.BaselineInfo(
+            tolerance=existing.info.tolerance,
+            max_sessions=args.max_sessions or existing.info.max_sessions,
+            calibration=existing.info.calibration,
+        )
+    cap = info.max_sessions or gate.DEFAULT_MAX_SESSIONS
+    total = gate.session_count(records)
+    records = gate.keep_newest_sessions(records, cap)
+    try:
+        count = gate.write_baseline(records, output, info)
+    except gate.BaselineError as exc:
+        raise UsageError(str(exc)) from None
+    sessions = gate.session_count(records)
+    dropped = f", the {total - sessions} oldest dropped (cap {cap})" if total > sessions else ""
+    kept_words = f" ({kept_before} kept from the file)" if args.append else ""
+    print(
+        f"{output}: {count} passed record(s) of {sessions} session(s){kept_words}{dropped}; "
+        f"commit it and gate with --longctx-baseline={output}"
+    )
+    if sessions < 2:
+        print(
+            "note: one session, so the gate's noise estimate is within-session only; append "
+            "more runs (--append) to include the spread between sessions"
+        )
+    return 0
+
+
+def _calibrate_command(args: argparse.Namespace) -> int:
+    from pytest_longctx import gate
+
+    records = _load_runs(args.runs) if args.runs else _run_sessions(args)
+    try:
+        calibration = gate.calibrate(records, args.level)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    print(
+        f"calibration over {len(calibration.run_ids)} sessions, level {calibration.level:g} "
+        "(between CV: spread of per-session means; within CV: spread of repeats in a session)"
+    )
+    for line in calibration.table_lines():
+        print(line)
+    spec = calibration.tolerances().describe()
+    print(f"proposed tolerances: {spec}")
+    if args.output:
+        try:
+            count = gate.write_baseline(records, args.output, calibration.info(args.max_sessions))
+        except gate.BaselineError as exc:
+            raise UsageError(str(exc)) from None
+        print(
+            f"{args.output}: {count} passed record(s) of {len(calibration.run_ids)} sessions "
+            f"and the proposed tolerances; gate with --longctx-baseline={args.output}"
+        )
+    return 0
+
+
+def _run_sessions(args: argparse.Namespace) -> list[Record]:
+    """K sessions of the sweep, each its own pytest process, so each launches its own server."""
+    import subprocess
+    import tempfile
+
+    pytest_args = list(args.pytest_args)
+    if pytest_args and pytest_args[0] == "--":
+        pytest_args = pytest_args[1:]
+    if any(arg.startswith("--longctx-url") for arg in pytest_args):
+        print(
+            "note: --longctx-url attaches to one server for every session, so the server is "
+            "not restarted between sessions and its start-to-start spread is not measured",
+            file=sys.stderr,
+        )
+    output = Path(args.reports or tempfile.mkdtemp(prefix="longctx-calibrate-"))
+    records: list[Record] = []
+    for session in range(1, args.sessions + 1):
+        command = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            args.test,
+            f"--longctx-output={output}",
+            *pytest_args,
+        ]
+        print(f"session {session}/{args.sessions}: {' '.join(command)}", flush=True)
+        latest = output / "latest"
+        before = latest.resolve() if latest.exists() else None
+        completed = subprocess.run(command, check=False)
+        run_dir = latest.resolve() if latest.exists() else None
+        if run_dir is None or run_dir == before:
+            raise UsageError(
+                f"session {session} wrote no run under {output} (pytest exit "
+                f"{completed.returncode}); check the arguments after --"
+            )
+        if completed.returncode != 0:
+            print(
+                f"warning: session {session} exited {completed.returncode}; its passed points "
+                "count, the others do not",
+                file=sys.stderr,
+            )
+        records.extend(_load_runs([str(run_dir)]))
+    return records
+
+
+def _build_model_command(args: argparse.Namespace) -> int:
+    from pytest_longctx.serving.embedded import main as build_main
+
+    return build_main([args.name])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Work with the results of pytest-longctx sweeps."
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    report = commands.add_parser(
+        "report",
+        help="rebuild report.md, plots, report.html and benchmark.json from results.jsonl",
+        description=(
+            "Rebuild report.md, ttft.png, decode.png, report.html and benchmark.json from "
+            "one or more runs' results.jsonl. Several runs are merged: records of the same "
+            "length count as repeats. Corrupt lines are reported and skipped, never rewritten."
+        ),
+    )
+    report.add_argument(
+        "run_dirs", nargs="+", metavar="RUN_DIR", help="a run folder or its results.jsonl"
+    )
+    report.add_argument(
+        "--output",
+        metavar="DIR",
+        help="where to write the reports (default: the run folder; required for several runs)",
+    )
+    report.add_argument("--title", help=f"report title (default: {DEFAULT_TITLE!r})")
+    report.set_defaults(handler=_report_command)
+    baseline = commands.add_parser(
+        "baseline",
+        help="store runs' passed records as the baseline file a team commits",
+        description=(
+            "Store the passed records of one or more runs as a baseline file. Each run is a "
+            "session; with two or more sessions the gate judges a new run against the spread "
+            "between sessions. --append adds the runs to an existing baseline's history "
+            "(keeping its calibrated tolerances), dropping the oldest sessions beyond the cap."
+        ),
+    )
+    baseline.add_argument(
+        "run_dirs", nargs="+", metavar="RUN_DIR", help="a run folder or its results.jsonl"
+    )
+    baseline.add_argument("--output", required=True, metavar="FILE", help="baseline file to write")
+    baseline.add_argument(
+        "--append",
+        action="store_true",
+        help="add the runs to FILE's sessions instead of replacing them (FILE may not exist yet)",
+    )
+    baseline.add_argument(
+        "--max-sessions",
+        type=_positive("--max-sessions", 1),
+        metavar="N",
+        help="sessions to keep, the newest (default: the file's cap, else 10)",
+    )
+    baseline.add_argument(
+        "--force", action="store_true", help="append even when the fingerprints differ"
+    )
+    baseline.set_defaults(handler=_baseline_command)
+    calibrate = commands.add_parser(
+        "calibrate",
+        help="run the sweep K times, report the noise between sessions, propose tolerances",
+        description=(
+            "Run the same sweep K times, each a separate pytest session that starts its own "
+            "server, then report per length and metric the CV between sessions (of the "
+            "per-session means) and within them, and propose the tolerances that keep an "
+            "unchanged rerun's false-alarm rate below --level. With --output the sessions and "
+            "the proposed tolerances are stored as a baseline file. Arguments after -- go to "
+            "pytest, e.g. -- --longctx-to=4Ki --longctx-repeats=2."
+        ),
+    )
+    calibrate.add_argument(
+        "--sessions",
+        type=_positive("--sessions", 2),
+        default=5,
+        metavar="K",
+        help="sessions to run (default 5)",
+    )
+    calibrate.add_argument(
+        "--runs",
+        nargs="+",
+        metavar="RUN_DIR",
+        help="calibrate from these finished runs (one session each) instead of running any",
+    )
+    calibrate.add_argument(
+        "--level",
+        type=_level,
+        default=0.01,
+        metavar="P",
+        help="one-sided false-alarm level the tolerances must keep (default 0.01)",
+    )
+    calibrate.add_argument("--output", metavar="FILE", help="baseline file to write")
+    calibrate.add_argument(
+        "--max-sessions",
+        type=_positive("--max-sessions", 1),
+        metavar="N",
+        help="cap on sessions stored in FILE's header for later --append",
+    )
+    calibrate.add_argument(
+        "--test",
+        default="tests/test_sweep.py",
+        metavar="PATH",
+        help="the sweep test file (default tests/test_sweep.py)",
+    )
+    calibrate.add_argument(
+        "--reports", metavar="DIR", help="where the sessions write their runs (default: a temp dir)"
+    )
+    calibrate.add_argument("pytest_args", nargs=argparse.REMAINDER, metavar="-- PYTEST_ARGS")
+    calibrate.set_defaults(handler=_calibrate_command)
+    build = commands.add_parser("build-model", help="build (or find) an embedded model")
+    build.add_argument("name", help="tiny-llama or tiny-mla")
+    build.set_defaults(handler=_build_model_command)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args)
+    except UsageError as exc:
+        print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

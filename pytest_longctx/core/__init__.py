@@ -1,0 +1,1 @@
+"""The shared vocabulary: sizes, the records schema every report reads, statistics, files."""

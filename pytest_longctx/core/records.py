@@ -1,0 +1,163 @@
+"""The results schema: one JSON line per finished sweep item, the only input of every report.
+
+``results.jsonl`` is appended and flushed to disk the moment an item finishes, so a crash,
+a timeout, Ctrl-C or SIGKILL loses at most the point that was running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+#: The records of one run, in its folder.
+RESULTS_FILE = "results.jsonl"
+
+#: Every figure a measurement can carry, with its unit. Reports read units from here.
+FIGURE_UNITS: Mapping[str, str] = {
+    "ttft": "s",  # client-side time to first generated token
+    "decode_throughput": "tok/s",  # (N-1) / (t_last - t_first)
+    "itl_median": "s",
+    "itl_p90": "s",
+    "itl_max": "s",
+    "e2e": "s",  # request sent -> stream closed
+    "server_ttft": "s",  # vLLM's own histogram sum delta
+    "server_prefill": "s",
+    "server_queue": "s",
+    "server_decode": "s",
+    "server_decode_throughput": "tok/s",  # (N-1) / vLLM's decode time: no client scheduling
+    "request_body_bytes": "B",
+    "prompt_build": "s",
+}
+
+#: ``interrupted``: the point was being measured when the session was stopped (Ctrl-C,
+#: SIGTERM, SIGHUP); it has no figures and ``--longctx-resume`` measures it again.
+#: The key of a baseline file's first line, which holds the gate's settings (gate.py).
+BASELINE_HEADER_KEY = "longctx_baseline"
+
+OUTCOMES = ("passed", "failed", "skipped", "error", "interrupted")
+
+
+@dataclass(frozen=True)
+class Record:
+    """What one sweep item produced, whatever its outcome."""
+
+    run_id: str
+    nodeid: str
+    length: int
+    repeat: int
+    outcome: str
+    reason: str | None = None
+    figures: Mapping[str, float] = field(default_factory=dict)
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    #: vLLM's /metrics deltas over the request (prompt tokens, cache hits, ...).
+    server_metrics: Mapping[str, float] = field(default_factory=dict)
+    #: What was measured: profile, model, revision, command, versions, hardware.
+    fingerprint: Mapping[str, Any] = field(default_factory=dict)
+    started_at: float | None = None  # unix seconds
+    finished_at: float | None = None
+    schema_version: int = SCHEMA_VERSION
+
+    def figure(self, name: str) -> float | None:
+        return self.figures.get(name)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": self.schema_version,
+            "run_id": self.run_id,
+            "nodeid": self.nodeid,
+            "length": self.length,
+            "repeat": self.repeat,
+            "outcome": self.outcome,
+            "reason": self.reason,
+            "figures": {
+                name: {"value": value, "unit": FIGURE_UNITS.get(name, "")}
+                for name, value in self.figures.items()
+            },
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "server_metrics": dict(self.server_metrics),
+            "fingerprint": dict(self.fingerprint),
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Record:
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise ValueError(f"schema_version {version!r}, this reader knows {SCHEMA_VERSION}")
+        if data.get("outcome") not in OUTCOMES:
+            raise ValueError(f"outcome {data.get('outcome')!r} is not one of {OUTCOMES}")
+        return cls(
+            run_id=str(data["run_id"]),
+            nodeid=str(data["nodeid"]),
+            length=int(data["length"]),
+            repeat=int(data["repeat"]),
+            outcome=data["outcome"],
+            reason=data.get("reason"),
+            figures={k: float(v["value"]) for k, v in (data.get("figures") or {}).items()},
+            prompt_tokens=data.get("prompt_tokens"),
+            completion_tokens=data.get("completion_tokens"),
+            server_metrics=dict(data.get("server_metrics") or {}),
+            fingerprint=dict(data.get("fingerprint") or {}),
+            started_at=data.get("started_at"),
+            finished_at=data.get("finished_at"),
+        )
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    records: tuple[Record, ...]
+    #: One line per skipped line: ``path:lineno: why``. Never fatal.
+    problems: tuple[str, ...] = ()
+
+
+def append_record(path: Path, record: Record) -> None:
+    """Append one line and force it to disk before returning."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = json.dumps(record.to_json(), sort_keys=True) + "\n"
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(line)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def read_records(path: Path) -> ReadResult:
+    """Every well-formed record in ``path``; a corrupt line is reported and skipped."""
+    records: list[Record] = []
+    problems: list[str] = []
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        for lineno, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                data = json.loads(line)
+                if isinstance(data, dict) and BASELINE_HEADER_KEY in data:
+                    continue  # a baseline file's header: its settings, not a record
+                records.append(Record.from_json(data))
+            except (ValueError, KeyError, TypeError) as exc:
+                problems.append(f"{path}:{lineno}: skipped a corrupt record ({exc})")
+    return ReadResult(tuple(records), tuple(problems))
+
+
+def results_path(run_or_file: Path) -> Path:
+    """Accept a run folder or its ``results.jsonl``."""
+    run_or_file = Path(run_or_file)
+    return run_or_file / RESULTS_FILE if run_or_file.is_dir() else run_or_file
+
+
+def read_runs(paths: Iterable[Path]) -> ReadResult:
+    """Records of several runs merged in order (e.g. three passes made on different days)."""
+    records: list[Record] = []
+    problems: list[str] = []
+    for path in paths:
+        result = read_records(results_path(path))
+        records.extend(result.records)
+        problems.extend(result.problems)
+    return ReadResult(tuple(records), tuple(problems))

@@ -1,0 +1,132 @@
+"""Per-length summaries over repeats: what every report prints, computed in one place.
+
+A summary reads only :class:`~pytest_longctx.records.Record` objects, so the same numbers come
+out of a live session, a run killed half-way and a campaign merged from several days.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from pytest_longctx.core.records import FIGURE_UNITS, OUTCOMES, Record
+
+DEFAULT_FIGURES: tuple[str, ...] = ("ttft", "decode_throughput")
+
+
+@dataclass(frozen=True)
+class FigureSummary:
+    """One figure at one length, over the passed repeats that carry it.
+
+    ``std`` is the sample standard deviation (divisor n - 1), the spread the study reports as
+    "mean ± stddev" over its three passes. With a single value there is no spread to estimate;
+    ``std`` is then 0.0 rather than undefined, so tables stay printable. ``cv`` (std / mean) is
+    None when the mean is 0, where the ratio has no meaning.
+    """
+
+    name: str
+    unit: str
+    values: tuple[float, ...]
+    mean: float
+    std: float
+    cv: float | None
+    min: float
+    max: float
+
+    @property
+    def n(self) -> int:
+        return len(self.values)
+
+
+@dataclass(frozen=True)
+class LengthSummary:
+    """Everything measured at one prompt length, across repeats and runs."""
+
+    length: int
+    #: Count of every outcome in :data:`~pytest_longctx.records.OUTCOMES`, zeros included.
+    outcomes: Mapping[str, int]
+    figures: Mapping[str, FigureSummary] = field(default_factory=dict)
+    #: Records that did not pass, in the order they were written, for "why" lists.
+    non_passed: tuple[Record, ...] = ()
+    #: Distinct prompt token counts the server reported for passed records.
+    prompt_tokens: tuple[int, ...] = ()
+    run_ids: tuple[str, ...] = ()
+
+    @property
+    def n(self) -> int:
+        """Passed repeats: the sample size behind every mean in the row."""
+        return self.outcomes.get("passed", 0)
+
+    def figure(self, name: str) -> FigureSummary | None:
+        return self.figures.get(name)
+
+
+def summarize_values(name: str, values: Sequence[float]) -> FigureSummary:
+    """Mean, sample std (0.0 for one value), CV, min and max of a non-empty sample."""
+    if not values:
+        raise ValueError(f"figure {name!r} has no values to summarize")
+    count = len(values)
+    mean = math.fsum(values) / count
+    if count > 1:
+        variance = math.fsum((value - mean) ** 2 for value in values) / (count - 1)
+        std = math.sqrt(variance)
+    else:
+        std = 0.0
+    return FigureSummary(
+        name=name,
+        unit=FIGURE_UNITS.get(name, ""),
+        values=tuple(values),
+        mean=mean,
+        std=std,
+        cv=std / mean if mean != 0 else None,
+        min=min(values),
+        max=max(values),
+    )
+
+
+def latest_records(records: Iterable[Record]) -> list[Record]:
+    """One record per (run_id, length, repeat): the last one written.
+
+    A resumed run re-measures a point that failed or never finished; its newer line is the
+    answer for that point, the older one is history.
+    """
+    latest: dict[tuple[str, int, int], tuple[int, Record]] = {}
+    for position, record in enumerate(records):
+        latest[(record.run_id, record.length, record.repeat)] = (position, record)
+    return [record for _, record in sorted(latest.values(), key=lambda item: item[0])]
+
+
+def summarize(
+    records: Iterable[Record], figures: Sequence[str] = DEFAULT_FIGURES
+) -> list[LengthSummary]:
+    """Per-length summaries sorted by length; repeats of every run count as one sample."""
+    by_length: dict[int, list[Record]] = {}
+    for record in latest_records(records):
+        by_length.setdefault(record.length, []).append(record)
+
+    summaries = []
+    for length in sorted(by_length):
+        group = by_length[length]
+        passed = [record for record in group if record.outcome == "passed"]
+        outcomes = {outcome: 0 for outcome in OUTCOMES}
+        for record in group:
+            outcomes[record.outcome] = outcomes.get(record.outcome, 0) + 1
+        figure_summaries = {}
+        for name in figures:
+            values = [record.figures[name] for record in passed if name in record.figures]
+            if values:
+                figure_summaries[name] = summarize_values(name, values)
+        summaries.append(
+            LengthSummary(
+                length=length,
+                outcomes=outcomes,
+                figures=figure_summaries,
+                non_passed=tuple(record for record in group if record.outcome != "passed"),
+                prompt_tokens=tuple(
+                    sorted({r.prompt_tokens for r in passed if r.prompt_tokens is not None})
+                ),
+                run_ids=tuple(dict.fromkeys(record.run_id for record in group)),
+            )
+        )
+    return summaries

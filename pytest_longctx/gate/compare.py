@@ -1,0 +1,461 @@
+"""The verdict per length and metric: beyond both the tolerance and the noise."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_longctx.core.records import (
+    Record,
+)
+from pytest_longctx.core.sizes import format_size
+from pytest_longctx.core.stats import latest_records, summarize_values
+
+from .noise import (
+    _PERCENT_SLACK,
+    DEFAULT_LEVEL,
+    NoiseTest,
+    _mean,
+    _variance,
+    session_test,
+    welch_test,
+)
+from .tolerances import METRICS, Metric, Tolerances
+
+VERDICT_STATUSES = ("ok", "regressed", "improved", "insufficient")
+LENGTH_STATUSES = (*VERDICT_STATUSES, "missing_in_current", "missing_in_baseline")
+
+WITHIN_ONLY = "one-session baseline: within-session noise only"
+
+
+@dataclass(frozen=True)
+class Stats:
+    """One side's figures at one length.
+
+    With one session, ``mean`` and ``std`` are over its repeats (``std`` None with a single
+    sample). With several (the baseline of a history), ``mean`` is the mean of the per-session
+    means and ``std`` their spread: the between-session noise.
+    """
+
+    n: int
+    mean: float
+    std: float | None
+    sessions: int = 1
+
+    @classmethod
+    def of(cls, name: str, values: list[float]) -> Stats:
+        summary = summarize_values(name, values)
+        return cls(n=summary.n, mean=summary.mean, std=summary.std if summary.n > 1 else None)
+
+    @classmethod
+    def of_sessions(cls, groups: Sequence[Sequence[float]]) -> Stats:
+        groups = [values for values in groups if values]
+        if len(groups) == 1:
+            return cls.of("", list(groups[0]))
+        means = [_mean(values) for values in groups]
+        return cls(
+            n=sum(len(values) for values in groups),
+            mean=_mean(means),
+            std=math.sqrt(_variance(means)),
+            sessions=len(groups),
+        )
+
+
+@dataclass(frozen=True)
+class MetricVerdict:
+    metric: str
+    length: int
+    status: str  # one of VERDICT_STATUSES
+    baseline: Stats | None
+    current: Stats | None
+    #: Signed relative change of the mean, current vs baseline (+ is up, whatever is worse).
+    change_pct: float | None
+    tolerance_pct: float
+    #: The noise test; None when a side has a single sample (tolerance alone decides).
+    test: NoiseTest | None
+    level: float
+    message: str
+
+    @property
+    def noise(self) -> str:
+        """``between-session``, ``within-session`` or ``tolerance-only``."""
+        return self.test.model if self.test is not None else "tolerance-only"
+
+
+@dataclass(frozen=True)
+class LengthVerdict:
+    length: int
+    status: str  # one of LENGTH_STATUSES
+    verdicts: tuple[MetricVerdict, ...] = ()
+    #: Why a length has no metric verdicts (one-sided, or nothing gated).
+    note: str = ""
+
+    @property
+    def regressed(self) -> bool:
+        return self.status == "regressed"
+
+    @property
+    def message(self) -> str:
+        """Regressions first, then the rest: what a failing test item shows."""
+        if not self.verdicts:
+            return self.note
+        order = {"regressed": 0, "insufficient": 1, "improved": 2, "ok": 3}
+        ranked = sorted(self.verdicts, key=lambda verdict: order[verdict.status])
+        return "\n".join(verdict.message for verdict in ranked)
+
+
+@dataclass(frozen=True)
+class GateReport:
+    lengths: tuple[LengthVerdict, ...]  # every length on either side, ascending
+    tolerances: Tolerances
+    #: Non-fatal trouble while reading, e.g. corrupt baseline lines.
+    problems: tuple[str, ...] = ()
+    level: float = DEFAULT_LEVEL
+    #: Sessions (run ids) among the baseline's passed records.
+    baseline_sessions: int = 1
+
+    def for_length(self, length: int) -> LengthVerdict | None:
+        return next((verdict for verdict in self.lengths if verdict.length == length), None)
+
+    @property
+    def regressed(self) -> tuple[LengthVerdict, ...]:
+        return self._with_status("regressed")
+
+    @property
+    def improved(self) -> tuple[LengthVerdict, ...]:
+        return self._with_status("improved")
+
+    @property
+    def missing_in_current(self) -> tuple[int, ...]:
+        return tuple(verdict.length for verdict in self._with_status("missing_in_current"))
+
+    @property
+    def missing_in_baseline(self) -> tuple[int, ...]:
+        return tuple(verdict.length for verdict in self._with_status("missing_in_baseline"))
+
+    @property
+    def passed(self) -> bool:
+        return not self.regressed
+
+    def _with_status(self, status: str) -> tuple[LengthVerdict, ...]:
+        return tuple(verdict for verdict in self.lengths if verdict.status == status)
+
+    def summary_lines(self) -> list[str]:
+        """A headline, then every finding that is not plain ok, then the problems."""
+
+        def sizes(lengths: Iterable[int]) -> str:
+            return ", ".join(format_size(length) for length in lengths)
+
+        compared = [v for v in self.lengths if not v.status.startswith("missing")]
+        headline = (
+            f"regression gate ({self.tolerances.describe()}, level {self.level:g}, "
+            f"{noise_model_words(self.baseline_sessions)}): "
+        )
+        if self.regressed:
+            headline += (
+                f"{len(self.regressed)} of {len(compared)} lengths regressed "
+                f"({sizes(v.length for v in self.regressed)})"
+            )
+        else:
+            headline += f"no regression over {len(compared)} lengths"
+        lines = [headline]
+        for verdict in self.lengths:
+            if not verdict.verdicts:
+                if verdict.status != "ok":
+                    lines.append(verdict.note)
+                continue
+            lines.extend(v.message for v in verdict.verdicts if v.status != "ok")
+        lines.extend(self.problems)
+        return lines
+
+
+def noise_model_words(sessions: int) -> str:
+    """How the gate estimates noise for a baseline of ``sessions`` sessions."""
+    if sessions >= 2:
+        return f"{sessions} baseline sessions: between-session noise"
+    return WITHIN_ONLY
+
+
+def session_count(records: Iterable[Record]) -> int:
+    """Distinct sessions (run ids) among passed records."""
+    return len({record.run_id for record in records if record.outcome == "passed"})
+
+
+def compare(
+    baseline: Iterable[Record],
+    current: Iterable[Record],
+    tolerances: Tolerances | None = None,
+    *,
+    level: float = DEFAULT_LEVEL,
+    problems: Iterable[str] = (),
+) -> GateReport:
+    """Verdicts for every length either side measured.
+
+    Only passed records count, and a point re-measured by a resumed run counts once (its latest
+    record), as in every other report.
+    """
+    tolerances = tolerances or Tolerances()
+    baseline_list = latest_records(baseline)
+    baseline_by_length = _passed_by_length(baseline_list)
+    current_list = latest_records(current)
+    current_by_length = _passed_by_length(current_list)
+    attempted = Counter(record.length for record in current_list)
+    lengths = sorted(set(baseline_by_length) | set(current_by_length))
+    verdicts = tuple(
+        _judge_length(
+            length,
+            baseline_by_length.get(length, []),
+            current_by_length.get(length, []),
+            attempted[length],
+            tolerances,
+            level,
+        )
+        for length in lengths
+    )
+    return GateReport(
+        lengths=verdicts,
+        tolerances=tolerances,
+        problems=tuple(problems),
+        level=level,
+        baseline_sessions=session_count(baseline_list),
+    )
+
+
+def compare_length(
+    baseline: Iterable[Record],
+    current: Iterable[Record],
+    length: int,
+    tolerances: Tolerances | None = None,
+    *,
+    level: float = DEFAULT_LEVEL,
+) -> LengthVerdict:
+    """The verdict at one length: what the per-length test item reports after its repeats."""
+    current_here = [record for record in latest_records(current) if record.length == length]
+    baseline_here = [record for record in latest_records(baseline) if record.length == length]
+    return _judge_length(
+        length,
+        [r for r in baseline_here if r.outcome == "passed"],
+        [r for r in current_here if r.outcome == "passed"],
+        len(current_here),
+        tolerances or Tolerances(),
+        level,
+    )
+
+
+def _passed_by_length(records: Iterable[Record]) -> dict[int, list[Record]]:
+    grouped: dict[int, list[Record]] = {}
+    for record in records:
+        if record.outcome == "passed":
+            grouped.setdefault(record.length, []).append(record)
+    return grouped
+
+
+def _judge_length(
+    length: int,
+    baseline: list[Record],
+    current: list[Record],
+    attempted: int,
+    tolerances: Tolerances,
+    level: float = DEFAULT_LEVEL,
+) -> LengthVerdict:
+    size = format_size(length)
+    if not baseline:
+        now = "measured now" if current else "no passed point now either"
+        return LengthVerdict(
+            length,
+            "missing_in_baseline",
+            note=f"{size}: absent from the baseline ({now}); refresh the baseline to gate it",
+        )
+    if not current:
+        why = f"{attempted} attempts, none passed" if attempted else "not measured"
+        return LengthVerdict(
+            length,
+            "missing_in_current",
+            note=f"{size}: in the baseline but not compared, this run has no passed point ({why})",
+        )
+    verdicts = []
+    for metric in METRICS.values():
+        tolerance = tolerances.for_metric(metric.name, length)
+        if tolerance is None:
+            continue
+        verdict = _judge_metric(metric, length, baseline, current, tolerance, level)
+        if verdict is not None:
+            verdicts.append(verdict)
+    statuses = {verdict.status for verdict in verdicts}
+    if not verdicts:
+        gated = any(tolerances.for_metric(name, length) is not None for name in METRICS)
+        note = f"{size}: no gated figure on either side" if gated else f"{size}: not gated"
+        return LengthVerdict(length, "insufficient" if gated else "ok", note=note)
+    for status in ("regressed", "insufficient", "improved"):
+        if status in statuses:
+            return LengthVerdict(length, status, tuple(verdicts))
+    return LengthVerdict(length, "ok", tuple(verdicts))
+
+
+def _figure_values(records: list[Record], figure: str) -> list[float]:
+    values = (record.figure(figure) for record in records)
+    return [float(value) for value in values if value is not None and math.isfinite(value)]
+
+
+def _session_values(records: list[Record], figure: str) -> list[list[float]]:
+    """The figure's values grouped by session (run id), in the order sessions first appear."""
+    by_session: dict[str, list[Record]] = {}
+    for record in records:
+        by_session.setdefault(record.run_id, []).append(record)
+    groups = [_figure_values(group, figure) for group in by_session.values()]
+    return [values for values in groups if values]
+
+
+def _judge_metric(
+    metric: Metric,
+    length: int,
+    baseline_records: list[Record],
+    current_records: list[Record],
+    tolerance: float,
+    level: float = DEFAULT_LEVEL,
+) -> MetricVerdict | None:
+    before_groups = _session_values(baseline_records, metric.figure)
+    after_values = _figure_values(current_records, metric.figure)
+    if not before_groups and not after_values:
+        return None  # neither side records it (e.g. a prefill-only profile): nothing to judge
+    where = f"{metric.label} at {format_size(length)}"
+    before = Stats.of_sessions(before_groups) if before_groups else None
+    after = Stats.of(metric.figure, after_values) if after_values else None
+
+    def verdict(status: str, message: str, **figures: Any) -> MetricVerdict:
+        return MetricVerdict(
+            metric=metric.name,
+            length=length,
+            status=status,
+            baseline=before,
+            current=after,
+            change_pct=figures.get("change_pct"),
+            tolerance_pct=tolerance,
+            test=figures.get("test"),
+            level=level,
+            message=message,
+        )
+
+    missing = _why_not_compared(metric, before, after)
+    if missing is not None or before is None or after is None:
+        return verdict("insufficient", f"{where}: not compared, {missing}")
+    worse_sign = 1.0 if metric.higher_is_worse else -1.0
+    test = _noise_test_for(before_groups, after_values, before, after, worse_sign)
+    change_pct = 100.0 * (after.mean - before.mean) / before.mean
+    status, message = _status_and_message(
+        metric, where, before, after, change_pct, tolerance, test, level
+    )
+    return verdict(status, message, change_pct=change_pct, test=test)
+
+
+def _why_not_compared(metric: Metric, before: Stats | None, after: Stats | None) -> str | None:
+    if before is None:
+        return f"the baseline has no {metric.figure} figure (now n={after.n if after else 0})"
+    if after is None:
+        return f"this run has no {metric.figure} figure (baseline n={before.n})"
+    if before.mean <= 0:
+        return f"the baseline mean is {before.mean:g}, no base for a percentage"
+    return None
+
+
+def _noise_test_for(
+    before_groups: list[list[float]],
+    after_values: list[float],
+    before: Stats,
+    after: Stats,
+    worse_sign: float,
+) -> NoiseTest | None:
+    """Against a history of sessions, between repeats of one, or none (n=1 on a side)."""
+    if before.sessions >= 2:
+        return session_test(before_groups, after_values, worse_sign)
+    if before.n >= 2 and after.n >= 2:
+        return welch_test(before_groups[0], after_values, worse_sign)
+    return None
+
+
+def _status_and_message(
+    metric: Metric,
+    where: str,
+    before: Stats,
+    after: Stats,
+    change_pct: float,
+    tolerance: float,
+    test: NoiseTest | None,
+    level: float,
+) -> tuple[str, str]:
+    """A regression needs both: beyond the tolerance, and significant at ``level``."""
+    worse_pct = (1.0 if metric.higher_is_worse else -1.0) * change_pct
+    beyond_tolerance = abs(change_pct) > tolerance + _PERCENT_SLACK
+    significant_worse = test is None or test.p_worse < level
+    significant_better = test is None or test.p_better < level
+    sides = f"baseline {_describe(before, metric)}, now {_describe(after, metric)}"
+    change = f"{change_pct:+.1f}%"
+    signed_tolerance = f"{'+' if metric.higher_is_worse else '-'}{tolerance:g}%"
+    if test is None:
+        sides_of_one = (("the baseline", before), ("this run", after))
+        single = [side for side, stats in sides_of_one if stats.n == 1]
+        noise = f"n=1 on {' and '.join(single)}, spread unknown: judged on tolerance alone"
+    else:
+        noise = _test_words(test, level, worse_pct >= 0)
+    if beyond_tolerance and worse_pct > 0 and significant_worse:
+        return "regressed", (
+            f"{where} {metric.worse_verb}: {sides}, {change} "
+            f"(tolerance {signed_tolerance}, {noise})"
+        )
+    if beyond_tolerance and worse_pct < 0 and significant_better:
+        return "improved", (
+            f"{where} {metric.better_verb}: {sides}, {change} (beyond tolerance {tolerance:g}%, "
+            f"{noise}); refresh the baseline so later changes are measured from here"
+        )
+    if beyond_tolerance:
+        return "ok", (
+            f"{where} ok within noise: {sides}, {change} exceeds tolerance {signed_tolerance} "
+            f"but is not significant ({noise})"
+        )
+    label = noise if test is None else _model_words(test)
+    return "ok", f"{where} ok: {sides}, {change} (tolerance {signed_tolerance}; {label})"
+
+
+def _model_words(test: NoiseTest) -> str:
+    if test.model == "between-session":
+        return f"against {test.sessions} baseline sessions"
+    return WITHIN_ONLY
+
+
+def _test_words(test: NoiseTest, level: float, worse: bool) -> str:
+    """``p=0.003 < 0.01, t=4.20, df=3.1; one-session baseline: within-session noise only``."""
+    p = test.p_worse if worse else test.p_better
+    relation = "<" if p < level else ">="
+    t = test.t if worse else -test.t
+    name = "t" if test.model == "between-session" else "Welch t"
+    t_text = f"{t:.2f}" if math.isfinite(t) else ("inf" if t > 0 else "-inf")
+    return f"p={p:.2g} {relation} {level:g}, {name}={t_text}, df={test.df:.1f}; " + _model_words(
+        test
+    )
+
+
+def _decimals(mean: float, spread: float | None = None) -> int:
+    """Three significant digits of the mean and at least one of the spread, at most six:
+    ``0.670 ± 0.010 s``, ``275.0 ± 0.2 tok/s``, ``18.4 ± 0.2 s``, ``40172 ± 115 s``."""
+    wanted = 2 - _exponent(mean, digits=3)
+    if spread:
+        wanted = max(wanted, -_exponent(spread, digits=1))
+    return min(6, max(0, wanted))
+
+
+def _exponent(value: float, digits: int) -> int:
+    """Decimal exponent of ``value`` once rounded to ``digits`` (0.000999999 -> -3, not -4)."""
+    if value == 0 or not math.isfinite(value):
+        return 0
+    return int(f"{abs(value):.{digits - 1}e}".split("e")[1])
+
+
+def _describe(stats: Stats, metric: Metric) -> str:
+    """``0.120 ± 0.001 s (n=3)``; a history: ``0.120 ± 0.004 s between 4 sessions (n=12)``."""
+    decimals = _decimals(stats.mean, stats.std)
+    spread = f" ± {stats.std:.{decimals}f}" if stats.std is not None else ""
+    between = f" between {stats.sessions} sessions" if stats.sessions > 1 else ""
+    return f"{stats.mean:.{decimals}f}{spread} {metric.unit}{between} (n={stats.n})"

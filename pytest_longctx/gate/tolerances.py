@@ -1,0 +1,145 @@
+"""The gated metrics and how much change in the bad direction each may show."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from pytest_longctx.core.records import (
+    FIGURE_UNITS,
+)
+from pytest_longctx.core.sizes import SizeError, format_size, parse_size
+
+from .noise import TOLERANCE_OPTION
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One gated quantity: which figure it reads and which direction hurts."""
+
+    name: str  # the key in the tolerance spec
+    figure: str  # the key in Record.figures
+    label: str  # how messages name it
+    higher_is_worse: bool
+    default_tolerance_pct: float
+    worse_verb: str
+    better_verb: str
+
+    @property
+    def unit(self) -> str:
+        return FIGURE_UNITS.get(self.figure, "")
+
+
+#: Gated metrics in report order. ITL gates the median gap: the p90 and max of a few hundred
+#: gaps swing with a single scheduler hiccup and would cry wolf.
+METRICS: Mapping[str, Metric] = {
+    metric.name: metric
+    for metric in (
+        Metric("ttft", "ttft", "TTFT", True, 10.0, "regressed", "improved"),
+        Metric("decode", "decode_throughput", "decode throughput", False, 5.0, "fell", "rose"),
+        Metric("itl", "itl_median", "median inter-token latency", True, 10.0, "rose", "fell"),
+    )
+}
+
+DEFAULT_TOLERANCES: Mapping[str, float] = {
+    name: metric.default_tolerance_pct for name, metric in METRICS.items()
+}
+
+
+TOLERANCE_FORM = (
+    "comma-separated METRIC=PERCENT or LENGTH:METRIC=PERCENT items, "
+    "e.g. 'ttft=10%,decode=5%,64Ki:ttft=20%,1Mi:itl=off'; "
+    f"METRIC is one of {', '.join(METRICS)}; PERCENT is a number of percent, '%' optional "
+    "(10 and 10% both mean ten percent; 0.1 is refused as ambiguous, write 0.1% or 10%), "
+    "or 'off' to stop gating that metric"
+)
+
+
+class ToleranceError(ValueError):
+    """A ``--longctx-tolerance`` value that does not parse."""
+
+    def __init__(self, part: str, problem: str) -> None:
+        super().__init__(f"{TOLERANCE_OPTION}: {part!r} {problem}; expected {TOLERANCE_FORM}")
+        self.part = part
+
+
+@dataclass(frozen=True)
+class Tolerances:
+    """Allowed change in percent per metric; ``None`` means the metric is not gated.
+
+    Per-length entries override the defaults for that length only; metrics a spec leaves out
+    keep their default (ttft 10%, decode 5%, itl 10%).
+    """
+
+    default: Mapping[str, float | None] = field(default_factory=lambda: dict(DEFAULT_TOLERANCES))
+    per_length: Mapping[int, Mapping[str, float | None]] = field(default_factory=dict)
+
+    def for_metric(self, metric: str, length: int) -> float | None:
+        override = self.per_length.get(length, {})
+        if metric in override:
+            return override[metric]
+        return self.default.get(metric)
+
+    def describe(self) -> str:
+        """The spec back as text (parses to an equal value), for report headers."""
+        parts = [f"{name}={_format_tolerance(self.default.get(name))}" for name in METRICS]
+        for length in sorted(self.per_length):
+            for name, value in self.per_length[length].items():
+                parts.append(f"{format_size(length)}:{name}={_format_tolerance(value)}")
+        return ",".join(parts)
+
+
+def _format_tolerance(value: float | None) -> str:
+    return "off" if value is None else f"{value:g}%"
+
+
+def parse_tolerances(text: str | None) -> Tolerances:
+    """Parse ``ttft=10%,decode=5%,64Ki:ttft=20%``; an empty spec gives the defaults."""
+    default: dict[str, float | None] = dict(DEFAULT_TOLERANCES)
+    per_length: dict[int, dict[str, float | None]] = {}
+    seen: set[tuple[int | None, str]] = set()
+    for raw_part in (text or "").split(","):
+        part = raw_part.strip()
+        if not part:
+            continue
+        key, equals, value_text = part.partition("=")
+        if not equals:
+            raise ToleranceError(part, "is not METRIC=PERCENT")
+        length: int | None = None
+        if ":" in key:
+            length_text, _, key = key.partition(":")
+            try:
+                length = parse_size(length_text.strip())
+            except SizeError as exc:
+                raise ToleranceError(part, f"has a bad length ({exc})") from None
+        name = key.strip().lower()
+        if name not in METRICS:
+            raise ToleranceError(part, f"names unknown metric {key.strip()!r}")
+        if (length, name) in seen:
+            where = f"at {format_size(length)}" if length is not None else "as a default"
+            raise ToleranceError(part, f"sets {name} {where} a second time")
+        seen.add((length, name))
+        value = _parse_percent(part, value_text.strip())
+        if length is None:
+            default[name] = value
+        else:
+            per_length.setdefault(length, {})[name] = value
+    return Tolerances(default=default, per_length=per_length)
+
+
+def _parse_percent(part: str, text: str) -> float | None:
+    if text.lower() == "off":
+        return None
+    number_text = text[:-1].strip() if text.endswith("%") else text
+    try:
+        value = float(number_text)
+    except ValueError:
+        raise ToleranceError(part, f"has a bad percentage {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise ToleranceError(part, f"has a bad percentage {text!r} (must be 0 or more)")
+    if not text.endswith("%") and 0 < value < 1:
+        raise ToleranceError(
+            part, f"has an ambiguous percentage {text!r} (a fraction or a percent?)"
+        )
+    return value

@@ -1,0 +1,1 @@
+"""One point measured: the client, prompts, server metrics, first-token budgets."""

@@ -1,0 +1,697 @@
+"""The client: control endpoints, and one streamed completion timed from t0."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpcore
+import httpx
+
+from pytest_longctx.core.files import REDACTED
+from pytest_longctx.core.sizes import format_size
+
+try:  # transformers depends on numpy; the pure-Python path only guards odd installs
+    import numpy as np
+except ImportError:  # pragma: no cover - exercised via _encode_ids_python in tests
+    np = None  # type: ignore[assignment]
+
+from .errors import (
+    ERROR_BODY_LIMIT,
+    UPLOAD_CHUNK_BYTES,
+    CompletionCountError,
+    ErrorFrameError,
+    FirstTokenTimeoutError,
+    InterTokenTimeoutError,
+    MalformedChunkError,
+    MalformedResponseError,
+    MeasurementError,
+    MeasurementTimeoutError,
+    MissingUsageError,
+    NoTokensError,
+    PromptTooLongError,
+    RequestRejectedError,
+    ServerUnavailableError,
+    StreamError,
+    TruncatedStreamError,
+)
+from .events import _choice_tokens, _SSEDecoder
+from .request import CompletionRequest, RequestBody, encode_request
+from .result import StreamMeasurement, quantile, summarize_stream
+from .transport import _preopening_transport
+from .watchdog import _BACKSTOP_S, _FIRST_TOKEN, _INTER_TOKEN, _Exchange, _Watchdog
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    id: str
+    max_model_len: int | None
+    #: Where the server loaded it from (vLLM's ``root``: a hub id or a folder on its machine).
+    root: str | None = None
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """Where the server is and how long to wait; the first-token budget comes per request."""
+
+    base_url: str
+    api_key: str | None = field(default=None, repr=False)
+    connect_timeout_s: float = 10.0
+    #: Longest silence between two token chunks; decode steps at 64Mi context are slow.
+    inter_token_timeout_s: float = 600.0
+    #: /health, /v1/models, /metrics, /tokenize (which may tokenize megabytes: see tokenize()).
+    control_timeout_s: float = 60.0
+    upload_chunk_bytes: int = UPLOAD_CHUNK_BYTES
+
+    def __post_init__(self) -> None:
+        for name in ("connect_timeout_s", "inter_token_timeout_s", "control_timeout_s"):
+            value = getattr(self, name)
+            if not value > 0:
+                raise ValueError(f"{name}={value!r}: expected a positive number of seconds")
+        if self.upload_chunk_bytes < 1:
+            raise ValueError(f"upload_chunk_bytes={self.upload_chunk_bytes}: expected >= 1")
+
+
+_MAX_LEN_RE = re.compile(r"maximum context length is (\d+) tokens")
+_PROMPT_TOKENS_RE = re.compile(r"contains (?:at least )?(\d+) input tokens")
+
+
+class CompletionClient:
+    """A vLLM-compatible server, measured one request at a time.
+
+    Every request opens a fresh connection (no keep-alive): an idle pooled connection that the
+    server closed would otherwise fail or retry inside a measurement. The measured request's
+    connection is opened just before ``t0`` (reported as ``connect_s``, outside the TTFT),
+    as a client with a warm connection would send it; it is never idle long enough for a
+    server to drop it. Proxy settings from the environment are ignored: a proxy buffers
+    streams and would move every arrival time.
+    """
+
+    def __init__(self, config: ClientConfig) -> None:
+        self.config = config
+        self.base_url = config.base_url.rstrip("/")
+        headers = {"Accept-Encoding": "identity"}
+        if config.api_key:
+            headers["Authorization"] = f"Bearer {config.api_key}"
+        transport, self._backend = _preopening_transport()
+        self._http = httpx.Client(
+            headers=headers,
+            timeout=httpx.Timeout(config.control_timeout_s, connect=config.connect_timeout_s),
+            transport=transport,
+            trust_env=False,
+        )
+
+    def __repr__(self) -> str:
+        return f"CompletionClient({self.base_url!r})"
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> CompletionClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- control endpoints -------------------------------------------------------------------
+
+    def health(self) -> bool:
+        """True when ``/health`` answers 200; any failure to answer is False."""
+        try:
+            return self._http.get(f"{self.base_url}/health").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def models(self) -> ServedModel:
+        """The first served model's id and ``max_model_len`` (None if the server omits it)."""
+        data = self._get_json("/v1/models")
+        entries = data.get("data") if isinstance(data, Mapping) else None
+        if not entries or not isinstance(entries[0], Mapping) or "id" not in entries[0]:
+            raise MalformedResponseError(
+                f"{self.base_url}/v1/models lists no model (expected data[0].id): "
+                f"{self._redact(json.dumps(data)[:300])}"
+            )
+        max_len = entries[0].get("max_model_len")
+        root = entries[0].get("root")
+        return ServedModel(
+            id=str(entries[0]["id"]),
+            max_model_len=_int_or_none(max_len),
+            root=str(root) if root else None,
+        )
+
+    def version(self) -> str | None:
+        """The engine's version from ``/version``; None when the server has no such endpoint."""
+        try:
+            data = self._get_json("/version")
+        except MeasurementError:
+            return None
+        version = data.get("version") if isinstance(data, Mapping) else None
+        return str(version) if version else None
+
+    def detokenize(self, model: str, ids: Sequence[int]) -> str:
+        """Text for token ids through the server's own tokenizer (``POST /detokenize``)."""
+        payload = {"model": model, "tokens": list(ids)}
+        data = self._post_json("/detokenize", payload, None)
+        text = data.get("prompt") if isinstance(data, Mapping) else None
+        if not isinstance(text, str):
+            raise MalformedResponseError(
+                f"{self.base_url}/detokenize answered without a 'prompt' string: "
+                f"{self._redact(json.dumps(data)[:300])}"
+            )
+        return text
+
+    def tokenize(
+        self, text: str, add_special_tokens: bool = True, timeout_s: float | None = None
+    ) -> list[int]:
+        """Token ids for ``text`` through the server's own tokenizer (``POST /tokenize``)."""
+        payload = {"prompt": text, "add_special_tokens": add_special_tokens}
+        data = self._post_json("/tokenize", payload, timeout_s)
+        tokens = data.get("tokens") if isinstance(data, Mapping) else None
+        if not isinstance(tokens, list):
+            raise MalformedResponseError(
+                f"{self.base_url}/tokenize answered without a 'tokens' list: "
+                f"{self._redact(json.dumps(data)[:300])}"
+            )
+        return tokens
+
+    def metrics_text(self) -> str:
+        """The Prometheus exposition of ``/metrics`` (parse it with server_metrics)."""
+        response = self._call("GET", "/metrics")
+        return response.text
+
+    def _get_json(self, path: str) -> Any:
+        return self._decode_json(self._call("GET", path), path)
+
+    def _post_json(self, path: str, payload: Any, timeout_s: float | None) -> Any:
+        return self._decode_json(self._call("POST", path, json=payload, timeout_s=timeout_s), path)
+
+    def _decode_json(self, response: httpx.Response, path: str) -> Any:
+        try:
+            return response.json()
+        except ValueError:
+            raise MalformedResponseError(
+                f"{self.base_url}{path} answered with non-JSON: {self._redact(response.text[:300])}"
+            ) from None
+
+    def _call(
+        self, method: str, path: str, json: Any = None, timeout_s: float | None = None
+    ) -> httpx.Response:
+        url = f"{self.base_url}{path}"
+        timeout = httpx.USE_CLIENT_DEFAULT
+        if timeout_s is not None:
+            timeout = httpx.Timeout(timeout_s, connect=self.config.connect_timeout_s)
+        try:
+            response = self._http.request(method, url, json=json, timeout=timeout)
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            raise self._unavailable(exc) from None
+        except httpx.TimeoutException:
+            limit = timeout_s if timeout_s is not None else self.config.control_timeout_s
+            raise MeasurementTimeoutError(
+                f"{method} {url} did not answer within {limit:g} s"
+            ) from None
+        except httpx.HTTPError as exc:
+            raise ServerUnavailableError(
+                f"{method} {url} failed: {self._redact(str(exc)) or type(exc).__name__}"
+            ) from None
+        if response.status_code >= 400:
+            raise self._rejection(response.status_code, response.content, url, None)
+        return response
+
+    # -- the measurement ---------------------------------------------------------------------
+
+    def measure(
+        self,
+        request: CompletionRequest,
+        first_token_budget_s: float,
+        budget_source: str = "the caller's limit",
+        check_count: bool = True,
+    ) -> StreamMeasurement:
+        """Stream ``request`` and time it; raises a :class:`MeasurementError` on any doubt.
+
+        ``first_token_budget_s`` bounds ``t0`` to the first token (upload and prefill included);
+        ``budget_source`` says where it came from, for the timeout message. With
+        ``check_count`` a completion count other than ``request.decode_tokens`` raises
+        :class:`CompletionCountError` (the measurement rides along on the error).
+        """
+        if not first_token_budget_s > 0:
+            raise ValueError(f"first_token_budget_s={first_token_budget_s!r}: expected > 0")
+        body = encode_request(request)
+        url = f"{self.base_url}/v1/completions"
+        watchdog = _Watchdog()
+        exchange = _Exchange(watchdog.attach)
+        slowest = max(first_token_budget_s, self.config.inter_token_timeout_s) + _BACKSTOP_S
+        http_request = self._http.build_request(
+            "POST",
+            url,
+            content=body.chunks(self.config.upload_chunk_bytes),
+            headers={
+                "Content-Type": "application/json",
+                "Content-Length": str(body.size),
+                "Accept": "text/event-stream",
+            },
+            timeout=httpx.Timeout(
+                connect=self.config.connect_timeout_s,
+                read=slowest,
+                write=first_token_budget_s + _BACKSTOP_S,
+                pool=self.config.connect_timeout_s,
+            ),
+            extensions={"trace": exchange},
+        )
+        context = _MeasureContext(request, body, first_token_budget_s, budget_source, exchange)
+        # Everything that is the instrument's and not the server's happens before t0: the body
+        # (above), the connection, and the watchdog thread's start. At t0 the deadline moves
+        # later than the one the thread sleeps on, which does not wake it.
+        context.connect_s = self._preconnect(http_request.url)
+        watchdog.start(time.perf_counter() + first_token_budget_s, _FIRST_TOKEN)
+        t0 = time.perf_counter()
+        context.t0 = t0
+        try:
+            watchdog.extend(t0 + first_token_budget_s, _FIRST_TOKEN)
+            try:
+                response = self._http.send(http_request, stream=True)
+            except httpx.HTTPError as exc:
+                raise self._send_failure(exc, watchdog, context) from None
+            finally:
+                if self._backend is not None:
+                    self._backend.discard()
+            context.response_headers_s = time.perf_counter() - t0
+            try:
+                return self._read_stream(response, watchdog, context, check_count)
+            finally:
+                # Closing a half-read stream can raise (h11: incomplete chunked read); the
+                # connection is discarded either way, and the error to report is the one above.
+                with contextlib.suppress(Exception):
+                    response.close()
+        finally:
+            watchdog.stop()
+
+    def _preconnect(self, url: httpx.URL) -> float | None:
+        """Open the request's TCP connection now; seconds it took, None when not pre-opened."""
+        if self._backend is None or url.scheme not in ("http", "https"):
+            return None
+        port = url.port or (443 if url.scheme == "https" else 80)
+        started = time.perf_counter()
+        try:
+            self._backend.open(url.host, port, timeout=self.config.connect_timeout_s)
+        except (httpcore.ConnectError, httpcore.ConnectTimeout, OSError) as exc:
+            raise self._unavailable(exc) from None
+        return time.perf_counter() - started
+
+    def _read_stream(
+        self,
+        response: httpx.Response,
+        watchdog: _Watchdog,
+        context: _MeasureContext,
+        check_count: bool,
+    ) -> StreamMeasurement:
+        url = str(response.request.url)
+        if response.status_code >= 400:
+            content = _read_limited(response)
+            raise self._rejection(response.status_code, content, url, context.request)
+        content_type = response.headers.get("content-type", "")
+        if "json" in content_type and "event-stream" not in content_type:
+            content = _read_limited(response)
+            raise StreamError(
+                f"{url} answered 200 with {content_type} instead of an event stream; "
+                f"it ignored stream=true: {self._redact(content[:300].decode('utf-8', 'replace'))}"
+            )
+        decoder = _SSEDecoder()
+        state = _StreamState()
+        stream = response.iter_bytes()
+        try:
+            while not state.done:
+                try:
+                    data = next(stream)
+                except StopIteration:
+                    for event in decoder.finish():
+                        self._handle_event(event, time.perf_counter(), state, watchdog, context)
+                    break
+                arrived = time.perf_counter()
+                for event in decoder.feed(data):
+                    self._handle_event(event, arrived, state, watchdog, context)
+                    if state.done:
+                        break
+        except httpx.HTTPError as exc:
+            raise self._stream_failure(exc, watchdog, state, context) from None
+        if not state.done:
+            if watchdog.expired_phase is not None:
+                raise self._timeout(watchdog.expired_phase, state, context)
+            raise TruncatedStreamError(
+                f"the stream from {url} ended before 'data: [DONE]' after "
+                f"{state.chunk_tokens_total} tokens ({context.describe_request()}): "
+                "the server closed the connection; check its log for a crash or restart"
+            )
+        return self._finish(state, context, check_count)
+
+    def _handle_event(
+        self,
+        event: str,
+        arrived: float,
+        state: _StreamState,
+        watchdog: _Watchdog,
+        context: _MeasureContext,
+    ) -> None:
+        if event.strip() == "[DONE]":
+            state.done = True
+            state.done_at = arrived - context.t0
+            return
+        try:
+            chunk = json.loads(event)
+        except ValueError as exc:
+            raise MalformedChunkError(
+                f"chunk {state.chunks + 1} of the stream is not JSON ({exc}): "
+                f"{self._redact(event[:200])!r}"
+            ) from None
+        if not isinstance(chunk, dict):
+            raise MalformedChunkError(
+                f"chunk {state.chunks + 1} of the stream is JSON but not an object: "
+                f"{self._redact(event[:200])!r}"
+            )
+        state.chunks += 1
+        if "error" in chunk:
+            error = chunk["error"] if isinstance(chunk["error"], Mapping) else {}
+            message = error.get("message", chunk["error"])
+            raise ErrorFrameError(
+                f"the server reported an error inside the stream after "
+                f"{state.chunk_tokens_total} tokens ({context.describe_request()}): "
+                f"{error.get('type', 'error')} (code {error.get('code', '?')}): "
+                f"{self._redact(str(message))}"
+            )
+        tokens = 0
+        for choice in chunk.get("choices") or ():
+            if not isinstance(choice, Mapping):
+                raise MalformedChunkError(
+                    f"chunk {state.chunks} has a choice that is not an object: "
+                    f"{self._redact(event[:200])!r}"
+                )
+            count, source = _choice_tokens(choice)
+            tokens += count
+            if count:
+                state.count_source = source
+            if choice.get("finish_reason") is not None:
+                state.finish_reason = choice["finish_reason"]
+        if tokens:
+            state.token_times.append(arrived - context.t0)
+            state.tokens_per_chunk.append(tokens)
+            watchdog.extend(arrived + self.config.inter_token_timeout_s, _INTER_TOKEN)
+        usage = chunk.get("usage")
+        if isinstance(usage, Mapping) and usage.get("completion_tokens") is not None:
+            state.usage = usage
+
+    def _finish(
+        self, state: _StreamState, context: _MeasureContext, check_count: bool
+    ) -> StreamMeasurement:
+        request = context.request
+        if state.usage is None:
+            raise MissingUsageError(
+                f"the stream finished without a usage chunk ({context.describe_request()}), so "
+                "the completion count is unknown; the request asks for it with "
+                "stream_options.include_usage, which this server ignored"
+                + ("" if request.include_usage else " (include_usage is off in the request)")
+            )
+        completion_tokens = _int_or_none(state.usage.get("completion_tokens"))
+        if completion_tokens is None:
+            raise MalformedChunkError(
+                f"usage.completion_tokens is not an int: {state.usage.get('completion_tokens')!r}"
+            )
+        if not state.token_times:
+            raise NoTokensError(
+                f"the server reported {completion_tokens} completion tokens but no chunk "
+                "carried text or token_ids, so the first token's arrival is unknown "
+                f"({context.describe_request()}); set return_token_ids to count ids"
+            )
+        throughput, gaps = summarize_stream(
+            state.token_times, state.tokens_per_chunk, completion_tokens
+        )
+        ordered = sorted(gaps)
+        details = state.usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, Mapping) else None
+        exchange = context.exchange
+        measurement = StreamMeasurement(
+            ttft_s=state.token_times[0],
+            e2e_s=state.done_at,
+            token_times_s=tuple(state.token_times),
+            tokens_per_chunk=tuple(state.tokens_per_chunk),
+            itl_s=gaps,
+            completion_tokens=completion_tokens,
+            requested_tokens=request.decode_tokens,
+            prompt_tokens=_int_or_none(state.usage.get("prompt_tokens")),
+            cached_prompt_tokens=_int_or_none(cached),
+            token_count_source=state.count_source,
+            finish_reason=state.finish_reason,
+            decode_throughput=throughput,
+            itl_median_s=quantile(ordered, 0.5) if ordered else None,
+            itl_p90_s=quantile(ordered, 0.9) if ordered else None,
+            itl_max_s=ordered[-1] if ordered else None,
+            body_bytes=context.body.size,
+            body_build_s=context.body.build_s,
+            connect_s=(
+                context.connect_s
+                if context.connect_s is not None
+                else exchange.span(
+                    "connection.connect_tcp.started", "connection.connect_tcp.complete"
+                )
+            ),
+            upload_s=exchange.span(
+                "http11.send_request_body.started", "http11.send_request_body.complete"
+            ),
+            response_headers_s=context.response_headers_s,
+            started_perf_s=context.t0,
+        )
+        if check_count and completion_tokens != request.decode_tokens:
+            raise CompletionCountError(
+                _count_message(request, measurement),
+                requested=request.decode_tokens,
+                received=completion_tokens,
+                measurement=measurement,
+            )
+        return measurement
+
+    # -- failures ----------------------------------------------------------------------------
+
+    def _redact(self, text: str) -> str:
+        key = self.config.api_key
+        return text.replace(key, REDACTED) if key else text
+
+    def _unavailable(self, exc: Exception) -> ServerUnavailableError:
+        reason = self._redact(str(exc)) or type(exc).__name__
+        return ServerUnavailableError(
+            f"cannot connect to {self.base_url} within {self.config.connect_timeout_s:g} s "
+            f"({reason}): is the server running and listening there?"
+        )
+
+    def _send_failure(
+        self, exc: httpx.HTTPError, watchdog: _Watchdog, context: _MeasureContext
+    ) -> MeasurementError:
+        if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)):
+            return self._unavailable(exc)
+        if watchdog.expired_phase is not None or isinstance(exc, httpx.TimeoutException):
+            return self._timeout(_FIRST_TOKEN, _StreamState(), context)
+        reason = self._redact(str(exc)) or type(exc).__name__
+        return ServerUnavailableError(
+            f"{self.base_url} closed the connection before answering "
+            f"({context.describe_request()}; {reason}): it may have crashed or restarted"
+        )
+
+    def _stream_failure(
+        self,
+        exc: httpx.HTTPError,
+        watchdog: _Watchdog,
+        state: _StreamState,
+        context: _MeasureContext,
+    ) -> MeasurementError:
+        if watchdog.expired_phase is not None:
+            return self._timeout(watchdog.expired_phase, state, context)
+        if isinstance(exc, httpx.TimeoutException):
+            return self._timeout(
+                _INTER_TOKEN if state.token_times else _FIRST_TOKEN, state, context
+            )
+        reason = self._redact(str(exc)) or type(exc).__name__
+        return TruncatedStreamError(
+            f"the stream broke after {state.chunk_tokens_total} tokens, before 'data: [DONE]' "
+            f"({context.describe_request()}; {reason}): check the server's log for a crash"
+        )
+
+    def _timeout(
+        self, phase: str, state: _StreamState, context: _MeasureContext
+    ) -> MeasurementTimeoutError:
+        elapsed = time.perf_counter() - context.t0
+        if phase == _INTER_TOKEN and state.token_times:
+            return InterTokenTimeoutError(
+                f"the stream stalled: no token for {self.config.inter_token_timeout_s:g} s after "
+                f"token {state.chunk_tokens_total} of {context.request.decode_tokens} "
+                f"({context.describe_request()}; inter-token limit from the client config)"
+            )
+        length = context.request.prompt_length
+        progress = context.progress()
+        return FirstTokenTimeoutError(
+            f"no token within the first-token budget of {context.budget_s:g} s for "
+            f"{context.describe_request()} (budget: {context.budget_source}); "
+            f"gave up after {elapsed:.1f} s; {progress}. Raise the budget if the server is "
+            "just slow, or check that it is alive",
+            length=length,
+            budget_s=context.budget_s,
+            budget_source=context.budget_source,
+        )
+
+    def _rejection(
+        self, status: int, content: bytes, url: str, request: CompletionRequest | None
+    ) -> RequestRejectedError:
+        text = content.decode("utf-8", "replace")
+        server_message, error_type = _server_error(text)
+        server_message = self._redact(server_message)
+        max_len = _MAX_LEN_RE.search(server_message)
+        if status == 400 and max_len:
+            prompt = _PROMPT_TOKENS_RE.search(server_message)
+            prompt_tokens = int(prompt.group(1)) if prompt else None
+            limit = int(max_len.group(1))
+            wanted = request.prompt_length if request is not None else None
+            needed = ""
+            if request is not None and (prompt_tokens or wanted):
+                total = (prompt_tokens or wanted or 0) + request.decode_tokens
+                needed = f"; serve with --max-model-len >= {total} (prompt + decode)"
+            size = (
+                f"the prompt has {prompt_tokens} tokens"
+                if prompt_tokens is not None
+                else "the prompt (with the decode length) does not fit"
+            )
+            return PromptTooLongError(
+                f"prompt too long for the server: it accepts at most {limit} tokens, {size}"
+                f"{needed}. Server said: {server_message}",
+                status_code=status,
+                server_message=server_message,
+                error_type=error_type,
+                max_model_len=limit,
+                prompt_tokens=prompt_tokens,
+            )
+        hint = {
+            401: " (check the API key)",
+            403: " (check the API key)",
+            404: " (check the URL and the served model name)",
+        }.get(status, "")
+        what = f" for {_describe(request)}" if request is not None else ""
+        return RequestRejectedError(
+            f"{url} answered HTTP {status}{what}{hint}: {server_message or '(empty body)'}",
+            status_code=status,
+            server_message=server_message,
+            error_type=error_type,
+        )
+
+
+@dataclass
+class _StreamState:
+    done: bool = False
+    done_at: float = 0.0
+    chunks: int = 0
+    token_times: list[float] = field(default_factory=list)
+    tokens_per_chunk: list[int] = field(default_factory=list)
+    count_source: str = "text"
+    finish_reason: str | None = None
+    usage: Mapping[str, Any] | None = None
+
+    @property
+    def chunk_tokens_total(self) -> int:
+        return sum(self.tokens_per_chunk)
+
+
+@dataclass
+class _MeasureContext:
+    request: CompletionRequest
+    body: RequestBody
+    budget_s: float
+    budget_source: str
+    exchange: _Exchange
+    t0: float = 0.0
+    connect_s: float | None = None  # the connection opened before t0
+    response_headers_s: float | None = None
+
+    def describe_request(self) -> str:
+        return _describe(self.request)
+
+    def progress(self) -> str:
+        times = self.exchange.times
+        if "http11.receive_response_headers.complete" in times:
+            at = times["http11.receive_response_headers.complete"] - self.t0
+            return f"the server accepted the request at {at:.2f} s and then sent no token"
+        if "http11.send_request_body.complete" in times:
+            at = times["http11.send_request_body.complete"] - self.t0
+            return (
+                f"the {self.body.size} B body was sent by {at:.2f} s and the server never answered"
+            )
+        if "connection.connect_tcp.complete" in times:
+            return f"the upload of the {self.body.size} B body did not finish"
+        return "no connection was established"
+
+
+def _describe(request: CompletionRequest) -> str:
+    length = request.prompt_length
+    prompt = "a text prompt" if length is None else f"a {format_size(length)}-token prompt"
+    return f"{prompt}, {request.decode_tokens} tokens to decode"
+
+
+def _count_message(request: CompletionRequest, measurement: StreamMeasurement) -> str:
+    asked, got = request.decode_tokens, measurement.completion_tokens
+    prompt = measurement.prompt_tokens or request.prompt_length
+    if got > asked:
+        return f"asked for {asked} completion tokens, got {got}: the server ignored max_tokens"
+    if measurement.finish_reason == "stop":
+        return (
+            f"asked for {asked} completion tokens, got {got}: the model stopped at an end "
+            "token (finish_reason 'stop'), so the server ignored ignore_eos/min_tokens"
+        )
+    total = f" ({prompt} + {asked} = {prompt + asked})" if prompt is not None else ""
+    return (
+        f"asked for {asked} completion tokens, got {got}: the server clamped the request, "
+        f"likely prompt + max_tokens > max_model_len{total}; serve with a --max-model-len of "
+        "at least the prompt plus the decode length"
+    )
+
+
+def _server_error(text: str) -> tuple[str, str | None]:
+    """The human part of an error body: OpenAI/vLLM ``error.message``, FastAPI ``detail``."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text.strip()[:1000], None
+    if isinstance(data, Mapping):
+        error = data.get("error")
+        if isinstance(error, Mapping) and "message" in error:
+            return str(error["message"]), _str_or_none(error.get("type"))
+        if isinstance(error, str):
+            return error, None
+        if "message" in data:
+            return str(data["message"]), _str_or_none(data.get("type"))
+        if "detail" in data:
+            return json.dumps(data["detail"])[:1000], None
+    return text.strip()[:1000], None
+
+
+def _read_limited(response: httpx.Response) -> bytes:
+    collected = bytearray()
+    try:
+        for piece in response.iter_bytes():
+            collected += piece
+            if len(collected) >= ERROR_BODY_LIMIT:
+                break
+    except httpx.HTTPError:
+        pass  # an error body cut short still says something
+    return bytes(collected[:ERROR_BODY_LIMIT])
+
+
+def _int_or_none(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
+def _str_or_none(value: Any) -> str | None:
+    return None if value is None else str(value)

@@ -1,0 +1,234 @@
+"""One point's measurement: prompt in, checked figures out.
+
+Checks that make a figure trustworthy are not warnings: the server must have read exactly the
+prompt's tokens, produced exactly the requested completion, and served none of the prompt from
+its prefix cache (a cached 8Ki prefill takes 0.1 s instead of 2.6 s on the CPU default).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pytest_longctx.core.records import Record
+from pytest_longctx.measure.client import (
+    ClientConfig,
+    CompletionClient,
+    CompletionRequest,
+    MeasurementError,
+    RequestRejectedError,
+)
+from pytest_longctx.measure.prompts import (
+    Prompt,
+)
+from pytest_longctx.measure.server_metrics import (
+    ExpositionError,
+    MetricsSnapshot,
+    ServerSideView,
+    delta,
+)
+from pytest_longctx.plan.sweep import Point
+from pytest_longctx.serving.process import ServerError, ServerInfo
+
+
+class PointFailure(AssertionError):
+    """A measurement that did not happen or cannot be checked; the item fails with this."""
+
+
+class UnverifiedPoint(PointFailure):
+    """Measured, but the server's counters to check it against could not be read."""
+
+    def __init__(self, message: str, measurement: PointMeasurement) -> None:
+        super().__init__(message)
+        self.measurement = measurement
+
+
+@dataclass(frozen=True)
+class PointMeasurement:
+    """One point's figures and the counts its contract is checked against (test_sweep.py)."""
+
+    length: int
+    requested_tokens: int
+    prompt_tokens: int
+    completion_tokens: int
+    ttft_s: float
+    stream_figures: dict[str, float] = field(default_factory=dict)
+    server_view: dict[str, float] = field(default_factory=dict)
+    prompt_build_s: float | None = None
+    #: Prompt tokens the server did not compute: the largest of ``usage``'s
+    #: ``prompt_tokens_details.cached_tokens`` and /metrics' cached and prefix-hit counters;
+    #: None when neither was readable (only with --longctx-allow-unverified).
+    cached_prompt_tokens: int | None = None
+    #: Requests the server counted between the /metrics reads around this one (1: alone).
+    server_requests: int | None = None
+    finish_reason: str | None = None
+
+    def completion_problem(self) -> str:
+        """Why the completion count is off, in the words a user can act on."""
+        asked, got = self.requested_tokens, self.completion_tokens
+        if got > asked:
+            return f"asked for {asked} completion tokens, got {got}: the server ignored max_tokens"
+        if self.finish_reason == "stop":
+            return (
+                f"asked for {asked} completion tokens, got {got}: the model stopped at an end "
+                "token, so the server ignored ignore_eos/min_tokens"
+            )
+        return (
+            f"asked for {asked} completion tokens, got {got}: the server clamped the request, "
+            f"likely prompt + max_tokens > max_model_len ({self.prompt_tokens} + {asked}); serve "
+            "with a --max-model-len of at least the prompt plus the decode length"
+        )
+
+    def figures(self) -> dict[str, float]:
+        figures = dict(self.stream_figures)
+        if self.prompt_build_s is not None:
+            figures["prompt_build"] = self.prompt_build_s
+        for name in ("server_ttft", "server_prefill", "server_queue", "server_decode"):
+            if self.server_view.get(name) is not None:
+                figures[name] = self.server_view[name]
+        decode_s = self.server_view.get("server_decode")
+        if decode_s and self.completion_tokens > 1:
+            figures["server_decode_throughput"] = (self.completion_tokens - 1) / decode_s
+        return figures
+
+    def server_metrics(self) -> dict[str, float]:
+        return dict(self.server_view)
+
+    @property
+    def decode_throughput(self) -> float | None:
+        return self.stream_figures.get("decode_throughput")
+
+    @classmethod
+    def from_record(cls, record: Record) -> PointMeasurement:
+        """A resumed point, reported from what an earlier session measured."""
+        return cls(
+            length=record.length,
+            requested_tokens=record.completion_tokens or 0,
+            prompt_tokens=record.prompt_tokens or 0,
+            completion_tokens=record.completion_tokens or 0,
+            ttft_s=record.figures.get("ttft", 0.0),
+            stream_figures=dict(record.figures),
+            server_view=dict(record.server_metrics),
+            cached_prompt_tokens=_cached_tokens(dict(record.server_metrics)),
+            server_requests=_whole(record.server_metrics.get("requests")),
+        )
+
+
+def _whole(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def client_for(server: ServerInfo) -> CompletionClient:
+    return CompletionClient(ClientConfig(base_url=server.base_url, api_key=server.api_key))
+
+
+def _snapshot(client: CompletionClient) -> tuple[MetricsSnapshot | None, str | None]:
+    """A /metrics read, or None and why it failed."""
+    try:
+        return MetricsSnapshot.from_text(client.metrics_text()), None
+    except (MeasurementError, ExpositionError) as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+UNVERIFIED_HINT = (
+    "the cold-prefill and one-request checks need the server's /metrics; set "
+    "--longctx-allow-unverified to keep points without them"
+)
+
+
+@dataclass(frozen=True)
+class PointSettings:
+    """What a point's measurement is asked to do, decided by the session."""
+
+    decode_tokens: int
+    first_token_budget_s: float
+    budget_source: str
+    allow_unverified: bool = False
+
+
+def measure_point(
+    client: CompletionClient,
+    server: ServerInfo,
+    point: Point,
+    prompt: Prompt,
+    settings: PointSettings,
+    check_alive: Callable[[float], None] = lambda grace_s: None,
+    refusal: Callable[[RequestRejectedError], str] = str,
+) -> PointMeasurement:
+    """Time one request between two /metrics reads; raise :class:`PointFailure` when the
+    measurement itself did not happen or cannot be checked. The contract (exact, cold, alone)
+    is the sweep test's to assert.
+
+    ``check_alive(grace_s)`` raises :class:`ServerError` when the server is gone (after
+    ``grace_s`` for a dying process to finish dying); ``refusal`` words a 401/403.
+    """
+    try:
+        check_alive(0.0)
+    except ServerError as exc:
+        raise PointFailure(str(exc)) from None
+    decode_tokens = settings.decode_tokens
+    if server.max_model_len is not None and point.length + decode_tokens > server.max_model_len:
+        raise PointFailure(
+            f"the server at {server.base_url} serves at most {server.max_model_len} tokens "
+            f"(max_model_len); this point needs {point.length} + {decode_tokens} decode"
+        )
+    request = CompletionRequest(
+        model=server.model_name,
+        prompt=prompt.text if prompt.text is not None else prompt.ids,
+        decode_tokens=decode_tokens,
+    )
+    before, why_not = _snapshot(client)
+    try:
+        stream = client.measure(
+            request,
+            first_token_budget_s=settings.first_token_budget_s,
+            budget_source=settings.budget_source,
+            check_count=False,
+        )
+    except RequestRejectedError as exc:
+        if exc.status_code in (401, 403):
+            raise PointFailure(refusal(exc)) from None
+        raise PointFailure(f"{type(exc).__name__}: {exc}") from None
+    except MeasurementError as exc:
+        try:
+            check_alive(5.0)
+        except ServerError as gone:
+            raise PointFailure(f"{type(exc).__name__}: {exc}\n{gone}") from None
+        raise PointFailure(f"{type(exc).__name__}: {exc}") from None
+    after, why_not_after = _snapshot(client) if before is not None else (None, None)
+    view: ServerSideView | None = delta(before, after) if before and after else None
+    server_view = {**view.figures(), **view.counters()} if view is not None else {}
+    if stream.cached_prompt_tokens is not None:
+        server_view["usage_cached_prompt_tokens"] = float(stream.cached_prompt_tokens)
+    cached = _cached_tokens(server_view)
+    requests = _whole(view.requests) if view is not None else None
+    result = PointMeasurement(
+        length=point.length,
+        requested_tokens=decode_tokens,
+        prompt_tokens=stream.prompt_tokens if stream.prompt_tokens is not None else -1,
+        completion_tokens=stream.completion_tokens,
+        ttft_s=stream.ttft_s,
+        stream_figures=stream.figures(),
+        server_view=server_view,
+        prompt_build_s=prompt.build_s,
+        cached_prompt_tokens=cached,
+        server_requests=requests,
+        finish_reason=stream.finish_reason,
+    )
+    if not settings.allow_unverified:
+        problem = why_not or why_not_after
+        if problem is None and (view is None or requests is None or cached is None):
+            problem = "the server's /metrics lacks vLLM's request and prefix-cache counters"
+        if problem is not None:
+            raise UnverifiedPoint(
+                f"this point cannot be verified: /metrics could not be read ({problem}); "
+                + UNVERIFIED_HINT,
+                result,
+            )
+    return result
+
+
+def _cached_tokens(view: dict[str, float]) -> int | None:
+    names = ("usage_cached_prompt_tokens", "cached_prompt_tokens", "prefix_cache_hits")
+    known = [view[name] for name in names if view.get(name) is not None]
+    return int(max(known)) if known else None

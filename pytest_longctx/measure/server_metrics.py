@@ -1,0 +1,211 @@
+"""vLLM's own view of a request, from two ``/metrics`` snapshots taken around it.
+
+Only the slice of the Prometheus text exposition format that vLLM emits is parsed: samples
+``name{label="value",...} value [timestamp]``, ``# HELP``/``# TYPE`` comments, escaped label
+values. A metric may appear under several label sets (engine, model_name, source...): its
+total is their sum. Metrics another engine lacks come out as None, never as an error.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+TTFT = "vllm:time_to_first_token_seconds"
+PREFILL = "vllm:request_prefill_time_seconds"
+QUEUE = "vllm:request_queue_time_seconds"
+DECODE = "vllm:request_decode_time_seconds"
+INTER_TOKEN = "vllm:inter_token_latency_seconds"
+E2E = "vllm:e2e_request_latency_seconds"
+PROMPT_TOKENS = "vllm:prompt_tokens_total"
+PROMPT_TOKENS_CACHED = "vllm:prompt_tokens_cached_total"
+PROMPT_TOKENS_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
+PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries_total"
+PREFIX_CACHE_HITS = "vllm:prefix_cache_hits_total"
+CACHE_CONFIG_INFO = "vllm:cache_config_info"
+
+
+class ExpositionError(ValueError):
+    """A line that is not a Prometheus sample."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    name: str
+    labels: Mapping[str, str]
+    value: float
+
+
+def parse_exposition(text: str) -> list[Sample]:
+    """Every sample in ``text``; raises :class:`ExpositionError` naming the bad line."""
+    samples = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        try:
+            samples.append(_parse_sample(line))
+        except ExpositionError as exc:
+            raise ExpositionError(f"/metrics line {number}: {exc}: {line[:200]!r}") from None
+    return samples
+
+
+def _parse_sample(line: str) -> Sample:
+    brace = line.find("{")
+    space = line.find(" ")
+    labels: dict[str, str] = {}
+    if brace != -1 and (space == -1 or brace < space):
+        name = line[:brace]
+        labels, rest = _parse_labels(line, brace + 1)
+    else:
+        if space == -1:
+            raise ExpositionError("a sample needs a name and a value")
+        name, rest = line[:space], line[space:]
+    parts = rest.split()
+    if not name or not parts or len(parts) > 2:
+        raise ExpositionError("expected 'name{labels} value [timestamp]'")
+    try:
+        value = float(parts[0])  # float() reads +Inf, -Inf and NaN as Prometheus writes them
+    except ValueError:
+        raise ExpositionError(f"value {parts[0]!r} is not a number") from None
+    return Sample(name=name, labels=labels, value=value)
+
+
+def _parse_labels(line: str, position: int) -> tuple[dict[str, str], str]:
+    """Labels from just after ``{``; values may hold commas, braces and escaped quotes."""
+    labels: dict[str, str] = {}
+    while True:
+        while position < len(line) and line[position] in " ,":
+            position += 1
+        if position < len(line) and line[position] == "}":
+            return labels, line[position + 1 :]
+        equals = line.find("=", position)
+        if equals == -1 or equals + 1 >= len(line) or line[equals + 1] != '"':
+            raise ExpositionError('expected label="value"')
+        key = line[position:equals].strip()
+        position = equals + 2
+        value = []
+        while True:
+            if position >= len(line):
+                raise ExpositionError(f"label {key!r} has an unterminated value")
+            char = line[position]
+            if char == "\\" and position + 1 < len(line):
+                escaped = line[position + 1]
+                value.append({"n": "\n", "\\": "\\", '"': '"'}.get(escaped, "\\" + escaped))
+                position += 2
+            elif char == '"':
+                position += 1
+                break
+            else:
+                value.append(char)
+                position += 1
+        labels[key] = "".join(value)
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    """One ``/metrics`` read; ``taken_at`` is the caller's clock (perf_counter or unix)."""
+
+    samples: tuple[Sample, ...] = field(repr=False)
+    taken_at: float | None = None
+
+    @classmethod
+    def from_text(cls, text: str, taken_at: float | None = None) -> MetricsSnapshot:
+        return cls(samples=tuple(parse_exposition(text)), taken_at=taken_at)
+
+    def total(self, name: str, where: Mapping[str, str] | None = None) -> float | None:
+        """Sum of ``name`` over its label sets (those matching ``where``); None if absent."""
+        values = [
+            sample.value
+            for sample in self.samples
+            if sample.name == name
+            and (where is None or all(sample.labels.get(k) == v for k, v in where.items()))
+        ]
+        return math.fsum(values) if values else None
+
+    def labels_of(self, name: str) -> dict[str, str] | None:
+        """Labels of the first ``name`` sample: how info-style metrics carry their data."""
+        for sample in self.samples:
+            if sample.name == name:
+                return dict(sample.labels)
+        return None
+
+
+def cache_config_labels(snapshot: MetricsSnapshot | str) -> dict[str, str] | None:
+    """``vllm:cache_config_info``'s labels (block_size, num_gpu_blocks, ...), or None."""
+    if isinstance(snapshot, str):
+        snapshot = MetricsSnapshot.from_text(snapshot)
+    return snapshot.labels_of(CACHE_CONFIG_INFO)
+
+
+@dataclass(frozen=True)
+class ServerSideView:
+    """What the server counted between two snapshots; None where it exposes nothing.
+
+    Times are sums over the requests in between (``requests``), so with one request at a time
+    they are that request's figures. A negative delta (the server restarted) is also None.
+    """
+
+    requests: float | None  # TTFT histogram _count delta
+    server_ttft_s: float | None
+    server_prefill_s: float | None
+    server_queue_s: float | None
+    server_decode_s: float | None
+    server_inter_token_s: float | None  # sum of vLLM's inter-token latencies
+    server_e2e_s: float | None
+    prompt_tokens: float | None
+    cached_prompt_tokens: float | None
+    prefix_cache_hits: float | None  # tokens found in the prefix cache
+    prefix_cache_queries: float | None  # tokens looked up
+
+    def figures(self) -> dict[str, float]:
+        """Times under the names of :data:`pytest_longctx.records.FIGURE_UNITS`."""
+        values = {
+            "server_ttft": self.server_ttft_s,
+            "server_prefill": self.server_prefill_s,
+            "server_queue": self.server_queue_s,
+            "server_decode": self.server_decode_s,
+        }
+        return {name: value for name, value in values.items() if value is not None}
+
+    def counters(self) -> dict[str, float]:
+        """Counts for ``Record.server_metrics``."""
+        values = {
+            "requests": self.requests,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_prompt_tokens": self.cached_prompt_tokens,
+            "prefix_cache_hits": self.prefix_cache_hits,
+            "prefix_cache_queries": self.prefix_cache_queries,
+            "server_inter_token_sum": self.server_inter_token_s,
+            "server_e2e": self.server_e2e_s,
+        }
+        return {name: value for name, value in values.items() if value is not None}
+
+
+def delta(before: MetricsSnapshot, after: MetricsSnapshot) -> ServerSideView:
+    """``after - before`` for every metric the view names."""
+
+    def change(name: str, where: Mapping[str, str] | None = None) -> float | None:
+        old, new = before.total(name, where), after.total(name, where)
+        if new is None:
+            return None
+        difference = new - (old or 0.0)
+        return difference if difference >= 0 else None
+
+    cached = change(PROMPT_TOKENS_CACHED)
+    if cached is None:
+        cached = change(PROMPT_TOKENS_BY_SOURCE, {"source": "local_cache_hit"})
+    return ServerSideView(
+        requests=change(f"{TTFT}_count"),
+        server_ttft_s=change(f"{TTFT}_sum"),
+        server_prefill_s=change(f"{PREFILL}_sum"),
+        server_queue_s=change(f"{QUEUE}_sum"),
+        server_decode_s=change(f"{DECODE}_sum"),
+        server_inter_token_s=change(f"{INTER_TOKEN}_sum"),
+        server_e2e_s=change(f"{E2E}_sum"),
+        prompt_tokens=change(PROMPT_TOKENS),
+        cached_prompt_tokens=cached,
+        prefix_cache_hits=change(PREFIX_CACHE_HITS),
+        prefix_cache_queries=change(PREFIX_CACHE_QUERIES),
+    )

@@ -1,0 +1,29 @@
+"""The session's options and ini keys, validated: what the plan is built from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Settings:
+    from_length: int | None
+    to_length: int | None
+    repeats: int
+    order: str
+    profile: str
+    url: str | None
+    api_key_env: str | None
+    output: Path
+    decode_tokens: int | None
+    ttft_timeout_s: float | None
+    prompt_format: str
+    seed: int
+    baseline: Path | None
+    tolerance: str | None
+    baseline_force: bool
+    plan_only: bool
+    resume: str | None
+    allow_unverified: bool = False
+    gate_level: float = 0.01

@@ -1,0 +1,1 @@
+"""Reports built from records alone: Markdown, HTML, plots, benchmark JSON."""

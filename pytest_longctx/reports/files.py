@@ -1,0 +1,9 @@
+"""The names of the report files in a run folder, in one place (``results.jsonl``, their only
+input, is :data:`pytest_longctx.core.records.RESULTS_FILE`)."""
+
+MARKDOWN = "report.md"
+HTML = "report.html"
+BENCHMARK = "benchmark.json"
+TTFT_PLOT = "ttft.png"
+DECODE_PLOT = "decode.png"
+KV_CACHE_PLOT = "kv_cache.png"

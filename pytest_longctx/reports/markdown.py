@@ -1,0 +1,368 @@
+"""The campaign report a person reads: ``report.md``, and the same table for a terminal.
+
+The layout follows the study's campaign report: what was measured (runs, profile, model,
+versions, hardware), one row per prompt length with mean ± std over repeats (Table 1), the
+points that did not pass and why, and how to reproduce the numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shlex
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from pytest_longctx.core.files import write_atomically
+from pytest_longctx.core.records import OUTCOMES, Record
+from pytest_longctx.core.sizes import format_size
+from pytest_longctx.core.stats import FigureSummary, LengthSummary, latest_records, summarize
+from pytest_longctx.reports.kv_plot import kv_plot_note
+
+DEFAULT_TITLE = "Long-context sweep"
+
+TABLE_COLUMNS: tuple[str, ...] = (
+    "Prompt",
+    "Tokens",
+    "n",
+    "TTFT (s) mean ± std",
+    "TTFT CV",
+    "Decode tok/s mean ± std",
+    "Decode CV",
+    "outcomes",
+)
+#: Columns printed left-aligned; the numeric ones align right.
+_TEXT_COLUMNS = frozenset({"Prompt", "outcomes"})
+
+#: Fingerprint keys shown in the header, in this order, with their labels.
+_HEADER_KEYS: tuple[tuple[str, str], ...] = (
+    ("profile", "Profile"),
+    ("model", "Model"),
+    ("revision", "Revision"),
+    ("vllm_version", "vLLM"),
+    ("torch_version", "torch"),
+    ("hardware", "Hardware"),
+)
+#: Fingerprint keys of the "How to reproduce" section, in this order, with their labels.
+REPRODUCE_LABELS: Mapping[str, str] = {
+    "command_line": "Command line",
+    "server_command": "Server command",
+    "server_env": "Server environment (besides the inherited one; secrets redacted)",
+    "server_url": "Server URL",
+    "profile": "Profile",
+    "model": "Model",
+    "revision": "Revision",
+    "vllm_version": "vLLM",
+    "torch_version": "torch",
+    "expected_versions": "Versions the profile was measured with",
+}
+#: Reproduce keys printed as shell commands rather than as list items.
+COMMAND_KEYS = ("command_line", "server_command")
+_MISSING = "–"
+_REASON_LIMIT = 500
+
+
+# --------------------------------------------------------------------------- writing
+
+
+# --------------------------------------------------------------------------- numbers
+
+
+def ttft_decimals(mean: float) -> int:
+    """2 decimals like the study; more below 0.1 s so a 12 ms TTFT does not print as 0.01."""
+    if mean >= 0.1 or mean <= 0 or not math.isfinite(mean):
+        return 2
+    return min(6, 1 - math.floor(math.log10(mean)))
+
+
+def format_mean_std(summary: FigureSummary | None, decimals: int) -> str:
+    """``mean ± std``; a single value prints alone, since one sample has no spread."""
+    if summary is None:
+        return _MISSING
+    if summary.n < 2:
+        return f"{summary.mean:,.{decimals}f}"
+    return f"{summary.mean:,.{decimals}f} ± {summary.std:,.{decimals}f}"
+
+
+def format_ttft(summary: FigureSummary | None) -> str:
+    return format_mean_std(summary, ttft_decimals(summary.mean) if summary else 2)
+
+
+def format_decode(summary: FigureSummary | None) -> str:
+    return format_mean_std(summary, 1)
+
+
+def format_cv(summary: FigureSummary | None) -> str:
+    """CV in percent, as the study quotes it ("under 1%"); none without two samples."""
+    if summary is None or summary.n < 2 or summary.cv is None:
+        return _MISSING
+    return f"{summary.cv * 100:.1f}%"
+
+
+def format_tokens(summary: LengthSummary) -> str:
+    """Target length with thousands separators, plus the server's count when it differs."""
+    text = f"{summary.length:,}"
+    measured = [tokens for tokens in summary.prompt_tokens if tokens != summary.length]
+    if measured:
+        text += " (measured " + ", ".join(f"{tokens:,}" for tokens in summary.prompt_tokens) + ")"
+    return text
+
+
+def format_outcomes(outcomes: Mapping[str, int]) -> str:
+    parts = [f"{outcomes[name]} {name}" for name in OUTCOMES if outcomes.get(name)]
+    return ", ".join(parts) or _MISSING
+
+
+def summary_row(summary: LengthSummary) -> list[str]:
+    """The cells of one length's row, in :data:`TABLE_COLUMNS` order (shared by all reports)."""
+    ttft = summary.figure("ttft")
+    decode = summary.figure("decode_throughput")
+    return [
+        format_size(summary.length),
+        format_tokens(summary),
+        str(summary.n),
+        format_ttft(ttft),
+        format_cv(ttft),
+        format_decode(decode),
+        format_cv(decode),
+        format_outcomes(summary.outcomes),
+    ]
+
+
+def summary_rows(records: Iterable[Record]) -> list[list[str]]:
+    return [summary_row(summary) for summary in summarize(records)]
+
+
+# --------------------------------------------------------------------------- fingerprint
+
+
+def format_fingerprint_value(value: Any) -> str:
+    """Lists are command lines (shell-quoted); mappings print as ``key: value`` pairs."""
+    if value is None:
+        return _MISSING
+    if isinstance(value, (list, tuple)):
+        return shlex.join(str(part) for part in value)
+    if isinstance(value, Mapping):
+        return ", ".join(f"{key}: {format_fingerprint_value(item)}" for key, item in value.items())
+    return str(value)
+
+
+def reference_fingerprint(records: Sequence[Record]) -> Mapping[str, Any]:
+    """The newest record's fingerprint: what the latest measurement ran on."""
+    for record in reversed(records):
+        if record.fingerprint:
+            return record.fingerprint
+    return {}
+
+
+def fingerprint_differences(records: Iterable[Record]) -> dict[str, dict[str, list[str]]]:
+    """Fingerprint keys whose value is not the same everywhere: ``{key: {value: [run ids]}}``.
+
+    Merged campaigns must say when their passes ran on different software or hardware, since
+    the spread then mixes run-to-run noise with a change of setup.
+    """
+    seen: dict[str, dict[str, list[str]]] = {}
+    records = [record for record in records if record.fingerprint]
+    keys = sorted({key for record in records for key in record.fingerprint})
+    for key in keys:
+        values: dict[str, list[str]] = {}
+        for record in records:
+            text = format_fingerprint_value(record.fingerprint.get(key))
+            run_ids = values.setdefault(text, [])
+            if record.run_id not in run_ids:
+                run_ids.append(record.run_id)
+        if len(values) > 1:
+            seen[key] = values
+    return seen
+
+
+def run_ids_of(records: Iterable[Record]) -> list[str]:
+    return list(dict.fromkeys(record.run_id for record in records))
+
+
+def _utc(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _time_span(records: Sequence[Record]) -> str | None:
+    starts = [record.started_at for record in records if record.started_at is not None]
+    ends = [record.finished_at for record in records if record.finished_at is not None]
+    if not starts and not ends:
+        return None
+    first = min(starts or ends)
+    last = max(ends or starts)
+    return f"{_utc(first)} to {_utc(last)}"
+
+
+def one_line(text: str | None) -> str:
+    """A reason fit for a list item or table cell: one line, bounded length."""
+    if not text:
+        return "no reason recorded"
+    flat = re.sub(r"\s+", " ", text).strip()
+    return flat if len(flat) <= _REASON_LIMIT else flat[: _REASON_LIMIT - 1] + "…"
+
+
+def reproduce_items(
+    records: Sequence[Record], reproduce: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """What a reader needs to re-run: fingerprint keys, overridden or extended by ``reproduce``."""
+    fingerprint = reference_fingerprint(records)
+    items = {key: fingerprint[key] for key in REPRODUCE_LABELS if fingerprint.get(key) is not None}
+    items.update(reproduce or {})
+    return items
+
+
+# --------------------------------------------------------------------------- markdown
+
+
+def _markdown_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(records: Iterable[Record]) -> str:
+    alignment = ["---" if column in _TEXT_COLUMNS else "---:" for column in TABLE_COLUMNS]
+    lines = [
+        "| " + " | ".join(TABLE_COLUMNS) + " |",
+        "|" + "|".join(alignment) + "|",
+    ]
+    for row in summary_rows(records):
+        lines.append("| " + " | ".join(_markdown_cell(cell) for cell in row) + " |")
+    return "\n".join(lines)
+
+
+def header_items(records: Sequence[Record]) -> list[tuple[str, str]]:
+    """``(label, text)`` pairs saying what was measured, shared by every report format."""
+    fingerprint = reference_fingerprint(records)
+    latest = latest_records(records)
+    counts = {outcome: sum(r.outcome == outcome for r in latest) for outcome in OUTCOMES}
+    items = [("Runs", ", ".join(run_ids_of(records)))]
+    for key, label in _HEADER_KEYS:
+        if fingerprint.get(key) is not None:
+            items.append((label, format_fingerprint_value(fingerprint[key])))
+    if fingerprint.get("unverified_points_allowed"):
+        kept = "points kept without the server's counters (--longctx-allow-unverified)"
+        items.append(("Verification", kept))
+    span = _time_span(records)
+    if span:
+        items.append(("Measured", span))
+    items.append(("Points", f"{len(latest)} recorded ({format_outcomes(counts)})"))
+    return items
+
+
+def _header_lines(records: Sequence[Record]) -> list[str]:
+    lines = [f"- {label}: {_markdown_cell(text)}" for label, text in header_items(records)]
+    differences = fingerprint_differences(records)
+    if differences:
+        lines.append("")
+        lines.append("**The runs differ in fingerprint**, so the spread mixes setups:")
+        for key, values in differences.items():
+            lines.append(f"- `{key}`:")
+            for value, run_ids in values.items():
+                runs = ", ".join(f"`{run_id}`" for run_id in run_ids)
+                lines.append(f"  - {runs}: {_markdown_cell(value)}")
+    return lines
+
+
+def non_passed_records(records: Iterable[Record]) -> list[Record]:
+    """The current non-passed points (re-measured ones excluded), by length then repeat."""
+    return sorted(
+        (record for record in latest_records(records) if record.outcome != "passed"),
+        key=lambda record: (record.length, record.run_id, record.repeat),
+    )
+
+
+def _non_passed_lines(records: Sequence[Record]) -> list[str]:
+    failures = non_passed_records(records)
+    if not failures:
+        return ["Every recorded point passed."]
+    return [
+        f"- {format_size(record.length)} repeat {record.repeat} (run `{record.run_id}`): "
+        f"**{record.outcome}**: {one_line(record.reason)}"
+        for record in failures
+    ]
+
+
+def _reproduce_lines(items: Mapping[str, Any]) -> list[str]:
+    if not items:
+        return ["The records carry no fingerprint to reproduce from."]
+    lines: list[str] = []
+    for key in COMMAND_KEYS:
+        if key in items:
+            value = format_fingerprint_value(items[key])
+            lines += [f"{REPRODUCE_LABELS[key]}:", "", "```sh", value, "```", ""]
+    for key, value in items.items():
+        if key not in COMMAND_KEYS:
+            lines.append(f"- {REPRODUCE_LABELS.get(key, key)}: {format_fingerprint_value(value)}")
+    while lines and not lines[-1]:
+        lines.pop()
+    return lines
+
+
+def render_markdown(
+    records: Iterable[Record],
+    *,
+    title: str = DEFAULT_TITLE,
+    reproduce: Mapping[str, Any] | None = None,
+    plot_links: Sequence[str] = (),
+) -> str:
+    """The whole ``report.md``.
+
+    ``reproduce`` adds to or overrides the fingerprint's reproduce keys; ``plot_links`` are
+    image paths as the reader's viewer should resolve them (relative to the report).
+    """
+    records = list(records)
+    lines = [f"# {title}", ""]
+    if not records:
+        return "\n".join(lines + ["No records yet.", ""])
+    lines += _header_lines(records)
+    lines += ["", "## Results", "", "Mean ± sample std over the passed repeats of every run.", ""]
+    lines += [markdown_table(records), ""]
+    for link in plot_links:
+        lines += [f"![{Path(link).stem}]({link})", ""]
+    note = kv_plot_note(records)
+    if note:
+        lines += [note, ""]
+    lines += ["## Points that did not pass", ""]
+    lines += _non_passed_lines(records)
+    lines += ["", "## How to reproduce", ""]
+    lines += _reproduce_lines(reproduce_items(records, reproduce))
+    lines.append("")
+    return "\n".join(lines)
+
+
+def write_markdown(
+    path: Path,
+    records: Iterable[Record],
+    *,
+    title: str = DEFAULT_TITLE,
+    reproduce: Mapping[str, Any] | None = None,
+    plots: Iterable[Path] = (),
+) -> Path:
+    """Write ``report.md``, linking ``plots`` relative to its folder."""
+    path = Path(path)
+    links = [Path(os.path.relpath(plot, path.parent)).as_posix() for plot in plots]
+    text = render_markdown(records, title=title, reproduce=reproduce, plot_links=links)
+    return write_atomically(path, text)
+
+
+# --------------------------------------------------------------------------- terminal
+
+
+def render_terminal_table(records: Iterable[Record]) -> str:
+    """The results table with aligned plain-text columns, for the end-of-session summary."""
+    rows = summary_rows(records)
+    table = [list(TABLE_COLUMNS), *rows]
+    widths = [max(len(row[index]) for row in table) for index in range(len(TABLE_COLUMNS))]
+
+    def line(cells: Sequence[str]) -> str:
+        padded = [
+            cell.ljust(width) if column in _TEXT_COLUMNS else cell.rjust(width)
+            for cell, width, column in zip(cells, widths, TABLE_COLUMNS, strict=True)
+        ]
+        return "  ".join(padded).rstrip()
+
+    rule = "  ".join("-" * width for width in widths)
+    return "\n".join([line(TABLE_COLUMNS), rule, *(line(row) for row in rows)])

@@ -1,0 +1,1 @@
+"""The measured server: profiles, vLLM's command line, the process, hardware, models."""

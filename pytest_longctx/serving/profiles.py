@@ -1,0 +1,249 @@
+"""Serving profiles: TOML files that say what to serve, how, on what, and over which range."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pytest_longctx.core.sizes import SizeError, parse_size
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+PROFILE_DIR = Path(__file__).parent / "profiles"
+DEFAULT_PROFILE = "cpu-tiny"
+EMBEDDED_PREFIX = "embedded:"
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be found or read; the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    source: str  # a hub id, a local folder, or "embedded:NAME"
+    revision: str | None = None
+    tokenizer: str | None = None
+    served_name: str | None = None
+    trust_remote_code: bool = False
+    weights_bytes: int | None = None
+    #: A copy of the checkpoint's config.json, so the capacity plan needs no download.
+    config: Path | None = None
+    #: Fixed memory the KV-cache plot compares against (label -> bytes), e.g. the checkpoint.
+    memory_marks: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def embedded_name(self) -> str | None:
+        if self.source.startswith(EMBEDDED_PREFIX):
+            return self.source[len(EMBEDDED_PREFIX) :]
+        return None
+
+
+@dataclass(frozen=True)
+class ServingSpec:
+    device: str = "cuda"  # cpu, cuda or rocm
+    dtype: str = "auto"
+    kv_cache_dtype: str = "auto"
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    attention_backend: str | None = None
+    kv_cache_memory: int | None = None  # bytes, explicit cache size (required on CPU)
+    gpu_memory_utilization: float | None = None
+    max_num_seqs: int | None = 1
+    enforce_eager: bool = False
+    executor: str | None = None  # --distributed-executor-backend
+    compilation_config: str | None = None
+    extra_args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    expected_versions: Mapping[str, str] = field(default_factory=dict)
+    api_key_env: str | None = None
+    startup_timeout_s: float = 1800.0
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    from_length: int = 1024
+    to_length: int = 64 * 1024**2
+    decode_tokens: int = 64
+    slow_from: int | None = None
+    very_slow_from: int | None = None
+    warmup_prompts: int = 3
+    #: First-token limit before any length is measured (then it grows from measurements).
+    first_token_timeout_s: float = 6 * 3600.0
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    devices: int = 1
+    memory_per_device: int | None = None  # bytes
+
+
+@dataclass(frozen=True)
+class GateSpec:
+    #: Default ``--longctx-tolerance`` spec for this profile's gate (see gate.py).
+    tolerance: str | None = None
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    path: Path
+    description: str
+    model: ModelSpec
+    serving: ServingSpec
+    sweep: SweepSpec
+    hardware: HardwareSpec
+    gate: GateSpec = field(default_factory=GateSpec)
+
+
+def available_profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.toml"))
+
+
+def load_profile(name_or_path: str) -> Profile:
+    """A shipped profile by name, or a user's own TOML file by path."""
+    path = Path(name_or_path)
+    if not (path.suffix == ".toml" or path.exists()):
+        path = PROFILE_DIR / f"{name_or_path}.toml"
+        if not path.exists():
+            raise ProfileError(
+                f"--longctx-profile={name_or_path!r}: no such profile; expected one of "
+                f"{', '.join(available_profiles())} or the path of a .toml file"
+            )
+    elif not path.exists():
+        raise ProfileError(f"--longctx-profile={name_or_path!r}: file {path} does not exist")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ProfileError(f"profile {path}: cannot read it as TOML ({exc})") from None
+    return _profile_from_toml(path, data)
+
+
+def _profile_from_toml(path: Path, data: Mapping[str, Any]) -> Profile:
+    reader = _Reader(path, data)
+    serving = reader.table("serving")
+    return Profile(
+        name=path.stem,
+        path=path,
+        description=str(reader.table("profile").get("description", "")),
+        model=ModelSpec(
+            source=reader.required("model", "source", str),
+            revision=reader.optional("model", "revision", str),
+            tokenizer=reader.optional("model", "tokenizer", str),
+            served_name=reader.optional("model", "served_name", str),
+            trust_remote_code=reader.optional("model", "trust_remote_code", bool) or False,
+            weights_bytes=reader.size("model", "weights_bytes"),
+            config=_beside(path, reader.optional("model", "config", str)),
+            memory_marks={
+                str(label): reader.size_value("model.memory_marks", label, value)
+                for label, value in dict(reader.table("model").get("memory_marks", {})).items()
+            },
+        ),
+        serving=ServingSpec(
+            device=reader.optional("serving", "device", str) or "cuda",
+            dtype=reader.optional("serving", "dtype", str) or "auto",
+            kv_cache_dtype=reader.optional("serving", "kv_cache_dtype", str) or "auto",
+            tensor_parallel_size=reader.number("serving", "tensor_parallel_size", int, 1, 1),
+            data_parallel_size=reader.number("serving", "data_parallel_size", int, 1, 1),
+            pipeline_parallel_size=reader.number("serving", "pipeline_parallel_size", int, 1, 1),
+            attention_backend=reader.optional("serving", "attention_backend", str),
+            kv_cache_memory=reader.size("serving", "kv_cache_memory"),
+            gpu_memory_utilization=reader.optional("serving", "gpu_memory_utilization", float),
+            max_num_seqs=reader.optional("serving", "max_num_seqs", int),
+            enforce_eager=reader.optional("serving", "enforce_eager", bool) or False,
+            executor=reader.optional("serving", "executor", str),
+            compilation_config=reader.optional("serving", "compilation_config", str),
+            extra_args=tuple(str(a) for a in serving.get("extra_args", ())),
+            env={str(k): str(v) for k, v in dict(serving.get("env", {})).items()},
+            expected_versions={
+                str(k): str(v) for k, v in dict(serving.get("expected_versions", {})).items()
+            },
+            api_key_env=reader.optional("serving", "api_key_env", str),
+            startup_timeout_s=reader.number("serving", "startup_timeout_s", float, 1800.0, 1.0),
+        ),
+        sweep=SweepSpec(
+            # Sizes are positive or refused (parse_size), so "or" only fills in absent keys.
+            from_length=reader.size("sweep", "from") or 1024,
+            to_length=reader.size("sweep", "to") or 64 * 1024**2,
+            decode_tokens=reader.number("sweep", "decode_tokens", int, 64, 2),
+            slow_from=reader.size("sweep", "slow_from"),
+            very_slow_from=reader.size("sweep", "very_slow_from"),
+            warmup_prompts=reader.number("sweep", "warmup_prompts", int, 3, 0),
+            first_token_timeout_s=reader.number(
+                "sweep", "first_token_timeout_s", float, 6 * 3600.0, 0.001
+            ),
+        ),
+        hardware=HardwareSpec(
+            devices=reader.number("hardware", "devices", int, 1, 1),
+            memory_per_device=reader.size("hardware", "memory_per_device"),
+        ),
+        gate=GateSpec(tolerance=reader.optional("gate", "tolerance", str)),
+    )
+
+
+def _beside(profile_path: Path, name: str | None) -> Path | None:
+    """A relative path in a profile is relative to it; shipped data lives in ../data."""
+    if name is None:
+        return None
+    for base in (profile_path.parent, PROFILE_DIR.parent / "data"):
+        candidate = (base / name).resolve()
+        if candidate.exists():
+            return candidate
+    raise ProfileError(f"profile {profile_path}: [model] config = {name!r} does not exist")
+
+
+@dataclass(frozen=True)
+class _Reader:
+    path: Path
+    data: Mapping[str, Any]
+
+    def table(self, name: str) -> Mapping[str, Any]:
+        value = self.data.get(name, {})
+        if not isinstance(value, Mapping):
+            raise ProfileError(f"profile {self.path}: [{name}] must be a table")
+        return value
+
+    def optional(self, table: str, key: str, kind: type) -> Any:
+        value = self.table(table).get(key)
+        if value is None:
+            return None
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise ProfileError(
+                f"profile {self.path}: [{table}] {key} = {value!r} must be a {kind.__name__}"
+            )
+        return value
+
+    def number(self, table: str, key: str, kind: type, default: Any, minimum: Any) -> Any:
+        """A number that is honoured as written, 0 included, or refused below ``minimum``."""
+        value = self.optional(table, key, kind)
+        if value is None:
+            return default
+        if value < minimum:
+            raise ProfileError(
+                f"profile {self.path}: [{table}] {key} = {value!r} must be >= {minimum}"
+            )
+        return value
+
+    def required(self, table: str, key: str, kind: type) -> Any:
+        value = self.optional(table, key, kind)
+        if value is None:
+            raise ProfileError(f"profile {self.path}: [{table}] {key} is required")
+        return value
+
+    def size(self, table: str, key: str) -> int | None:
+        value = self.table(table).get(key)
+        return None if value is None else self.size_value(table, key, value)
+
+    def size_value(self, table: str, key: str, value: Any) -> int:
+        try:
+            return parse_size(value)
+        except SizeError as exc:
+            raise ProfileError(f"profile {self.path}: [{table}] {key}: {exc}") from None

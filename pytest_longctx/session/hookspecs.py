@@ -1,0 +1,31 @@
+"""Extension points for other plugins and conftest files."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from pytest_longctx.core.records import Record
+    from pytest_longctx.plan.sweep import SweepPlan
+    from pytest_longctx.serving.vllm_command import ServerCommand
+
+
+@pytest.hookspec(firstresult=True)
+def pytest_longctx_server_command(
+    config: pytest.Config, plan: SweepPlan, command: ServerCommand
+) -> ServerCommand | None:
+    """Return a changed command to launch instead (extra flags, a wrapper such as numactl)."""
+
+
+def pytest_longctx_server_ready(config: pytest.Config, base_url: str, mode: str) -> None:
+    """The server answers ``/health``; ``mode`` is ``launched`` or ``attached``."""
+
+
+def pytest_longctx_fingerprint(config: pytest.Config, fingerprint: dict[str, Any]) -> None:
+    """Add keys to what identifies a measurement (a driver version, a cluster name)."""
+
+
+def pytest_longctx_record(config: pytest.Config, record: Record) -> None:
+    """A record was appended to ``results.jsonl`` and flushed: stream it elsewhere."""

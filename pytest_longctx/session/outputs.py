@@ -1,0 +1,204 @@
+"""Where the records become files and tables during a session.
+
+Every output here is rebuilt from ``results.jsonl`` alone; ``report.md`` after every point,
+the plots and ``benchmark.json`` at the end (and by ``python -m pytest_longctx report``).
+pytest-html writes ``report.html``: the plugin points it at the run folder, self-contained,
+and adds the sweep's columns, table and plots through pytest-html's own hooks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import pytest
+
+from pytest_longctx.core.records import Record
+from pytest_longctx.core.sizes import format_size
+from pytest_longctx.reports import html as html_report
+from pytest_longctx.reports import plots
+from pytest_longctx.reports.benchmark_json import benchmark_entries, write_benchmark_json
+from pytest_longctx.reports.files import BENCHMARK, HTML, MARKDOWN
+from pytest_longctx.reports.kv_plot import draw_kv_cache_plot
+from pytest_longctx.reports.markdown import render_terminal_table, write_markdown
+from pytest_longctx.session import gate_items
+from pytest_longctx.session.run import Run
+from pytest_longctx.session.stash import RUN_KEY
+
+#: The record an item produced (as JSON, so pytest-xdist can ship reports), set on its report
+#: for pytest-html's row hook.
+REPORT_ATTRIBUTE = "longctx_record"
+
+
+def _may_run_sweep(config: pytest.Config) -> bool:
+    """Whether this session may measure points; whether it does is known after collection."""
+    if config.getoption("collectonly") or config.getoption("longctx_plan", False):
+        return False
+    return not hasattr(config, "workerinput")
+
+
+def configure_outputs(config: pytest.Config, run: Run) -> None:
+    """Point pytest-html at the run folder unless the user chose a path (runs before it).
+
+    pytest-html makes the folder of its page when it is configured, before anything is
+    collected: :func:`drop_unused_outputs` takes the page back, and the folder with it, from a
+    session that selects no sweep point (the plugin's own unit tests, a user's other tests).
+    """
+    _add_to_metadata_table(config)
+    if not _may_run_sweep(config) or not config.pluginmanager.hasplugin("html"):
+        return
+    if getattr(config.option, "htmlpath", None) is None:
+        config.option.htmlpath = str(run.run_dir / HTML)
+        config.option.self_contained_html = True
+        run.owns_html_page = True
+    config.pluginmanager.register(HtmlTitle(_title(run)), "longctx-html-title")
+
+
+def drop_unused_outputs(config: pytest.Config, run: Run) -> None:
+    """After collection: a session with no sweep point keeps no run folder and no page."""
+    if run.selected_points or not run.owns_html_page:
+        return
+    with contextlib.suppress(ImportError):
+        from pytest_html.basereport import BaseReport
+
+        for plugin in config.pluginmanager.get_plugins():
+            if isinstance(plugin, BaseReport):
+                config.pluginmanager.unregister(plugin)
+    run.owns_html_page = False
+    with contextlib.suppress(OSError):
+        run.run_dir.rmdir()  # only when empty: never a folder holding results
+
+
+def _add_to_metadata_table(config: pytest.Config) -> None:
+    """pytest-metadata may have filled its table before this plugin was configured: then the
+    ``pytest_metadata`` hook has passed, and the table is completed here instead."""
+    with contextlib.suppress(ImportError):
+        from pytest_metadata.plugin import metadata_key
+
+        if metadata_key in config.stash:
+            describe_environment(config, config.stash[metadata_key])
+
+
+def describe_environment(config: pytest.Config, metadata: dict) -> None:
+    """The sweep's setup in pytest-metadata's table (pytest-html's Environment section)."""
+    run = config.stash.get(RUN_KEY, None)
+    if run is None:
+        return
+    profile = run.plan.profile
+    revision = f" @ {profile.model.revision}" if profile.model.revision else ""
+    metadata["longctx run"] = run.run_id
+    metadata["longctx profile"] = f"{profile.name}: {profile.description}"
+    metadata["longctx model"] = (
+        f"as {run.settings.url} serves it (see the sweep summary)"
+        if run.settings.url
+        else profile.model.source + revision
+    )
+    metadata["longctx server"] = run.settings.url or "launched from the profile"
+    metadata["longctx points"] = (
+        f"{format_size(run.plan.lengths[0])}..{format_size(run.plan.lengths[-1])}, "
+        f"{run.plan.repeats} repeat(s), {run.plan.decode_tokens} decode tokens"
+    )
+
+
+def after_record(config: pytest.Config, run: Run) -> None:
+    write_markdown(run.run_dir / MARKDOWN, run.all_records(), title=_title(run))
+
+
+def _title(run: Run) -> str:
+    return f"Long-context sweep {run.run_id} ({run.plan.profile.name})"
+
+
+def finish(config: pytest.Config) -> None:
+    """Runs before pytest-benchmark saves and before pytest-html writes its page."""
+    run = config.stash.get(RUN_KEY, None)
+    if run is None or not (run.written or run.resumed):
+        return
+    records = run.all_records()
+    with contextlib.suppress(ImportError):
+        run.plot_paths = plots.write_plots(run.run_dir, records, [draw_kv_cache_plot])
+    write_markdown(run.run_dir / MARKDOWN, records, title=_title(run), plots=run.plot_paths)
+    write_benchmark_json(run.run_dir / BENCHMARK, records)
+    write_users_benchmark_json(config)
+
+
+def write_users_benchmark_json(config: pytest.Config) -> None:
+    """Write ``--benchmark-json=FILE`` when pytest-benchmark would leave it out.
+
+    pytest-benchmark writes that file only when it timed benchmarks of its own, and a sweep
+    has none: it would warn "Not saving anything" and the points would be missing. The file
+    is made through its own hooks (its layout and machine_info, and
+    ``pytest_benchmark_update_json`` adding the points), and it is told the file is written.
+    """
+    session = getattr(config, "_benchmarksession", None)
+    if session is None or not getattr(session, "json", None) or session.benchmarks:
+        return
+    machine_info = session.get_machine_info()
+    commit_info = config.hook.pytest_benchmark_generate_commit_info(config=config)
+    config.hook.pytest_benchmark_update_commit_info(config=config, commit_info=commit_info)
+    output_json = config.hook.pytest_benchmark_generate_json(
+        config=config,
+        benchmarks=[],
+        include_data=True,
+        machine_info=machine_info,
+        commit_info=commit_info,
+    )
+    config.hook.pytest_benchmark_update_json(config=config, benchmarks=[], output_json=output_json)
+    session.save_json(output_json)
+    session.json = None
+
+
+def terminal_summary(terminalreporter, config: pytest.Config) -> None:  # noqa: ANN001
+    run = config.stash.get(RUN_KEY, None)
+    if run is None:
+        return
+    for problem in run.problems:
+        terminalreporter.write_line(f"pytest-longctx: {problem}", yellow=True)
+    if run.capacity_check is not None:
+        terminalreporter.write_line(
+            f"pytest-longctx capacity: {run.capacity_check.describe()}",
+            red=not run.capacity_check.agrees,
+        )
+    for line in gate_items.summary_lines(run):
+        terminalreporter.write_line(f"pytest-longctx gate: {line}", yellow=True)
+    if not run.written and not run.resumed:
+        return
+    terminalreporter.section("long-context sweep")
+    terminalreporter.write_line(render_terminal_table(run.all_records()))
+    terminalreporter.write_line(f"results: {run.results_path}")
+    terminalreporter.write_line(
+        f"reports: {run.run_dir} (report.md, report.html, benchmark.json, plots)"
+    )
+
+
+@dataclass(frozen=True)
+class HtmlTitle:
+    """Registered per session: pytest-html's title hook gets no config to find the run by."""
+
+    title: str
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_html_report_title(self, report) -> None:  # noqa: ANN001 - pytest-html's
+        report.title = self.title
+
+
+def html_table_header(cells: list[str]) -> None:
+    cells[2:2] = html_report.table_header_cells()
+
+
+def html_table_row(report: pytest.TestReport, cells: list[str]) -> None:
+    data = getattr(report, REPORT_ATTRIBUTE, None)
+    cells[2:2] = html_report.table_row_cells(Record.from_json(data) if data else None)
+
+
+def html_summary(config: pytest.Config, prefix: list[str]) -> None:
+    run = config.stash.get(RUN_KEY, None)
+    if run is None or not (run.written or run.resumed):
+        return
+    prefix.append(html_report.summary_fragment(run.all_records(), run.plot_paths))
+
+
+def extend_benchmark_json(config: pytest.Config, output_json: dict) -> None:
+    """A user's own ``--benchmark-json`` gets one benchmark per measured point too."""
+    run = config.stash.get(RUN_KEY, None)
+    if run is not None and (run.written or run.resumed):
+        output_json.setdefault("benchmarks", []).extend(benchmark_entries(run.all_records()))

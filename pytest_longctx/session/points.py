@@ -1,0 +1,121 @@
+"""A session's points: the served model's prompts, the warm-up, and each point measured.
+
+The session decides (budgets, nonces, which tokenizer); :mod:`pytest_longctx.measure.point`
+measures.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pytest_longctx.measure.client import CompletionClient, CompletionRequest, MeasurementError
+from pytest_longctx.measure.point import PointMeasurement, PointSettings, client_for, measure_point
+from pytest_longctx.measure.prompts import (
+    LocalTokenSource,
+    Prompt,
+    PromptBuilder,
+    ServerTokenSource,
+)
+from pytest_longctx.measure.timeouts import FirstTokenBudget
+from pytest_longctx.plan.sweep import Point
+from pytest_longctx.serving import served_model
+from pytest_longctx.serving.process import ServerError, ServerInfo
+from pytest_longctx.session import server as serving
+from pytest_longctx.session.run import Run
+
+WARMUP_PROMPT_TOKENS = 1024
+WARMUP_DECODE_TOKENS = 8
+
+
+def prompt_builder(run: Run, server: ServerInfo) -> PromptBuilder:
+    """The served model's tokenizer: a local copy when there is one, else the server's own.
+
+    Local: the profile's (launched, or attached to the profile's model) or the server's model
+    folder when it is readable here. Otherwise ``/tokenize`` encodes and ``/detokenize``
+    decodes (text prompts).
+    """
+    if run.prompt_builder is not None:
+        return run.prompt_builder
+    from pytest_longctx.serving.embedded import cache_root
+
+    profile = run.plan.profile
+    described_by = getattr(run.model, "described_by", served_model.BY_PROFILE)
+    source: Any
+    if described_by == served_model.BY_PROFILE:
+        source = LocalTokenSource(
+            serving.tokenizer_location(profile, build=True),
+            revision=None if profile.model.embedded_name else profile.model.revision,
+            trust_remote_code=profile.model.trust_remote_code,
+        )
+    elif described_by == served_model.BY_FOLDER and server.model_root:
+        source = LocalTokenSource(server.model_root, trust_remote_code=True)
+    else:
+        client = client_for(server)  # lives as long as the builder, for /tokenize
+        source = ServerTokenSource(
+            server.model_name,
+            lambda text, special: client.tokenize(text, add_special_tokens=special),
+            lambda ids: client.detokenize(server.model_name, ids),
+        )
+    run.prompt_builder = PromptBuilder(source, cache_root() / "prompts", seed=run.settings.seed)
+    return run.prompt_builder
+
+
+def build_prompt(run: Run, builder: PromptBuilder, point: Point) -> Prompt:
+    """The point's own nonce first (its index in the plan), then a readable tag."""
+    tag = f"Run {run.run_id}, prompt of {point.length} tokens, pass {point.repeat}."
+    index = run.plan.points.index(point) if point in run.plan.points else len(run.plan.points)
+    nonce = builder.nonce(run.run_id, index)
+    return builder.build(point.length, tag, text=run.settings.prompt_format == "text", nonce=nonce)
+
+
+def warm_up(run: Run, server: ServerInfo) -> None:
+    """Three short prompts before the first measured point, as the reference study did.
+
+    They are cold prompts of the smallest selected length (at most 1Ki), so the first measured
+    point does not pay for the server's first allocations at that size.
+    """
+    length = min([p.length for p in run.selected_points] or [WARMUP_PROMPT_TOKENS])
+    length = min(length, WARMUP_PROMPT_TOKENS)
+    with client_for(server) as client:
+        builder = prompt_builder(run, server)
+        for index in range(run.plan.profile.sweep.warmup_prompts):
+            # Nonces after the plan's points: a warm-up shares no first token with a point.
+            nonce = builder.nonce(run.run_id, len(run.plan.points) + 1 + index)
+            prompt = builder.build(length, f"Warm-up {index + 1} of run {run.run_id}.", nonce=nonce)
+            request = CompletionRequest(
+                model=server.model_name, prompt=prompt.ids, decode_tokens=WARMUP_DECODE_TOKENS
+            )
+            try:
+                client.measure(
+                    request, first_token_budget_s=600.0, budget_source="warm-up", check_count=False
+                )
+            except MeasurementError as exc:
+                raise ServerError(f"warm-up request {index + 1} failed: {exc}") from exc
+
+
+def measure(
+    run: Run, server: ServerInfo, client: CompletionClient, point: Point, prompt: Prompt
+) -> PointMeasurement:
+    """One point, with the first-token budget grown from the points measured so far."""
+    budget = FirstTokenBudget(
+        default_s=run.plan.profile.sweep.first_token_timeout_s,
+        override_s=run.settings.ttft_timeout_s,
+    )
+    budget_s, source = budget.for_length(point.length, run.measured_ttft)
+    if run.settings.ttft_timeout_s is not None:
+        source += " (--longctx-ttft-timeout)"
+    settings = PointSettings(
+        decode_tokens=run.plan.decode_tokens,
+        first_token_budget_s=budget_s,
+        budget_source=source,
+        allow_unverified=run.settings.allow_unverified,
+    )
+    return measure_point(
+        client,
+        server,
+        point,
+        prompt,
+        settings,
+        check_alive=lambda grace_s: serving.check_alive(run, grace_s=grace_s),
+        refusal=lambda exc: str(serving.refused(run, server.base_url, exc)),
+    )

@@ -1,0 +1,103 @@
+"""Turns each finished sweep item into a record, appended before the next item starts."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from pytest_longctx.core.records import Record
+from pytest_longctx.session import outputs as reporting
+from pytest_longctx.session.items import point_of
+from pytest_longctx.session.outputs import REPORT_ATTRIBUTE
+from pytest_longctx.session.stash import MEASUREMENT_KEY, RUN_KEY
+
+
+def _reason(call: pytest.CallInfo[None], report: pytest.TestReport) -> str | None:
+    if report.passed:
+        return None
+    if report.skipped and isinstance(report.longrepr, tuple):
+        return str(report.longrepr[2])
+    if call.excinfo is not None:
+        return call.excinfo.exconly().strip()
+    return report.longreprtext.strip().splitlines()[-1] if report.longreprtext else None
+
+
+def on_item_start(item: pytest.Item) -> None:
+    run = item.config.stash.get(RUN_KEY, None)
+    point = point_of(item)
+    if run is None or point is None or run.settings.plan_only or point in run.resumed:
+        return
+    run.in_flight = (item.nodeid, point, time.time())
+
+
+def on_item_end(item: pytest.Item) -> None:
+    run = item.config.stash.get(RUN_KEY, None)
+    if run is not None:
+        run.in_flight = None
+
+
+def record_interrupted(config: pytest.Config) -> None:
+    """The point a stopped session was measuring: kept as interrupted, measured on resume."""
+    run = config.stash.get(RUN_KEY, None)
+    if run is None or run.in_flight is None:
+        return
+    nodeid, point, started = run.in_flight
+    run.in_flight = None
+    if any(r.nodeid == nodeid for r in run.written):
+        return  # it reported before the interrupt reached it
+    received = run.signals.received if run.signals is not None else None
+    record = Record(
+        run_id=run.run_id,
+        nodeid=nodeid,
+        length=point.length,
+        repeat=point.repeat,
+        outcome="interrupted",
+        reason="the session was stopped during this point" + (f" ({received})" if received else ""),
+        fingerprint=run.fingerprint,
+        started_at=started,
+        finished_at=time.time(),
+    )
+    run.append(record)
+    config.hook.pytest_longctx_record(config=config, record=record)
+
+
+def on_report(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport) -> None:
+    config = item.config
+    run = config.stash.get(RUN_KEY, None)
+    point = point_of(item)
+    if run is None or point is None or run.settings.plan_only:
+        return
+    if point in run.resumed:
+        if report.when == "call":
+            setattr(report, REPORT_ATTRIBUTE, run.resumed[point].to_json())
+        return
+    if report.when == "call":
+        outcome = report.outcome
+    elif report.when == "setup" and not report.passed:
+        outcome = "skipped" if report.skipped else "error"
+    else:
+        return
+    measurement = item.stash.get(MEASUREMENT_KEY, None)
+    record = Record(
+        run_id=run.run_id,
+        nodeid=item.nodeid,
+        length=point.length,
+        repeat=point.repeat,
+        outcome=outcome,
+        reason=_reason(call, report),
+        figures=measurement.figures() if measurement else {},
+        prompt_tokens=measurement.prompt_tokens if measurement else None,
+        completion_tokens=measurement.completion_tokens if measurement else None,
+        server_metrics=measurement.server_metrics() if measurement else {},
+        fingerprint=run.fingerprint,
+        started_at=call.start,
+        finished_at=time.time(),
+    )
+    run.append(record)
+    setattr(report, REPORT_ATTRIBUTE, record.to_json())
+    if outcome == "passed" and measurement is not None:
+        slowest = max(measurement.ttft_s, run.measured_ttft.get(point.length, 0.0))
+        run.measured_ttft[point.length] = slowest
+    config.hook.pytest_longctx_record(config=config, record=record)
+    reporting.after_record(config, run)

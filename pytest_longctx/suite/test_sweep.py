@@ -1,0 +1,37 @@
+"""The long-context sweep: one item per (length, repeat): ``test_prefill_decode[len=1Ki-rep=0]``.
+
+Shipped with the plugin, so any project runs it with no copied file:
+``pytest --pyargs pytest_longctx.suite --longctx-url=http://127.0.0.1:8000`` against your own
+server, or with no URL against the embedded default. Select lengths like any tests:
+``-m "len<=1Mi"``, ``--longctx-to=64Mi --longctx-repeats=3``. Each item measures one cold
+prefill (TTFT) and a fixed-length decode.
+"""
+
+
+def test_prefill_decode(longctx_point, longctx_prompt, longctx_measure):
+    """What makes a point's figures true: the whole contract, in one place."""
+    length = longctx_point.length
+    result = longctx_measure(longctx_prompt)
+
+    # Exact: the server read exactly the point's prompt ...
+    assert result.prompt_tokens == length, (
+        f"the server counted {result.prompt_tokens} prompt tokens; the point sent {length}"
+    )
+    # ... and generated exactly the decode length (vLLM clamps it silently at max_model_len).
+    assert result.completion_tokens == result.requested_tokens, result.completion_problem()
+    # Cold: its prefix cache served none of the prompt (usage and /metrics both say so).
+    assert not result.cached_prompt_tokens, (
+        f"the server's prefix cache served {result.cached_prompt_tokens} of {length} prompt "
+        "tokens: this is not a cold prefill"
+    )
+    # Alone: nobody else's request ran on the server while this one was timed (None only
+    # with --longctx-allow-unverified, when the server's counters cannot be read).
+    assert result.server_requests in (1, None), (
+        f"the server served {result.server_requests} requests during this point: its TTFT "
+        "is not this request's alone"
+    )
+
+
+def test_regression(longctx_regression_length, longctx_gate):
+    """With --longctx-baseline: after a length's repeats, fail if it got slower than before."""
+    longctx_gate.check(longctx_regression_length)
