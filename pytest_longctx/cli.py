@@ -101,6 +101,20 @@ def _report_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compare_command(args: argparse.Namespace) -> int:
+    from pytest_longctx.gate import DEFAULT_LEVEL, LevelError, parse_level
+    from pytest_longctx.reports.compare import CompareError, write_comparison
+
+    try:
+        level = DEFAULT_LEVEL if args.level is None else parse_level(args.level)
+        paths = write_comparison([Path(s) for s in args.sources], Path(args.output), level)
+    except (CompareError, LevelError) as exc:
+        raise UsageError(str(exc)) from None
+    for path in paths:
+        print(path)
+    return 0
+
+
 def _load_runs(run_dirs: Sequence[str]) -> list[Record]:
     from pytest_longctx.gate import BaselineError, load_baseline
 
@@ -371,6 +385,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     calibrate.add_argument("pytest_args", nargs=argparse.REMAINDER, metavar="-- PYTEST_ARGS")
     calibrate.set_defaults(handler=_calibrate_command)
+    compare = commands.add_parser(
+        "compare",
+        help="put runs side by side: what differs, per-length figures, ratios, overlay plots",
+        description=(
+            "Compare runs made on purpose under different setups (KV dtype, vLLM version, "
+            "node): the fingerprint differences first, then per length and metric each run's "
+            "mean ± std, the ratio to the first run and the gate's one-sided t-test; "
+            "compare.md, a self-contained compare.html and overlay plots."
+        ),
+    )
+    compare.add_argument(
+        "sources", nargs="+", metavar="RUN", help="run folders, results.jsonl or baseline files"
+    )
+    compare.add_argument("--output", required=True, metavar="DIR", help="where to write")
+    compare.add_argument(
+        "--level", default=None, help="the t-test's level (default: the gate's, 0.01)"
+    )
+    compare.set_defaults(handler=_compare_command)
     build = commands.add_parser("build-model", help="build (or find) an embedded model")
     build.add_argument("name", help="tiny-llama or tiny-mla")
     build.set_defaults(handler=_build_model_command)

@@ -762,3 +762,49 @@ def test_report_command_merges_two_real_runs(
     page = HtmlPage((merged / "report.html").read_text(encoding="utf-8"))
     assert page.table(**{"class": "longctx-summary-table"}).rows == rows
     assert external_resources(page) == []
+
+
+# --------------------------------------------------------------------------- compare
+
+
+def test_compare_two_real_runs_made_with_different_decode_lengths(
+    pytester: pytest.Pytester, vllm_url: str
+) -> None:
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    runs = []
+    for decode in (8, 32):
+        output = pytester.path / f"reports-{decode}"
+        result = pytester.runpytest_subprocess(
+            "-p",
+            "no:cacheprovider",
+            f"--longctx-url={vllm_url}",
+            f"--longctx-output={output}",
+            "--longctx-to=2Ki",
+            "--longctx-repeats=2",
+            f"--longctx-decode-tokens={decode}",
+            timeout=600,
+        )
+        result.assert_outcomes(passed=4)
+        runs.append(run_folder(output))
+    compared = pytester.path / "compared"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest_longctx",
+            "compare",
+            *map(str, runs),
+            "--output",
+            str(compared),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    markdown = (compared / "compare.md").read_text()
+    assert "- `decode_tokens`: 1: 8 | 2: 32" in markdown
+    for length in ("1Ki", "2Ki"):
+        (ttft_row, *_) = [ln for ln in markdown.splitlines() if ln.startswith(f"| {length} |")]
+        assert ttft_row.count("(n=2)") == 2 and " | x" in ttft_row
+    assert (compared / "compare.html").read_text().count("data:image/png;base64,") == 3

@@ -166,6 +166,10 @@ def test_the_api_key_is_sent_and_never_shown(session, monkeypatch) -> None:  # n
     result.assert_outcomes(failed=1)
     assert "sk-fake-4242" not in result.stdout.str()
     assert "sk-fake-4242" not in records[0].reason
+    # one error that names where the key comes from, not a traceback
+    assert "refused the API key from $FAKE_KEY (HTTP 401): check the key in FAKE_KEY" in (
+        records[0].reason
+    )
 
 
 def test_text_prompts_through_the_servers_detokenize(session) -> None:  # noqa: ANN001

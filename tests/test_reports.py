@@ -692,3 +692,51 @@ def test_a_model_nothing_describes_gets_a_line_instead_of_a_kv_plot(tmp_path):
     note = "KV-cache plot not drawn: the server serves 'x' (no root)"
     assert note in (run_dir / "report.md").read_text()
     assert note.replace("'", "&#x27;") in (run_dir / "report.html").read_text()
+
+
+# --- compare ----------------------------------------------------------------------------------
+
+
+def test_compare_lists_what_differs_then_ratios_and_verdicts(tmp_path):
+    fast = {**FINGERPRINT, "kv_cache_dtype": "fp8_e4m3"}
+    slow = {**FINGERPRINT, "kv_cache_dtype": "bfloat16"}
+    for run, fingerprint, scale in (("run-fp8", fast, 1.0), ("run-bf16", slow, 2.0)):
+        for length in (KI, 2 * KI):
+            for repeat, jitter in enumerate((0.99, 1.01, 1.0)):
+                append_record(
+                    tmp_path / run / "results.jsonl",
+                    record(
+                        length,
+                        repeat,
+                        ttft=0.1 * length / KI * scale * jitter,
+                        decode=200.0 / scale * jitter,
+                        run_id=run,
+                        fingerprint=fingerprint,
+                    ),
+                )
+    out = tmp_path / "compared"
+    assert (
+        main(
+            ["compare", str(tmp_path / "run-fp8"), str(tmp_path / "run-bf16"), "--output", str(out)]
+        )
+        == 0
+    )
+    markdown = (out / "compare.md").read_text()
+    differs = markdown.index("## What differs")
+    assert "- `kv_cache_dtype`: 1: fp8_e4m3 | 2: bfloat16" in markdown[differs:]
+    assert markdown.index("kv_cache_dtype") < markdown.index("## TTFT")
+    ttft_rows = [line for line in markdown.splitlines() if line.startswith("| 1Ki |")]
+    assert "x2.000" in ttft_rows[0] and "worse (p=" in ttft_rows[0]  # TTFT doubled
+    assert "x0.500" in ttft_rows[1] and "worse (p=" in ttft_rows[1]  # decode halved
+    for name in ("compare_ttft.png", "compare_decode.png", "compare_ratio.png"):
+        assert (out / name).read_bytes().startswith(PNG_SIGNATURE)
+    page = (out / "compare.html").read_text()
+    assert page.count("data:image/png;base64,") == 3 and "<td>kv_cache_dtype</td>" in page
+
+
+def test_compare_needs_two_runs_with_passed_points(tmp_path, capsys):
+    append_record(tmp_path / "a" / "results.jsonl", record(KI, 0, ttft=0.1))
+    assert main(["compare", str(tmp_path / "a"), "--output", str(tmp_path / "o")]) == 2
+    assert "compare needs two runs or more" in capsys.readouterr().err
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "none"), "--output", "o"]) == 2
+    assert "no results.jsonl there" in capsys.readouterr().err

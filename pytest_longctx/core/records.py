@@ -116,12 +116,20 @@ class ReadResult:
     records: tuple[Record, ...]
     #: One line per skipped line: ``path:lineno: why``. Never fatal.
     problems: tuple[str, ...] = ()
+    #: A baseline file's header line, and its line number (gate/baseline.py checks it).
+    header: Mapping[str, Any] | None = None
+    header_line: int = 0
+
+
+def record_line(record: Record) -> str:
+    """One record as its line of ``results.jsonl``."""
+    return json.dumps(record.to_json(), sort_keys=True) + "\n"
 
 
 def append_record(path: Path, record: Record) -> None:
     """Append one line and force it to disk before returning."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    line = json.dumps(record.to_json(), sort_keys=True) + "\n"
+    line = record_line(record)
     with open(path, "a", encoding="utf-8") as handle:
         handle.write(line)
         handle.flush()
@@ -132,6 +140,8 @@ def read_records(path: Path) -> ReadResult:
     """Every well-formed record in ``path``; a corrupt line is reported and skipped."""
     records: list[Record] = []
     problems: list[str] = []
+    header: Mapping[str, Any] | None = None
+    header_line = 0
     with open(path, encoding="utf-8", errors="replace") as handle:
         for lineno, line in enumerate(handle, start=1):
             if not line.strip():
@@ -139,11 +149,12 @@ def read_records(path: Path) -> ReadResult:
             try:
                 data = json.loads(line)
                 if isinstance(data, dict) and BASELINE_HEADER_KEY in data:
-                    continue  # a baseline file's header: its settings, not a record
+                    header, header_line = data, lineno  # a baseline's settings, not a record
+                    continue
                 records.append(Record.from_json(data))
-            except (ValueError, KeyError, TypeError) as exc:
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 problems.append(f"{path}:{lineno}: skipped a corrupt record ({exc})")
-    return ReadResult(tuple(records), tuple(problems))
+    return ReadResult(tuple(records), tuple(problems), header, header_line)
 
 
 def results_path(run_or_file: Path) -> Path:

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import (
     BASELINE_HEADER_KEY,
     Record,
-    append_record,
+    read_records,
+    record_line,
     results_path,
 )
 
@@ -120,23 +121,12 @@ def load_baseline_file(path: Path | str, problems: list[str] | None = None) -> B
 
 
 def _read_baseline_lines(file: Path) -> tuple[list[Record], BaselineInfo, list[str]]:
-    records: list[Record] = []
-    problems: list[str] = []
+    """The records schema's own reader; the header line is checked here."""
+    result = read_records(file)
     info = BaselineInfo()
-    with open(file, encoding="utf-8", errors="replace") as handle:
-        for lineno, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                data = json.loads(line)
-                if not (isinstance(data, dict) and HEADER_KEY in data):
-                    records.append(Record.from_json(data))
-                    continue
-            except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                problems.append(f"{file}:{lineno}: skipped a corrupt record ({exc})")
-                continue
-            info = _header_from_json(file, lineno, data)  # a bad header is fatal, not skipped
-    return records, info, problems
+    if result.header is not None:  # a bad header is fatal, not skipped
+        info = _header_from_json(file, result.header_line, result.header)
+    return list(result.records), info, list(result.problems)
 
 
 def _header_from_json(file: Path, lineno: int, data: Mapping[str, Any]) -> BaselineInfo:
@@ -180,19 +170,10 @@ def write_baseline(
     passed = [record for record in records if record.outcome == "passed"]
     if not passed:
         raise BaselineError(f"baseline {target}: not written, the run has no passed records")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    scratch = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    scratch.unlink(missing_ok=True)
-    try:
-        if info is not None and not info.empty:
-            with open(scratch, "w", encoding="utf-8") as handle:
-                handle.write(json.dumps(info.to_json(), sort_keys=True) + "\n")
-        for record in passed:
-            append_record(scratch, record)
-        os.replace(scratch, target)
-    except BaseException:
-        scratch.unlink(missing_ok=True)
-        raise
+    header = []
+    if info is not None and not info.empty:
+        header = [json.dumps(info.to_json(), sort_keys=True) + "\n"]
+    write_atomically(target, "".join(header + [record_line(record) for record in passed]))
     return len(passed)
 
 

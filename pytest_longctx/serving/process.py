@@ -250,10 +250,19 @@ def _is_server_process(pid: int) -> bool:
     return b"vllm" in cmdline
 
 
-def check_attached(base_url: str, api_key: str | None) -> None:
+def check_attached(base_url: str, api_key: str | None, key_env: str | None = None) -> None:
+    """The attached server answers ``/health``; a refusal names where the key comes from."""
     with control_client(base_url, api_key) as client:
-        if not client.health():
-            raise ServerError(
-                f"the server at {base_url} does not answer /health with 200: is it running "
-                "and listening there?"
-            )
+        status = client.health_status()
+    if status == 200:
+        return
+    if status is None:
+        raise ServerError(
+            f"the server at {base_url} does not answer /health: is it running and listening "
+            "there?"
+        )
+    if status in (401, 403):
+        source = f"the API key from ${key_env}" if key_env else "the request (no API key sent)"
+        hint = f"check the key in {key_env}" if key_env else "set --longctx-api-key-env=VAR"
+        raise ServerError(f"the server at {base_url} refused {source} (HTTP {status}): {hint}")
+    raise ServerError(f"the server at {base_url} is unhealthy (HTTP {status} from /health)")

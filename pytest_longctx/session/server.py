@@ -185,7 +185,7 @@ def _describe_server(run: Run, base_url: str, key: str | None) -> tuple[ServedMo
 
 def _attach(run: Run) -> ServerInfo:
     url, key = run.settings.url or "", api_key(run)
-    check_attached(url, key)
+    check_attached(url, key, api_key_env_name(run))
     served, version = _describe_server(run, url, key)
     return ServerInfo(
         url,
@@ -245,7 +245,7 @@ def check_alive(run: Run, grace_s: float = 0.0) -> None:
                 run.launched.process.wait(timeout=grace_s)
         run.launched.check_alive()
     elif isinstance(run.server, ServerInfo):
-        check_attached(run.server.base_url, run.server.api_key)
+        check_attached(run.server.base_url, run.server.api_key, api_key_env_name(run))
 
 
 def stop(config: pytest.Config) -> None:

@@ -122,10 +122,14 @@ class CompletionClient:
 
     def health(self) -> bool:
         """True when ``/health`` answers 200; any failure to answer is False."""
+        return self.health_status() == 200
+
+    def health_status(self) -> int | None:
+        """``/health``'s HTTP status, or None when nothing answers."""
         try:
-            return self._http.get(f"{self.base_url}/health").status_code == 200
+            return self._http.get(f"{self.base_url}/health").status_code
         except httpx.HTTPError:
-            return False
+            return None
 
     def models(self) -> ServedModel:
         """The first served model's id and ``max_model_len`` (None if the server omits it)."""

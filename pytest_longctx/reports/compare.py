@@ -1,0 +1,300 @@
+"""Runs side by side: FP8 against BF16 KV cache, two vLLM versions, two nodes.
+
+The gate compares like with like, on purpose; a comparison shows unlike things, on purpose, and
+says first what differs between them (their fingerprints). Per length and metric it gives each
+run's mean ± std, the ratio to the first run and the gate's one-sided t-test of that change; it
+draws the runs over each other (TTFT, decode throughput, and their ratio to the first run).
+Records are the only input: run folders, ``results.jsonl`` files or baseline files.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from pytest_longctx.core.files import write_atomically
+from pytest_longctx.core.records import Record, read_records, results_path
+from pytest_longctx.core.sizes import format_size
+from pytest_longctx.core.stats import latest_records
+from pytest_longctx.gate import DEFAULT_LEVEL, METRICS, welch_test
+from pytest_longctx.reports.html import embedded_image
+from pytest_longctx.reports.markdown import format_fingerprint_value
+
+MARKDOWN = "compare.md"
+HTML = "compare.html"
+PLOTS = ("compare_ttft.png", "compare_decode.png", "compare_ratio.png")
+
+#: Fingerprint keys that say nothing about the setup (when, where, how it was invoked).
+_NOT_SETUP = {"command_line", "server_url", "kv_cache_check", "server_env"}
+
+
+@dataclass(frozen=True)
+class ComparedRun:
+    label: str  # the run ids it holds, or the file's name
+    records: tuple[Record, ...]
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run's figure at one length, against the first run's."""
+
+    mean: float
+    std: float
+    n: int
+    ratio: float | None  # mean / the first run's mean
+    p_worse: float | None  # the gate's one-sided test of the change (None: n < 2 a side)
+    p_better: float | None
+
+
+@dataclass(frozen=True)
+class Comparison:
+    runs: tuple[ComparedRun, ...]
+    lengths: tuple[int, ...]
+    #: metric name -> length -> one cell per run (None where the run has no figure there)
+    cells: Mapping[str, Mapping[int, tuple[Cell | None, ...]]]
+    #: fingerprint key -> one value per run, for the keys whose values differ
+    differences: Mapping[str, tuple[str, ...]]
+    level: float
+
+
+class CompareError(ValueError):
+    """A source that holds no records to compare."""
+
+
+def load_run(path: Path) -> ComparedRun:
+    file = results_path(Path(path))
+    if not file.is_file():
+        raise CompareError(
+            f"{path}: no results.jsonl there; expected a run folder, its results.jsonl or a "
+            "baseline file"
+        )
+    result = read_records(file)
+    passed = tuple(r for r in latest_records(result.records) if r.outcome == "passed")
+    if not passed:
+        raise CompareError(f"{path}: no passed record to compare")
+    run_ids = list(dict.fromkeys(r.run_id for r in passed))
+    label = run_ids[0] if len(run_ids) == 1 else f"{file.name} ({len(run_ids)} runs)"
+    return ComparedRun(label, passed)
+
+
+def compare_runs(runs: Sequence[ComparedRun], level: float = DEFAULT_LEVEL) -> Comparison:
+    if len(runs) < 2:
+        raise CompareError("compare needs two runs or more")
+    lengths = sorted({r.length for run in runs for r in run.records})
+    cells: dict[str, dict[int, tuple[Cell | None, ...]]] = {}
+    for name, metric in METRICS.items():
+        by_length = {}
+        for length in lengths:
+            values = [
+                [
+                    r.figures[metric.figure]
+                    for r in run.records
+                    if r.length == length and metric.figure in r.figures
+                ]
+                for run in runs
+            ]
+            by_length[length] = tuple(_cell(values[0], v, metric.higher_is_worse) for v in values)
+        cells[name] = by_length
+    return Comparison(tuple(runs), tuple(lengths), cells, _differences(runs), level)
+
+
+def _cell(first: list[float], values: list[float], higher_is_worse: bool) -> Cell | None:
+    if not values:
+        return None
+    summary = summarize_values(values)
+    base = summarize_values(first) if first else None
+    ratio = summary[0] / base[0] if base and base[0] > 0 else None
+    p_worse = p_better = None
+    if len(first) >= 2 and len(values) >= 2 and values is not first:
+        test = welch_test(first, values, 1.0 if higher_is_worse else -1.0)
+        p_worse, p_better = test.p_worse, test.p_better
+    return Cell(summary[0], summary[1], len(values), ratio, p_worse, p_better)
+
+
+def summarize_values(values: Sequence[float]) -> tuple[float, float]:
+    mean = math.fsum(values) / len(values)
+    if len(values) < 2:
+        return mean, 0.0
+    return mean, math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def _differences(runs: Sequence[ComparedRun]) -> dict[str, tuple[str, ...]]:
+    """What the comparison is about: setup keys whose value is not the same in every run."""
+    per_run = [_fingerprint(run) for run in runs]
+    keys = sorted({key for fingerprint in per_run for key in fingerprint} - _NOT_SETUP)
+    found = {}
+    for key in keys:
+        values = tuple(format_fingerprint_value(fp.get(key)) for fp in per_run)
+        if len(set(values)) > 1:
+            found[key] = values
+    return found
+
+
+def _fingerprint(run: ComparedRun) -> Mapping[str, object]:
+    return run.records[-1].fingerprint if run.records else {}
+
+
+def verdict(cell: Cell | None, level: float) -> str:
+    if cell is None or cell.ratio is None:
+        return ""
+    if cell.p_worse is None:
+        return "n=1: no test"
+    if cell.p_worse < level:
+        return f"worse (p={cell.p_worse:.2g})"
+    if cell.p_better is not None and cell.p_better < level:
+        return f"better (p={cell.p_better:.2g})"
+    return "within noise"
+
+
+def _format(cell: Cell | None, metric: str) -> str:
+    if cell is None:
+        return "–"
+    digits = 1 if metric == "decode" else 4
+    return f"{cell.mean:.{digits}f} ± {cell.std:.{digits}f} (n={cell.n})"
+
+
+def table_rows(comparison: Comparison, metric: str) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of one metric's table: each run's figure, ratio and verdict."""
+    header = ["Length"]
+    for index, run in enumerate(comparison.runs):
+        header.append(run.label)
+        if index:
+            header += [f"ratio {index + 1}/1", f"verdict {index + 1}"]
+    rows = []
+    for length in comparison.lengths:
+        cells = comparison.cells[metric][length]
+        row = [format_size(length)]
+        for index, cell in enumerate(cells):
+            row.append(_format(cell, metric))
+            if index:
+                ratio = f"x{cell.ratio:.3f}" if cell is not None and cell.ratio else "–"
+                row += [ratio, verdict(cell, comparison.level)]
+        rows.append(row)
+    return header, rows
+
+
+def render_markdown(comparison: Comparison, plot_names: Sequence[str]) -> str:
+    lines = ["# Runs compared", ""]
+    for index, run in enumerate(comparison.runs, start=1):
+        lines.append(f"{index}. `{run.label}` ({len(run.records)} passed points)")
+    lines += ["", "## What differs", ""]
+    if comparison.differences:
+        for key, values in comparison.differences.items():
+            shown = " | ".join(f"{i}: {v}" for i, v in enumerate(values, start=1))
+            lines.append(f"- `{key}`: {shown}")
+    else:
+        lines.append("Nothing in the fingerprints: the same setup, measured again.")
+    for name, metric in METRICS.items():
+        header, rows = table_rows(comparison, name)
+        lines += ["", f"## {metric.label} ({metric.unit})", ""]
+        lines.append("| " + " | ".join(header) + " |")
+        lines.append("|" + "|".join("---" for _ in header) + "|")
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+    lines += ["", f"Verdicts: the gate's one-sided t-test at level {comparison.level:g}.", ""]
+    lines += [f"![{Path(name).stem}]({name})\n" for name in plot_names]
+    return "\n".join(lines)
+
+
+def render_html(comparison: Comparison, plots: Sequence[Path]) -> str:
+    parts = [
+        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>",
+        "<title>Runs compared</title><style>body{font-family:sans-serif;margin:2em;}"
+        "table{border-collapse:collapse;margin:1em 0;}td,th{border:1px solid #ccc;"
+        "padding:.3em .6em;text-align:right;}td:first-child,th:first-child{text-align:left;}"
+        "</style></head><body><h1>Runs compared</h1><ol>",
+    ]
+    parts += [f"<li><code>{html.escape(run.label)}</code></li>" for run in comparison.runs]
+    parts.append("</ol><h2>What differs</h2>")
+    if comparison.differences:
+        parts.append("<table class='longctx-compare-differences'><tr><th>key</th>")
+        parts += [f"<th>{i}</th>" for i in range(1, len(comparison.runs) + 1)]
+        parts.append("</tr>")
+        for key, values in comparison.differences.items():
+            cells = "".join(f"<td>{html.escape(v)}</td>" for v in values)
+            parts.append(f"<tr><td>{html.escape(key)}</td>{cells}</tr>")
+        parts.append("</table>")
+    else:
+        parts.append("<p>Nothing in the fingerprints: the same setup, measured again.</p>")
+    for name, metric in METRICS.items():
+        header, rows = table_rows(comparison, name)
+        parts.append(f"<h2>{html.escape(metric.label)} ({html.escape(metric.unit)})</h2>")
+        parts.append(f"<table class='longctx-compare-{name}'><tr>")
+        parts += [f"<th>{html.escape(h)}</th>" for h in header]
+        parts.append("</tr>")
+        for row in rows:
+            parts.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>")
+        parts.append("</table>")
+    parts += [f"<figure>{embedded_image(path)}</figure>" for path in plots]
+    parts.append("</body></html>\n")
+    return "".join(parts)
+
+
+def draw_plots(comparison: Comparison, out_dir: Path) -> list[Path]:
+    """TTFT and decode throughput of every run over each other, and their ratio to run 1."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import NullLocator
+
+    written = []
+    specs = (
+        (PLOTS[0], "ttft", "Time to first token (s)", True, False),
+        (PLOTS[1], "decode", "Decode throughput (tok/s)", False, False),
+        (PLOTS[2], "ttft", "Ratio to run 1 (TTFT solid, decode dashed)", False, True),
+    )
+    for filename, metric, ylabel, log_y, ratio in specs:
+        figure = Figure(figsize=(8, 4.5), dpi=100, layout="constrained")
+        FigureCanvasAgg(figure)
+        axes = figure.add_subplot()
+        for index, run in enumerate(comparison.runs):
+            for name, style in ((metric, "-"), ("decode", "--")) if ratio else ((metric, "-"),):
+                points = [
+                    (length, cell)
+                    for length in comparison.lengths
+                    if (cell := comparison.cells[name][length][index]) is not None
+                ]
+                if ratio:
+                    xs = [n for n, c in points if c.ratio is not None]
+                    ys = [c.ratio for _, c in points if c.ratio is not None]
+                    axes.plot(xs, ys, style, marker="o", label=f"{index + 1}: {run.label} {name}")
+                else:
+                    xs, cells = [n for n, _ in points], [c for _, c in points]
+                    axes.errorbar(
+                        xs,
+                        [c.mean for c in cells],
+                        yerr=[c.std for c in cells],
+                        marker="o",
+                        capsize=3,
+                        label=f"{index + 1}: {run.label}",
+                    )
+        axes.set_xscale("log", base=2)
+        if log_y:
+            axes.set_yscale("log")
+        axes.set_xticks(list(comparison.lengths))
+        axes.set_xticklabels([format_size(n) for n in comparison.lengths], rotation=45)
+        axes.xaxis.set_minor_locator(NullLocator())
+        axes.set_xlabel("Prompt length (tokens)")
+        axes.set_ylabel(ylabel)
+        axes.grid(True, alpha=0.3)
+        axes.legend(fontsize=7)
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format="png")
+        written.append(write_atomically(out_dir / filename, buffer.getvalue()))
+    return written
+
+
+def write_comparison(
+    sources: Sequence[Path], out_dir: Path, level: float = DEFAULT_LEVEL
+) -> list[Path]:
+    """``compare.md``, ``compare.html`` and the overlay plots in ``out_dir``."""
+    comparison = compare_runs([load_run(Path(source)) for source in sources], level)
+    out_dir = Path(out_dir)
+    plots = draw_plots(comparison, out_dir)
+    markdown = write_atomically(
+        out_dir / MARKDOWN, render_markdown(comparison, [p.name for p in plots])
+    )
+    page = write_atomically(out_dir / HTML, render_html(comparison, plots))
+    return [markdown, page, *plots]
