@@ -185,6 +185,9 @@ def test_event_stream_split_anywhere() -> None:
     unterminated = sse_events._SSEDecoder()
     assert unterminated.feed(b"data: x") == []
     assert unterminated.finish() == ["x"]
+    # the space after "data:" is optional in server-sent events: one is dropped, no more
+    spaced = sse_events._SSEDecoder()
+    assert spaced.feed(b'data:{"c": 3}\n\ndata:  two spaces\n\n') == ['{"c": 3}', " two spaces"]
 
 
 def test_summary_hand_computed() -> None:
