@@ -781,3 +781,11 @@ def test_sizes_in_messages_and_sweeps() -> None:
     assert parse_size(1) == parse_size("1") == 1
     assert powers_of_two_between(1, 4) == [1, 2, 4]
     assert powers_of_two_between(3, 16) == [4, 8, 16]
+
+
+@pytest.mark.parametrize("budget", [0.0, -1.0, math.nan])
+def test_a_first_token_budget_must_be_positive(budget: float) -> None:
+    """Checked before anything is sent: a zero budget would time out every request at once."""
+    client = CompletionClient(ClientConfig(base_url="http://127.0.0.1:9"))
+    with client, pytest.raises(ValueError, match="first_token_budget_s"):
+        client.measure(ids_request(), first_token_budget_s=budget)
