@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from pytest_longctx.core.records import Record, read_runs, results_path
-from pytest_longctx.reports.benchmark_json import write_benchmark_json
-from pytest_longctx.reports.files import BENCHMARK as BENCHMARK_FILENAME
-from pytest_longctx.reports.files import HTML as HTML_FILENAME
-from pytest_longctx.reports.files import MARKDOWN as MARKDOWN_FILENAME
-from pytest_longctx.reports.html import write_standalone_html
-from pytest_longctx.reports.kv_plot import draw_kv_cache_plot
-from pytest_longctx.reports.markdown import DEFAULT_TITLE, write_markdown
-from pytest_longctx.reports.plots import ExtraPlot, write_plots
+from pytest_longctx.reporting.benchmark_json import write_benchmark_json
+from pytest_longctx.reporting.files import BENCHMARK as BENCHMARK_FILENAME
+from pytest_longctx.reporting.files import HTML as HTML_FILENAME
+from pytest_longctx.reporting.files import MARKDOWN as MARKDOWN_FILENAME
+from pytest_longctx.reporting.html import write_standalone_html
+from pytest_longctx.reporting.kv_plot import draw_kv_cache_plot
+from pytest_longctx.reporting.markdown import DEFAULT_TITLE, write_markdown
+from pytest_longctx.reporting.plots import ExtraPlot, write_plots
 
 PROG = "python -m pytest_longctx"
 
@@ -103,7 +103,7 @@ def _report_command(args: argparse.Namespace) -> int:
 
 def _compare_command(args: argparse.Namespace) -> int:
     from pytest_longctx.gate import DEFAULT_LEVEL, LevelError, parse_level
-    from pytest_longctx.reports.compare import CompareError, write_comparison
+    from pytest_longctx.reporting.compare import CompareError, write_comparison
 
     try:
         level = DEFAULT_LEVEL if args.level is None else parse_level(args.level)

@@ -14,7 +14,7 @@ PACKAGE = Path(pytest_longctx.__file__).parent
 ALLOWED = {
     "core": set(),
     "gate": {"core"},
-    "reports": {"core", "capacity", "gate"},
+    "reporting": {"core", "capacity", "gate"},
     "capacity": {"core", "plan", "serving"},
 }
 

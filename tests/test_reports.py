@@ -21,26 +21,26 @@ import pytest
 from pytest_longctx.cli import main, rebuild_reports
 from pytest_longctx.core.records import Record, append_record
 from pytest_longctx.core.stats import latest_records, summarize, summarize_values
-from pytest_longctx.reports.benchmark_json import (
+from pytest_longctx.reporting.benchmark_json import (
     benchmark_entries,
     build_benchmark_json,
     write_benchmark_json,
 )
-from pytest_longctx.reports.html import (
+from pytest_longctx.reporting.html import (
     RESULTS_TABLE_COLUMNS,
     standalone_page,
     summary_fragment,
     table_header_cells,
     table_row_cells,
 )
-from pytest_longctx.reports.markdown import (
+from pytest_longctx.reporting.markdown import (
     TABLE_COLUMNS,
     render_markdown,
     render_terminal_table,
     summary_rows,
     write_markdown,
 )
-from pytest_longctx.reports.plots import plot_decode, plot_ttft, write_plots
+from pytest_longctx.reporting.plots import plot_decode, plot_ttft, write_plots
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 FINGERPRINT = {

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +95,7 @@ def describe_attached(
     budget = _reported_budget(cache_labels)
     if _serves_profile_model(profile, served):
         described = _from_profile(profile, profile.model.source, cache_dtype)
-        return _with(described, tensor_parallel_size=None, kv_budget=budget)
+        return replace(described, tensor_parallel_size=None, kv_budget=budget)
     source = served.root or served.id
     folder = Path(served.root) if served.root else None
     if folder is not None and (folder / "config.json").is_file():
@@ -190,9 +190,3 @@ def _unknown(source: str, why: str, cache_dtype: str | None = None) -> ModelDesc
         kv_cache_dtype=cache_dtype,
         why_unknown=why,
     )
-
-
-def _with(description: ModelDescription, **changes: Any) -> ModelDescription:
-    from dataclasses import replace
-
-    return replace(description, **changes)

@@ -15,12 +15,12 @@ import pytest
 
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
-from pytest_longctx.reports import html as html_report
-from pytest_longctx.reports import plots
-from pytest_longctx.reports.benchmark_json import benchmark_entries, write_benchmark_json
-from pytest_longctx.reports.files import BENCHMARK, HTML, MARKDOWN
-from pytest_longctx.reports.kv_plot import draw_kv_cache_plot
-from pytest_longctx.reports.markdown import render_terminal_table, write_markdown
+from pytest_longctx.reporting import html as html_report
+from pytest_longctx.reporting import plots
+from pytest_longctx.reporting.benchmark_json import benchmark_entries, write_benchmark_json
+from pytest_longctx.reporting.files import BENCHMARK, HTML, MARKDOWN
+from pytest_longctx.reporting.kv_plot import draw_kv_cache_plot
+from pytest_longctx.reporting.markdown import render_terminal_table, write_markdown
 from pytest_longctx.session import gate_items
 from pytest_longctx.session.run import Run
 from pytest_longctx.session.stash import RUN_KEY

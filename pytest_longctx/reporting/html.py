@@ -26,8 +26,8 @@ from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.core.stats import latest_records
-from pytest_longctx.reports.kv_plot import kv_plot_note
-from pytest_longctx.reports.markdown import (
+from pytest_longctx.reporting.kv_plot import kv_plot_note
+from pytest_longctx.reporting.markdown import (
     COMMAND_KEYS,
     DEFAULT_TITLE,
     REPRODUCE_LABELS,

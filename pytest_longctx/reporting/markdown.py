@@ -20,7 +20,7 @@ from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import OUTCOMES, Record
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.core.stats import FigureSummary, LengthSummary, latest_records, summarize
-from pytest_longctx.reports.kv_plot import kv_plot_note
+from pytest_longctx.reporting.kv_plot import kv_plot_note
 
 DEFAULT_TITLE = "Long-context sweep"
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import html
 import io
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,10 +18,10 @@ from pathlib import Path
 from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import Record, read_records, results_path
 from pytest_longctx.core.sizes import format_size
-from pytest_longctx.core.stats import latest_records
+from pytest_longctx.core.stats import latest_records, summarize_values
 from pytest_longctx.gate import DEFAULT_LEVEL, METRICS, welch_test
-from pytest_longctx.reports.html import embedded_image
-from pytest_longctx.reports.markdown import format_fingerprint_value
+from pytest_longctx.reporting.html import embedded_image
+from pytest_longctx.reporting.markdown import format_fingerprint_value
 
 MARKDOWN = "compare.md"
 HTML = "compare.html"
@@ -105,21 +104,14 @@ def compare_runs(runs: Sequence[ComparedRun], level: float = DEFAULT_LEVEL) -> C
 def _cell(first: list[float], values: list[float], higher_is_worse: bool) -> Cell | None:
     if not values:
         return None
-    summary = summarize_values(values)
-    base = summarize_values(first) if first else None
-    ratio = summary[0] / base[0] if base and base[0] > 0 else None
+    summary = summarize_values("", values)
+    base = summarize_values("", first) if first else None
+    ratio = summary.mean / base.mean if base and base.mean > 0 else None
     p_worse = p_better = None
     if len(first) >= 2 and len(values) >= 2 and values is not first:
         test = welch_test(first, values, 1.0 if higher_is_worse else -1.0)
         p_worse, p_better = test.p_worse, test.p_better
-    return Cell(summary[0], summary[1], len(values), ratio, p_worse, p_better)
-
-
-def summarize_values(values: Sequence[float]) -> tuple[float, float]:
-    mean = math.fsum(values) / len(values)
-    if len(values) < 2:
-        return mean, 0.0
-    return mean, math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1))
+    return Cell(summary.mean, summary.std, summary.n, ratio, p_worse, p_better)
 
 
 def _differences(runs: Sequence[ComparedRun]) -> dict[str, tuple[str, ...]]:

@@ -21,7 +21,7 @@ from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import FIGURE_UNITS, Record
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.core.stats import latest_records
-from pytest_longctx.reports.markdown import reference_fingerprint
+from pytest_longctx.reporting.markdown import reference_fingerprint
 
 BENCHMARK_GROUP = "longctx"
 #: The figure pytest-benchmark treats as "the time" of a benchmark.
