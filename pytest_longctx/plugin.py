@@ -6,7 +6,7 @@ import pytest
 
 from pytest_longctx.plan.sweep import SLOW_MARK, VERY_SLOW_MARK, PlanError, build_plan
 from pytest_longctx.serving.profiles import ProfileError, load_profile
-from pytest_longctx.session import gate_items, hookspecs, recorder, selection
+from pytest_longctx.session import gate_items, hookspecs, recorder, selection, workers
 from pytest_longctx.session import items as sweep
 from pytest_longctx.session import outputs as reporting
 from pytest_longctx.session import server as serving
@@ -36,6 +36,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         else:
             group.addoption(
                 f"--{spec.name}",
+                action="append" if spec.multiple else "store",
                 default=None,
                 dest=spec.dest,
                 metavar=spec.metavar,
@@ -71,7 +72,11 @@ def pytest_configure(config: pytest.Config) -> None:
         comparisons = selection.translate_options(config)
         settings = read_settings(config)
         plan = build_plan(settings, load_profile(settings.profile))
-        run = Run.create(settings, plan, config.rootpath)
+        run = Run.create(settings, plan, config.rootpath, workers.run_from_controller(config))
+        run.servers = workers.split(config, run)
+        run.worker = workers.worker_id(config)
+        run.slot = workers.own_slot(config, run)
+        run.started_at = workers.session_started_at(config)
         serving.check_api_key_env(run)
         gate_items.configure(run)
     except (
@@ -85,6 +90,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[COMPARISONS_KEY] = comparisons
     config.stash[RUN_KEY] = run
     reporting.configure_outputs(config, run)
+    if settings.plan_only:
+        workers.keep_plan_serial(config)
+    elif workers.planned_workers(config):
+        config.pluginmanager.register(workers.Controller(config, run), "longctx-controller")
     if not settings.plan_only:
         run.signals = SessionSignals()
         run.signals.install()

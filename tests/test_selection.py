@@ -280,10 +280,3 @@ def test_a_selection_outside_the_profiles_range_says_so(sweep: pytest.Pytester) 
             " widen the range with --longctx-from/--longctx-to"
         ]
     )
-
-
-def test_the_sweep_refuses_xdist_workers(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(test_sweep=SWEEP_TEST)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "1", "--longctx-to=1Ki")
-    result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(["*each pytest-xdist worker would start its own. Run the sweep*"])

@@ -83,6 +83,7 @@ from .fingerprint import (
     FINGERPRINT_KEYS,
     HARDWARE_KEYS,
     fingerprint_differences,
+    fingerprint_mismatch,
     hardware_identity,
 )
 from .noise import (
@@ -145,6 +146,7 @@ __all__ = [
     "compare",
     "compare_length",
     "fingerprint_differences",
+    "fingerprint_mismatch",
     "hardware_identity",
     "keep_newest_sessions",
     "load_baseline",

@@ -50,7 +50,8 @@ def hardware_identity(hardware: Any) -> str:
     if count:
         return f"{count}x {' + '.join(sorted(set(names))) or 'unnamed GPU'}"
     cpu = _normalise_text(hardware.get("cpu_model") or "") or "unnamed CPU"
-    cores = _as_int(hardware.get("cpu_count"))
+    # A server bound to some of the host's cores runs on those.
+    cores = _as_int(hardware.get("server_cores")) or _as_int(hardware.get("cpu_count"))
     return f"CPU {cpu}" + (f" ({cores} cores)" if cores else "")
 
 
@@ -99,3 +100,12 @@ def fingerprint_differences(
         if before != after:
             differences.append(f"{key}: baseline {' / '.join(before)}, now {' / '.join(after)}")
     return differences
+
+
+def fingerprint_mismatch(first: Mapping[str, Any], second: Mapping[str, Any]) -> list[str]:
+    """One line per :data:`FINGERPRINT_KEYS` entry two servers' fingerprints disagree on."""
+    return [
+        f"{key}: {a} vs {b}"
+        for key in FINGERPRINT_KEYS
+        if (a := _fingerprint_value(first, key)) != (b := _fingerprint_value(second, key))
+    ]

@@ -13,7 +13,8 @@ class Settings:
     repeats: int
     order: str
     profile: str
-    url: str | None
+    #: Endpoints to attach to, one per server; empty: launch from the profile.
+    urls: tuple[str, ...]
     api_key_env: str | None
     output: Path
     decode_tokens: int | None
@@ -27,3 +28,12 @@ class Settings:
     resume: str | None
     allow_unverified: bool = False
     gate_level: float = 0.01
+    #: Devices each launched server gets (its own CUDA/HIP_VISIBLE_DEVICES), under ``-n``.
+    devices_per_server: int | None = None
+    #: Keep points from servers whose fingerprints differ in one run.
+    allow_mixed_servers: bool = False
+
+    @property
+    def url(self) -> str | None:
+        """The first endpoint: set when the session attaches rather than launches."""
+        return self.urls[0] if self.urls else None

@@ -20,6 +20,7 @@ from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import OUTCOMES, Record
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.core.stats import FigureSummary, LengthSummary, latest_records, summarize
+from pytest_longctx.gate.fingerprint import hardware_identity
 from pytest_longctx.reporting.kv_plot import kv_plot_note
 
 DEFAULT_TITLE = "Long-context sweep"
@@ -166,11 +167,15 @@ def fingerprint_differences(records: Iterable[Record]) -> dict[str, dict[str, li
     """
     seen: dict[str, dict[str, list[str]]] = {}
     records = [record for record in records if record.fingerprint]
-    keys = sorted({key for record in records for key in record.fingerprint})
+    keys = sorted({key for record in records for key in record.fingerprint} - set(PER_SERVER_KEYS))
     for key in keys:
         values: dict[str, list[str]] = {}
         for record in records:
-            text = format_fingerprint_value(record.fingerprint.get(key))
+            value = record.fingerprint.get(key)
+            # The servers of one campaign differ in the cores or devices they were given.
+            text = (
+                hardware_identity(value) if key == "hardware" else format_fingerprint_value(value)
+            )
             run_ids = values.setdefault(text, [])
             if record.run_id not in run_ids:
                 run_ids.append(record.run_id)
@@ -249,7 +254,54 @@ def header_items(records: Sequence[Record]) -> list[tuple[str, str]]:
     if span:
         items.append(("Measured", span))
     items.append(("Points", f"{len(latest)} recorded ({format_outcomes(counts)})"))
+    servers = server_counts(latest)
+    if len(servers) > 1:
+        listed = ", ".join(f"{name} ({n} points)" for name, n in servers.items())
+        items.append(("Servers", f"{len(servers)}: {listed}"))
+    split = lengths_on_several_servers(latest)
+    if split:
+        items.append(
+            (
+                "Repeats on different servers",
+                "; ".join(f"{format_size(n)} on {', '.join(names)}" for n, names in split.items()),
+            )
+        )
     return items
+
+
+#: Fingerprint keys that name one server of a campaign, not what was measured.
+PER_SERVER_KEYS = ("server", "server_url", "server_command", "server_env")
+
+
+def server_name(record: Record) -> str | None:
+    """The server that measured a record: its worker and endpoint, or its URL."""
+    server = record.fingerprint.get("server")
+    if isinstance(server, Mapping):
+        worker, endpoint = server.get("worker"), server.get("endpoint")
+        return f"{worker} {endpoint}" if worker else str(endpoint)
+    url = record.fingerprint.get("server_url")
+    return str(url) if url else None
+
+
+def server_counts(records: Iterable[Record]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for record in records:
+        name = server_name(record)
+        if name and record.outcome == "passed":
+            counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def lengths_on_several_servers(records: Iterable[Record]) -> dict[int, list[str]]:
+    """Lengths whose passed repeats came from more than one server: their spread mixes them."""
+    by_length: dict[int, list[str]] = {}
+    for record in records:
+        name = server_name(record)
+        if name and record.outcome == "passed":
+            names = by_length.setdefault(record.length, [])
+            if name not in names:
+                names.append(name)
+    return {n: sorted(names) for n, names in sorted(by_length.items()) if len(names) > 1}
 
 
 def _header_lines(records: Sequence[Record]) -> list[str]:

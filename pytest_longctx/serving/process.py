@@ -136,7 +136,7 @@ class LaunchedServer:
 
     def _write_server_file(self, **fields: object) -> None:
         """The server's pid and group in the run folder, for whoever finds it still running."""
-        path = self.log_path.parent / SERVER_FILE
+        path = self.log_path.with_suffix(".json")  # server.json; server-gw1.json per worker
         with contextlib.suppress(OSError, ValueError):
             data = json.loads(path.read_text()) if path.exists() else {}
             if self.process is not None:
@@ -207,12 +207,12 @@ def leftover_servers(output_root: Path, this_run: Path) -> list[str]:
     fails to start for a reason its log does not name.
     """
     found = []
-    for path in sorted(output_root.glob(f"*/{SERVER_FILE}")):
+    for path in sorted(output_root.glob("*/server*.json")):
         if path.parent.resolve() == this_run.resolve():
             continue
         try:
             data = json.loads(path.read_text())
-            pid, group = int(data["pid"]), int(data["pgid"])
+            pid, group = int(data["pid"]), int(data["pgid"])  # server.json, server-gw1.json
         except (OSError, ValueError, KeyError, TypeError):
             continue
         if data.get("stopped_at") or not _is_server_process(pid):
@@ -258,8 +258,7 @@ def check_attached(base_url: str, api_key: str | None, key_env: str | None = Non
         return
     if status is None:
         raise ServerError(
-            f"the server at {base_url} does not answer /health: is it running and listening "
-            "there?"
+            f"the server at {base_url} does not answer /health: is it running and listening there?"
         )
     if status in (401, 403):
         source = f"the API key from ${key_env}" if key_env else "the request (no API key sent)"

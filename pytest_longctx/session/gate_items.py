@@ -90,6 +90,10 @@ class Gate:
         """Fail like a reviewer would if ``length`` got slower than the baseline."""
         __tracebackhide__ = True  # a skip names the test's line, not this module's
         state: GateState = self.run.gate
+        if self.run.worker is not None and self.run.started_at is not None:
+            from pytest_longctx.session.workers import wait_for_length
+
+            wait_for_length(self.run, length, self.run.started_at)
         current = self.run.all_records()
         if not self.run.settings.baseline_force:
             # Only measurements count: a point that errored before any server was up carries

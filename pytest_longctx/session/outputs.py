@@ -101,6 +101,8 @@ def describe_environment(config: pytest.Config, metadata: dict) -> None:
 
 
 def after_record(config: pytest.Config, run: Run) -> None:
+    if run.worker is not None:  # under xdist the controller writes the reports
+        return
     write_markdown(run.run_dir / MARKDOWN, run.all_records(), title=_title(run))
 
 
@@ -111,7 +113,7 @@ def _title(run: Run) -> str:
 def finish(config: pytest.Config) -> None:
     """Runs before pytest-benchmark saves and before pytest-html writes its page."""
     run = config.stash.get(RUN_KEY, None)
-    if run is None or not (run.written or run.resumed):
+    if run is None or run.worker is not None or not (run.written or run.resumed):
         return
     records = run.all_records()
     with contextlib.suppress(ImportError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import fcntl
 import os
 import secrets
 from dataclasses import dataclass, field
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_longctx.core.records import RESULTS_FILE, Record, append_record, read_records
+from pytest_longctx.plan.servers import ServerSlot
 from pytest_longctx.plan.settings import Settings
 from pytest_longctx.plan.sweep import Point, SweepPlan
 
@@ -98,12 +100,33 @@ class Run:
     in_flight: tuple[str, Point, float] | None = None
     #: SIGTERM/SIGHUP turned into Ctrl-C for this session (signals.py).
     signals: SessionSignals | None = None
+    #: The campaign's servers, one per pytest-xdist worker (one in a serial session).
+    servers: tuple[ServerSlot, ...] = (ServerSlot(0),)
+    #: The server this session measures (a worker's own slot under xdist).
+    slot: ServerSlot = ServerSlot(0)
+    #: The pytest-xdist worker id, or None in a serial session and on the controller.
+    worker: str | None = None
+    #: When the campaign's session started (the controller's clock, under xdist).
+    started_at: float | None = None
 
     @classmethod
-    def create(cls, settings: Settings, plan: SweepPlan, rootdir: Path) -> Run:
+    def create(
+        cls,
+        settings: Settings,
+        plan: SweepPlan,
+        rootdir: Path,
+        controller_run: tuple[str, bool] | None = None,
+    ) -> Run:
+        """A new or resumed run; on a pytest-xdist worker, the controller's (id, resumed)."""
         output_root = (
             settings.output if settings.output.is_absolute() else rootdir / settings.output
         )
+        if controller_run is not None:
+            run_id, resumed = controller_run
+            run = cls(settings, plan, output_root, run_id, output_root / run_id)
+            if resumed and run.results_path.exists():
+                run._read_resumed()
+            return run
         if settings.resume:
             run_dir = resolve_resume(output_root, settings.resume)
             run = cls(settings, plan, output_root, run_dir.name, run_dir)
@@ -116,15 +139,25 @@ class Run:
                     f"{', '.join(sorted(profiles))}; this session selects {plan.profile.name}. "
                     "Resume with the same --longctx-profile, or start a new run"
                 )
-            for record in previous.records:
-                point = Point(record.length, record.repeat)
-                if record.outcome == "passed":
-                    run.resumed[point] = record
-                else:
-                    run.resumed.pop(point, None)  # re-measured later wins over earlier pass
+            run._read_resumed(previous.records)
             return run
         run_id = new_run_id()
         return cls(settings, plan, output_root, run_id, output_root / run_id)
+
+    def _read_resumed(self, records: list[Record] | None = None) -> None:
+        if records is None:
+            records = list(read_records(self.results_path).records)
+        for record in records:
+            point = Point(record.length, record.repeat)
+            if record.outcome == "passed":
+                self.resumed[point] = record
+            else:
+                self.resumed.pop(point, None)  # re-measured later wins over earlier pass
+
+    @property
+    def server_name(self) -> str:
+        """``server`` in a serial session, ``server-gw1`` for a worker's: its log and files."""
+        return f"server-{self.worker}" if self.worker else "server"
 
     @property
     def results_path(self) -> Path:
@@ -142,9 +175,12 @@ class Run:
             os.replace(tmp, latest)
 
     def append(self, record: Record) -> None:
+        """Append under a lock: several workers of one campaign share the results file."""
         self.open()
-        end_last_line(self.results_path)
-        append_record(self.results_path, record)
+        with open(self.run_dir / ".results.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            end_last_line(self.results_path)
+            append_record(self.results_path, record)
         self.written.append(record)
 
     def all_records(self) -> list[Record]:

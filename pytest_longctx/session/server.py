@@ -101,6 +101,8 @@ def server_command(config: pytest.Config, run: Run, port: int, build: bool) -> S
     key = api_key(run)
     if key:
         command = ServerCommand(command.argv, {**command.env, API_KEY_ENV_FOR_VLLM: key})
+    if run.slot.env:  # this worker's own devices or cores
+        command = ServerCommand(command.argv, {**command.env, **run.slot.env})
     changed = config.hook.pytest_longctx_server_command(
         config=config, plan=run.plan, command=command
     )
@@ -108,10 +110,23 @@ def server_command(config: pytest.Config, run: Run, port: int, build: bool) -> S
 
 
 def describe_server(config: pytest.Config, run: Run) -> str:
+    if len(run.servers) > 1:
+        lines = [f"{len(run.servers)} servers, one per pytest-xdist worker, each measured alone:"]
+        lines += [f"  {slot.describe()}" for slot in run.servers]
+        if not run.settings.url:
+            lines.append(
+                "  each launched server gets the profile's own KV budget and the capacity "
+                "plan below (which is per server)"
+            )
+    else:
+        lines = []
     if run.settings.url:
-        return f"server: attach to {run.settings.url} (model and max_model_len from /v1/models)"
+        endpoints = ", ".join(run.settings.urls)
+        lines.append(f"server: attach to {endpoints} (model and max_model_len from /v1/models)")
+        return "\n".join(lines)
     command = server_command(config, run, port=0, build=False)
-    return "server command (port chosen at start):\n  " + command.shell_line()
+    lines.append("server command (port chosen at start):\n  " + command.shell_line())
+    return "\n".join(lines)
 
 
 def start(config: pytest.Config) -> ServerInfo:
@@ -134,6 +149,11 @@ def start(config: pytest.Config) -> ServerInfo:
         served = ServedModel(info.model_name, info.max_model_len, info.model_root)
         run.model = served_model.describe_attached(run.plan.profile, served, cache_labels)
     run.fingerprint = fingerprint(config, run, info)
+    try:
+        check_same_servers(run)
+    except ServerError as exc:
+        run.server = exc
+        raise
     expected = run.plan.profile.serving.expected_versions.get("vllm")
     if expected and info.engine_version and info.engine_version != expected:
         run.problems.append(
@@ -184,7 +204,7 @@ def _describe_server(run: Run, base_url: str, key: str | None) -> tuple[ServedMo
 
 
 def _attach(run: Run) -> ServerInfo:
-    url, key = run.settings.url or "", api_key(run)
+    url, key = run.slot.endpoint or run.settings.url or "", api_key(run)
     check_attached(url, key, api_key_env_name(run))
     served, version = _describe_server(run, url, key)
     return ServerInfo(
@@ -208,7 +228,7 @@ def _launch(config: pytest.Config, run: Run) -> ServerInfo:
     leftovers = leftover_servers(run.output_root, run.run_dir)
     run.problems.extend(leftovers)
     launched = LaunchedServer(
-        command, run.run_dir / "server.log", profile.serving.startup_timeout_s
+        command, run.run_dir / f"{run.server_name}.log", profile.serving.startup_timeout_s
     )
     run.launched = launched
     launched.start()
@@ -279,10 +299,83 @@ def fingerprint(config: pytest.Config, run: Run, info: ServerInfo) -> dict[str, 
         "unverified_points_allowed": run.settings.allow_unverified,
         "seed": run.settings.seed,
         "command_line": ["pytest", *config.invocation_params.args],
-        "hardware": hardware.describe_host() if launched or _is_local(info.base_url) else {},
+        "hardware": _server_hardware(run) if launched or _is_local(info.base_url) else {},
+        "server": _server_identity(run, info),
     }
     config.hook.pytest_longctx_fingerprint(config=config, fingerprint=result)
     return result
+
+
+def _server_hardware(run: Run) -> dict[str, Any]:
+    """The host, narrowed to the cores or devices this worker's server was given."""
+    host = hardware.describe_host()
+    if run.slot.cores:
+        host["server_cores"] = len(run.slot.cores)
+    if run.slot.devices:
+        gpus = [g for g in host.get("gpus", []) if g.get("index") in run.slot.devices]
+        host["gpus"] = gpus
+        host["gpu_count"] = len(run.slot.devices)
+        host["gpu_names"] = sorted({g["name"] for g in gpus}) or host.get("gpu_names", [])
+    return host
+
+
+def _server_identity(run: Run, info: ServerInfo) -> dict[str, Any]:
+    """Which server measured a point: the worker, the endpoint and what it was given."""
+    identity: dict[str, Any] = {"slot": run.slot.index, "endpoint": info.base_url}
+    if run.worker:
+        identity["worker"] = run.worker
+    if run.slot.cores:
+        identity["cores"] = list(run.slot.cores)
+    if run.slot.devices:
+        identity["devices"] = list(run.slot.devices)
+    return identity
+
+
+MEASURED_BY_FILE = "measured-by.json"
+
+
+def check_same_servers(run: Run) -> None:
+    """Refuse a server unlike those that already measured points of this run.
+
+    The first server to come up (or the run's earlier records, when resumed) sets what the
+    run measures; a server with another model, vLLM version or hardware would mix setups in
+    one table. ``--longctx-allow-mixed-servers`` keeps them, and the reports say so.
+    """
+    import fcntl
+    import json
+
+    from pytest_longctx.gate import fingerprint_mismatch
+
+    run.open()
+    path = run.run_dir / MEASURED_BY_FILE
+    with open(run.run_dir / ".measured-by.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            known = json.loads(path.read_text()) if path.exists() else []
+        except ValueError:
+            known = []
+        others = [(entry.get("server", {}), entry) for entry in known]
+        others += [
+            (record.fingerprint.get("server", {}), record.fingerprint)
+            for record in run.all_records()
+            if record.outcome == "passed" and record.fingerprint
+        ]
+        if not run.settings.allow_mixed_servers:
+            for server, other in others:
+                differences = fingerprint_mismatch(other, run.fingerprint)
+                if differences:
+                    where = server.get("endpoint") or "an earlier server of this run"
+                    raise ServerError(
+                        f"this server ({run.fingerprint['server']['endpoint']}) differs from "
+                        f"{where}, which measured this run:\n  "
+                        + "\n  ".join(differences)
+                        + "\nrun each setup as its own run, or pass "
+                        "--longctx-allow-mixed-servers to keep both in one"
+                    )
+        known.append(run.fingerprint)
+        from pytest_longctx.core.files import write_atomically
+
+        write_atomically(path, json.dumps(known, indent=2, default=str) + "\n")
 
 
 def _is_local(url: str) -> bool:

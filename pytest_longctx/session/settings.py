@@ -26,6 +26,8 @@ class OptionSpec:
     metavar: str | None = None
     flag: bool = False
     ini: bool = True
+    #: Given several times (and comma-separated): a list.
+    multiple: bool = False
 
     @property
     def dest(self) -> str:
@@ -58,8 +60,22 @@ OPTIONS: tuple[OptionSpec, ...] = (
     ),
     OptionSpec(
         "longctx-url",
-        "attach to a running OpenAI-compatible server instead of launching one",
+        "attach to a running OpenAI-compatible server instead of launching one; give it "
+        "several times or comma-separated for several servers, one per pytest-xdist worker",
         "URL",
+        multiple=True,
+    ),
+    OptionSpec(
+        "longctx-devices-per-server",
+        "under pytest-xdist -n, devices each launched server gets (its own "
+        "CUDA_VISIBLE_DEVICES or HIP_VISIBLE_DEVICES; default: the profile's parallel size)",
+        "K",
+    ),
+    OptionSpec(
+        "longctx-allow-mixed-servers",
+        "keep points from servers whose fingerprints differ (model, vLLM version, hardware) "
+        "in one run",
+        flag=True,
     ),
     OptionSpec(
         "longctx-api-key-env",
@@ -200,11 +216,27 @@ class _RawOptions:
             raise _fail(name, self.values[name], "a number of seconds > 0")
         return value
 
-    def url(self, name: str) -> str | None:
-        url = self.text(name)
-        if url and not url.startswith(("http://", "https://")):
-            raise _fail(name, url, "an http:// or https:// URL such as http://127.0.0.1:8000")
-        return url.rstrip("/") if url else None
+    def urls(self, name: str) -> tuple[str, ...]:
+        value = self.values[name]
+        given = value if isinstance(value, (list, tuple)) else [value]
+        urls = [
+            part.strip()
+            for entry in given
+            if entry
+            for part in str(entry).replace(",", " ").split()
+        ]
+        for url in urls:
+            if not url.startswith(("http://", "https://")):
+                raise _fail(
+                    name,
+                    url,
+                    "http:// or https:// URLs such as http://127.0.0.1:8000, given several "
+                    "times or comma-separated",
+                )
+        unique = tuple(dict.fromkeys(url.rstrip("/") for url in urls))
+        if len(unique) != len(urls):
+            raise _fail(name, ",".join(urls), "each server's URL once")
+        return unique
 
     def lengths(self) -> tuple[int | None, int | None]:
         low, high = self.size("longctx-from"), self.size("longctx-to")
@@ -227,7 +259,7 @@ def read_settings(config: pytest.Config) -> Settings:
         repeats=raw.whole("longctx-repeats", 1) or 1,
         order=raw.choice("longctx-order", ORDERS, "pass"),
         profile=raw.text("longctx-profile", DEFAULT_PROFILE) or DEFAULT_PROFILE,
-        url=raw.url("longctx-url"),
+        urls=raw.urls("longctx-url"),
         api_key_env=raw.text("longctx-api-key-env"),
         output=Path(raw.text("longctx-output", "reports") or "reports"),
         decode_tokens=raw.whole("longctx-decode-tokens", None, minimum=2),
@@ -241,4 +273,6 @@ def read_settings(config: pytest.Config) -> Settings:
         resume=str(resume) if resume else None,
         allow_unverified=raw.flag("longctx-allow-unverified"),
         gate_level=_gate_level(raw.values["longctx-gate-level"]),
+        devices_per_server=raw.whole("longctx-devices-per-server", None),
+        allow_mixed_servers=raw.flag("longctx-allow-mixed-servers"),
     )

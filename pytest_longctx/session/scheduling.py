@@ -1,0 +1,77 @@
+"""Longest-predicted-first scheduling of sweep points over pytest-xdist workers.
+
+The campaign's wall time is set by its longest points: a 64Mi point alone can take hours, so
+it must start first, not last behind a queue of short ones (LPT scheduling). Any TTFT model
+that grows with the prompt length (the study's, a fitted a + bL + cL^2, the profile's scale)
+orders points the same way, so the order is by length, longest first, and a point's repeats
+spread over the servers. Gate items and other tests run after every point has been handed out.
+
+Each worker holds at most two items: the one it runs and the next (an xdist worker only
+starts an item once it knows the one after it, or is told to finish). The next item is given
+when one completes, so a long point never waits behind a queue on a busy server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from xdist.scheduler import LoadScheduling
+
+from pytest_longctx.session.run import Run
+from pytest_longctx.session.workers import point_of_nodeid
+
+#: Items a worker holds: the one it runs and the one after it.
+ITEMS_PER_WORKER = 2
+
+
+class LongestFirstScheduling(LoadScheduling):
+    """xdist's load scheduling, with the pending items ordered by predicted cost."""
+
+    def __init__(self, config: pytest.Config, log: Any, run: Run) -> None:
+        super().__init__(config, log)
+        self.run = run
+
+    def _order(self, collection: Sequence[str]) -> list[int]:
+        def key(index: int) -> tuple[int, int, int, int]:
+            point = point_of_nodeid(self.run, collection[index])
+            if point is None:
+                return (1, 0, 0, index)  # gate items and other tests: after every point
+            return (0, -point.length, point.repeat, index)
+
+        return sorted(range(len(collection)), key=key)
+
+    def schedule(self) -> None:
+        assert self.collection_is_completed
+        if self.collection is not None:
+            for node in self.nodes:
+                self.check_schedule(node)
+            return
+        if not self._check_nodes_have_same_collection():
+            self.log("**Different tests collected, aborting run**")
+            return
+        self.collection = next(iter(self.node2collection.values()))
+        self.pending[:] = self._order(self.collection)
+        # Round robin: the longest point to each worker first, then the next longest to each.
+        for _ in range(ITEMS_PER_WORKER):
+            for node in self.nodes:
+                self._send_tests(node, 1)
+        if not self.pending:
+            for node in self.nodes:
+                node.shutdown()
+
+    def check_schedule(self, node: Any, duration: float = 0) -> None:
+        if node.shutting_down:
+            return
+        wanted = ITEMS_PER_WORKER - len(self.node2pending[node])
+        if wanted > 0:
+            self._send_tests(node, wanted)
+        if not self.pending:
+            node.shutdown()
+
+    def mark_test_pending(self, item: str) -> None:
+        assert self.collection is not None
+        self.pending.insert(0, self.collection.index(item))
+        for node in self.node2pending:
+            self.check_schedule(node)

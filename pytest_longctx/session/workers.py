@@ -1,0 +1,213 @@
+"""One campaign over several servers with pytest-xdist: each worker owns exactly one server.
+
+The controller makes the run (its id and folder) and the split of the machine into servers;
+every worker gets the run id and its own server slot through ``workerinput``, measures its
+points against that server alone and appends their records to the run's one results file.
+The controller schedules the points longest first (``scheduling.py``), keeps the records the
+workers report, records a point whose worker died, and writes the reports.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Any
+
+import pytest
+
+from pytest_longctx.core.records import Record
+from pytest_longctx.plan.servers import ServerSlot, ServerSplitError, split_servers
+from pytest_longctx.plan.sweep import Point
+from pytest_longctx.session.run import Run
+
+RUN_ID_KEY = "longctx_run_id"
+STARTED_KEY = "longctx_started_at"
+RESUMED_KEY = "longctx_resumed"
+SLOT_KEY = "longctx_server_slot"
+
+
+def is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def worker_id(config: pytest.Config) -> str | None:
+    workerinput = getattr(config, "workerinput", None)
+    return workerinput.get("workerid") if workerinput else None
+
+
+def planned_workers(config: pytest.Config) -> int:
+    """How many workers pytest-xdist will start (0 in a serial session or on a worker)."""
+    if is_worker(config) or config.getoption("dist", "no") == "no":
+        return 0
+    if config.getoption("collectonly", False):
+        return 0
+    return len(config.getoption("tx", None) or [])
+
+
+def run_from_controller(config: pytest.Config) -> tuple[str, bool] | None:
+    """On a worker: the controller's run id, and whether that run is resumed."""
+    workerinput = getattr(config, "workerinput", None)
+    if not workerinput or RUN_ID_KEY not in workerinput:
+        return None
+    return str(workerinput[RUN_ID_KEY]), bool(workerinput.get(RESUMED_KEY))
+
+
+def split(config: pytest.Config, run: Run) -> tuple[ServerSlot, ...]:
+    """The campaign's servers; a usage error when the workers cannot each have one."""
+    workers = planned_workers(config)
+    if not workers and run.settings.plan_only:
+        workers = _requested_workers(config)
+    try:
+        return split_servers(
+            run.settings, run.plan.profile, workers, sorted(os.sched_getaffinity(0))
+        )
+    except ServerSplitError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def _requested_workers(config: pytest.Config) -> int:
+    value = config.getoption("numprocesses", None)
+    return value if isinstance(value, int) else 0
+
+
+def own_slot(config: pytest.Config, run: Run) -> ServerSlot:
+    """The server this session (or this worker) measures."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput and SLOT_KEY in workerinput:
+        data = dict(workerinput[SLOT_KEY])
+        return ServerSlot(
+            index=int(data["index"]),
+            endpoint=data.get("endpoint"),
+            devices=tuple(data.get("devices") or ()),
+            cores=tuple(data.get("cores") or ()),
+            env=dict(data.get("env") or {}),
+        )
+    return run.servers[0]
+
+
+def keep_plan_serial(config: pytest.Config) -> None:
+    """``--longctx-plan -n N`` prints the plan (and the split) here; no workers start."""
+    if planned_workers(config):
+        config.option.dist = "no"
+        config.option.tx = []
+
+
+class Controller:
+    """The xdist controller's part: hand out the run and the slots, keep what workers report."""
+
+    def __init__(self, config: pytest.Config, run: Run) -> None:
+        self.config = config
+        self.run = run
+        self.slot_of: dict[str, int] = {}
+        self.started_at = time.time()
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
+        """Longest points first, when xdist distributes by load (``-n N``, ``--dist load``)."""
+        if config.getoption("dist", "no") != "load":
+            return None
+        from pytest_longctx.session.scheduling import LongestFirstScheduling
+
+        return LongestFirstScheduling(config, log, self.run)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Keep the records the workers appended (they travel on their reports)."""
+        from pytest_longctx.session.outputs import REPORT_ATTRIBUTE, after_record
+
+        data = getattr(report, REPORT_ATTRIBUTE, None)
+        if not data:
+            return
+        record = Record.from_json(data)
+        if any(r.nodeid == record.nodeid and r.outcome == record.outcome for r in self.run.written):
+            return
+        self.run.written.append(record)
+        after_record(self.config, self.run)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        """A new worker (also one replacing a crashed worker) gets a free server slot."""
+        taken = set(self.slot_of.values())
+        index = next(i for i in range(len(self.run.servers)) if i not in taken)
+        self.slot_of[node.gateway.id] = index
+        node.workerinput[RUN_ID_KEY] = self.run.run_id
+        node.workerinput[RESUMED_KEY] = bool(self.run.settings.resume)
+        node.workerinput[STARTED_KEY] = self.started_at
+        node.workerinput[SLOT_KEY] = dataclasses.asdict(self.run.servers[index])
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        """The controller collects nothing itself: the selection is what the workers collected."""
+        if self.run.selected_points:
+            return
+        points = [p for p in (point_of_nodeid(self.run, i) for i in ids) if p is not None]
+        self.run.selected_points = points
+        from pytest_longctx.session.outputs import drop_unused_outputs
+
+        drop_unused_outputs(self.config, self.run)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: object) -> None:
+        self.slot_of.pop(node.gateway.id, None)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_handlecrashitem(self, crashitem: str, report: Any, sched: Any) -> None:
+        """The point a dead worker was measuring: recorded as an error, measured on resume."""
+        point = point_of_nodeid(self.run, crashitem)
+        if point is None or point in self.run.resumed:
+            return
+        worker = getattr(getattr(report, "node", None), "gateway", None)
+        name = getattr(worker, "id", "a worker")
+        record = Record(
+            run_id=self.run.run_id,
+            nodeid=crashitem,
+            length=point.length,
+            repeat=point.repeat,
+            outcome="error",
+            reason=f"worker {name} died while measuring this point",
+            fingerprint={"worker": name},
+            finished_at=time.time(),
+        )
+        self.run.append(record)
+        from pytest_longctx.session.outputs import REPORT_ATTRIBUTE
+
+        setattr(report, REPORT_ATTRIBUTE, record.to_json())
+
+
+def point_of_nodeid(run: Run, nodeid: str) -> Point | None:
+    """The sweep point a test id names: its ``[len=..-rep=..]`` parameter id."""
+    if "[" not in nodeid:
+        return None
+    params = nodeid[nodeid.index("[") + 1 : nodeid.rindex("]")]
+    for point in run.plan.points:
+        if (
+            point.id == params
+            or params.startswith(point.id + "-")
+            or (params.endswith("-" + point.id))
+        ):
+            return point
+    return None
+
+
+def wait_for_length(run: Run, length: int, started_at: float, poll_s: float = 0.5) -> None:
+    """Under xdist, a gate item waits until every selected point of its length has a record.
+
+    The points of a length may run on other workers; the gate reads the shared results file,
+    so it must not judge before they are in it. A point whose worker died gets its record
+    from the controller, so the wait ends whatever happens to the workers.
+    """
+    wanted = {p for p in run.selected_points if p.length == length and p not in run.resumed}
+    while True:
+        done = {
+            Point(r.length, r.repeat)
+            for r in run.all_records()
+            if r.length == length and (r.finished_at or 0) >= started_at
+        }
+        if wanted <= done:
+            return
+        time.sleep(poll_s)
+
+
+def session_started_at(config: pytest.Config) -> float | None:
+    workerinput = getattr(config, "workerinput", None)
+    return workerinput.get(STARTED_KEY) if workerinput else None

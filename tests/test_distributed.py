@@ -1,0 +1,300 @@
+"""One campaign over several servers under pytest-xdist: the split, the schedule, the run.
+
+The end-to-end tests run ``-n 2`` sessions against real vLLM: two servers launched by the
+workers, two attached by URL, one server killed mid-run and the run completed by a resume.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from longctx_testing import SWEEP_TEST, records_of, run_folder, run_session
+
+from pytest_longctx.plan.servers import ServerSplitError, split_servers
+from pytest_longctx.plan.settings import Settings
+from pytest_longctx.plan.sweep import Point
+from pytest_longctx.serving.process import LaunchedServer, free_port
+from pytest_longctx.serving.profiles import load_profile
+from pytest_longctx.serving.vllm_command import build_server_command
+
+POINTS_1KI_TO_8KI_X2 = {Point(n, r) for n in (1024, 2048, 4096, 8192) for r in (0, 1)}
+
+
+def settings(**changes: object) -> Settings:
+    base = Settings(
+        from_length=None,
+        to_length=None,
+        repeats=1,
+        order="pass",
+        profile="cpu-tiny",
+        urls=(),
+        api_key_env=None,
+        output=Path("reports"),
+        decode_tokens=None,
+        ttft_timeout_s=None,
+        prompt_format="ids",
+        seed=0,
+        baseline=None,
+        tolerance=None,
+        baseline_force=False,
+        plan_only=False,
+        resume=None,
+    )
+    return dataclasses.replace(base, **changes)
+
+
+# -- the split ---------------------------------------------------------------------------
+
+
+def test_attached_endpoints_map_one_to_one_onto_workers() -> None:
+    urls = ("http://a:1", "http://b:2", "http://c:3")
+    slots = split_servers(settings(urls=urls), load_profile("cpu-tiny"), 2, [0, 1])
+    assert [s.endpoint for s in slots] == ["http://a:1", "http://b:2"]
+    with pytest.raises(ServerSplitError, match=r"-n 4 with 3 --longctx-url endpoint"):
+        split_servers(settings(urls=urls), load_profile("cpu-tiny"), 4, [0, 1])
+
+
+def test_cpu_servers_get_their_own_cores() -> None:
+    slots = split_servers(settings(), load_profile("cpu-tiny"), 2, [0, 1, 2, 3, 4])
+    assert [s.cores for s in slots] == [(0, 1), (2, 3)]
+    assert [dict(s.env) for s in slots] == [
+        {"VLLM_CPU_OMP_THREADS_BIND": "0-1"},
+        {"VLLM_CPU_OMP_THREADS_BIND": "2-3"},
+    ]
+    assert split_servers(settings(), load_profile("cpu-tiny"), 0, [0, 1])[0].env == {}
+    with pytest.raises(ServerSplitError, match="need a core each; this session may use 2"):
+        split_servers(settings(), load_profile("cpu-tiny"), 3, [0, 1])
+
+
+@pytest.mark.parametrize(
+    ("profile", "variable"),
+    [("kimi-linear-h200", "CUDA_VISIBLE_DEVICES"), ("kimi-linear-mi355x", "HIP_VISIBLE_DEVICES")],
+)
+def test_gpu_servers_get_their_own_devices(profile: str, variable: str) -> None:
+    loaded = load_profile(profile)
+    parallel = loaded.serving.tensor_parallel_size * loaded.serving.pipeline_parallel_size
+    per_server = max(parallel, 1)
+    slots = split_servers(
+        settings(devices_per_server=per_server), loaded, 2, [0], devices=2 * per_server
+    )
+    first = ",".join(str(i) for i in range(per_server))
+    second = ",".join(str(i) for i in range(per_server, 2 * per_server))
+    assert [dict(s.env) for s in slots] == [{variable: first}, {variable: second}]
+    with pytest.raises(ServerSplitError, match="--longctx-devices-per-server"):
+        split_servers(
+            settings(devices_per_server=per_server), loaded, 3, [0], devices=2 * per_server
+        )
+
+
+# -- the schedule ------------------------------------------------------------------------
+
+
+class FakeNode:
+    """What the scheduler sees of an xdist worker: the items sent and the shutdown."""
+
+    def __init__(self, name: str, log: list[int]) -> None:
+        self.gateway = SimpleNamespace(id=name)
+        self.sent: list[int] = []
+        self.log = log
+        self.shutting_down = False
+
+    def send_runtest_some(self, indices: list[int]) -> None:
+        self.sent.extend(indices)
+        self.log.extend(indices)
+
+    def shutdown(self) -> None:
+        self.shutting_down = True
+
+
+def test_the_longest_points_go_first_to_every_worker(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    config = pytester.parseconfigure("--tx=2*popen", "--longctx-repeats=2")
+    from pytest_longctx.session.scheduling import LongestFirstScheduling
+    from pytest_longctx.session.stash import RUN_KEY
+
+    run = config.stash[RUN_KEY]
+    collection = ["test_sweep.py::test_regression[len=1Ki]", "test_other.py::test_unrelated"]
+    collection += [f"test_sweep.py::test_prefill_decode[{p.id}]" for p in run.plan.points]
+    scheduler = LongestFirstScheduling(config, None, run)
+    handed_out: list[int] = []
+    a, b = FakeNode("gw0", handed_out), FakeNode("gw1", handed_out)
+    for node in (a, b):
+        scheduler.add_node(node)
+        scheduler.add_node_collection(node, collection)
+    scheduler.schedule()
+
+    def names(indices: list[int]) -> list[str]:
+        return [collection[i].split("[")[-1].rstrip("]") for i in indices]
+
+    assert names(a.sent) == ["len=16Ki-rep=0", "len=8Ki-rep=0"]
+    assert names(b.sent) == ["len=16Ki-rep=1", "len=8Ki-rep=1"]
+    scheduler.mark_test_complete(b, b.sent[0])  # the worker that is free takes the next longest
+    assert names(b.sent)[-1] == "len=4Ki-rep=0"
+    while scheduler.has_pending:
+        for node in (a, b):
+            if scheduler.node2pending[node]:
+                scheduler.mark_test_complete(node, scheduler.node2pending[node][0])
+    assert sorted(handed_out) == list(range(len(collection)))  # each item exactly once
+    assert set(names(handed_out[-2:])) == {"len=1Ki", "test_other.py::test_unrelated"}
+    lengths = [run.plan.points[i - 2].length for i in handed_out[:-2]]
+    assert lengths == sorted(lengths, reverse=True)
+    assert a.shutting_down and b.shutting_down
+
+
+def test_plan_prints_the_split(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--longctx-plan")
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(
+        [
+            "2 servers, one per pytest-xdist worker, each measured alone:",
+            "  server 0: launched on cores 0* (VLLM_CPU_OMP_THREADS_BIND=*)",
+            "  server 1: launched on cores * (VLLM_CPU_OMP_THREADS_BIND=*)",
+        ]
+    )
+    assert not (pytester.path / "reports").exists()
+
+
+def test_more_workers_than_endpoints_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-n", "3", "--longctx-url=http://127.0.0.1:9,http://127.0.0.1:10"
+    )
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*-n 3 with 2 --longctx-url endpoint(s)*at most 2 workers*"])
+
+
+# -- real servers ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def second_vllm_url(tmp_path_factory: pytest.TempPathFactory, vllm_url: str) -> Iterator[str]:
+    """A second cpu-tiny server beside the shared one: the same setup at another endpoint."""
+    from pytest_longctx.serving.embedded import ensure_embedded_model
+
+    profile = load_profile("cpu-tiny")
+    command = build_server_command(
+        profile,
+        model_path=str(ensure_embedded_model("tiny-llama")),
+        tokenizer_path=None,
+        max_model_len=16_384 + 64,
+        port=free_port(),
+    )
+    server = LaunchedServer(command, tmp_path_factory.mktemp("second-server") / "server.log", 600)
+    server.start()
+    try:
+        server.wait_ready()
+        yield server.base_url
+    finally:
+        server.stop()
+
+
+def servers_of(records) -> Counter:  # noqa: ANN001
+    return Counter(r.fingerprint["server"]["endpoint"] for r in records)
+
+
+def test_two_attached_servers_share_one_run(
+    sweep_dir: pytest.Pytester, vllm_url: str, second_vllm_url: str
+) -> None:
+    result, output = run_session(
+        sweep_dir,
+        "-n",
+        "2",
+        f"--longctx-url={vllm_url},{second_vllm_url}",
+        "--longctx-to=8Ki",
+        "--longctx-repeats=2",
+    )
+    result.assert_outcomes(passed=8)
+    records = records_of(output)
+    assert Counter(Point(r.length, r.repeat) for r in records) == Counter(POINTS_1KI_TO_8KI_X2)
+    assert set(servers_of(records)) == {vllm_url, second_vllm_url}
+    assert {r.run_id for r in records} == {run_folder(output).name}
+    assert [p.name for p in output.iterdir() if p.name != "latest"] == [run_folder(output).name]
+    report = (run_folder(output) / "report.md").read_text()
+    assert f"gw0 {vllm_url}" in report and f"gw1 {second_vllm_url}" in report
+    assert "8 recorded (8 passed)" in report
+
+
+def test_servers_unlike_each_other_are_refused_unless_mixing_is_allowed(
+    sweep_dir: pytest.Pytester, vllm_url: str, foreign_model_url: str
+) -> None:
+    urls = f"--longctx-url={vllm_url},{foreign_model_url}"
+    result, output = run_session(
+        sweep_dir, "-n", "2", urls, "--longctx-to=1Ki", "--longctx-repeats=2"
+    )
+    result.assert_outcomes(passed=1, errors=1)
+    refused = [r for r in records_of(output) if r.outcome == "error"]
+    assert len(refused) == 1
+    assert "differs from" in refused[0].reason and "model:" in refused[0].reason
+    assert "--longctx-allow-mixed-servers" in refused[0].reason
+
+    result, output = run_session(
+        sweep_dir,
+        "-n",
+        "2",
+        urls,
+        "--longctx-to=1Ki",
+        "--longctx-repeats=2",
+        "--longctx-allow-mixed-servers",
+    )
+    result.assert_outcomes(passed=2)
+    records = records_of(output)
+    assert set(servers_of(records)) == {vllm_url, foreign_model_url}
+    report = (run_folder(output) / "report.md").read_text()
+    assert "**The runs differ in fingerprint**" in report
+    assert "Repeats on different servers: 1Ki on" in report
+
+
+#: Kills the server of worker gw1 as it starts its second point (first session only).
+KILL_GW1_SERVER = """
+import os, signal
+from pytest_longctx.session.stash import RUN_KEY
+
+started = []
+
+def pytest_runtest_call(item):
+    run = item.config.stash[RUN_KEY]
+    if run.worker != "gw1" or os.path.exists("killed") or "rep=" not in item.name:
+        return
+    started.append(item.name)
+    if len(started) == 2:
+        open("killed", "w").close()
+        os.killpg(run.launched.process.pid, signal.SIGKILL)
+        run.launched.process.wait()
+"""
+
+
+def test_a_dead_server_fails_its_points_and_resume_completes_the_run(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    pytester.makeconftest(KILL_GW1_SERVER)
+    args = ("-n", "2", "--longctx-to=8Ki", "--longctx-repeats=2")
+    result, output = run_session(pytester, *args)
+    assert (pytester.path / "killed").exists()
+    records = records_of(output)
+    assert Counter(Point(r.length, r.repeat) for r in records) == Counter(POINTS_1KI_TO_8KI_X2)
+    by_worker = Counter((r.fingerprint.get("server", {}).get("worker"), r.outcome) for r in records)
+    failed = [r for r in records if r.outcome != "passed"]
+    assert failed and all(r.fingerprint["server"]["worker"] == "gw1" for r in failed), by_worker
+    assert all("vLLM server is gone" in r.reason or "exited" in r.reason for r in failed), [
+        r.reason for r in failed
+    ]
+    assert by_worker[("gw0", "passed")] >= 1 and by_worker[("gw1", "passed")] == 1
+    served = json.loads((run_folder(output) / "server-gw0.json").read_text())
+    assert served["stopped_at"]  # each worker's server ended with its session
+
+    result, output = run_session(pytester, *args, "--longctx-resume")
+    result.assert_outcomes(passed=8)
+    after = records_of(output)
+    assert len(after) == len(records) + len(failed)  # only the failed points were measured
+    latest = {Point(r.length, r.repeat): r for r in after}
+    assert set(latest) == POINTS_1KI_TO_8KI_X2
+    assert all(r.outcome == "passed" for r in latest.values())
+    assert {r.run_id for r in after} == {run_folder(output).name}
