@@ -103,9 +103,7 @@ def measure_many(server: FakeVLLMProcess, count: int, decode_tokens: int) -> lis
     request = CompletionRequest(model=MODEL, prompt=list(range(512)), decode_tokens=decode_tokens)
     before = len(server.streams)
     with CompletionClient(ClientConfig(server.url)) as client:
-        results = [
-            client.measure(request, first_token_budget_s=30) for _ in range(WARM_UP + count)
-        ]
+        results = [client.measure(request, first_token_budget_s=30) for _ in range(WARM_UP + count)]
     streams = server.streams[before:]
     assert len(streams) == len(results)
     return [Sample(r, t) for r, t in zip(results, streams, strict=True)][WARM_UP:]

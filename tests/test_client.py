@@ -259,9 +259,7 @@ def test_the_connection_is_opened_before_t0(
 
     monkeypatch.setattr(socket, "create_connection", recorded)
     with client_for(server) as client:
-        results = [
-            client.measure(ids_request(decode=2), first_token_budget_s=10) for _ in range(2)
-        ]
+        results = [client.measure(ids_request(decode=2), first_token_budget_s=10) for _ in range(2)]
     assert len(connects) == 2  # one fresh connection per measurement, none wasted
     for connected, result in zip(connects, results, strict=True):
         assert connected < result.started_perf_s

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -298,3 +299,64 @@ def test_a_dead_server_fails_its_points_and_resume_completes_the_run(
     assert set(latest) == POINTS_1KI_TO_8KI_X2
     assert all(r.outcome == "passed" for r in latest.values())
     assert {r.run_id for r in after} == {run_folder(output).name}
+
+
+# -- one server over several nodes ---------------------------------------------------------
+
+
+def test_past_64mi_one_server_spans_nodes_and_the_plan_counts_them() -> None:
+    """MLA's cache is replicated over TP ranks: only pipeline stages over more nodes shrink it."""
+    from pytest_longctx.capacity.profile import check_points
+    from pytest_longctx.plan.sweep import build_plan
+
+    one_node = build_plan(settings(to_length=128 * 1024**2), load_profile("kimi-linear-mi355x"))
+    four_nodes = build_plan(settings(), load_profile("kimi-linear-mi355x-4node"))
+    length = 128 * 1024**2
+    assert not check_points(one_node, [length])[length].fits
+    fit = check_points(four_nodes, [length])[length]
+    assert fit.fits
+    # 2 of the model's 7 MLA layers per stage, 576 FP8 elements each: 128Mi + 1Ki tokens.
+    assert fit.kv_bytes == (length + 1024) * 2 * 576
+
+
+def test_the_plan_prints_the_ray_head_and_worker_commands(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--longctx-profile=kimi-linear-mi355x-4node", "--longctx-plan"
+    )
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(
+        [
+            "one server over 4 nodes x 8 devices (Ray executor; tensor parallel 8 x pipeline "
+            "parallel 4):",
+            "  on the head node:",
+            "    env *VLLM_ROCM_USE_AITER=1* ray start --head --port=6379 --num-gpus=8",
+            "  on each of the other 3 node(s):",
+            "    env * ray start --address=HEAD_NODE_IP:6379 --num-gpus=8",
+            "  then on the head node (a launched session runs this):",
+            "    *--tensor-parallel-size 8 --pipeline-parallel-size 4 *"
+            "--distributed-executor-backend ray*",
+            "*(hybrid, TP=8 x PP=4, KV fp8_e4m3); 2 (of 7) MLA layers*",
+            "128Mi *yes",
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ('executor = "ray"', 'nodes = 4 needs [serving] executor = "ray"'),
+        ("pipeline_parallel_size = 4", "should equal tensor_parallel_size x"),
+    ],
+)
+def test_a_multi_node_profile_must_be_served_by_ray_on_every_device(
+    tmp_path: Path, change: str, message: str
+) -> None:
+    from pytest_longctx.serving.profiles import PROFILE_DIR, ProfileError
+
+    text = (PROFILE_DIR / "kimi-linear-mi355x-4node.toml").read_text()
+    assert change in text
+    broken = tmp_path / "broken.toml"
+    broken.write_text(text.replace(change, change.replace("ray", "mp").replace("4", "2")))
+    with pytest.raises(ProfileError, match=re.escape(message)):
+        load_profile(str(broken))

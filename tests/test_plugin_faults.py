@@ -180,12 +180,15 @@ def test_text_prompts_through_the_servers_detokenize(session) -> None:  # noqa: 
 
 
 def test_text_prompts_without_detokenize_are_one_usage_error(
-    session, fake_vllm: FakeVLLM  # noqa: ANN001
+    session,
+    fake_vllm: FakeVLLM,  # noqa: ANN001
 ) -> None:
     fake_vllm.configure(detokenize=False)
     result, _ = session("--longctx-to=4Ki", "--longctx-prompt-format=text")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stdout.fnmatch_lines(
-        ["*--longctx-prompt-format=text needs a tokenizer that decodes ids*"
-         "expected --longctx-prompt-format=ids*"]
+        [
+            "*--longctx-prompt-format=text needs a tokenizer that decodes ids*"
+            "expected --longctx-prompt-format=ids*"
+        ]
     )

@@ -35,6 +35,7 @@ def test_shipped_profiles() -> None:
         "cpu-tiny-mla",
         "kimi-linear-h200",
         "kimi-linear-mi355x",
+        "kimi-linear-mi355x-4node",
     ]
 
 
@@ -266,6 +267,7 @@ def test_reference_profile_reproduces_the_studys_capacity_figures() -> None:
     """Table of the study: 4032 B/token FP8, 252 GiB at 64Mi, crossovers ~1.6M/12.8M/25.6M."""
     from pytest_longctx import capacity
     from pytest_longctx.capacity import profile as capacity_plan
+
     profile = load_profile("kimi-linear-mi355x")
     layout = capacity_plan.layout_for(profile)
     assert layout.kv_bytes_per_token == 7 * 576 * 1

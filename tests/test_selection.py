@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from longctx_testing import SWEEP_TEST
 
 from pytest_longctx.core.sizes import SizeError, format_size, parse_size, powers_of_two_between
 from pytest_longctx.session.selection import Comparison, SelectionError, translate

@@ -74,6 +74,8 @@ class Hardware:
     kv_cache_bytes: int | None = None
     weights_bytes: int = 0
     weights_per_rank_bytes: int | None = None
+    #: Pipeline stages: each holds a share of the weights (and of the layers' cache).
+    pipeline_parallel: int = 1
 
     def __post_init__(self) -> None:
         if self.devices < 1:
@@ -97,8 +99,8 @@ class Hardware:
         """Weight bytes on one rank when the model runs on ``tensor_parallel`` ranks."""
         total = self.weights_bytes
         if self.weights_per_rank_bytes is not None:
-            total = self.weights_per_rank_bytes * configured_tp
-        return math.ceil(total / tensor_parallel)
+            total = self.weights_per_rank_bytes * configured_tp * self.pipeline_parallel
+        return math.ceil(total / (tensor_parallel * self.pipeline_parallel))
 
 
 @dataclass(frozen=True)
@@ -161,7 +163,9 @@ def _alternative_ranks(layout: CacheLayout, hardware: Hardware) -> list[int]:
     """Rank counts above the configured one that this node has and vLLM could shard to."""
     query_heads = _text_fields(layout.config).get("num_attention_heads")
     counts = []
-    for ranks in range(layout.tensor_parallel + 1, hardware.devices + 1):
+    for ranks in range(
+        layout.tensor_parallel + 1, hardware.devices // layout.pipeline_parallel + 1
+    ):
         if isinstance(query_heads, int) and query_heads % ranks:
             continue
         counts.append(ranks)

@@ -147,7 +147,7 @@ class CacheLayout:
     element_bytes: int
     #: Cached elements per attention layer per token on one rank.
     elements_per_layer_token: int
-    kv_bytes_per_token: int  # per rank, all attention layers
+    kv_bytes_per_token: int  # per rank: the attention layers of its pipeline stage
     state_bytes_per_rank: int  # constant per sequence
     state_bytes_unsharded: int
     #: True when ranks hold copies rather than shares of the KV: MLA's latent always, GQA's
@@ -158,6 +158,8 @@ class CacheLayout:
     block_size_hint: int | None
     #: The config it came from, to re-derive it for another dtype or rank count.
     config: Mapping[str, Any] = field(repr=False, compare=False, hash=False)
+    #: Pipeline stages: each rank caches only its stage's layers.
+    pipeline_parallel: int = 1
 
     def kv_bytes(self, tokens: int) -> int:
         """Per-rank bytes of the growing cache for ``tokens`` tokens of one sequence."""
@@ -174,6 +176,7 @@ class CacheLayout:
             cache_dtype=self.cache_dtype if cache_dtype is None else cache_dtype,
             model_dtype=self.model_dtype,
             tensor_parallel=self.tensor_parallel if tensor_parallel is None else tensor_parallel,
+            pipeline_parallel=self.pipeline_parallel,
         )
 
 
@@ -183,11 +186,18 @@ def cache_layout(
     cache_dtype: str = "auto",
     model_dtype: str | None = None,
     tensor_parallel: int = 1,
+    pipeline_parallel: int = 1,
 ) -> CacheLayout:
     """The per-rank cache layout vLLM would build for ``config``.
 
     ``model_dtype`` defaults to what ``--dtype auto`` picks (see :func:`config_model_dtype`).
+    With ``pipeline_parallel`` stages a rank holds one stage's layers: the largest stage's
+    share when the layers spread evenly (vLLM's default partition).
     """
+    if isinstance(pipeline_parallel, bool) or not isinstance(pipeline_parallel, int):
+        raise ValueError(f"pipeline_parallel must be an integer >= 1, got {pipeline_parallel!r}")
+    if pipeline_parallel < 1:
+        raise ValueError(f"pipeline_parallel must be an integer >= 1, got {pipeline_parallel}")
     if isinstance(tensor_parallel, bool) or not isinstance(tensor_parallel, int):
         raise ValueError(f"tensor_parallel must be an integer >= 1, got {tensor_parallel!r}")
     if tensor_parallel < 1:
@@ -202,17 +212,19 @@ def cache_layout(
 
     attention, elements, kv_replicated = _attention_elements(fields, tensor_parallel)
 
+    stage_attention = math.ceil(attention_layers / pipeline_parallel)
+    stage_state = math.ceil(state_layers / pipeline_parallel)
     state_unsharded = state_per_rank = 0
     if linear is not None:
         state_per_rank, state_unsharded = _linear_state_bytes(
-            linear, state_layers, model_dtype, tensor_parallel, fields
+            linear, stage_state, model_dtype, tensor_parallel, fields
         )
-    kv_bytes_per_token = attention_layers * elements * element_bytes
+    kv_bytes_per_token = stage_attention * elements * element_bytes
 
     block_size_hint = None
     if linear is not None and state_layers and attention_layers:
         alignment = _HYBRID_BLOCK_ALIGNMENT[attention]
-        state_page = state_per_rank // state_layers
+        state_page = state_per_rank // stage_state
         attention_page_per_token = elements * element_bytes
         block_size_hint = alignment * math.ceil(state_page / (alignment * attention_page_per_token))
 
@@ -233,6 +245,7 @@ def cache_layout(
         kv_replicated=kv_replicated,
         block_size_hint=block_size_hint,
         config=dict(config),
+        pipeline_parallel=pipeline_parallel,
     )
 
 
@@ -303,15 +316,20 @@ def _linear_state_bytes(
 
 def describe_layout(layout: CacheLayout) -> str:
     """One line a terminal user can check against the model card."""
+    pp = layout.pipeline_parallel
+    layers = f"{layout.attention_layers}"
+    if pp > 1:
+        layers = f"{math.ceil(layout.attention_layers / pp)} (of {layout.attention_layers})"
     grows = (
-        f"{layout.attention_layers} {layout.attention.upper()} layers x "
+        f"{layers} {layout.attention.upper()} layers x "
         f"{layout.elements_per_layer_token} elements x {layout.element_bytes} B = "
         f"{layout.kv_bytes_per_token:,} B/token per rank"
     )
     dtype = layout.cache_dtype
     if dtype == "auto":
         dtype = f"auto = {layout.model_dtype}"
-    parts = [f"{layout.architecture} ({layout.kind}, TP={layout.tensor_parallel}, KV {dtype})"]
+    ranks = f"TP={layout.tensor_parallel}" + (f" x PP={pp}" if pp > 1 else "")
+    parts = [f"{layout.architecture} ({layout.kind}, {ranks}, KV {dtype})"]
     parts.append(grows + (" (replicated on every rank)" if layout.kv_replicated else ""))
     if layout.constant_state_layers:
         parts.append(

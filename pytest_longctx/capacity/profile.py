@@ -47,6 +47,7 @@ def layout_for(profile: Profile) -> capacity.CacheLayout | None:
         cache_dtype=serving.kv_cache_dtype,
         model_dtype=None if serving.dtype == "auto" else serving.dtype,
         tensor_parallel=serving.tensor_parallel_size,
+        pipeline_parallel=serving.pipeline_parallel_size,
     )
 
 
@@ -59,8 +60,10 @@ def hardware_for(profile: Profile) -> capacity.Hardware:
         memory = reported[0]
     elif memory is None:  # a CPU profile: the host's memory
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    ranks = serving.tensor_parallel_size * serving.pipeline_parallel_size
     return capacity.Hardware(
-        devices=max(hardware.devices, serving.tensor_parallel_size),
+        devices=max(hardware.devices * hardware.nodes, ranks),
+        pipeline_parallel=serving.pipeline_parallel_size,
         memory_per_device_bytes=memory,
         memory_utilization=serving.gpu_memory_utilization or 0.9,
         kv_cache_bytes=serving.kv_cache_memory,

@@ -80,8 +80,10 @@ class SweepSpec:
 
 @dataclass(frozen=True)
 class HardwareSpec:
-    devices: int = 1
+    devices: int = 1  # per node
     memory_per_device: int | None = None  # bytes
+    #: Nodes one server spans (vLLM's Ray executor, tensor or pipeline parallel across them).
+    nodes: int = 1
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,31 @@ def load_profile(name_or_path: str) -> Profile:
 
 
 def _profile_from_toml(path: Path, data: Mapping[str, Any]) -> Profile:
+    profile = _read_profile(path, data)
+    _check_nodes(profile)
+    return profile
+
+
+def _check_nodes(profile: Profile) -> None:
+    """A server over several nodes is vLLM's Ray executor with its ranks spread over them."""
+    nodes, serving = profile.hardware.nodes, profile.serving
+    if nodes == 1:
+        return
+    if serving.executor != "ray":
+        raise ProfileError(
+            f"profile {profile.path}: [hardware] nodes = {nodes} needs [serving] executor = "
+            f'"ray" (vLLM serves across nodes through Ray); got {serving.executor!r}'
+        )
+    ranks = serving.tensor_parallel_size * serving.pipeline_parallel_size
+    if ranks != nodes * profile.hardware.devices:
+        raise ProfileError(
+            f"profile {profile.path}: [hardware] nodes = {nodes} x devices = "
+            f"{profile.hardware.devices} should equal tensor_parallel_size x "
+            f"pipeline_parallel_size = {ranks}: every device of every node holds one rank"
+        )
+
+
+def _read_profile(path: Path, data: Mapping[str, Any]) -> Profile:
     reader = _Reader(path, data)
     serving = reader.table("serving")
     return Profile(
@@ -182,6 +209,7 @@ def _profile_from_toml(path: Path, data: Mapping[str, Any]) -> Profile:
         hardware=HardwareSpec(
             devices=reader.number("hardware", "devices", int, 1, 1),
             memory_per_device=reader.size("hardware", "memory_per_device"),
+            nodes=reader.number("hardware", "nodes", int, 1, 1),
         ),
         gate=GateSpec(tolerance=reader.optional("gate", "tolerance", str)),
     )

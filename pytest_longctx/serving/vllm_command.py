@@ -115,3 +115,29 @@ def build_server_command(
 
 def served_model_name(profile: Profile) -> str:
     return profile.model.served_name or profile.model.source
+
+
+#: The port Ray's head listens on for the other nodes.
+RAY_PORT = 6379
+
+
+def cluster_commands(profile: Profile, server: ServerCommand) -> list[tuple[str, str]]:
+    """(where, command) to bring up a server that spans nodes: Ray first, then vLLM on the head.
+
+    Every node needs the model, the same vLLM, and the profile's environment before Ray
+    starts there: Ray's workers inherit it. The session runs the last command itself.
+    """
+    hardware = profile.hardware
+    if hardware.nodes <= 1:
+        return []
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(profile.serving.env.items()))
+    prefix = f"env {env} " if env else ""
+    devices = f"--num-gpus={hardware.devices}"
+    return [
+        ("on the head node", f"{prefix}ray start --head --port={RAY_PORT} {devices}"),
+        (
+            f"on each of the other {hardware.nodes - 1} node(s)",
+            f"{prefix}ray start --address=HEAD_NODE_IP:{RAY_PORT} {devices}",
+        ),
+        ("then on the head node (a launched session runs this)", server.shell_line()),
+    ]

@@ -31,7 +31,12 @@ from pytest_longctx.serving.process import (
     leftover_servers,
 )
 from pytest_longctx.serving.profiles import Profile
-from pytest_longctx.serving.vllm_command import ServerCommand, build_server_command, redact_env
+from pytest_longctx.serving.vllm_command import (
+    ServerCommand,
+    build_server_command,
+    cluster_commands,
+    redact_env,
+)
 from pytest_longctx.session.run import Run
 from pytest_longctx.session.stash import RUN_KEY
 
@@ -125,6 +130,16 @@ def describe_server(config: pytest.Config, run: Run) -> str:
         lines.append(f"server: attach to {endpoints} (model and max_model_len from /v1/models)")
         return "\n".join(lines)
     command = server_command(config, run, port=0, build=False)
+    cluster = cluster_commands(run.plan.profile, command)
+    if cluster:
+        hardware, serving = run.plan.profile.hardware, run.plan.profile.serving
+        lines.append(
+            f"one server over {hardware.nodes} nodes x {hardware.devices} devices (Ray "
+            f"executor; tensor parallel {serving.tensor_parallel_size} x pipeline parallel "
+            f"{serving.pipeline_parallel_size}):"
+        )
+        lines += [f"  {where}:\n    {line}" for where, line in cluster]
+        return "\n".join(lines)
     lines.append("server command (port chosen at start):\n  " + command.shell_line())
     return "\n".join(lines)
 
