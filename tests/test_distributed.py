@@ -171,6 +171,39 @@ def test_more_workers_than_endpoints_is_a_usage_error(pytester: pytest.Pytester)
     result.stderr.fnmatch_lines(["*-n 3 with 2 --longctx-url endpoint(s)*at most 2 workers*"])
 
 
+def test_a_gate_item_waits_for_its_lengths_points_from_other_workers(
+    pytester: pytest.Pytester,
+) -> None:
+    import threading
+    import time
+
+    from pytest_longctx.core.records import Record
+    from pytest_longctx.session.stash import RUN_KEY
+    from pytest_longctx.session.workers import wait_for_length
+
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    config = pytester.parseconfigure("--longctx-to=2Ki", "--longctx-repeats=2")
+    run = config.stash[RUN_KEY]
+    run.selected_points = list(run.plan.points)
+    started = time.time()
+
+    def record(point: Point, finished: float) -> Record:
+        return Record(
+            run.run_id, point.id, point.length, point.repeat, "passed", finished_at=finished
+        )
+
+    run.append(record(Point(1024, 0), started - 60))  # an earlier session's: not this one's
+    run.append(record(Point(1024, 0), started + 1))
+    run.append(record(Point(2048, 0), started + 1))  # another length
+    waiter = threading.Thread(target=wait_for_length, args=(run, 1024, started, 0.05))
+    waiter.start()
+    waiter.join(timeout=1.0)
+    assert waiter.is_alive()  # 1Ki rep 1 is still being measured elsewhere
+    run.append(record(Point(1024, 1), started + 2))
+    waiter.join(timeout=10)
+    assert not waiter.is_alive()
+
+
 # -- real servers ------------------------------------------------------------------------
 
 
@@ -220,6 +253,25 @@ def test_two_attached_servers_share_one_run(
     report = (run_folder(output) / "report.md").read_text()
     assert f"gw0 {vllm_url}" in report and f"gw1 {second_vllm_url}" in report
     assert "8 recorded (8 passed)" in report
+
+    # The gate on a distributed run: each length's item waits for that length's points from
+    # both workers, then judges them against the first run.
+    baseline = run_folder(output)
+    result, output = run_session(
+        sweep_dir,
+        "-n",
+        "2",
+        f"--longctx-url={vllm_url},{second_vllm_url}",
+        "--longctx-to=2Ki",
+        "--longctx-repeats=2",
+        f"--longctx-baseline={baseline}",
+        "--longctx-tolerance=ttft=900%,decode=900%,itl=900%",
+        "-rA",
+    )
+    result.assert_outcomes(passed=6)
+    result.stdout.fnmatch_lines(["*PASSED*test_regression[[]len=1Ki[]]*"])
+    gated = records_of(output)
+    assert len(gated) == 4 and set(servers_of(gated)) == {vllm_url, second_vllm_url}
 
 
 def test_servers_unlike_each_other_are_refused_unless_mixing_is_allowed(
