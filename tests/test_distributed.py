@@ -204,6 +204,27 @@ def test_a_gate_item_waits_for_its_lengths_points_from_other_workers(
     assert not waiter.is_alive()
 
 
+def test_more_workers_than_cores_fails_only_the_sweep(pytester: pytest.Pytester) -> None:
+    """A project's other tests under `-n` are none of the sweep's business."""
+    import os
+
+    pytester.makepyfile(
+        test_sweep=SWEEP_TEST,
+        test_other="def test_one():\n    pass\n\ndef test_two():\n    pass\n",
+    )
+    workers = str(len(os.sched_getaffinity(0)) + 1)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", workers, "test_other.py")
+    result.assert_outcomes(passed=2)
+    reports = pytester.path / "reports"
+    assert not reports.exists() or not any(reports.iterdir())  # no run folder
+    assert "need a core each" not in result.stdout.str()
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-n", workers, "--longctx-to=1Ki"
+    )
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines(["*CPU servers need a core each; this session may use*"])
+
+
 # -- real servers ------------------------------------------------------------------------
 
 

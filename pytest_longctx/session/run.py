@@ -106,6 +106,8 @@ class Run:
     slot: ServerSlot = ServerSlot(0)
     #: The pytest-xdist worker id, or None in a serial session and on the controller.
     worker: str | None = None
+    #: Why the machine cannot give each worker a server of its own (then no server starts).
+    split_error: str | None = None
     #: When the campaign's session started (the controller's clock, under xdist).
     started_at: float | None = None
 

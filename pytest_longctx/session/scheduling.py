@@ -32,6 +32,8 @@ class LongestFirstScheduling(LoadScheduling):
     def __init__(self, config: pytest.Config, log: Any, run: Run) -> None:
         super().__init__(config, log)
         self.run = run
+        #: False for a session without sweep points: then it is xdist's load scheduling.
+        self.sweep = True
 
     def _order(self, collection: Sequence[str]) -> list[int]:
         def key(index: int) -> tuple[int, int, int, int]:
@@ -51,7 +53,12 @@ class LongestFirstScheduling(LoadScheduling):
         if not self._check_nodes_have_same_collection():
             self.log("**Different tests collected, aborting run**")
             return
-        self.collection = next(iter(self.node2collection.values()))
+        collection = next(iter(self.node2collection.values()))
+        if not any(point_of_nodeid(self.run, nodeid) for nodeid in collection):
+            self.sweep = False  # a project's other tests: xdist's chunks, unchanged
+            super().schedule()
+            return
+        self.collection = collection
         self.pending[:] = self._order(self.collection)
         # Round robin: the longest point to each worker first, then the next longest to each.
         for _ in range(ITEMS_PER_WORKER):
@@ -62,6 +69,9 @@ class LongestFirstScheduling(LoadScheduling):
                 node.shutdown()
 
     def check_schedule(self, node: Any, duration: float = 0) -> None:
+        if not self.sweep:
+            super().check_schedule(node, duration)
+            return
         if node.shutting_down:
             return
         wanted = ITEMS_PER_WORKER - len(self.node2pending[node])

@@ -152,6 +152,8 @@ def start(config: pytest.Config) -> ServerInfo:
             raise run.server
         return run.server
     try:
+        if run.split_error:
+            raise ServerError(run.split_error)
         info = _attach(run) if run.settings.url else _launch(config, run)
         cache_labels = _cache_labels(info)
     except ServerError as exc:

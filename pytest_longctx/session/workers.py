@@ -25,6 +25,7 @@ RUN_ID_KEY = "longctx_run_id"
 STARTED_KEY = "longctx_started_at"
 RESUMED_KEY = "longctx_resumed"
 SLOT_KEY = "longctx_server_slot"
+SPLIT_ERROR_KEY = "longctx_split_error"
 
 
 def is_worker(config: pytest.Config) -> bool:
@@ -55,6 +56,9 @@ def run_from_controller(config: pytest.Config) -> tuple[str, bool] | None:
 
 def split(config: pytest.Config, run: Run) -> tuple[ServerSlot, ...]:
     """The campaign's servers; a usage error when the workers cannot each have one."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput and workerinput.get(SPLIT_ERROR_KEY):
+        run.split_error = str(workerinput[SPLIT_ERROR_KEY])
     workers = planned_workers(config)
     if not workers and run.settings.plan_only:
         workers = _requested_workers(config)
@@ -63,7 +67,13 @@ def split(config: pytest.Config, run: Run) -> tuple[ServerSlot, ...]:
             run.settings, run.plan.profile, workers, sorted(os.sched_getaffinity(0))
         )
     except ServerSplitError as exc:
-        raise pytest.UsageError(str(exc)) from None
+        settings = run.settings
+        if settings.urls or settings.devices_per_server or settings.plan_only:
+            raise pytest.UsageError(str(exc)) from None
+        # `-n 8` over a project's other tests must not fail for a sweep it does not select:
+        # the sweep's items fail with the reason once one needs a server.
+        run.split_error = str(exc)
+        return tuple(ServerSlot(i) for i in range(max(workers, 1)))
 
 
 def _requested_workers(config: pytest.Config) -> int:
@@ -133,6 +143,7 @@ class Controller:
         node.workerinput[RUN_ID_KEY] = self.run.run_id
         node.workerinput[RESUMED_KEY] = bool(self.run.settings.resume)
         node.workerinput[STARTED_KEY] = self.started_at
+        node.workerinput[SPLIT_ERROR_KEY] = self.run.split_error
         node.workerinput[SLOT_KEY] = dataclasses.asdict(self.run.servers[index])
 
     @pytest.hookimpl(optionalhook=True)
