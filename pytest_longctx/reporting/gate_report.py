@@ -225,7 +225,11 @@ def table_header() -> list[str]:
     header = ["Length", "Gate"]
     for name, metric in gate.METRICS.items():
         short = _COLUMN_NAMES.get(name, metric.label)
-        header += [f"{short} baseline ({metric.unit})", f"{short} now ({metric.unit})", "change"]
+        header += [
+            f"{short} baseline ({metric.unit})",
+            f"{short} now ({metric.unit})",
+            f"{short} change",
+        ]
     return header
 
 
