@@ -63,6 +63,8 @@ def install_chromium() -> tuple[str | None, str]:
     found = find_chromium()
     if found:
         return found, ""
+    if os.environ.get(CHROMIUM_ENV):
+        return None, f"{CHROMIUM_ENV}={os.environ[CHROMIUM_ENV]} is not an executable browser"
     apt = shutil.which("apt-get")
     if apt is None or os.geteuid() != 0:
         return None, (
@@ -72,10 +74,12 @@ def install_chromium() -> tuple[str | None, str]:
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     install = [apt, "-o", "DPkg::Lock::Timeout=600", "install", "-y", "-q", "chromium"]
     tail = ""
-    for command in (install, [apt, "-q", "update"], install):
-        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
-        tail = (done.stdout + done.stderr)[-800:]
-        if command is install and done.returncode == 0:
+    # Installed straight away when the package lists are there; else after an update.
+    for commands in ([install], [[apt, "-q", "update"], install]):
+        for command in commands:
+            done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
+            tail = (done.stdout + done.stderr)[-800:]
+        if find_chromium():
             break
     found = find_chromium()
     if found:
