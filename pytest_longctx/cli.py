@@ -13,12 +13,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_longctx.core.records import Record, read_runs, results_path
+from pytest_longctx.core.records import RESULTS_FILE, Record, read_runs, results_path
+from pytest_longctx.reporting import gate_report
 from pytest_longctx.reporting.benchmark_json import write_benchmark_json
 from pytest_longctx.reporting.files import BENCHMARK as BENCHMARK_FILENAME
 from pytest_longctx.reporting.files import HTML as HTML_FILENAME
 from pytest_longctx.reporting.files import MARKDOWN as MARKDOWN_FILENAME
+from pytest_longctx.reporting.gate_report import GateView
 from pytest_longctx.reporting.html import write_standalone_html
+from pytest_longctx.reporting.index import write_index
 from pytest_longctx.reporting.kv_plot import draw_kv_cache_plot
 from pytest_longctx.reporting.markdown import DEFAULT_TITLE, write_markdown
 from pytest_longctx.reporting.plots import ExtraPlot, write_plots
@@ -35,24 +38,41 @@ def rebuild_reports(
     reproduce: Mapping[str, Any] | None = None,
     machine_info: Mapping[str, Any] | None = None,
     commit_info: Mapping[str, Any] | None = None,
+    gate: GateView | None = None,
 ) -> list[Path]:
     """Write report.md, the plots, report.html and benchmark.json; return the paths written.
 
-    Each file is replaced atomically, so this can run after every sweep point while the
-    reports are open.
+    With ``gate`` (:func:`pytest_longctx.reporting.gate_report.build_view`), both reports get
+    the regression gate's section and ``gate.png``. Each file is replaced atomically, so this
+    can run after every sweep point while the reports are open.
     """
     records = list(records)
     out_dir = Path(out_dir)
     plots = write_plots(out_dir, records, [draw_kv_cache_plot, *extra_plots])
+    markdown_path = out_dir / MARKDOWN_FILENAME
+    if gate is not None:
+        gate = gate_report.write_gate_plot(gate, out_dir)
     markdown = write_markdown(
-        out_dir / MARKDOWN_FILENAME, records, title=title, reproduce=reproduce, plots=plots
+        markdown_path,
+        records,
+        title=title,
+        reproduce=reproduce,
+        plots=plots,
+        sections=[gate_report.markdown_section(gate, markdown_path)] if gate else [],
     )
     page = write_standalone_html(
-        out_dir / HTML_FILENAME, records, plots, title, reproduce=reproduce
+        out_dir / HTML_FILENAME,
+        records,
+        plots,
+        title,
+        reproduce=reproduce,
+        sections=[gate_report.html_fragment(gate)] if gate else [],
     )
     benchmark = write_benchmark_json(
         out_dir / BENCHMARK_FILENAME, records, machine_info, commit_info
     )
+    if gate is not None and gate.plot is not None:
+        plots.append(gate.plot)
     return [markdown, *plots, page, benchmark]
 
 
@@ -96,8 +116,71 @@ def _report_command(args: argparse.Namespace) -> int:
     if not result.records:
         print(f"warning: no readable records in {', '.join(map(str, files))}", file=sys.stderr)
     title = args.title or DEFAULT_TITLE
-    for path in rebuild_reports(result.records, out_dir, title=title):
+    gate = _gate_for_report(args, result.records)
+    for path in rebuild_reports(result.records, out_dir, title=title, gate=gate):
         print(path)
+    if (out_dir / RESULTS_FILE).is_file():  # a run folder: its output root lists it
+        print(write_index(out_dir.absolute().parent))
+    return 0
+
+
+def _gate_for_report(args: argparse.Namespace, records: Sequence[Record]) -> GateView | None:
+    """With --baseline: the gate as a session with that baseline judges these records.
+
+    Tolerances as in a session: --tolerance, else the baseline file's calibration, else the
+    profile's ``[gate]`` table (the profile the records name), else the built-in defaults.
+    """
+    from pytest_longctx import gate
+
+    if args.baseline is None:
+        if args.tolerance is not None or args.level is not None:
+            raise UsageError("--tolerance and --level need --baseline FILE")
+        return None
+    try:
+        baseline = gate.load_baseline_file(args.baseline)
+        level = gate.DEFAULT_LEVEL if args.level is None else gate.parse_level(args.level)
+        stored = baseline.tolerances()
+        if args.tolerance is not None:
+            tolerances, source = gate.parse_tolerances(args.tolerance), "--tolerance"
+        elif stored is not None:
+            tolerances, source = stored, f"the baseline's calibration ({baseline.path})"
+        else:
+            tolerances, source = _profile_tolerances(records)
+    except (gate.BaselineError, gate.LevelError, gate.ToleranceError) as exc:
+        message = str(exc).replace("--longctx-gate-level", "--level")
+        raise UsageError(message.replace("--longctx-tolerance", "--tolerance")) from None
+    return gate_report.build_view(
+        baseline.records,
+        records,
+        tolerances,
+        level=level,
+        force=args.force,
+        baseline_label=str(args.baseline),
+        tolerance_source=source,
+    )
+
+
+def _profile_tolerances(records: Sequence[Record]) -> tuple[Any, str]:
+    from pytest_longctx import gate
+    from pytest_longctx.serving.profiles import ProfileError, load_profile
+
+    names = {r.fingerprint.get("profile") for r in records if r.fingerprint} - {None}
+    if len(names) == 1:
+        name = str(next(iter(names)))
+        try:
+            spec = load_profile(name).gate.tolerance
+        except ProfileError:
+            spec = None
+        if spec:
+            return gate.parse_tolerances(spec), f"profile {name} [gate]"
+    return gate.parse_tolerances(None), "built-in defaults"
+
+
+def _index_command(args: argparse.Namespace) -> int:
+    root = Path(args.root)
+    if not root.is_dir():
+        raise UsageError(f"{str(root)!r} is not a folder; expected the root of run folders")
+    print(write_index(root))
     return 0
 
 
@@ -305,7 +388,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="where to write the reports (default: the run folder; required for several runs)",
     )
     report.add_argument("--title", help=f"report title (default: {DEFAULT_TITLE!r})")
+    report.add_argument(
+        "--baseline",
+        metavar="FILE",
+        help="add the regression gate against this baseline (file, run folder or results.jsonl)"
+        ": a table and gate.png of the baseline beside the runs, per length",
+    )
+    report.add_argument(
+        "--tolerance",
+        metavar="SPEC",
+        help="the gate's tolerances (default: the baseline's calibration, else the profile's)",
+    )
+    report.add_argument("--level", metavar="P", help="the gate's level (default 0.01)")
+    report.add_argument(
+        "--force", action="store_true", help="compare with a baseline of another setup"
+    )
     report.set_defaults(handler=_report_command)
+    index = commands.add_parser(
+        "index",
+        help="write ROOT/index.html, the list of every run folder under ROOT",
+        description=(
+            "Write index.html in an output root (default: reports): every run folder with "
+            "its date, profile, model, points passed of recorded, outcome and links to its "
+            "reports. Sessions and the report command rewrite it themselves."
+        ),
+    )
+    index.add_argument("root", nargs="?", default="reports", metavar="ROOT")
+    index.set_defaults(handler=_index_command)
     baseline = commands.add_parser(
         "baseline",
         help="store runs' passed records as the baseline file a team commits",

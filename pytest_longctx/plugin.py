@@ -139,7 +139,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int):
     recorder.record_interrupted(session.config)
     reporting.finish(session.config)
-    return (yield)
+    result = yield
+    reporting.write_index(session.config)  # after pytest-html's page: the index links it
+    return result
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

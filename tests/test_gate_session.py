@@ -23,7 +23,7 @@ from longctx_testing import SWEEP_TEST, run_folder
 from pytest_longctx.core.records import Record, append_record, read_records
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.gate import parse_tolerances, student_t_isf
-from pytest_longctx.reporting import plots
+from pytest_longctx.reporting import gate_report, plots
 from pytest_longctx.serving.profiles import PROFILE_DIR, load_profile
 from pytest_longctx.session import server as serving
 
@@ -107,6 +107,7 @@ def no_server(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(serving, "start", refuse)
     # Drawing the plots takes seconds a session and is test_reports.py's subject, not the gate's.
     monkeypatch.setattr(plots, "write_plots", lambda *args, **kwargs: [])
+    monkeypatch.setattr(gate_report, "draw_gate_plot", lambda *args, **kwargs: None)
 
 
 @pytest.fixture
@@ -717,6 +718,8 @@ def test_calibrate_runs_k_separate_sessions(pytester: pytest.Pytester, fake_vllm
     )
     assert done.returncode == 0, done.stdout + done.stderr
     runs = sorted(path.name for path in reports.iterdir() if path.name != "latest")
+    assert "index.html" in runs  # each session lists the runs of its output root
+    runs.remove("index.html")
     assert len(runs) == 2
     assert "session 1/2: " in done.stdout and "session 2/2: " in done.stdout
     assert "calibration over 2 sessions, level 0.01" in done.stdout

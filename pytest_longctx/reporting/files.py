@@ -7,3 +7,6 @@ BENCHMARK = "benchmark.json"
 TTFT_PLOT = "ttft.png"
 DECODE_PLOT = "decode.png"
 KV_CACHE_PLOT = "kv_cache.png"
+GATE_PLOT = "gate.png"
+#: The list of every run, in the output root beside the run folders.
+INDEX = "index.html"

@@ -260,8 +260,12 @@ def standalone_page(
     title: str = DEFAULT_TITLE,
     *,
     reproduce: Mapping[str, Any] | None = None,
+    sections: Sequence[str] = (),
 ) -> str:
-    """A complete HTML document that opens offline: no scripts, no links, images inline."""
+    """A complete HTML document that opens offline: no scripts, no links, images inline.
+
+    ``sections`` are HTML fragments placed after the summary (the regression gate).
+    """
     records = list(records)
     escaped_title = html.escape(title)
     if records:
@@ -269,6 +273,7 @@ def standalone_page(
         body = (
             _header_html(records)
             + summary_fragment(records, plot_paths)
+            + "".join(sections)
             + "<h2>Points that did not pass</h2>"
             + _non_passed_html(records)
             + "<h2>Every point</h2>"
@@ -293,5 +298,7 @@ def write_standalone_html(
     title: str = DEFAULT_TITLE,
     *,
     reproduce: Mapping[str, Any] | None = None,
+    sections: Sequence[str] = (),
 ) -> Path:
-    return write_atomically(path, standalone_page(records, plot_paths, title, reproduce=reproduce))
+    page = standalone_page(records, plot_paths, title, reproduce=reproduce, sections=sections)
+    return write_atomically(path, page)

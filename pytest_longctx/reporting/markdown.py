@@ -359,11 +359,13 @@ def render_markdown(
     title: str = DEFAULT_TITLE,
     reproduce: Mapping[str, Any] | None = None,
     plot_links: Sequence[str] = (),
+    sections: Sequence[str] = (),
 ) -> str:
     """The whole ``report.md``.
 
     ``reproduce`` adds to or overrides the fingerprint's reproduce keys; ``plot_links`` are
-    image paths as the reader's viewer should resolve them (relative to the report).
+    image paths as the reader's viewer should resolve them (relative to the report);
+    ``sections`` are whole Markdown sections placed after the results (the regression gate).
     """
     records = list(records)
     lines = [f"# {title}", ""]
@@ -377,6 +379,8 @@ def render_markdown(
     note = kv_plot_note(records)
     if note:
         lines += [note, ""]
+    for section in sections:
+        lines += [section.rstrip("\n"), ""]
     lines += ["## Points that did not pass", ""]
     lines += _non_passed_lines(records)
     lines += ["", "## How to reproduce", ""]
@@ -392,11 +396,14 @@ def write_markdown(
     title: str = DEFAULT_TITLE,
     reproduce: Mapping[str, Any] | None = None,
     plots: Iterable[Path] = (),
+    sections: Sequence[str] = (),
 ) -> Path:
     """Write ``report.md``, linking ``plots`` relative to its folder."""
     path = Path(path)
     links = [Path(os.path.relpath(plot, path.parent)).as_posix() for plot in plots]
-    text = render_markdown(records, title=title, reproduce=reproduce, plot_links=links)
+    text = render_markdown(
+        records, title=title, reproduce=reproduce, plot_links=links, sections=sections
+    )
     return write_atomically(path, text)
 
 

@@ -15,10 +15,11 @@ import pytest
 
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
+from pytest_longctx.reporting import gate_report, plots
 from pytest_longctx.reporting import html as html_report
-from pytest_longctx.reporting import plots
 from pytest_longctx.reporting.benchmark_json import benchmark_entries, write_benchmark_json
-from pytest_longctx.reporting.files import BENCHMARK, HTML, MARKDOWN
+from pytest_longctx.reporting.files import BENCHMARK, GATE_PLOT, HTML, MARKDOWN
+from pytest_longctx.reporting.index import write_index as write_run_index
 from pytest_longctx.reporting.kv_plot import draw_kv_cache_plot
 from pytest_longctx.reporting.markdown import render_terminal_table, write_markdown
 from pytest_longctx.session import gate_items
@@ -116,11 +117,33 @@ def finish(config: pytest.Config) -> None:
     if run is None or run.worker is not None or not (run.written or run.resumed):
         return
     records = run.all_records()
+    gate = gate_items.report_view(run, records)
     with contextlib.suppress(ImportError):
         run.plot_paths = plots.write_plots(run.run_dir, records, [draw_kv_cache_plot])
-    write_markdown(run.run_dir / MARKDOWN, records, title=_title(run), plots=run.plot_paths)
+        if gate is not None:
+            gate = gate_report.write_gate_plot(gate, run.run_dir)
+    sections = [gate_report.markdown_section(gate, run.run_dir / MARKDOWN)] if gate else []
+    write_markdown(
+        run.run_dir / MARKDOWN, records, title=_title(run), plots=run.plot_paths, sections=sections
+    )
     write_benchmark_json(run.run_dir / BENCHMARK, records)
     write_users_benchmark_json(config)
+
+
+def _gate_view(run: Run, records: list[Record]) -> gate_report.GateView | None:
+    """The gate with the chart :func:`finish` drew, for pytest-html's summary."""
+    gate = gate_items.report_view(run, records)
+    chart = run.run_dir / GATE_PLOT
+    if gate is None or not chart.is_file():
+        return gate
+    return gate.with_plot(chart)
+
+
+def write_index(config: pytest.Config) -> None:
+    """After the pages are written: the output root's list of runs, this one included."""
+    run = config.stash.get(RUN_KEY, None)
+    if run is not None and (run.written or run.resumed):
+        write_run_index(run.output_root)
 
 
 def write_users_benchmark_json(config: pytest.Config) -> None:
@@ -196,7 +219,11 @@ def html_summary(config: pytest.Config, prefix: list[str]) -> None:
     run = config.stash.get(RUN_KEY, None)
     if run is None or not (run.written or run.resumed):
         return
-    prefix.append(html_report.summary_fragment(run.all_records(), run.plot_paths))
+    records = run.all_records()
+    prefix.append(html_report.summary_fragment(records, run.plot_paths))
+    gate = _gate_view(run, records)
+    if gate is not None:
+        prefix.append(gate_report.html_fragment(gate))
 
 
 def extend_benchmark_json(config: pytest.Config, output_json: dict) -> None:
