@@ -142,7 +142,7 @@ def _gate_view(run: Run, records: list[Record]) -> gate_report.GateView | None:
 def write_index(config: pytest.Config) -> None:
     """After the pages are written: the output root's list of runs, this one included."""
     run = config.stash.get(RUN_KEY, None)
-    if run is not None and (run.written or run.resumed):
+    if run is not None and run.worker is None and (run.written or run.resumed):
         write_run_index(run.output_root)
 
 
