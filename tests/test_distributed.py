@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 from collections import Counter
 from collections.abc import Iterator
@@ -71,6 +72,15 @@ def test_cpu_servers_get_their_own_cores() -> None:
     assert split_servers(settings(), load_profile("cpu-tiny"), 0, [0, 1])[0].env == {}
     with pytest.raises(ServerSplitError, match="need a core each; this session may use 2"):
         split_servers(settings(), load_profile("cpu-tiny"), 3, [0, 1])
+    # Hyper-threads 0+4, 1+5, ...: each server gets whole physical cores.
+    smt = {c: (c % 4, c % 4 + 4) for c in range(8)}
+    slots = split_servers(settings(), load_profile("cpu-tiny"), 2, range(8), siblings=smt)
+    assert [s.cores for s in slots] == [(0, 1, 4, 5), (2, 3, 6, 7)]
+    assert dict(slots[0].env) == {"VLLM_CPU_OMP_THREADS_BIND": "0-1,4-5"}
+    # Fewer physical cores than servers: logical ones, rather than no split at all.
+    both = {0: (0, 1), 1: (0, 1)}
+    slots = split_servers(settings(), load_profile("cpu-tiny"), 2, [0, 1], siblings=both)
+    assert [s.cores for s in slots] == [(0,), (1,)]
 
 
 @pytest.mark.parametrize(
@@ -91,6 +101,13 @@ def test_gpu_servers_get_their_own_devices(profile: str, variable: str) -> None:
         split_servers(
             settings(devices_per_server=per_server), loaded, 3, [0], devices=2 * per_server
         )
+    # A job given some of the node's devices (a batch scheduler's CUDA_VISIBLE_DEVICES)
+    # hands out those, never indices from 0.
+    given = [str(i) for i in range(8, 8 + 2 * per_server)]
+    slots = split_servers(
+        settings(devices_per_server=per_server), loaded, 2, [0], visible_devices=given
+    )
+    assert [s.devices for s in slots] == [tuple(given[:per_server]), tuple(given[per_server:])]
 
 
 # -- the schedule ------------------------------------------------------------------------
@@ -148,6 +165,12 @@ def test_the_longest_points_go_first_to_every_worker(pytester: pytest.Pytester) 
     assert a.shutting_down and b.shutting_down
 
 
+needs_two_cores = pytest.mark.skipif(
+    len(os.sched_getaffinity(0)) < 2, reason="two launched CPU servers need two cores"
+)
+
+
+@needs_two_cores
 def test_plan_prints_the_split(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_sweep=SWEEP_TEST)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--longctx-plan")
@@ -155,7 +178,7 @@ def test_plan_prints_the_split(pytester: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines(
         [
             "2 servers, one per pytest-xdist worker, each measured alone:",
-            "  server 0: launched on cores 0* (VLLM_CPU_OMP_THREADS_BIND=*)",
+            "  server 0: launched on cores * (VLLM_CPU_OMP_THREADS_BIND=*)",
             "  server 1: launched on cores * (VLLM_CPU_OMP_THREADS_BIND=*)",
         ]
     )
@@ -206,8 +229,6 @@ def test_a_gate_item_waits_for_its_lengths_points_from_other_workers(
 
 def test_more_workers_than_cores_fails_only_the_sweep(pytester: pytest.Pytester) -> None:
     """A project's other tests under `-n` are none of the sweep's business."""
-    import os
-
     pytester.makepyfile(
         test_sweep=SWEEP_TEST,
         test_other="def test_one():\n    pass\n\ndef test_two():\n    pass\n",
@@ -223,6 +244,67 @@ def test_more_workers_than_cores_fails_only_the_sweep(pytester: pytest.Pytester)
     )
     result.assert_outcomes(passed=2, errors=1)
     result.stdout.fnmatch_lines(["*CPU servers need a core each; this session may use*"])
+
+
+def test_a_dead_workers_queue_goes_back_before_the_gate_items(pytester: pytest.Pytester) -> None:
+    """Re-queued points behind gate items would leave the gate waiting for them forever."""
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    config = pytester.parseconfigure("--tx=1*popen", "--longctx-to=2Ki", "--longctx-repeats=2")
+    from pytest_longctx.session.scheduling import LongestFirstScheduling
+    from pytest_longctx.session.stash import RUN_KEY
+
+    run = config.stash[RUN_KEY]
+    collection = [f"t.py::test_prefill_decode[{p.id}]" for p in run.plan.points]
+    collection += ["t.py::test_regression[len=1Ki]", "t.py::test_regression[len=2Ki]"]
+    scheduler = LongestFirstScheduling(config, None, run)
+    log: list[int] = []
+    dead = FakeNode("gw0", log)
+    scheduler.add_node(dead)
+    scheduler.add_node_collection(dead, collection)
+    scheduler.schedule()
+    assert scheduler.remove_node(dead) == collection[dead.sent[0]]  # it crashed on its first
+    replacement = FakeNode("gw1", log)
+    scheduler.add_node(replacement)
+    scheduler.node2collection[replacement] = collection
+    scheduler.schedule()
+    names = [collection[i] for i in replacement.sent]
+    assert all("test_prefill_decode" in name for name in names), names
+
+
+def test_a_point_whose_worker_died_is_recorded_once(pytester: pytest.Pytester) -> None:
+    from pytest_longctx.session.outputs import REPORT_ATTRIBUTE
+    from pytest_longctx.session.stash import RUN_KEY
+    from pytest_longctx.session.workers import Controller
+
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    config = pytester.parseconfigure("--longctx-to=2Ki")
+    run = config.stash[RUN_KEY]
+    controller = Controller(config, run)
+    nodeid = "test_sweep.py::test_prefill_decode[len=2Ki-rep=0]"
+    report = SimpleNamespace(node=SimpleNamespace(gateway=SimpleNamespace(id="gw1")))
+    controller.pytest_handlecrashitem(nodeid, report, None)
+    (record,) = records_of(pytester.path / "reports")
+    assert (record.length, record.repeat, record.outcome) == (2048, 0, "error")
+    assert record.reason == "worker gw1 died while measuring this point"
+    assert record.fingerprint == {}  # no setup to compare: the report lists no difference
+    assert json.loads(json.dumps(getattr(report, REPORT_ATTRIBUTE)))["outcome"] == "error"
+    controller.pytest_handlecrashitem(nodeid, report, None)  # already recorded: not again
+    assert len(records_of(pytester.path / "reports")) == 1
+
+
+def test_two_workers_given_as_a_tx_spec_each_get_a_server(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_other="def test_one():\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--tx=2*popen", "--dist=load")
+    result.assert_outcomes(passed=1)
+
+
+def test_dist_each_would_measure_every_point_on_every_worker(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--tx=1*popen", "--dist=each", "--longctx-to=1Ki"
+    )
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*--dist each runs every sweep point on every worker*"])
 
 
 # -- real servers ------------------------------------------------------------------------
@@ -344,6 +426,7 @@ def pytest_runtest_call(item):
 """
 
 
+@needs_two_cores
 def test_a_dead_server_fails_its_points_and_resume_completes_the_run(
     pytester: pytest.Pytester,
 ) -> None:

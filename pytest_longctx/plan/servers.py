@@ -34,8 +34,8 @@ class ServerSlot:
     index: int
     #: The attached endpoint, or None for a server the worker launches.
     endpoint: str | None = None
-    #: Devices (GPU indices) the launched server may use.
-    devices: tuple[int, ...] = ()
+    #: Devices the launched server may use: indices, or the ids this job was given.
+    devices: tuple[str, ...] = ()
     #: CPU cores a launched CPU server's threads are bound to.
     cores: tuple[int, ...] = ()
     #: Variables the launched server gets on top of the profile's.
@@ -46,7 +46,7 @@ class ServerSlot:
             return f"server {self.index}: attach to {self.endpoint}"
         parts = []
         if self.devices:
-            parts.append(f"devices {_ranges(self.devices)}")
+            parts.append(f"devices {','.join(self.devices)}")
         if self.cores:
             parts.append(f"cores {_ranges(self.cores)}")
         env = " ".join(f"{k}={v}" for k, v in sorted(self.env.items()))
@@ -78,11 +78,17 @@ def split_servers(
     workers: int,
     cores: Sequence[int],
     devices: int | None = None,
+    *,
+    visible_devices: Sequence[str] | None = None,
+    siblings: Mapping[int, Sequence[int]] | None = None,
 ) -> tuple[ServerSlot, ...]:
     """The campaign's servers: one per worker (one in a serial session).
 
-    ``cores`` are the CPU cores this session may use; ``devices`` how many GPUs the node has
-    (None: the profile's ``[hardware] devices``).
+    ``cores`` are the CPU cores this session may use and ``siblings`` each core's hyper-threads
+    (so two servers never share a physical core when there are enough); ``devices`` how many
+    GPUs the node has (None: the profile's ``[hardware] devices``); ``visible_devices`` the
+    device ids this job was given (an inherited ``CUDA_VISIBLE_DEVICES``), which are handed
+    out instead of indices from 0.
     """
     count = max(workers, 1)
     if settings.urls:
@@ -95,7 +101,7 @@ def split_servers(
         return tuple(ServerSlot(i, endpoint=settings.urls[i]) for i in range(count))
     serving = profile.serving
     if serving.device == "cpu":
-        return _split_cores(profile, count, cores)
+        return _split_cores(profile, count, cores, siblings or {})
     per_server = settings.devices_per_server
     parallel = serving.tensor_parallel_size * serving.pipeline_parallel_size
     parallel *= serving.data_parallel_size
@@ -109,7 +115,10 @@ def split_servers(
             f"tensor x pipeline x data parallel = {parallel} devices per server; expected "
             f"at least {parallel}"
         )
+    ids = list(visible_devices) if visible_devices else None
     available = devices if devices is not None else profile.hardware.devices
+    if ids is not None:
+        available = len(ids)
     if count * per_server > available:
         raise ServerSplitError(
             f"-n {count} servers x {per_server} device(s) (--longctx-devices-per-server) needs "
@@ -119,16 +128,27 @@ def split_servers(
     variable = VISIBLE_DEVICES_ENV.get(serving.device, VISIBLE_DEVICES_ENV["cuda"])
     slots = []
     for index in range(count):
-        own = tuple(range(index * per_server, (index + 1) * per_server))
-        slots.append(ServerSlot(index, devices=own, env={variable: ",".join(map(str, own))}))
+        own = tuple(
+            ids[i] if ids is not None else str(i)
+            for i in range(index * per_server, (index + 1) * per_server)
+        )
+        slots.append(ServerSlot(index, devices=own, env={variable: ",".join(own)}))
     return tuple(slots)
 
 
-def _split_cores(profile: Profile, count: int, cores: Sequence[int]) -> tuple[ServerSlot, ...]:
-    """Contiguous, equal shares of the cores; a profile's own binding wins in a serial run."""
+def _split_cores(
+    profile: Profile, count: int, cores: Sequence[int], siblings: Mapping[int, Sequence[int]]
+) -> tuple[ServerSlot, ...]:
+    """Equal shares of whole physical cores when there are enough, else of logical ones."""
     if count == 1:
         return (ServerSlot(0),)
     ordered = sorted(cores)
+    allowed = set(ordered)
+    physical: list[tuple[int, ...]] = []
+    for core in ordered:
+        if any(core in group for group in physical):
+            continue
+        physical.append(tuple(sorted(allowed & {core, *siblings.get(core, ())})))
     if count > len(ordered):
         raise ServerSplitError(
             f"-n {count} CPU servers need a core each; this session may use {len(ordered)} "
@@ -140,9 +160,12 @@ def _split_cores(profile: Profile, count: int, cores: Sequence[int]) -> tuple[Se
             f"({CPU_BINDING_ENV}); several CPU servers need cores of their own: drop the "
             "binding from the profile, or run without -n"
         )
-    share = len(ordered) // count
+    groups = physical if len(physical) >= count else [(core,) for core in ordered]
+    share = len(groups) // count
     slots = []
     for index in range(count):
-        own = tuple(ordered[index * share : (index + 1) * share])
+        own = tuple(
+            sorted(c for group in groups[index * share : (index + 1) * share] for c in group)
+        )
         slots.append(ServerSlot(index, cores=own, env={CPU_BINDING_ENV: _ranges(own)}))
     return tuple(slots)

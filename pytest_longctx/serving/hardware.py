@@ -107,3 +107,25 @@ def describe_host() -> dict[str, Any]:
         "gpu_names": sorted({g["name"] for g in found}),
         "gpus": found,
     }
+
+
+def core_siblings(cores: list[int]) -> dict[int, tuple[int, ...]]:
+    """Each core's hyper-thread siblings (one physical core), from sysfs; alone when unknown."""
+    found: dict[int, tuple[int, ...]] = {}
+    for core in cores:
+        path = f"/sys/devices/system/cpu/cpu{core}/topology/thread_siblings_list"
+        try:
+            with open(path, encoding="ascii") as handle:
+                found[core] = tuple(_cpu_list(handle.read()))
+        except (OSError, ValueError):
+            found[core] = (core,)
+    return found
+
+
+def _cpu_list(text: str) -> list[int]:
+    """``0-3,8`` -> ``[0, 1, 2, 3, 8]`` (the kernel's CPU list format)."""
+    out: list[int] = []
+    for part in text.strip().split(","):
+        low, _, high = part.partition("-")
+        out.extend(range(int(low), int(high or low) + 1))
+    return out

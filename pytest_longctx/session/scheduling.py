@@ -80,6 +80,14 @@ class LongestFirstScheduling(LoadScheduling):
         if not self.pending:
             node.shutdown()
 
+    def remove_node(self, node: Any) -> str | None:
+        """A dead worker's queued items go back in cost order: points before gate items."""
+        crashitem = super().remove_node(node)
+        if self.sweep and self.collection is not None:
+            order = {index: rank for rank, index in enumerate(self._order(self.collection))}
+            self.pending.sort(key=order.__getitem__)
+        return crashitem
+
     def mark_test_pending(self, item: str) -> None:
         assert self.collection is not None
         self.pending.insert(0, self.collection.index(item))

@@ -329,10 +329,13 @@ def _server_hardware(run: Run) -> dict[str, Any]:
     if run.slot.cores:
         host["server_cores"] = len(run.slot.cores)
     if run.slot.devices:
-        gpus = [g for g in host.get("gpus", []) if g.get("index") in run.slot.devices]
-        host["gpus"] = gpus
+        host["server_devices"] = list(run.slot.devices)
         host["gpu_count"] = len(run.slot.devices)
-        host["gpu_names"] = sorted({g["name"] for g in gpus}) or host.get("gpu_names", [])
+    elif host.get("gpu_count") and run.launched and run.plan.profile.serving.device != "cpu":
+        # The devices the server uses, as a worker's slot would say: its parallel ranks.
+        serving = run.plan.profile.serving
+        ranks = serving.tensor_parallel_size * serving.pipeline_parallel_size
+        host["gpu_count"] = min(host["gpu_count"], ranks * serving.data_parallel_size)
     return host
 
 

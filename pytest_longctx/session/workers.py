@@ -41,9 +41,11 @@ def planned_workers(config: pytest.Config) -> int:
     """How many workers pytest-xdist will start (0 in a serial session or on a worker)."""
     if is_worker(config) or config.getoption("dist", "no") == "no":
         return 0
-    if config.getoption("collectonly", False):
+    if config.getoption("collectonly", False) or not config.getoption("tx", None):
         return 0
-    return len(config.getoption("tx", None) or [])
+    from xdist.workermanage import parse_tx_spec_config
+
+    return len(parse_tx_spec_config(config))  # "2*popen" is two workers
 
 
 def run_from_controller(config: pytest.Config) -> tuple[str, bool] | None:
@@ -62,13 +64,31 @@ def split(config: pytest.Config, run: Run) -> tuple[ServerSlot, ...]:
     workers = planned_workers(config)
     if not workers and run.settings.plan_only:
         workers = _requested_workers(config)
+    if workers and config.getoption("dist", "no") == "each":
+        # Every worker would measure every point: a run holds each point once.
+        run.split_error = (
+            "--dist each runs every sweep point on every worker; a run measures each point "
+            "once: use -n N (--dist load)"
+        )
+    from pytest_longctx.plan.servers import VISIBLE_DEVICES_ENV
+    from pytest_longctx.serving.hardware import core_siblings
+
+    cores = sorted(os.sched_getaffinity(0))
+    inherited = os.environ.get(VISIBLE_DEVICES_ENV.get(run.plan.profile.serving.device, ""), "")
     try:
         return split_servers(
-            run.settings, run.plan.profile, workers, sorted(os.sched_getaffinity(0))
+            run.settings,
+            run.plan.profile,
+            workers,
+            cores,
+            visible_devices=[d for d in inherited.split(",") if d.strip()] or None,
+            siblings=core_siblings(cores),
         )
     except ServerSplitError as exc:
-        settings = run.settings
-        if settings.urls or settings.devices_per_server or settings.plan_only:
+        on_command_line = config.getoption("longctx_url", None) or config.getoption(
+            "longctx_devices_per_server", None
+        )
+        if on_command_line or run.settings.plan_only:
             raise pytest.UsageError(str(exc)) from None
         # `-n 8` over a project's other tests must not fail for a sweep it does not select:
         # the sweep's items fail with the reason once one needs a server.
@@ -89,7 +109,7 @@ def own_slot(config: pytest.Config, run: Run) -> ServerSlot:
         return ServerSlot(
             index=int(data["index"]),
             endpoint=data.get("endpoint"),
-            devices=tuple(data.get("devices") or ()),
+            devices=tuple(str(d) for d in data.get("devices") or ()),
             cores=tuple(data.get("cores") or ()),
             env=dict(data.get("env") or {}),
         )
@@ -167,6 +187,8 @@ class Controller:
         point = point_of_nodeid(self.run, crashitem)
         if point is None or point in self.run.resumed:
             return
+        if any(r.nodeid == crashitem for r in self.run.written):
+            return  # it reported before its worker died (while stopping its server)
         worker = getattr(getattr(report, "node", None), "gateway", None)
         name = getattr(worker, "id", "a worker")
         record = Record(
@@ -176,7 +198,6 @@ class Controller:
             repeat=point.repeat,
             outcome="error",
             reason=f"worker {name} died while measuring this point",
-            fingerprint={"worker": name},
             finished_at=time.time(),
         )
         self.run.append(record)
@@ -200,15 +221,21 @@ def point_of_nodeid(run: Run, nodeid: str) -> Point | None:
     return None
 
 
-def wait_for_length(run: Run, length: int, started_at: float, poll_s: float = 0.5) -> None:
+def wait_for_length(
+    run: Run, length: int, started_at: float, poll_s: float = 0.5, limit_s: float | None = None
+) -> None:
     """Under xdist, a gate item waits until every selected point of its length has a record.
 
     The points of a length may run on other workers; the gate reads the shared results file,
     so it must not judge before they are in it. A point whose worker died gets its record
-    from the controller, so the wait ends whatever happens to the workers.
+    from the controller. Points that never run (the session stopped early, no worker left)
+    end the wait after ``limit_s`` (default: the profile's first-token limit); the gate then
+    names what is missing.
     """
     wanted = {p for p in run.selected_points if p.length == length and p not in run.resumed}
-    while True:
+    limit_s = run.plan.profile.sweep.first_token_timeout_s if limit_s is None else limit_s
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
         done = {
             Point(r.length, r.repeat)
             for r in run.all_records()
