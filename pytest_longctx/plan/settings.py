@@ -27,3 +27,10 @@ class Settings:
     resume: str | None
     allow_unverified: bool = False
     gate_level: float = 0.01
+    #: How progress is shown: auto (a live line on a terminal, else plain lines), line,
+    #: plain or off.
+    progress: str = "auto"
+    #: Seconds between progress samples inside a point; 0: no sampling at all.
+    progress_interval_s: float = 1.0
+    #: Seconds between two plain progress lines (without a terminal).
+    progress_throttle_s: float = 60.0

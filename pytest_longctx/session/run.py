@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # only annotations: these modules import this one
     from pytest_longctx.serving.process import LaunchedServer, ServerError, ServerInfo
     from pytest_longctx.serving.served_model import ModelDescription
     from pytest_longctx.session.gate_items import GateState
+    from pytest_longctx.session.progress import SessionProgress
     from pytest_longctx.session.signals import SessionSignals
 
 LATEST = "latest"
@@ -98,6 +99,8 @@ class Run:
     in_flight: tuple[str, Point, float] | None = None
     #: SIGTERM/SIGHUP turned into Ctrl-C for this session (signals.py).
     signals: SessionSignals | None = None
+    #: Progress inside points: display, progress.json, the ETA model (progress.py).
+    progress: SessionProgress | None = None
 
     @classmethod
     def create(cls, settings: Settings, plan: SweepPlan, rootdir: Path) -> Run:
