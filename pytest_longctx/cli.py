@@ -22,6 +22,7 @@ from pytest_longctx.reporting.html import write_standalone_html
 from pytest_longctx.reporting.kv_plot import draw_kv_cache_plot
 from pytest_longctx.reporting.markdown import DEFAULT_TITLE, write_markdown
 from pytest_longctx.reporting.plots import ExtraPlot, write_plots
+from pytest_longctx.reporting.prefill_plot import draw_prefill_rate_plot
 
 PROG = "python -m pytest_longctx"
 
@@ -43,7 +44,9 @@ def rebuild_reports(
     """
     records = list(records)
     out_dir = Path(out_dir)
-    plots = write_plots(out_dir, records, [draw_kv_cache_plot, *extra_plots])
+    plots = write_plots(
+        out_dir, records, [draw_kv_cache_plot, draw_prefill_rate_plot, *extra_plots]
+    )
     markdown = write_markdown(
         out_dir / MARKDOWN_FILENAME, records, title=title, reproduce=reproduce, plots=plots
     )

@@ -120,6 +120,12 @@ def test_a_long_prefill_is_watched_chunk_by_chunk(
     assert not [line for line in lines if "\r" in line]
     result.stdout.fnmatch_lines(["pytest-longctx progress: predicted vs measured TTFT: *16Ki*"])
 
+    # The prefill curve and the predictions in the reports.
+    assert (folder / "prefill_rate.png").read_bytes().startswith(b"\x89PNG")
+    report = (folder / "report.md").read_text()
+    assert "![prefill_rate](prefill_rate.png)" in report
+    assert "## Prediction and energy" in report and "Energy not measured: " in report
+
     records = records_of(output)
     assert records[-1].figures["predicted_ttft"] > 0
     assert "predicted_ttft" not in records[0].figures  # 4Ki: before two lengths

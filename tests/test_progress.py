@@ -403,3 +403,71 @@ def test_a_server_without_the_gauge_still_shows_time_and_tokens() -> None:
     prefill = [p for p in published if p.phase == "prefill"]
     assert prefill and all(p.prefilled is None for p in prefill)
     assert "prefilling" in prefill[0].line()
+
+
+# -- the reports ------------------------------------------------------------------------------
+
+
+def test_reports_show_predictions_energy_and_the_prefill_curve(tmp_path: Path) -> None:
+    from pytest_longctx.cli import rebuild_reports
+
+    watched = Record(
+        run_id="r",
+        nodeid="t[16Ki]",
+        length=16384,
+        repeat=0,
+        outcome="passed",
+        figures={
+            "ttft": 4.0,
+            "decode_throughput": 100.0,
+            "predicted_ttft": 5.0,
+            "energy": 2500.0,
+            "energy_per_prompt_token": 0.122,
+            "energy_per_generated_token": 1.5,
+        },
+        fingerprint={"device_telemetry": {"tool": "nvidia-smi"}},
+    )
+    old = Record(
+        run_id="r",
+        nodeid="t[8Ki]",
+        length=8192,
+        repeat=0,
+        outcome="passed",
+        figures={"ttft": 1.0, "decode_throughput": 120.0},
+    )
+    writer = samples.SampleWriter(
+        samples.samples_path(tmp_path, "len=16Ki-rep=0"),
+        {"run_id": "r", "length": 16384, "repeat": 0, "interval_s": 0.25},
+    )
+    for t, kv in ((1.0, 2048), (2.0, 6144), (3.0, 10240), (3.5, 12288)):
+        writer.append({"t": t, "phase": "prefill", "kv_tokens": kv})
+    writer.append({"t": 4.2, "phase": "after", "first_token_t": 4.0})
+    writer.close()
+    written = rebuild_reports([old, watched], tmp_path)
+    plot = tmp_path / "prefill_rate.png"
+    assert plot in written and plot.read_bytes().startswith(b"\x89PNG")
+    report = (tmp_path / "report.md").read_text()
+    assert "![prefill_rate](prefill_rate.png)" in report
+    assert "## Prediction and energy" in report
+    assert "| 16Ki | 0 | 4.000 | 5.000 | +25.0% | 2,500.0 | 0.122 | 1.5 |" in report
+    assert "| 8Ki |" not in report.split("## Prediction and energy")[1].split("##")[0]
+    page = (tmp_path / "report.html").read_text()
+    assert "Prediction and energy" in page and "+25.0%" in page
+
+
+def test_old_records_get_no_progress_section_and_a_cpu_host_says_why(tmp_path: Path) -> None:
+    from pytest_longctx.reporting.markdown import render_markdown
+
+    old = _record(1024, 0.1)
+    assert "Prediction and energy" not in render_markdown([old])
+    cpu = Record(
+        run_id="r",
+        nodeid="t",
+        length=1024,
+        repeat=0,
+        outcome="passed",
+        figures={"ttft": 0.1},
+        fingerprint={"device_telemetry": {"tool": None, "missing": telemetry.MISSING}},
+    )
+    text = render_markdown([cpu])
+    assert f"Energy not measured: {telemetry.MISSING}." in text

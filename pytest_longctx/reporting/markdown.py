@@ -21,6 +21,7 @@ from pytest_longctx.core.records import OUTCOMES, Record
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.core.stats import FigureSummary, LengthSummary, latest_records, summarize
 from pytest_longctx.reporting.kv_plot import kv_plot_note
+from pytest_longctx.reporting.progress_report import markdown_lines as progress_lines
 
 DEFAULT_TITLE = "Long-context sweep"
 
@@ -325,6 +326,7 @@ def render_markdown(
     note = kv_plot_note(records)
     if note:
         lines += [note, ""]
+    lines += progress_lines(records)
     lines += ["## Points that did not pass", ""]
     lines += _non_passed_lines(records)
     lines += ["", "## How to reproduce", ""]

@@ -21,6 +21,7 @@ from pytest_longctx.reporting.benchmark_json import benchmark_entries, write_ben
 from pytest_longctx.reporting.files import BENCHMARK, HTML, MARKDOWN
 from pytest_longctx.reporting.kv_plot import draw_kv_cache_plot
 from pytest_longctx.reporting.markdown import render_terminal_table, write_markdown
+from pytest_longctx.reporting.prefill_plot import draw_prefill_rate_plot
 from pytest_longctx.session import gate_items
 from pytest_longctx.session.run import Run
 from pytest_longctx.session.stash import RUN_KEY
@@ -115,7 +116,9 @@ def finish(config: pytest.Config) -> None:
         return
     records = run.all_records()
     with contextlib.suppress(ImportError):
-        run.plot_paths = plots.write_plots(run.run_dir, records, [draw_kv_cache_plot])
+        run.plot_paths = plots.write_plots(
+            run.run_dir, records, [draw_kv_cache_plot, draw_prefill_rate_plot]
+        )
     write_markdown(run.run_dir / MARKDOWN, records, title=_title(run), plots=run.plot_paths)
     write_benchmark_json(run.run_dir / BENCHMARK, records)
     write_users_benchmark_json(config)
