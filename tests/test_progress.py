@@ -471,3 +471,43 @@ def test_old_records_get_no_progress_section_and_a_cpu_host_says_why(tmp_path: P
     )
     text = render_markdown([cpu])
     assert f"Energy not measured: {telemetry.MISSING}." in text
+
+
+def test_devices_are_read_only_where_the_server_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from types import SimpleNamespace
+
+    from pytest_longctx.plan.settings import Settings
+    from pytest_longctx.session.progress import SessionProgress
+
+    fake_tool(tmp_path, "nvidia-smi", NVIDIA_OUTPUT)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    config = SimpleNamespace(pluginmanager=SimpleNamespace(getplugin=lambda name: None))
+
+    def session(url: str | None) -> SessionProgress:
+        settings = Settings(
+            None,
+            None,
+            1,
+            "pass",
+            "cpu-tiny",
+            url,
+            None,
+            tmp_path,
+            None,
+            None,
+            "ids",
+            0,
+            None,
+            None,
+            False,
+            False,
+            None,
+        )
+        return SessionProgress(config, SimpleNamespace(settings=settings))  # type: ignore[arg-type]
+
+    assert session(None).describe_telemetry()["tool"] == "nvidia-smi"  # launched here
+    assert session("http://127.0.0.1:8000").describe_telemetry()["tool"] == "nvidia-smi"
+    remote = session("http://gpu-node-7:8000").describe_telemetry()
+    assert remote["tool"] is None and "is not on this host" in remote["missing"]

@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from pytest_longctx.core.records import Record
@@ -112,6 +113,11 @@ class Display:
                 reporter.flush()
 
 
+def _is_local(url: str) -> bool:
+    host = httpx.URL(url).host
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
 def _resolve_mode(config: pytest.Config, mode: str) -> str:
     if hasattr(config, "workerinput"):
         return FILE  # a pytest-xdist worker: the controller prints
@@ -140,10 +146,16 @@ class SessionProgress:
 
     @property
     def telemetry(self) -> DeviceTelemetry | None:
+        """This host's device tool; none when sampling is off or the server is elsewhere."""
         if self.interval_s is None:
             return None
         if self._telemetry is None:
-            self._telemetry = DeviceTelemetry.detect()
+            url = self.run.settings.url
+            if url is not None and not _is_local(url):
+                why = f"the server ({url}) is not on this host, whose devices would be read"
+                self._telemetry = DeviceTelemetry(tool=None, missing=why)
+            else:
+                self._telemetry = DeviceTelemetry.detect()
         return self._telemetry
 
     def describe_telemetry(self) -> dict[str, Any]:
@@ -174,21 +186,22 @@ class SessionProgress:
         return Outlook(run.run_id, index, max(len(measured), index), model, remaining)
 
     def watch(self, server: ServerInfo, point: Point) -> PointWatch:
-        outlook = self.outlook(point)
         interval = self.interval_s
-        read_metrics = None
-        if interval is not None:
-            client = control_client(server.base_url, server.api_key, timeout_s=max(5.0, interval))
-            read_metrics = client.metrics_text
+        # Its own connection, with a timeout that never holds the point up for long.
+        client = (
+            control_client(server.base_url, server.api_key, timeout_s=max(5.0, interval))
+            if interval is not None
+            else None
+        )
         watch = _SessionWatch(
             self,
-            client=client if interval is not None else None,
+            client=client,
             length=point.length,
             repeat=point.repeat,
             decode_tokens=self.run.plan.decode_tokens,
             interval_s=interval,
-            outlook=outlook,
-            read_metrics=read_metrics,
+            outlook=self.outlook(point),
+            read_metrics=client.metrics_text if client is not None else None,
             telemetry=self.telemetry,
             publish=self.publish,
             samples_path=samples_path(self.run.run_dir, point.id) if interval else None,
