@@ -21,10 +21,16 @@ class _PrefillTakesTime:
     """After the warm-up: a first token ``length * 1e-4`` s (4Ki: 0.4 s) after the request."""
 
     fake: FakeVLLM
+    #: A length whose completion comes short (its item fails).
+    fail_at: int | None = None
 
     def pytest_runtest_call(self, item: pytest.Item) -> None:
         point = item.callspec.params["longctx_point"]  # type: ignore[attr-defined]
-        self.fake.configure(first_token_delay_s=point.length * 1e-4, token_delay_s=0.005)
+        self.fake.configure(
+            first_token_delay_s=point.length * 1e-4,
+            token_delay_s=0.005,
+            tokens=3 if point.length == self.fail_at else None,
+        )
 
 
 @pytest.fixture
@@ -32,17 +38,20 @@ def session(pytester: pytest.Pytester, fake_vllm: FakeVLLM):  # noqa: ANN201
     pytester.makepyfile(test_sweep=SWEEP_TEST)
     output = pytester.path / "reports"
 
-    def run(*args: str):  # noqa: ANN202
+    def run(*args: str, fail_at: int | None = None):  # noqa: ANN202
         return pytester.runpytest(
             "-p",
             "no:cacheprovider",
             f"--longctx-url={fake_vllm.url}",
             f"--longctx-output={output}",
             "--longctx-decode-tokens=8",
-            "--longctx-to=4Ki",
             "--longctx-progress-interval=50ms",
-            *args,
-            plugins=[_PrefillTakesTime(fake_vllm)],
+            *(
+                args
+                if any(a.startswith("--longctx-to") for a in args)
+                else (*args, "--longctx-to=4Ki")
+            ),
+            plugins=[_PrefillTakesTime(fake_vllm, fail_at)],
         )
 
     return run, output
@@ -195,3 +204,22 @@ def test_the_progress_file_moves_while_a_point_runs(session) -> None:  # noqa: A
     assert {"sweep_eta_s", "remaining_points", "first_token_eta_s"} <= set(inside[-1])
     assert seen[-1]["phase"] == "finished"
     assert Path(output / "latest" / "progress.json").is_file()
+
+
+def test_a_stopped_sweep_says_what_is_left_and_what_it_would_take(session) -> None:  # noqa: ANN001
+    run, output = session
+    result = run("--longctx-to=8Ki", "-x", fail_at=4096)
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "pytest-longctx progress: sweep: 1 selected point not measured, "
+            "~* to measure it (session took *)"
+        ]
+    )
+    assert "~? to measure" not in result.stdout.str()  # two lengths in: it is predicted
+    final = json.loads((run_folder(output) / "progress.json").read_text())
+    assert final["phase"] == "finished"
+    assert final["remaining"] == [
+        {"length": 8192, "repeat": 0, "predicted_s": final["sweep_eta_s"]}
+    ]
+    assert final["sweep_eta_s"] > 0

@@ -269,9 +269,11 @@ class SessionProgress:
         took = format_duration(time.monotonic() - self.started)
         if left:
             eta = model.sweep_cost(p.length for p in left)
+            one = len(left) == 1
             lines.append(
-                f"sweep: {len(left)} selected point{'s' if len(left) != 1 else ''} not "
-                f"measured, ~{format_duration(eta)} to measure them (session took {took})"
+                f"sweep: {len(left)} selected point{'' if one else 's'} not measured, "
+                f"~{format_duration(eta)} to measure {'it' if one else 'them'} "
+                f"(session took {took})"
             )
         else:
             lines.append(f"sweep: every selected point measured (session took {took})")
