@@ -116,9 +116,16 @@ class PointSamples:
         # one interval, which would make neighbouring rates alternate high and low.
         span = 3 * float(self.header.get("interval_s") or 0.0)
         merged = [steps[0]]
-        for index, step in enumerate(steps[1:], start=1):
-            if step[0] - merged[-1][0] >= span or index == len(steps) - 1:
+        for step in steps[1:-1]:
+            if step[0] - merged[-1][0] >= span:
                 merged.append(step)
+        if len(steps) > 1:
+            # The last step (often exact: the first token) ends the last segment, which it
+            # lengthens rather than follow it closely.
+            if len(merged) > 1 and steps[-1][0] - merged[-1][0] < span:
+                merged[-1] = steps[-1]
+            else:
+                merged.append(steps[-1])
         curve = []
         for (t0, p0), (t1, p1) in zip(merged, merged[1:], strict=False):
             if t1 > t0 and p1 > p0:
