@@ -302,10 +302,10 @@ def test_the_prefill_curve_comes_from_the_gauge_readings(tmp_path: Path) -> None
     # steps: 0 at 0 s, 2048 at 1 s, 4096 at 2 s, 6144 at 4 s, the whole prompt at 4.5 s
     curve = [value for point in read.prefill_curve() for value in point]
     assert curve == pytest.approx([1024, 2048, 3072, 2048, 5120, 1024, 7168, 4096])
-    # Sampled every 0.25 s, steps less than 0.75 s apart are merged: the last one (at the
+    # Sampled every 0.3 s, steps less than 0.6 s apart are merged: the last one (at the
     # first token, 0.5 s after 6144 was seen) ends the segment before it instead of making a
     # spike of its own.
-    coarse = samples.PointSamples(path, {**read.header, "interval_s": 0.25}, read.samples)
+    coarse = samples.PointSamples(path, {**read.header, "interval_s": 0.3}, read.samples)
     curve = [value for point in coarse.prefill_curve() for value in point]
     assert curve == pytest.approx([1024, 2048, 3072, 2048, 6144, 4096 / 2.5])
     assert samples.read_run_samples(tmp_path) == [read]

@@ -91,7 +91,7 @@ class PointSamples:
         prefilled count, at the middle of the tokens prefilled in between.
 
         Each change is dated by the first ``prefill`` sample whose gauge reading saw it, so a
-        date errs by up to one sampling interval; changes less than three intervals apart are
+        date errs by up to one sampling interval; changes less than two intervals apart are
         merged. The last step ends at the first token (the whole prompt), or at the first
         ``decode`` reading when that is unknown.
         """
@@ -112,9 +112,9 @@ class PointSamples:
                 steps.append((float(sample["t"]), position))
         if end is not None and end[1] > steps[-1][1]:
             steps.append(end)
-        # Steps closer than a few sampling intervals are merged: a step's date errs by up to
+        # Steps closer than two sampling intervals are merged: a step's date errs by up to
         # one interval, which would make neighbouring rates alternate high and low.
-        span = 3 * float(self.header.get("interval_s") or 0.0)
+        span = 2 * float(self.header.get("interval_s") or 0.0)
         merged = [steps[0]]
         for step in steps[1:-1]:
             if step[0] - merged[-1][0] >= span:
