@@ -23,6 +23,12 @@ COLUMNS = (
     "J / generated token",
 )
 _MISSING = "–"
+_STYLE = """
+.longctx-progress-table { border-collapse: collapse; margin: 0.8em 0; font-size: 13px; }
+.longctx-progress-table th, .longctx-progress-table td {
+  border: 1px solid #ccc; padding: 0.3em 0.7em; text-align: right; color: #222; }
+.longctx-progress-table th { background: #f3f3f3; }
+"""
 
 
 def _watched(records: Iterable[Record]) -> list[Record]:
@@ -108,7 +114,8 @@ def html_fragment(records: Sequence[Record]) -> str:
             for row in table
         )
         parts.append(
-            f'<table class="longctx-summary-table"><thead><tr>{head}</tr></thead>'
+            f"<style>{_STYLE}</style>"
+            f'<table class="longctx-progress-table"><thead><tr>{head}</tr></thead>'
             f"<tbody>{body}</tbody></table>"
         )
     if note:
