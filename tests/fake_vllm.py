@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import multiprocessing
 import queue
 import re
@@ -89,6 +90,9 @@ class Behaviour:
     token_text: str = " tok"
     block_size: int = 128
     num_gpu_blocks: int = 16_384
+    #: Prompt tokens prefilled per step: during ``first_token_delay_s`` the KV usage gauge
+    #: rises chunk by chunk, as vLLM's does with chunked prefill.
+    prefill_chunk_tokens: int = 2048
 
     def __post_init__(self) -> None:
         if self.fault is not None and self.fault not in FAULTS:
@@ -161,6 +165,8 @@ class FakeVLLM:
         self._stopping = threading.Event()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        #: The request in flight: [t_body, prompt tokens, tokens sent], for the KV gauge.
+        self._active: list[float] | None = None
 
     @property
     def url(self) -> str:
@@ -218,7 +224,32 @@ class FakeVLLM:
     def metrics_text(self) -> str:
         with self._lock:
             totals = replace(self.totals)
-        return _exposition(self.behaviour, totals)
+            active = list(self._active) if self._active else None
+        return _exposition(self.behaviour, totals, self._kv_usage(active))
+
+    def track(self, active: list[float] | None) -> None:
+        """The request in flight (``[t_body, prompt tokens, tokens sent]``), or None."""
+        with self._lock:
+            self._active = active
+
+    def _kv_usage(self, active: list[float] | None) -> float:
+        """vLLM's gauge: blocks of the tokens computed so far over all blocks but the null one.
+
+        Before the first token the prompt is computed a chunk per ``first_token_delay_s *
+        chunk / prompt`` seconds; after it, the prompt plus the tokens sent are held."""
+        if active is None:
+            return 0.0
+        behaviour = self.behaviour
+        started, prompt, sent = active
+        if sent:
+            tokens = prompt + sent
+        else:
+            delay = behaviour.first_token_delay_s
+            done = (time.perf_counter() - started) / delay if delay > 0 else 1.0
+            chunk = behaviour.prefill_chunk_tokens
+            tokens = min(prompt, math.floor(done * prompt / chunk) * chunk)
+        blocks = math.ceil(tokens / behaviour.block_size)
+        return blocks / (behaviour.num_gpu_blocks - 1)
 
 
 class _PrestartedServer(ThreadingHTTPServer):
@@ -462,6 +493,8 @@ class _Handler(BaseHTTPRequestHandler):
                 body["usage"] = usage
             return b"data: " + json.dumps(body).encode() + b"\n\n"
 
+        active = [t_body, prompt_tokens, 0]
+        self.fake.track(active)
         try:
             if fault == "hang_after_headers":
                 self.fake.hang()
@@ -505,6 +538,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self._write(event)
                 counts.append(count)
                 sent += count
+                self.fake.track([t_body, prompt_tokens, sent])
             if include_usage:
                 usage = {
                     "prompt_tokens": prompt_tokens,
@@ -543,6 +577,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(b"0\r\n\r\n")
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client gave up (a timeout test): nothing to tell it
+        finally:
+            self.fake.track(None)
 
     def _inject(self, fault: str) -> None:
         if fault == "error_frame":
@@ -638,7 +674,7 @@ def _sink_payload(head: bytes, commas: int) -> dict[str, Any]:
     }
 
 
-def _exposition(behaviour: Behaviour, totals: _Totals) -> str:
+def _exposition(behaviour: Behaviour, totals: _Totals, kv_usage: float = 0.0) -> str:
     """vLLM-shaped Prometheus text: HELP/TYPE, labels, histograms with +Inf, _created."""
     labels = f'engine="0",model_name="{behaviour.model}"'
     lines: list[str] = []
@@ -734,7 +770,7 @@ def _exposition(behaviour: Behaviour, totals: _Totals) -> str:
     )
     lines.append("# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.")
     lines.append("# TYPE vllm:kv_cache_usage_perc gauge")
-    lines.append(f"vllm:kv_cache_usage_perc{{{labels}}} 0.0")
+    lines.append(f"vllm:kv_cache_usage_perc{{{labels}}} {kv_usage!r}")
     lines.append("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig")
     lines.append("# TYPE vllm:cache_config_info gauge")
     size_tokens = behaviour.block_size * behaviour.num_gpu_blocks

@@ -14,9 +14,14 @@ PACKAGE = Path(pytest_longctx.__file__).parent
 ALLOWED = {
     "core": set(),
     "gate": {"core"},
-    "reporting": {"core", "capacity", "gate"},
+    "reporting": {"core", "capacity", "gate", "progress"},
     "capacity": {"core", "plan", "serving"},
+    "progress": {"core", "measure"},
 }
+
+#: The modules of ``progress`` that only read files and do arithmetic: the only ones the
+#: reports may import (the sampler talks to the server, telemetry runs the device tools).
+PURE_PROGRESS = {"samples", "eta", "energy", "state"}
 
 
 def imports_of(path: Path) -> set[str]:
@@ -69,6 +74,25 @@ def test_each_layer_imports_only_what_comes_before_it() -> None:
                 continue
             if parts[1] != layer and parts[1] not in ALLOWED[layer]:
                 offenders.append(f"{relative} imports {name}")
+    assert offenders == []
+
+
+def test_the_reports_read_progress_files_but_never_sample() -> None:
+    offenders = []
+    for path in sorted((PACKAGE / "reporting").rglob("*.py")):
+        for name in imports_of(path):
+            parts = name.split(".")
+            if parts[:2] == ["pytest_longctx", "progress"] and (
+                len(parts) < 3 or parts[2] not in PURE_PROGRESS
+            ):
+                offenders.append(f"{path.name} imports {name}")
+    for module in PURE_PROGRESS:
+        for name in imports_of(PACKAGE / "progress" / f"{module}.py"):
+            parts = name.split(".")
+            if parts[:2] == ["pytest_longctx", "progress"] and parts[2] not in PURE_PROGRESS:
+                offenders.append(f"progress/{module}.py imports {name}")
+            if parts[:2] in (["pytest_longctx", "measure"], ["pytest_longctx", "serving"]):
+                offenders.append(f"progress/{module}.py imports {name}")
     assert offenders == []
 
 

@@ -32,6 +32,16 @@ FIGURE_UNITS: Mapping[str, str] = {
     "server_decode_throughput": "tok/s",  # (N-1) / vLLM's decode time: no client scheduling
     "request_body_bytes": "B",
     "prompt_build": "s",
+    # The ETA model's TTFT for this length, fitted to the points measured before it (progress/).
+    "predicted_ttft": "s",
+    # Device energy from the power sampled during the point (progress/energy.py): t0 to the
+    # first token, first to last token, both; per prompt token and per token decoded after
+    # the first. Absent where no device tool reports power (a CPU host).
+    "energy": "J",
+    "prefill_energy": "J",
+    "decode_energy": "J",
+    "energy_per_prompt_token": "J/tok",
+    "energy_per_generated_token": "J/tok",
 }
 
 #: ``interrupted``: the point was being measured when the session was stopped (Ctrl-C,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from pytest_longctx.core.records import Record
 from pytest_longctx.measure.client import (
@@ -17,6 +18,7 @@ from pytest_longctx.measure.client import (
     CompletionRequest,
     MeasurementError,
     RequestRejectedError,
+    StreamProgress,
 )
 from pytest_longctx.measure.prompts import (
     Prompt,
@@ -62,6 +64,8 @@ class PointMeasurement:
     #: Requests the server counted between the /metrics reads around this one (1: alone).
     server_requests: int | None = None
     finish_reason: str | None = None
+    #: What a watcher of the point adds: the predicted TTFT, the energy (progress/).
+    watch_figures: dict[str, float] = field(default_factory=dict)
 
     def completion_problem(self) -> str:
         """Why the completion count is off, in the words a user can act on."""
@@ -80,7 +84,7 @@ class PointMeasurement:
         )
 
     def figures(self) -> dict[str, float]:
-        figures = dict(self.stream_figures)
+        figures = {**self.stream_figures, **self.watch_figures}
         if self.prompt_build_s is not None:
             figures["prompt_build"] = self.prompt_build_s
         for name in ("server_ttft", "server_prefill", "server_queue", "server_decode"):
@@ -136,6 +140,21 @@ UNVERIFIED_HINT = (
 )
 
 
+class PointWatcher(Protocol):
+    """Watches a point from another thread (progress.sampler.PointWatch): started before the
+    request, stopped after it, fed by the counter the client updates."""
+
+    stream: StreamProgress
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def figures(
+        self, prompt_tokens: int | None, completion_tokens: int | None
+    ) -> dict[str, float]: ...
+
+
 @dataclass(frozen=True)
 class PointSettings:
     """What a point's measurement is asked to do, decided by the session."""
@@ -154,13 +173,15 @@ def measure_point(
     settings: PointSettings,
     check_alive: Callable[[float], None] = lambda grace_s: None,
     refusal: Callable[[RequestRejectedError], str] = str,
+    watch: PointWatcher | None = None,
 ) -> PointMeasurement:
     """Time one request between two /metrics reads; raise :class:`PointFailure` when the
     measurement itself did not happen or cannot be checked. The contract (exact, cold, alone)
     is the sweep test's to assert.
 
     ``check_alive(grace_s)`` raises :class:`ServerError` when the server is gone (after
-    ``grace_s`` for a dying process to finish dying); ``refusal`` words a 401/403.
+    ``grace_s`` for a dying process to finish dying); ``refusal`` words a 401/403. ``watch``
+    samples the point's progress meanwhile; its figures join the measurement's.
     """
     try:
         check_alive(0.0)
@@ -178,12 +199,15 @@ def measure_point(
         decode_tokens=decode_tokens,
     )
     before, why_not = _snapshot(client)
+    if watch is not None:
+        watch.start()
     try:
         stream = client.measure(
             request,
             first_token_budget_s=settings.first_token_budget_s,
             budget_source=settings.budget_source,
             check_count=False,
+            progress=watch.stream if watch is not None else None,
         )
     except RequestRejectedError as exc:
         if exc.status_code in (401, 403):
@@ -195,6 +219,9 @@ def measure_point(
         except ServerError as gone:
             raise PointFailure(f"{type(exc).__name__}: {exc}\n{gone}") from None
         raise PointFailure(f"{type(exc).__name__}: {exc}") from None
+    finally:
+        if watch is not None:
+            watch.stop()
     after, why_not_after = _snapshot(client) if before is not None else (None, None)
     view: ServerSideView | None = delta(before, after) if before and after else None
     server_view = {**view.figures(), **view.counters()} if view is not None else {}
@@ -214,6 +241,9 @@ def measure_point(
         cached_prompt_tokens=cached,
         server_requests=requests,
         finish_reason=stream.finish_reason,
+        watch_figures=(
+            watch.figures(stream.prompt_tokens, stream.completion_tokens) if watch else {}
+        ),
     )
     if not settings.allow_unverified:
         problem = why_not or why_not_after

@@ -24,6 +24,8 @@ PROMPT_TOKENS_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
 PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries_total"
 PREFIX_CACHE_HITS = "vllm:prefix_cache_hits_total"
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
+#: Share of the KV cache's blocks in use (0..1): rises with every prefill chunk.
+KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
 
 
 class ExpositionError(ValueError):
@@ -137,6 +139,47 @@ def cache_config_labels(snapshot: MetricsSnapshot | str) -> dict[str, str] | Non
     if isinstance(snapshot, str):
         snapshot = MetricsSnapshot.from_text(snapshot)
     return snapshot.labels_of(CACHE_CONFIG_INFO)
+
+
+def kv_capacity_tokens(labels: Mapping[str, str] | None) -> int | None:
+    """Tokens the KV cache holds at full usage, from ``vllm:cache_config_info``'s labels.
+
+    vLLM's usage gauge is ``1 - free / (num_gpu_blocks - 1)`` (one block is its null block),
+    so its capacity in tokens is ``(num_gpu_blocks - 1) * block_size``; without those labels,
+    ``kv_cache_size_tokens``. None when neither is there.
+    """
+    if not labels:
+        return None
+    try:
+        blocks, block = int(labels["num_gpu_blocks"]), int(labels["block_size"])
+    except (KeyError, ValueError):
+        blocks = block = 0
+    if blocks > 1 and block > 0:
+        return (blocks - 1) * block
+    try:
+        size = int(labels["kv_cache_size_tokens"])
+    except (KeyError, ValueError):
+        return None
+    return size if size > 0 else None
+
+
+def kv_block_size(labels: Mapping[str, str] | None) -> int | None:
+    try:
+        block = int((labels or {})["block_size"])
+    except (KeyError, ValueError):
+        return None
+    return block if block > 0 else None
+
+
+def kv_gauge(text: str) -> tuple[float | None, dict[str, str] | None]:
+    """The KV usage gauge (summed over engines) and the cache config labels, reading only
+    their lines: a sampler calls this every second during a measurement, and parsing the
+    whole exposition would hold the interpreter longer than it has to."""
+    wanted = [
+        line for line in text.splitlines() if line.startswith(("vllm:kv_cache", "vllm:cache"))
+    ]
+    snapshot = MetricsSnapshot.from_text("\n".join(wanted))
+    return snapshot.total(KV_CACHE_USAGE), snapshot.labels_of(CACHE_CONFIG_INFO)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,13 @@ class Settings:
     resume: str | None
     allow_unverified: bool = False
     gate_level: float = 0.01
+    #: How progress is shown: auto (a live line on a terminal, else plain lines), line,
+    #: plain or off.
+    progress: str = "auto"
+    #: Seconds between progress samples inside a point; 0: no sampling at all.
+    progress_interval_s: float = 1.0
+    #: Seconds between two plain progress lines (without a terminal).
+    progress_throttle_s: float = 60.0
     #: Devices each launched server gets (its own CUDA/HIP_VISIBLE_DEVICES), under ``-n``.
     devices_per_server: int | None = None
     #: Keep points from servers whose fingerprints differ in one run.

@@ -10,3 +10,4 @@ KV_CACHE_PLOT = "kv_cache.png"
 GATE_PLOT = "gate.png"
 #: The list of every run, in the output root beside the run folders.
 INDEX = "index.html"
+PREFILL_RATE_PLOT = "prefill_rate.png"

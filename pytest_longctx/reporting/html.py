@@ -41,6 +41,7 @@ from pytest_longctx.reporting.markdown import (
     summary_rows,
     ttft_decimals,
 )
+from pytest_longctx.reporting.progress_report import html_fragment as progress_fragment
 
 #: (sort key, header label) of the columns added to pytest-html's results table.
 RESULTS_TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -143,7 +144,7 @@ def summary_fragment(records: Iterable[Record], plot_paths: Iterable[Path | None
     return (
         f'<section class="longctx-summary"><style>{_SUMMARY_STYLE}</style>'
         "<h3>Long-context sweep (mean ± sample std over passed repeats)</h3>"
-        f"{table}{''.join(images)}</section>"
+        f"{table}{''.join(images)}{progress_fragment(records)}</section>"
     )
 
 

@@ -22,6 +22,7 @@ from pytest_longctx.core.sizes import format_size
 from pytest_longctx.core.stats import FigureSummary, LengthSummary, latest_records, summarize
 from pytest_longctx.gate.fingerprint import hardware_identity
 from pytest_longctx.reporting.kv_plot import kv_plot_note
+from pytest_longctx.reporting.progress_report import markdown_lines as progress_lines
 
 DEFAULT_TITLE = "Long-context sweep"
 
@@ -381,6 +382,7 @@ def render_markdown(
         lines += [note, ""]
     for section in sections:
         lines += [section.rstrip("\n"), ""]
+    lines += progress_lines(records)
     lines += ["## Points that did not pass", ""]
     lines += _non_passed_lines(records)
     lines += ["", "## How to reproduce", ""]

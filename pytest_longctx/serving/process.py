@@ -87,9 +87,21 @@ def log_tail(path: Path | None, lines: int = LOG_TAIL_LINES) -> str:
         return "".join(deque(handle, maxlen=lines)).rstrip()
 
 
-def control_client(base_url: str, api_key: str | None) -> CompletionClient:
-    """The one HTTP client, for the server's control endpoints (health, models, metrics)."""
-    return CompletionClient(ClientConfig(base_url=base_url, api_key=api_key))
+def control_client(
+    base_url: str, api_key: str | None, timeout_s: float | None = None
+) -> CompletionClient:
+    """The one HTTP client, for the server's control endpoints (health, models, metrics);
+    ``timeout_s`` bounds each call (default: the client's control timeout)."""
+    if timeout_s is None:
+        return CompletionClient(ClientConfig(base_url=base_url, api_key=api_key))
+    return CompletionClient(
+        ClientConfig(
+            base_url=base_url,
+            api_key=api_key,
+            connect_timeout_s=timeout_s,
+            control_timeout_s=timeout_s,
+        )
+    )
 
 
 class LaunchedServer:

@@ -22,6 +22,7 @@ from pytest_longctx.reporting.files import BENCHMARK, GATE_PLOT, HTML, MARKDOWN
 from pytest_longctx.reporting.index import write_index as write_run_index
 from pytest_longctx.reporting.kv_plot import draw_kv_cache_plot
 from pytest_longctx.reporting.markdown import render_terminal_table, write_markdown
+from pytest_longctx.reporting.prefill_plot import draw_prefill_rate_plot
 from pytest_longctx.session import gate_items
 from pytest_longctx.session.run import Run
 from pytest_longctx.session.stash import RUN_KEY
@@ -119,7 +120,9 @@ def finish(config: pytest.Config) -> None:
     records = run.all_records()
     gate = gate_items.report_view(run, records)
     with contextlib.suppress(ImportError):
-        run.plot_paths = plots.write_plots(run.run_dir, records, [draw_kv_cache_plot])
+        run.plot_paths = plots.write_plots(
+            run.run_dir, records, [draw_kv_cache_plot, draw_prefill_rate_plot]
+        )
         if gate is not None:
             gate = gate_report.write_gate_plot(gate, run.run_dir)
     sections = [gate_report.markdown_section(gate, run.run_dir / MARKDOWN)] if gate else []

@@ -20,6 +20,7 @@ from pytest_longctx.measure.timeouts import FirstTokenBudget
 from pytest_longctx.plan.sweep import Point
 from pytest_longctx.serving import served_model
 from pytest_longctx.serving.process import ServerError, ServerInfo
+from pytest_longctx.session import progress
 from pytest_longctx.session import server as serving
 from pytest_longctx.session.run import Run
 
@@ -118,4 +119,5 @@ def measure(
         settings,
         check_alive=lambda grace_s: serving.check_alive(run, grace_s=grace_s),
         refusal=lambda exc: str(serving.refused(run, server.base_url, exc)),
+        watch=progress.watch(run, server, point),
     )

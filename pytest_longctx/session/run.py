@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # only annotations: these modules import this one
     from pytest_longctx.serving.process import LaunchedServer, ServerError, ServerInfo
     from pytest_longctx.serving.served_model import ModelDescription
     from pytest_longctx.session.gate_items import GateState
+    from pytest_longctx.session.progress import SessionProgress
     from pytest_longctx.session.signals import SessionSignals
 
 LATEST = "latest"
@@ -110,6 +111,8 @@ class Run:
     split_error: str | None = None
     #: When the campaign's session started (the controller's clock, under xdist).
     started_at: float | None = None
+    #: Progress inside points: display, progress.json, the ETA model (progress.py).
+    progress: SessionProgress | None = None
 
     @classmethod
     def create(

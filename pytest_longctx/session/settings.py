@@ -6,6 +6,7 @@ Every option also exists as an ini key of the same name with underscores (``--lo
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +18,9 @@ from pytest_longctx.serving.profiles import DEFAULT_PROFILE
 
 ORDERS = ("pass", "length")
 PROMPT_FORMATS = ("ids", "text")
+PROGRESS_MODES = ("auto", "line", "plain", "off")
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*(ms|s|min|m|h)?\s*$", re.IGNORECASE)
+_DURATION_UNITS = {"": 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 
 
 @dataclass(frozen=True)
@@ -113,6 +117,24 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "one-sided false-alarm level of the gate's noise test, a probability below 0.5 "
         "(default 0.01)",
         "P",
+    ),
+    OptionSpec(
+        "longctx-progress",
+        "progress inside each point: 'auto' (a live line on a terminal, plain lines without "
+        "one; default), 'line', 'plain' or 'off' (prints nothing; progress.json is still "
+        "written)",
+        "auto|line|plain|off",
+    ),
+    OptionSpec(
+        "longctx-progress-interval",
+        "time between progress samples of the server's KV usage and the devices inside a "
+        "point, e.g. 1s, 500ms (default 1s); 0 samples nothing",
+        "DURATION",
+    ),
+    OptionSpec(
+        "longctx-progress-throttle",
+        "least time between two plain progress lines of one point (default 1m)",
+        "DURATION",
     ),
     OptionSpec(
         "longctx-plan",
@@ -238,6 +260,19 @@ class _RawOptions:
             raise _fail(name, ",".join(urls), "each server's URL once")
         return unique
 
+    def duration(self, name: str, default: float, zero: bool = False) -> float:
+        """``1s``, ``500ms``, ``2m``, ``1h`` or plain seconds; 0 only where ``zero``."""
+        if not self.given(name):
+            return default
+        match = _DURATION_RE.match(str(self.values[name]))
+        value = (
+            float(match.group(1)) * _DURATION_UNITS[(match.group(2) or "").lower()] if match else -1
+        )
+        if value < 0 or (value == 0 and not zero):
+            floor = ">= 0" if zero else "> 0"
+            raise _fail(name, self.values[name], f"a duration {floor} such as 1s, 500ms or 2m")
+        return value
+
     def lengths(self) -> tuple[int | None, int | None]:
         low, high = self.size("longctx-from"), self.size("longctx-to")
         if low is not None and high is not None and low > high:
@@ -275,4 +310,7 @@ def read_settings(config: pytest.Config) -> Settings:
         gate_level=_gate_level(raw.values["longctx-gate-level"]),
         devices_per_server=raw.whole("longctx-devices-per-server", None),
         allow_mixed_servers=raw.flag("longctx-allow-mixed-servers"),
+        progress=raw.choice("longctx-progress", PROGRESS_MODES, "auto"),
+        progress_interval_s=raw.duration("longctx-progress-interval", 1.0, zero=True),
+        progress_throttle_s=raw.duration("longctx-progress-throttle", 60.0, zero=True),
     )

@@ -58,6 +58,7 @@ from .errors import (
     StreamError,
     TruncatedStreamError,
 )
+from .progress import StreamProgress
 from .request import (
     CompletionRequest,
     RequestBody,
@@ -92,6 +93,7 @@ __all__ = [
     "ServerUnavailableError",
     "StreamError",
     "StreamMeasurement",
+    "StreamProgress",
     "TruncatedStreamError",
     "UPLOAD_CHUNK_BYTES",
     "encode_request",

@@ -41,6 +41,7 @@ from .errors import (
     TruncatedStreamError,
 )
 from .events import _choice_tokens, _SSEDecoder
+from .progress import StreamProgress
 from .request import CompletionRequest, RequestBody, encode_request
 from .result import StreamMeasurement, quantile, summarize_stream
 from .transport import _preopening_transport
@@ -234,6 +235,7 @@ class CompletionClient:
         first_token_budget_s: float,
         budget_source: str = "the caller's limit",
         check_count: bool = True,
+        progress: StreamProgress | None = None,
     ) -> StreamMeasurement:
         """Stream ``request`` and time it; raises a :class:`MeasurementError` on any doubt.
 
@@ -241,6 +243,8 @@ class CompletionClient:
         ``budget_source`` says where it came from, for the timeout message. With
         ``check_count`` a completion count other than ``request.decode_tokens`` raises
         :class:`CompletionCountError` (the measurement rides along on the error).
+        ``progress``, when given, is updated as the stream goes (t0, first token, tokens
+        received) for a watcher in another thread; updating it is a few assignments.
         """
         if not first_token_budget_s > 0:
             raise ValueError(f"first_token_budget_s={first_token_budget_s!r}: expected > 0")
@@ -266,7 +270,9 @@ class CompletionClient:
             ),
             extensions={"trace": exchange},
         )
-        context = _MeasureContext(request, body, first_token_budget_s, budget_source, exchange)
+        context = _MeasureContext(
+            request, body, first_token_budget_s, budget_source, exchange, progress_counter=progress
+        )
         # Everything that is the instrument's and not the server's happens before t0: the body
         # (above), the connection, and the watchdog thread's start. At t0 the deadline moves
         # later than the one the thread sleeps on, which does not wake it.
@@ -274,6 +280,8 @@ class CompletionClient:
         watchdog.start(time.perf_counter() + first_token_budget_s, _FIRST_TOKEN)
         t0 = time.perf_counter()
         context.t0 = t0
+        if progress is not None:
+            progress.t0 = t0
         try:
             watchdog.extend(t0 + first_token_budget_s, _FIRST_TOKEN)
             try:
@@ -293,6 +301,8 @@ class CompletionClient:
                     response.close()
         finally:
             watchdog.stop()
+            if progress is not None:
+                progress.finished = True
 
     def _preconnect(self, url: httpx.URL) -> float | None:
         """Open the request's TCP connection now; seconds it took, None when not pre-opened."""
@@ -403,6 +413,12 @@ class CompletionClient:
             state.token_times.append(arrived - context.t0)
             state.tokens_per_chunk.append(tokens)
             watchdog.extend(arrived + self.config.inter_token_timeout_s, _INTER_TOKEN)
+            watched = context.progress_counter
+            if watched is not None:
+                watched.tokens += tokens
+                watched.last_token_at = arrived
+                if watched.first_token_at is None:
+                    watched.first_token_at = arrived
         usage = chunk.get("usage")
         if isinstance(usage, Mapping) and usage.get("completion_tokens") is not None:
             state.usage = usage
@@ -613,6 +629,7 @@ class _MeasureContext:
     t0: float = 0.0
     connect_s: float | None = None  # the connection opened before t0
     response_headers_s: float | None = None
+    progress_counter: StreamProgress | None = None
 
     def describe_request(self) -> str:
         return _describe(self.request)

@@ -1,0 +1,105 @@
+"""Energy of a point from the power its devices drew, sampled while it ran.
+
+Power between two readings is taken as the straight line between them, and before the first
+or after the last reading as that reading: the trapezoid rule, on whatever cadence the
+readings came. A point's energy is split at its first token: **prefill energy** is drawn from
+t0 to the first token, **decode energy** from the first token to the last, so
+``energy_per_prompt_token`` is prefill energy over the prompt's tokens and
+``energy_per_generated_token`` is decode energy over the ``N - 1`` tokens decoded after the
+first (the same count decode throughput divides by). Every device's energy is summed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+#: Figures this module adds to a record, with their units (see core.records.FIGURE_UNITS).
+ENERGY_FIGURES = (
+    "energy",
+    "prefill_energy",
+    "decode_energy",
+    "energy_per_prompt_token",
+    "energy_per_generated_token",
+)
+
+
+def integrate(times: Sequence[float], values: Sequence[float], start: float, end: float) -> float:
+    """The integral of the piecewise-linear curve through ``(times, values)`` over
+    ``[start, end]``, held flat before the first and after the last reading.
+
+    ``times`` must be sorted; raises ValueError on no readings or mismatched lengths.
+    """
+    if len(times) != len(values):
+        raise ValueError(f"{len(times)} times but {len(values)} values")
+    if not times:
+        raise ValueError("no readings to integrate")
+    if end <= start:
+        return 0.0
+
+    def at(t: float) -> float:
+        if t <= times[0]:
+            return values[0]
+        if t >= times[-1]:
+            return values[-1]
+        # the segment holding t (readings are few: a linear scan is fine)
+        for index in range(1, len(times)):
+            if t <= times[index]:
+                t0, t1 = times[index - 1], times[index]
+                v0, v1 = values[index - 1], values[index]
+                return v0 if t1 == t0 else v0 + (v1 - v0) * (t - t0) / (t1 - t0)
+        return values[-1]  # pragma: no cover - unreachable: t < times[-1]
+
+    knots = [start, *(t for t in times if start < t < end), end]
+    return math.fsum(
+        (right - left) * (at(left) + at(right)) / 2
+        for left, right in zip(knots, knots[1:], strict=False)
+    )
+
+
+def power_series(readings: Iterable[tuple[float, Sequence[Mapping[str, Any]]]]) -> dict[int, tuple]:
+    """Per device index: ``(times, watts)`` from ``(t, devices)`` readings, skipping readings
+    where that device reported no power."""
+    series: dict[int, tuple[list[float], list[float]]] = {}
+    for t, devices in readings:
+        for device in devices:
+            power = device.get("power_w")
+            if power is None or not math.isfinite(power):
+                continue
+            times, watts = series.setdefault(int(device.get("index", 0)), ([], []))
+            times.append(t)
+            watts.append(float(power))
+    return {index: (tuple(times), tuple(watts)) for index, (times, watts) in series.items()}
+
+
+def energy_between(series: Mapping[int, tuple], start: float, end: float) -> float | None:
+    """Joules drawn by every device over ``[start, end]``; None without any power reading."""
+    if not series:
+        return None
+    return math.fsum(integrate(times, watts, start, end) for times, watts in series.values())
+
+
+def energy_figures(
+    readings: Iterable[tuple[float, Sequence[Mapping[str, Any]]]],
+    first_token_s: float | None,
+    last_token_s: float | None,
+    prompt_tokens: int | None,
+    completion_tokens: int | None,
+) -> dict[str, float]:
+    """The point's energy figures (J and J/token), times relative to t0; empty when no device
+    reported power or the stream produced no token."""
+    series = power_series(readings)
+    if not series or first_token_s is None:
+        return {}
+    last = last_token_s if last_token_s is not None else first_token_s
+    prefill = energy_between(series, 0.0, first_token_s)
+    decode = energy_between(series, first_token_s, last)
+    if prefill is None or decode is None:
+        return {}
+    figures = {"energy": prefill + decode, "prefill_energy": prefill, "decode_energy": decode}
+    if prompt_tokens:
+        figures["energy_per_prompt_token"] = prefill / prompt_tokens
+    if completion_tokens and completion_tokens > 1 and last > first_token_s:
+        figures["energy_per_generated_token"] = decode / (completion_tokens - 1)
+    return figures

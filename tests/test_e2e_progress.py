@@ -1,0 +1,151 @@
+"""Progress inside a point on real vLLM: a cpu-tiny server that prefills 2,048 tokens per step
+(``--max-num-batched-tokens 2048``), so a 16Ki prompt takes eight chunks and a few seconds."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from longctx_testing import records_of, run_folder, run_session
+
+from pytest_longctx.progress.samples import read_samples
+from pytest_longctx.serving.embedded import ensure_embedded_model
+from pytest_longctx.serving.process import LaunchedServer, free_port
+from pytest_longctx.serving.profiles import load_profile
+from pytest_longctx.serving.vllm_command import build_server_command
+
+pytestmark = pytest.mark.vllm
+
+CHUNK = 2048
+LENGTH = 16384
+DECODE = 128
+
+
+@pytest.fixture(scope="module")
+def chunked_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """cpu-tiny, prefilling one chunk of 2,048 tokens per engine step."""
+    profile = load_profile("cpu-tiny")
+    extra = (*profile.serving.extra_args, "--max-num-batched-tokens", str(CHUNK))
+    profile = dataclasses.replace(
+        profile, serving=dataclasses.replace(profile.serving, extra_args=extra)
+    )
+    command = build_server_command(
+        profile,
+        model_path=str(ensure_embedded_model(profile.model.embedded_name)),
+        tokenizer_path=None,
+        max_model_len=LENGTH + DECODE,
+        port=free_port(),
+    )
+    server = LaunchedServer(command, tmp_path_factory.mktemp("chunked") / "server.log", 600)
+    server.start()
+    try:
+        server.wait_ready()
+        yield server.base_url
+    finally:
+        server.stop()
+
+
+def test_a_long_prefill_is_watched_chunk_by_chunk(
+    sweep_dir: pytest.Pytester, chunked_server: str
+) -> None:
+    output = sweep_dir.path / "reports"
+    seen: list[dict] = []
+    stop = threading.Event()
+
+    def poll() -> None:  # another program watching progress.json while the session runs
+        while not stop.is_set():
+            for path in output.glob("*/progress.json"):
+                try:
+                    seen.append(json.loads(path.read_text()))
+                except (OSError, ValueError) as exc:
+                    seen.append({"error": repr(exc)})
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=poll)
+    watcher.start()
+    try:
+        result, _ = run_session(
+            sweep_dir,
+            "--longctx-from=4Ki",
+            f"--longctx-to={LENGTH}",
+            f"--longctx-decode-tokens={DECODE}",
+            "--longctx-progress-interval=250ms",
+            "--longctx-progress-throttle=500ms",
+            url=chunked_server,
+        )
+    finally:
+        stop.set()
+        watcher.join()
+    result.assert_outcomes(passed=3)
+
+    # The samples of the 16Ki point: the gauge rose chunk by chunk, in whole blocks.
+    folder = run_folder(output)
+    point = read_samples(folder / "samples" / "len=16Ki-rep=0.jsonl")
+    block = point.header["block_size"]
+    assert point.header["capacity_tokens"] > LENGTH
+    prefill = [s for s in point.samples if s["phase"] == "prefill" and s["kv_tokens"] is not None]
+    tokens = [s["kv_tokens"] for s in prefill]
+    assert tokens == sorted(tokens), tokens  # monotonic
+    assert all(value % block == 0 for value in tokens), tokens
+    assert len({value for value in tokens if 0 < value < LENGTH}) >= 3, tokens
+    # The first reading after the first token: the whole prompt, within one block of L (plus
+    # the tokens decoded by then).
+    decode = [s for s in point.samples if s["phase"] == "decode" and s["kv_tokens"] is not None]
+    assert decode, point.samples
+    assert LENGTH <= decode[0]["kv_tokens"] <= LENGTH + block + DECODE, decode[0]
+    assert decode[0]["prefilled"] == LENGTH
+    assert len(point.prefill_curve()) >= 2
+
+    # progress.json moved while the point ran, as another program sees it.
+    assert not [state for state in seen if "error" in state]
+    inside = [s for s in seen if s["phase"] == "prefill" and s["length"] == LENGTH]
+    assert len({s["elapsed_s"] for s in inside}) >= 2, inside
+    prefilled = [s["prefilled"] for s in inside if s["prefilled"] is not None]
+    assert prefilled == sorted(prefilled) and max(prefilled) > 0, prefilled
+    assert inside[-1]["index"] == 3 and inside[-1]["of"] == 3
+    assert inside[-1]["predicted_ttft_s"] > 0 and inside[-1]["first_token_eta_s"] is not None
+    assert seen[-1]["phase"] == "finished"
+
+    # No terminal: plain lines, the ETA before each point, the summary.
+    lines = result.stdout.lines
+    assert [line for line in lines if line.startswith("longctx next: ")][-1].startswith(
+        "longctx next: 16Ki rep 0 [3/3]: predicted TTFT "
+    )
+    watched = [line for line in lines if line.startswith("longctx 16Ki rep 0 [3/3] | ")]
+    assert any("prefilled" in line for line in watched), lines
+    assert not [line for line in lines if "\r" in line]
+    result.stdout.fnmatch_lines(["pytest-longctx progress: predicted vs measured TTFT: *16Ki*"])
+
+    # The prefill curve and the predictions in the reports.
+    assert (folder / "prefill_rate.png").read_bytes().startswith(b"\x89PNG")
+    report = (folder / "report.md").read_text()
+    assert "![prefill_rate](prefill_rate.png)" in report
+    assert "## Prediction and energy" in report and "Energy not measured: " in report
+
+    records = records_of(output)
+    assert records[-1].figures["predicted_ttft"] > 0
+    assert "predicted_ttft" not in records[0].figures  # 4Ki: before two lengths
+
+
+def test_quiet_mode_prints_nothing(sweep_dir: pytest.Pytester, chunked_server: str) -> None:
+    result, output = run_session(
+        sweep_dir,
+        "-m",
+        "len==16Ki",
+        "--longctx-progress=off",
+        "--longctx-progress-interval=250ms",
+        "--longctx-progress-throttle=0",
+        url=chunked_server,
+    )
+    result.assert_outcomes(passed=1)
+    text = result.stdout.str()
+    assert "longctx next" not in text and "longctx 16Ki" not in text
+    assert "pytest-longctx progress" not in text
+    folder = run_folder(output)
+    assert json.loads((folder / "progress.json").read_text())["phase"] == "finished"
+    point = read_samples(folder / "samples" / "len=16Ki-rep=0.jsonl")
+    assert [s for s in point.samples if s["phase"] == "prefill"]
