@@ -15,7 +15,7 @@ from pytest_longctx.session.settings import OPTIONS, attach_resume_value, read_s
 from pytest_longctx.session.signals import SessionSignals
 from pytest_longctx.session.stash import COMPARISONS_KEY, RUN_KEY
 
-pytest_plugins = ("pytest_longctx.session.fixtures", "pytest_longctx.session.progress")
+pytest_plugins = ("pytest_longctx.session.progress", "pytest_longctx.session.fixtures")
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:

@@ -346,13 +346,24 @@ def test_two_attached_servers_share_one_run(
         f"--longctx-url={vllm_url},{second_vllm_url}",
         "--longctx-to=8Ki",
         "--longctx-repeats=2",
+        "--longctx-progress=plain",
+        "--longctx-progress-interval=200ms",
+        "--longctx-progress-throttle=0",
     )
     result.assert_outcomes(passed=8)
+    # Workers write their progress; the controller prints it and merges the files.
+    result.stdout.fnmatch_lines(["*longctx gw*: * || sweep ~* left"])
+    folder = run_folder(output)
+    merged = json.loads((folder / "progress.json").read_text())
+    assert set(merged["servers"]) == {"gw0", "gw1"}
+    assert merged["remaining_points"] == 0
+    assert {s["phase"] for s in merged["servers"].values()} == {"finished"}
     records = records_of(output)
     assert Counter(Point(r.length, r.repeat) for r in records) == Counter(POINTS_1KI_TO_8KI_X2)
     assert set(servers_of(records)) == {vllm_url, second_vllm_url}
     assert {r.run_id for r in records} == {run_folder(output).name}
-    assert [p.name for p in output.iterdir() if p.name != "latest"] == [run_folder(output).name]
+    folders = [p.name for p in output.iterdir() if p.is_dir() and not p.is_symlink()]
+    assert folders == [run_folder(output).name]
     report = (run_folder(output) / "report.md").read_text()
     assert f"gw0 {vllm_url}" in report and f"gw1 {second_vllm_url}" in report
     assert "8 recorded (8 passed)" in report

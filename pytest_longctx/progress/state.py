@@ -137,10 +137,60 @@ def upcoming_line(state: ProgressState) -> str:
     )
 
 
-def write_progress_file(run_dir: Path, state: ProgressState) -> Path:
+def progress_file_name(worker: str | None = None) -> str:
+    """``progress.json``; a pytest-xdist worker's own is ``progress-gw0.json``."""
+    return f"progress-{worker}.json" if worker else PROGRESS_FILE
+
+
+def write_progress_file(run_dir: Path, state: ProgressState, worker: str | None = None) -> Path:
     """``progress.json`` replaced atomically: a reader never sees half of it."""
     text = json.dumps(state.to_json(), indent=2, sort_keys=True) + "\n"
-    return write_atomically(Path(run_dir) / PROGRESS_FILE, text)
+    return write_atomically(Path(run_dir) / progress_file_name(worker), text)
+
+
+def read_worker_states(run_dir: Path) -> dict[str, ProgressState]:
+    """The states the workers of a distributed run wrote, by worker; unreadable ones left out."""
+    states = {}
+    for path in sorted(Path(run_dir).glob("progress-*.json")):
+        try:
+            states[path.stem[len("progress-") :]] = read_progress_file(path)
+        except (OSError, ValueError, TypeError):
+            continue
+    return states
+
+
+def combined_state(
+    run_id: str, states: Mapping[str, ProgressState], servers: int
+) -> dict[str, Any]:
+    """``progress.json`` of a distributed run: the serial file's fields, taken from the server
+    whose point has run longest, plus every server's own state under ``servers``.
+
+    The sweep's ETA spreads the remaining points' predicted cost over the servers (longest
+    first keeps them near evenly loaded), never below the longest remaining point.
+    """
+    active = [s for s in states.values() if s.phase in (PREFILL, DECODE)]
+    lead = max(active, key=lambda s: s.elapsed_s or 0.0) if active else None
+    newest = max(states.values(), key=lambda s: s.updated_at) if states else None
+    base = lead or newest or ProgressState(run_id, BETWEEN)
+    running = {(s.length, s.repeat) for s in active}
+    # The newest state knows best what is left (workers read the shared results file).
+    left = tuple(
+        p for p in (newest.remaining if newest else ()) if (p.length, p.repeat) not in running
+    )
+    costs = [p.predicted_s for p in left]
+    eta = None
+    if all(cost is not None for cost in costs):
+        known = [float(c) for c in costs if c is not None]
+        eta = max(sum(known) / max(servers, 1), max(known, default=0.0))
+    data = base.to_json()
+    data.update(
+        run_id=run_id,
+        remaining=[asdict(p) for p in left],
+        remaining_points=len(left),
+        sweep_eta_s=eta,
+        servers={worker: state.to_json() for worker, state in sorted(states.items())},
+    )
+    return data
 
 
 def read_progress_file(path: Path) -> ProgressState:

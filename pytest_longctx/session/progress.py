@@ -13,6 +13,7 @@ nothing, and the thread is joined before the item goes on.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import threading
 import time
@@ -22,6 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
+from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.plan.sweep import Point
@@ -30,9 +32,14 @@ from pytest_longctx.progress.sampler import Outlook, PointWatch
 from pytest_longctx.progress.samples import samples_path
 from pytest_longctx.progress.state import (
     BETWEEN,
+    DECODE,
     FINISHED,
+    PREFILL,
+    PROGRESS_FILE,
     ProgressState,
     RemainingPoint,
+    combined_state,
+    read_worker_states,
     upcoming_line,
     write_progress_file,
 )
@@ -93,6 +100,25 @@ class Display:
             if now - self._last_plain >= self.throttle_s:
                 self._last_plain = now
                 self._plain(state.line())
+
+    def show_text(self, text: str) -> None:
+        """A line made elsewhere (the xdist controller's merge of its workers' states)."""
+        if self.mode == LINE:
+            with self._terminal() as reporter:
+                if reporter is None:
+                    return
+                if not self._line_open:
+                    reporter.ensure_newline()
+                    self._line_open = True
+                width = self._width(reporter)
+                line = text if len(text) <= width else text[: width - 1] + "…"
+                reporter.rewrite(line, erase=True)
+                reporter.flush()
+        elif self.mode == PLAIN:
+            now = time.monotonic()
+            if now - self._last_plain >= self.throttle_s:
+                self._last_plain = now
+                self._plain(text)
 
     def _plain(self, text: str) -> None:
         with self._terminal() as reporter:
@@ -169,7 +195,11 @@ class SessionProgress:
     # -- the points --------------------------------------------------------------------------
 
     def _todo(self) -> list[Point]:
-        done = {Point(r.length, r.repeat) for r in self.run.written} | set(self.run.resumed)
+        written = self.run.written
+        if self.run.worker is not None:  # the campaign's: every worker appends to the file
+            since = self.run.started_at or 0.0
+            written = [r for r in self.run.all_records() if (r.finished_at or 0) >= since]
+        done = {Point(r.length, r.repeat) for r in written} | set(self.run.resumed)
         return [point for point in self.run.selected_points if point not in done]
 
     def outlook(self, point: Point) -> Outlook:
@@ -218,7 +248,7 @@ class SessionProgress:
 
     def _write(self, state: ProgressState) -> None:
         try:
-            write_progress_file(self.run.run_dir, state)
+            write_progress_file(self.run.run_dir, state, worker=self.run.worker)
         except OSError as exc:
             problem = f"progress.json not written: {exc}"
             if problem not in self.problems:
@@ -332,6 +362,59 @@ class _SessionWatch(PointWatch):
             self._session.point_finished(self)
 
 
+class ControllerProgress:
+    """Under pytest-xdist: the controller prints what its workers write, and merges it.
+
+    Workers cannot print (xdist captures them); each writes ``progress-gwN.json``. The
+    controller reads those about once an interval, writes the run's ``progress.json`` (the
+    serial file's fields plus every server's state) and shows one line per refresh.
+    """
+
+    def __init__(self, progress: SessionProgress, servers: int) -> None:
+        self.progress = progress
+        self.servers = servers
+        self.interval_s = progress.interval_s or 1.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="longctx-progress", daemon=True)
+        self._shown: dict[str, float] = {}
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self.tick()
+        self.progress.display.point_finished()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            with contextlib.suppress(Exception):  # progress must never break the run
+                self.tick()
+
+    def tick(self) -> None:
+        run = self.progress.run
+        states = read_worker_states(run.run_dir)
+        if not states:
+            return
+        fresh = {w: s for w, s in states.items() if s.updated_at > self._shown.get(w, 0.0)}
+        if not fresh:
+            return
+        self._shown.update({w: s.updated_at for w, s in fresh.items()})
+        data = combined_state(run.run_id, states, self.servers)
+        with contextlib.suppress(OSError):
+            write_atomically(run.run_dir / PROGRESS_FILE, json.dumps(data, indent=2) + "\n")
+        active = {w: s for w, s in states.items() if s.phase in (PREFILL, DECODE)}
+        shown = active or states
+        text = " || ".join(
+            f"{worker}: " + " | ".join(p for p in state.parts()[:-1] if p)
+            for worker, state in sorted(shown.items())
+        )
+        eta = data.get("sweep_eta_s")
+        text = f"longctx {text} || sweep ~{format_duration(eta)} left"
+        self.progress.display.show_text(text)
+
+
 # -- what the rest of the session calls ------------------------------------------------------
 
 
@@ -349,6 +432,22 @@ def pytest_configure(config: pytest.Config) -> None:
         run.progress = SessionProgress(config, run)
 
 
+_CONTROLLER_KEY = pytest.StashKey[ControllerProgress]()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """On an xdist controller: follow the workers' progress files."""
+    from pytest_longctx.session.workers import planned_workers
+
+    config = session.config
+    run = config.stash.get(RUN_KEY, None)
+    if run is None or run.progress is None or not planned_workers(config):
+        return
+    follower = ControllerProgress(run.progress, len(run.servers))
+    config.stash[_CONTROLLER_KEY] = follower
+    follower.start()
+
+
 def pytest_longctx_fingerprint(config: pytest.Config, fingerprint: dict[str, Any]) -> None:
     run = config.stash.get(RUN_KEY, None)
     if run is not None and run.progress is not None:
@@ -356,6 +455,10 @@ def pytest_longctx_fingerprint(config: pytest.Config, fingerprint: dict[str, Any
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    follower = session.config.stash.get(_CONTROLLER_KEY, None)
+    if follower is not None:
+        follower.stop()
+        return  # the workers wrote their own final states; progress.json merges them
     run = session.config.stash.get(RUN_KEY, None)
     if run is not None and run.progress is not None and (run.written or run.resumed):
         run.progress.finish()
