@@ -498,7 +498,7 @@ def test_devices_are_read_only_where_the_server_runs(
             1,
             "pass",
             "cpu-tiny",
-            url,
+            (url,) if url else (),
             None,
             tmp_path,
             None,

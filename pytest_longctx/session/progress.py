@@ -176,7 +176,8 @@ class SessionProgress:
         if self.interval_s is None:
             return None
         if self._telemetry is None:
-            url = self.run.settings.url
+            slot = getattr(self.run, "slot", None)  # a worker's own endpoint under xdist
+            url = (slot.endpoint if slot is not None else None) or self.run.settings.url
             if url is not None and not _is_local(url):
                 why = f"the server ({url}) is not on this host, whose devices would be read"
                 self._telemetry = DeviceTelemetry(tool=None, missing=why)
