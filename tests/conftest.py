@@ -28,9 +28,7 @@ from pytest_longctx.serving.embedded import (
     default_models_dir,
     is_complete,
 )
-from pytest_longctx.serving.process import LaunchedServer, free_port
 from pytest_longctx.serving.profiles import load_profile
-from pytest_longctx.serving.vllm_command import build_server_command
 
 
 def _import_all(*packages: str) -> None:
@@ -92,17 +90,8 @@ def foreign_model_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
     )
     model = dataclasses.replace(profile.model, served_name="tiny-qwen-fine")
     profile = dataclasses.replace(profile, model=model, serving=serving)
-    command = build_server_command(
-        profile, model_path=str(folder), tokenizer_path=None, max_model_len=40_000, port=free_port()
-    )
-    log = tmp_path_factory.mktemp("foreign-server") / "server.log"
-    server = LaunchedServer(command, log, startup_timeout_s=600)
-    server.start()
-    try:
-        server.wait_ready()
-        yield server.base_url
-    finally:
-        server.stop()
+    with serving(profile, str(folder), 40_000, tmp_path_factory.mktemp("foreign-server")) as url:
+        yield url
 
 
 @pytest.fixture

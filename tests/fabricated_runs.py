@@ -41,7 +41,15 @@ def faster(figures: Figures, lengths=FASTER_AT, by: float = 0.7) -> dict:  # noq
     }
 
 
-def make_records(run_id: str, figures: Figures, *, start: float = 1_780_000_000.0) -> list:
+def make_records(
+    run_id: str,
+    figures: Figures,
+    fingerprint: Mapping = FINGERPRINT,
+    *,
+    start: float = 1_780_000_000.0,
+) -> list:
+    """Records in pass-major order, as a session with several repeats writes them."""
+    repeats = max(len(ttfts) for ttfts, _ in figures.values())
     return [
         Record(
             run_id=run_id,
@@ -56,12 +64,13 @@ def make_records(run_id: str, figures: Figures, *, start: float = 1_780_000_000.
             },
             prompt_tokens=n,
             completion_tokens=32,
-            fingerprint=dict(FINGERPRINT),
+            fingerprint=dict(fingerprint),
             started_at=start + repeat,
             finished_at=start + repeat + 0.5,
         )
-        for repeat in range(3)
+        for repeat in range(repeats)
         for n, (ttfts, decodes) in sorted(figures.items())
+        if repeat < len(ttfts)
     ]
 
 

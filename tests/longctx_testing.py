@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 from pytest_longctx.core.records import Record, read_records
@@ -71,3 +73,25 @@ def fine_grained_qwen_spec():  # noqa: ANN201 - an EmbeddedModelSpec
         corpus_chars=300_000,
         description="Qwen2-style, 2 layers, GQA, a 320-token byte-level BPE",
     )
+
+
+@contextlib.contextmanager
+def serving(profile, model_path: str, max_model_len: int, log_dir: Path) -> Iterator[str]:  # noqa: ANN001
+    """A real vLLM server of ``profile`` for the ``with`` block: its base URL, then stopped."""
+    from pytest_longctx.serving.process import LaunchedServer, free_port
+    from pytest_longctx.serving.vllm_command import build_server_command
+
+    command = build_server_command(
+        profile,
+        model_path=model_path,
+        tokenizer_path=None,
+        max_model_len=max_model_len,
+        port=free_port(),
+    )
+    server = LaunchedServer(command, log_dir / "server.log", startup_timeout_s=600)
+    server.start()
+    try:
+        server.wait_ready()
+        yield server.base_url
+    finally:
+        server.stop()

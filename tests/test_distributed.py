@@ -16,14 +16,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from longctx_testing import SWEEP_TEST, records_of, run_folder, run_session
+from longctx_testing import SWEEP_TEST, records_of, run_folder, run_session, serving
 
 from pytest_longctx.plan.servers import ServerSplitError, split_servers
 from pytest_longctx.plan.settings import Settings
 from pytest_longctx.plan.sweep import Point
-from pytest_longctx.serving.process import LaunchedServer, free_port
 from pytest_longctx.serving.profiles import load_profile
-from pytest_longctx.serving.vllm_command import build_server_command
 
 POINTS_1KI_TO_8KI_X2 = {Point(n, r) for n in (1024, 2048, 4096, 8192) for r in (0, 1)}
 
@@ -315,21 +313,10 @@ def second_vllm_url(tmp_path_factory: pytest.TempPathFactory, vllm_url: str) -> 
     """A second cpu-tiny server beside the shared one: the same setup at another endpoint."""
     from pytest_longctx.serving.embedded import ensure_embedded_model
 
-    profile = load_profile("cpu-tiny")
-    command = build_server_command(
-        profile,
-        model_path=str(ensure_embedded_model("tiny-llama")),
-        tokenizer_path=None,
-        max_model_len=16_384 + 64,
-        port=free_port(),
-    )
-    server = LaunchedServer(command, tmp_path_factory.mktemp("second-server") / "server.log", 600)
-    server.start()
-    try:
-        server.wait_ready()
-        yield server.base_url
-    finally:
-        server.stop()
+    model = str(ensure_embedded_model("tiny-llama"))
+    log_dir = tmp_path_factory.mktemp("second-server")
+    with serving(load_profile("cpu-tiny"), model, 16_384 + 64, log_dir) as url:
+        yield url
 
 
 def servers_of(records) -> Counter:  # noqa: ANN001

@@ -10,13 +10,11 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from longctx_testing import records_of, run_folder, run_session
+from longctx_testing import records_of, run_folder, run_session, serving
 
 from pytest_longctx.progress.samples import read_samples
 from pytest_longctx.serving.embedded import ensure_embedded_model
-from pytest_longctx.serving.process import LaunchedServer, free_port
 from pytest_longctx.serving.profiles import load_profile
-from pytest_longctx.serving.vllm_command import build_server_command
 
 pytestmark = pytest.mark.vllm
 
@@ -33,20 +31,10 @@ def chunked_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     profile = dataclasses.replace(
         profile, serving=dataclasses.replace(profile.serving, extra_args=extra)
     )
-    command = build_server_command(
-        profile,
-        model_path=str(ensure_embedded_model(profile.model.embedded_name)),
-        tokenizer_path=None,
-        max_model_len=LENGTH + DECODE,
-        port=free_port(),
-    )
-    server = LaunchedServer(command, tmp_path_factory.mktemp("chunked") / "server.log", 600)
-    server.start()
-    try:
-        server.wait_ready()
-        yield server.base_url
-    finally:
-        server.stop()
+    model = str(ensure_embedded_model(profile.model.embedded_name))
+    log_dir = tmp_path_factory.mktemp("chunked")
+    with serving(profile, model, LENGTH + DECODE, log_dir) as url:
+        yield url
 
 
 def test_a_long_prefill_is_watched_chunk_by_chunk(

@@ -14,10 +14,10 @@ import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
-from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
+from fabricated_runs import FINGERPRINT, NOW, Figures, make_records
 from longctx_testing import SWEEP_TEST, run_folder
 
 from pytest_longctx.core.records import Record, append_record, read_records
@@ -30,54 +30,6 @@ from pytest_longctx.session import server as serving
 KI = 1024
 RUN_ID = "20260101T000000Z-c0ffee"
 REPEATS = 3
-
-FINGERPRINT = {
-    "profile": "cpu-tiny",
-    "model": "embedded:tiny-llama",
-    "revision": "x",
-    "kv_cache_dtype": "auto",
-    "tensor_parallel_size": 1,
-    "vllm_version": "0.32.0",
-    "hardware": {"cpu_model": "AMD EPYC", "cpu_count": 2, "gpu_count": 0, "gpu_names": []},
-}
-
-#: Repeats per length: (TTFT in s, decode throughput in tok/s).
-Figures = Mapping[int, tuple[list[float], list[float]]]
-
-#: The resumed run every gate session reports: three repeats with a 2% spread, as on a quiet host.
-NOW: Figures = {
-    1 * KI: ([0.050, 0.051, 0.049], [520.0, 530.4, 509.6]),
-    2 * KI: ([0.100, 0.102, 0.098], [500.0, 510.0, 490.0]),
-    4 * KI: ([0.200, 0.204, 0.196], [480.0, 489.6, 470.4]),
-    8 * KI: ([0.400, 0.408, 0.392], [450.0, 459.0, 441.0]),
-}
-
-
-def make_records(run_id: str, figures: Figures, fingerprint: Mapping = FINGERPRINT) -> list:
-    """Records in pass-major order, as a session with three repeats writes them."""
-    repeats = max(len(ttfts) for ttfts, _ in figures.values())
-    return [
-        Record(
-            run_id=run_id,
-            nodeid=f"test_sweep.py::test_prefill_decode[len={format_size(length)}-rep={repeat}]",
-            length=length,
-            repeat=repeat,
-            outcome="passed",
-            figures={
-                "ttft": ttfts[repeat],
-                "decode_throughput": decodes[repeat],
-                "itl_median": 1.0 / decodes[repeat],
-            },
-            prompt_tokens=length,
-            completion_tokens=32,
-            fingerprint=dict(fingerprint),
-            started_at=1_780_000_000.0 + repeat,
-            finished_at=1_780_000_000.5 + repeat,
-        )
-        for repeat in range(repeats)
-        for length, (ttfts, decodes) in sorted(figures.items())
-        if repeat < len(ttfts)
-    ]
 
 
 def write_records(path: Path, records: list[Record]) -> Path:

@@ -22,6 +22,7 @@ from pytest_longctx.core.stats import latest_records, summarize_values
 from pytest_longctx.gate import DEFAULT_LEVEL, METRICS, welch_test
 from pytest_longctx.reporting.html import embedded_image
 from pytest_longctx.reporting.markdown import format_fingerprint_value
+from pytest_longctx.reporting.plots import length_axis
 
 MARKDOWN = "compare.md"
 HTML = "compare.html"
@@ -229,7 +230,6 @@ def draw_plots(comparison: Comparison, out_dir: Path) -> list[Path]:
     """TTFT and decode throughput of every run over each other, and their ratio to run 1."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.ticker import NullLocator
 
     written = []
     specs = (
@@ -262,12 +262,7 @@ def draw_plots(comparison: Comparison, out_dir: Path) -> list[Path]:
                         capsize=3,
                         label=f"{index + 1}: {run.label}",
                     )
-        axes.set_xscale("log", base=2)
-        if log_y:
-            axes.set_yscale("log")
-        axes.set_xticks(list(comparison.lengths))
-        axes.set_xticklabels([format_size(n) for n in comparison.lengths], rotation=45)
-        axes.xaxis.set_minor_locator(NullLocator())
+        length_axis(axes, comparison.lengths, log_y=log_y, pad=False)
         axes.set_xlabel("Prompt length (tokens)")
         axes.set_ylabel(ylabel)
         axes.grid(True, alpha=0.3)

@@ -24,6 +24,7 @@ from pytest_longctx.core.sizes import format_size
 from pytest_longctx.core.stats import latest_records
 from pytest_longctx.reporting.files import GATE_PLOT
 from pytest_longctx.reporting.html import embedded_image
+from pytest_longctx.reporting.plots import length_axis
 
 #: Length statuses that fail the length's ``test_regression`` item.
 FAILING_STATUSES = frozenset({"regressed", "missing_in_current", "insufficient", "refused"})
@@ -380,7 +381,6 @@ def draw_gate_plot(view: GateView, path: Path) -> Path | None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
-    from matplotlib.ticker import NullLocator
 
     figure = Figure(figsize=(8, 3.6 * len(panels) + 0.6), dpi=100, layout="constrained")
     FigureCanvasAgg(figure)
@@ -430,15 +430,7 @@ def draw_gate_plot(view: GateView, path: Path) -> Path | None:
                 zorder=5,
                 label=f"{metric.label} {metric.worse_verb}",
             )
-        axes.set_xscale("log", base=2)
-        if log_y:
-            axes.set_yscale("log")
-        else:
-            axes.set_ylim(bottom=0)
-        axes.set_xticks(lengths)
-        axes.set_xticklabels([format_size(n) for n in lengths], rotation=45, ha="right")
-        axes.xaxis.set_minor_locator(NullLocator())
-        axes.set_xlim(lengths[0] / 2, lengths[-1] * 2)
+        length_axis(axes, lengths, log_y=log_y)
         axes.set_ylabel(f"{metric.label[0].upper()}{metric.label[1:]} ({metric.unit})")
         axes.grid(True, which="major", alpha=0.3)
         handles, labels = axes.get_legend_handles_labels()

@@ -34,6 +34,25 @@ def _series(records: Iterable[Record], figure: str) -> tuple[list[int], list[flo
     return lengths, means, stds
 
 
+def length_axis(axes, lengths: Sequence[int], *, log_y: bool, pad: bool = True) -> None:  # noqa: ANN001
+    """The x axis every report plot shares: powers of two as 1Ki..64Mi, log2, no minor ticks.
+
+    ``pad`` leaves half an octave of room at each end (always with a single length).
+    """
+    from matplotlib.ticker import NullLocator
+
+    axes.set_xscale("log", base=2)
+    if log_y:
+        axes.set_yscale("log")
+    else:
+        axes.set_ylim(bottom=0)
+    axes.set_xticks(list(lengths))
+    axes.set_xticklabels([format_size(n) for n in lengths], rotation=45, ha="right")
+    axes.xaxis.set_minor_locator(NullLocator())
+    if pad or len(lengths) == 1:
+        axes.set_xlim(lengths[0] / 2, lengths[-1] * 2)
+
+
 def _draw(
     path: Path,
     lengths: list[int],
@@ -46,22 +65,12 @@ def _draw(
 ) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.ticker import NullLocator
 
     figure = Figure(figsize=(8, 4.5), dpi=100, layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
     axes.errorbar(lengths, means, yerr=stds, marker="o", markersize=4, capsize=3, linewidth=1.5)
-    axes.set_xscale("log", base=2)
-    if log_y:
-        axes.set_yscale("log")
-    else:
-        axes.set_ylim(bottom=0)
-    axes.set_xticks(lengths)
-    axes.set_xticklabels([format_size(length) for length in lengths], rotation=45, ha="right")
-    axes.xaxis.set_minor_locator(NullLocator())
-    if len(lengths) == 1:
-        axes.set_xlim(lengths[0] / 2, lengths[0] * 2)
+    length_axis(axes, lengths, log_y=log_y, pad=False)
     axes.set_xlabel("Prompt length (tokens)")
     axes.set_ylabel(ylabel)
     axes.set_title(title)

@@ -86,23 +86,18 @@ class Display:
             self._plain(upcoming_line(state))
 
     def show(self, state: ProgressState) -> None:
-        if self.mode == LINE:
-            with self._terminal() as reporter:
-                if reporter is None:
-                    return
-                if not self._line_open:
-                    reporter.ensure_newline()
-                    self._line_open = True
-                reporter.rewrite(state.line(self._width(reporter)), erase=True)
-                reporter.flush()
-        elif self.mode == PLAIN:
-            now = time.monotonic()
-            if now - self._last_plain >= self.throttle_s:
-                self._last_plain = now
-                self._plain(state.line())
+        self._show(state.line)
 
     def show_text(self, text: str) -> None:
         """A line made elsewhere (the xdist controller's merge of its workers' states)."""
+        self._show(
+            lambda width=None: (
+                text if width is None or len(text) <= width else text[: max(0, width - 1)] + "…"
+            )
+        )
+
+    def _show(self, render: Any) -> None:
+        """``render(width)`` rewritten in place on a terminal; a plain line when due."""
         if self.mode == LINE:
             with self._terminal() as reporter:
                 if reporter is None:
@@ -110,15 +105,13 @@ class Display:
                 if not self._line_open:
                     reporter.ensure_newline()
                     self._line_open = True
-                width = self._width(reporter)
-                line = text if len(text) <= width else text[: width - 1] + "…"
-                reporter.rewrite(line, erase=True)
+                reporter.rewrite(render(self._width(reporter)), erase=True)
                 reporter.flush()
         elif self.mode == PLAIN:
             now = time.monotonic()
             if now - self._last_plain >= self.throttle_s:
                 self._last_plain = now
-                self._plain(text)
+                self._plain(render())
 
     def _plain(self, text: str) -> None:
         with self._terminal() as reporter:
