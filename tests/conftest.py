@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from fake_vllm import fake_vllm  # noqa: F401 - the fixture, for every test module
 from longctx_testing import SWEEP_TEST, fine_grained_qwen_spec
+from longctx_testing import serving as launched_server
 
 from pytest_longctx.serving.embedded import (
     CACHE_ENV,
@@ -90,7 +91,8 @@ def foreign_model_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
     )
     model = dataclasses.replace(profile.model, served_name="tiny-qwen-fine")
     profile = dataclasses.replace(profile, model=model, serving=serving)
-    with serving(profile, str(folder), 40_000, tmp_path_factory.mktemp("foreign-server")) as url:
+    log_dir = tmp_path_factory.mktemp("foreign-server")
+    with launched_server(profile, str(folder), 40_000, log_dir) as url:
         yield url
 
 
