@@ -1,9 +1,13 @@
-"""Files that appear whole or not at all: the one atomic writer, and the redaction marker."""
+"""Files that appear whole or not at all: the one atomic writer, the one lock between the
+processes of a campaign, and the redaction marker."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 #: What stands in for a secret (an API key, a token) in every log, record and report.
@@ -31,3 +35,12 @@ def write_atomically(path: Path | str, content: str | bytes) -> Path:
         if temporary.exists():
             temporary.unlink()
     return path
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: Path) -> Iterator[None]:
+    """Hold ``path`` (a lock file, made if missing) exclusively: one pytest-xdist worker at a
+    time reads and writes what the workers of one run share."""
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import fcntl
 import os
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_longctx.core.files import exclusive_lock
 from pytest_longctx.core.records import RESULTS_FILE, Record, append_record, read_records
 from pytest_longctx.plan.servers import ServerSlot
 from pytest_longctx.plan.settings import Settings
@@ -182,8 +182,7 @@ class Run:
     def append(self, record: Record) -> None:
         """Append under a lock: several workers of one campaign share the results file."""
         self.open()
-        with open(self.run_dir / ".results.lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with exclusive_lock(self.run_dir / ".results.lock"):
             end_last_line(self.results_path)
             append_record(self.results_path, record)
         self.written.append(record)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -17,6 +18,8 @@ import httpx
 import pytest
 
 from pytest_longctx.capacity import profile as capacity_plan
+from pytest_longctx.core.files import exclusive_lock, write_atomically
+from pytest_longctx.gate import fingerprint_mismatch
 from pytest_longctx.measure.client import MeasurementError, RequestRejectedError, ServedModel
 from pytest_longctx.measure.server_metrics import cache_config_labels
 from pytest_longctx.plan.sweep import SweepPlan
@@ -361,15 +364,9 @@ def check_same_servers(run: Run) -> None:
     run measures; a server with another model, vLLM version or hardware would mix setups in
     one table. ``--longctx-allow-mixed-servers`` keeps them, and the reports say so.
     """
-    import fcntl
-    import json
-
-    from pytest_longctx.gate import fingerprint_mismatch
-
     run.open()
     path = run.run_dir / MEASURED_BY_FILE
-    with open(run.run_dir / ".measured-by.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with exclusive_lock(run.run_dir / ".measured-by.lock"):
         try:
             known = json.loads(path.read_text()) if path.exists() else []
         except ValueError:
@@ -393,8 +390,6 @@ def check_same_servers(run: Run) -> None:
                         "--longctx-allow-mixed-servers to keep both in one"
                     )
         known.append(run.fingerprint)
-        from pytest_longctx.core.files import write_atomically
-
         write_atomically(path, json.dumps(known, indent=2, default=str) + "\n")
 
 
