@@ -32,14 +32,14 @@ sys.path.insert(0, str(ROOT))
 
 from fake_vllm import Behaviour, FakeVLLM, FakeVLLMProcess  # noqa: E402
 
-from pytest_longctx.core.sizes import format_size, parse_size, powers_of_two_between  # noqa: E402
-from pytest_longctx.measure.client import (  # noqa: E402
+from pytest_longctx.client import (  # noqa: E402
     ClientConfig,
     CompletionClient,
     CompletionRequest,
     encode_request,
     quantile,
 )
+from pytest_longctx.core.sizes import format_size, parse_size, powers_of_two_between  # noqa: E402
 
 VOCAB = 151_936  # a Qwen-sized vocabulary: ids up to six digits
 MODEL = "fake-model"

@@ -29,8 +29,8 @@ sys.path.insert(0, str(ROOT))
 
 from pytest_longctx.core.records import read_runs  # noqa: E402
 from pytest_longctx.core.sizes import format_size  # noqa: E402
+from pytest_longctx.profiles import PROFILE_DIR  # noqa: E402
 from pytest_longctx.progress.eta import CostModel, fit_ttft, passed_means  # noqa: E402
-from pytest_longctx.serving.profiles import PROFILE_DIR  # noqa: E402
 
 DEFAULT_SWEEP = ["--longctx-from=1Ki", "--longctx-to=32Ki", "--longctx-repeats=2"]
 

@@ -42,7 +42,7 @@ from pytest_longctx.gate import (  # noqa: E402
     parse_tolerances,
     write_baseline,
 )
-from pytest_longctx.serving.profiles import load_profile  # noqa: E402
+from pytest_longctx.profiles import load_profile  # noqa: E402
 
 DEFAULT_SWEEP = ["--longctx-to=4Ki", "--longctx-repeats=2"]
 

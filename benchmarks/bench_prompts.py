@@ -18,7 +18,7 @@ import tracemalloc
 from pathlib import Path
 
 from pytest_longctx.core.sizes import format_size, parse_size
-from pytest_longctx.measure.prompts import LocalTokenSource, PromptBuilder
+from pytest_longctx.prompts import LocalTokenSource, PromptBuilder
 from pytest_longctx.serving.embedded import ensure_embedded_model
 
 

@@ -13,9 +13,9 @@ from importlib import metadata
 
 from pytest_longctx.core.records import FIGURE_UNITS, OUTCOMES, Record, read_records
 from pytest_longctx.measure.point import PointFailure, PointMeasurement
-from pytest_longctx.measure.prompts import Prompt
+from pytest_longctx.measure.target import ServerInfo
 from pytest_longctx.plan import Point
-from pytest_longctx.serving.process import ServerInfo
+from pytest_longctx.prompts import Prompt
 from pytest_longctx.session import hookspecs
 
 try:

@@ -16,9 +16,9 @@ from typing import Any
 from pytest_longctx.core.records import RESULTS_FILE, Record, read_runs, results_path
 from pytest_longctx.reporting import gate_report
 from pytest_longctx.reporting.benchmark_json import write_benchmark_json
-from pytest_longctx.reporting.files import BENCHMARK as BENCHMARK_FILENAME
-from pytest_longctx.reporting.files import HTML as HTML_FILENAME
-from pytest_longctx.reporting.files import MARKDOWN as MARKDOWN_FILENAME
+from pytest_longctx.reporting.file_names import BENCHMARK as BENCHMARK_FILENAME
+from pytest_longctx.reporting.file_names import HTML as HTML_FILENAME
+from pytest_longctx.reporting.file_names import MARKDOWN as MARKDOWN_FILENAME
 from pytest_longctx.reporting.gate_report import GateView
 from pytest_longctx.reporting.html import write_standalone_html
 from pytest_longctx.reporting.index import write_index
@@ -165,7 +165,7 @@ def _gate_for_report(args: argparse.Namespace, records: Sequence[Record]) -> Gat
 
 def _profile_tolerances(records: Sequence[Record]) -> tuple[Any, str]:
     from pytest_longctx import gate
-    from pytest_longctx.serving.profiles import ProfileError, load_profile
+    from pytest_longctx.profiles import ProfileError, load_profile
 
     names = {r.fingerprint.get("profile") for r in records if r.fingerprint} - {None}
     if len(names) == 1:
@@ -189,7 +189,7 @@ def _index_command(args: argparse.Namespace) -> int:
 
 def _compare_command(args: argparse.Namespace) -> int:
     from pytest_longctx.gate import DEFAULT_LEVEL, LevelError, parse_level
-    from pytest_longctx.reporting.compare import CompareError, write_comparison
+    from pytest_longctx.reporting.run_comparison import CompareError, write_comparison
 
     try:
         level = DEFAULT_LEVEL if args.level is None else parse_level(args.level)

@@ -5,17 +5,17 @@ from __future__ import annotations
 import pytest
 
 from pytest_longctx.plan.sweep import SLOW_MARK, VERY_SLOW_MARK, PlanError, build_plan
-from pytest_longctx.serving.profiles import ProfileError, load_profile
+from pytest_longctx.profiles import ProfileError, load_profile
 from pytest_longctx.session import gate_items, hookspecs, recorder, selection, workers
 from pytest_longctx.session import items as sweep
 from pytest_longctx.session import outputs as reporting
 from pytest_longctx.session import server as serving
+from pytest_longctx.session.options import OPTIONS, attach_resume_value, read_settings
 from pytest_longctx.session.run import ResumeError, Run
-from pytest_longctx.session.settings import OPTIONS, attach_resume_value, read_settings
 from pytest_longctx.session.signals import SessionSignals
 from pytest_longctx.session.stash import COMPARISONS_KEY, RUN_KEY
 
-pytest_plugins = ("pytest_longctx.session.progress", "pytest_longctx.session.fixtures")
+pytest_plugins = ("pytest_longctx.session.live_progress", "pytest_longctx.session.fixtures")
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:

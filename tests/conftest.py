@@ -23,13 +23,13 @@ from fake_vllm import fake_vllm  # noqa: F401 - the fixture, for every test modu
 from longctx_testing import SWEEP_TEST, fine_grained_qwen_spec
 from longctx_testing import serving as launched_server
 
+from pytest_longctx.profiles import load_profile
 from pytest_longctx.serving.embedded import (
     CACHE_ENV,
     cache_root,
     default_models_dir,
     is_complete,
 )
-from pytest_longctx.serving.profiles import load_profile
 
 
 def _import_all(*packages: str) -> None:

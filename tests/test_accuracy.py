@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import pytest
 from fake_vllm import Behaviour, FakeVLLMProcess, StreamTimes
 
-from pytest_longctx.measure.client import (
+from pytest_longctx.client import (
     ClientConfig,
     CompletionClient,
     CompletionRequest,

@@ -27,7 +27,7 @@ from longctx_testing import SWEEP_TEST, run_folder
 from pytest_longctx.cli import main as cli_main
 from pytest_longctx.core.records import Record, append_record, read_records
 from pytest_longctx.core.sizes import format_size
-from pytest_longctx.reporting.compare import write_comparison
+from pytest_longctx.reporting.run_comparison import write_comparison
 from pytest_longctx.session import server as serving
 
 KI = 1024

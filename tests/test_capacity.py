@@ -28,7 +28,7 @@ from pytest_longctx.capacity import (
 
 # The copy the reference profiles ship, so the figures tested are the ones the plan uses.
 KIMI_CONFIG = (
-    Path(pytest_longctx.__file__).parent / "serving" / "data" / "kimi-linear-48b-a3b-config.json"
+    Path(pytest_longctx.__file__).parent / "profiles" / "data" / "kimi-linear-48b-a3b-config.json"
 )
 MI = 1024**2
 
@@ -459,8 +459,8 @@ def fake_tool(folder: Path, name: str, output: str) -> None:
 def test_the_plan_uses_the_memory_nvidia_smi_reports(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pytest_longctx.capacity.profile import hardware_for
-    from pytest_longctx.serving.profiles import load_profile
+    from pytest_longctx.plan.capacity_table import hardware_for
+    from pytest_longctx.profiles import load_profile
 
     profile = load_profile("kimi-linear-h200")
     monkeypatch.setenv("PATH", str(tmp_path))  # no GPU tool at all: the profile's figure
@@ -473,9 +473,9 @@ def test_the_plan_uses_the_memory_nvidia_smi_reports(
 def test_the_plan_uses_the_memory_rocm_smi_reports(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pytest_longctx.capacity.profile import hardware_for
-    from pytest_longctx.serving.hardware import reported_device_memory
-    from pytest_longctx.serving.profiles import load_profile
+    from pytest_longctx.plan.capacity_table import hardware_for
+    from pytest_longctx.profiles import load_profile
+    from pytest_longctx.profiles.hardware import reported_device_memory
 
     monkeypatch.setenv("PATH", str(tmp_path))
     script = tmp_path / "rocm-smi"
@@ -494,7 +494,7 @@ def test_the_plan_uses_the_memory_rocm_smi_reports(
 
 
 def test_the_kv_plot_calls_an_explicit_cache_a_budget_not_device_memory() -> None:
-    from pytest_longctx.serving.profiles import load_profile
+    from pytest_longctx.profiles import load_profile
     from pytest_longctx.serving.served_model import describe_launched
 
     cpu = describe_launched(load_profile("cpu-tiny")).kv_plot()

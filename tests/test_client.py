@@ -20,8 +20,7 @@ import numpy as np
 import pytest
 from fake_vllm import TOO_LONG_MESSAGE, Behaviour, FakeVLLM, fake_vllm, word_ids  # noqa: F401
 
-from pytest_longctx.core.sizes import format_size, parse_size, powers_of_two_between
-from pytest_longctx.measure.client import (
+from pytest_longctx.client import (
     ClientConfig,
     CompletionClient,
     CompletionCountError,
@@ -43,8 +42,9 @@ from pytest_longctx.measure.client import (
     summarize_stream,
     transport,
 )
-from pytest_longctx.measure.client import events as sse_events
-from pytest_longctx.measure.client import request as request_module
+from pytest_longctx.client import events as sse_events
+from pytest_longctx.client import request as request_module
+from pytest_longctx.core.sizes import format_size, parse_size, powers_of_two_between
 from pytest_longctx.measure.server_metrics import (
     ExpositionError,
     MetricsSnapshot,

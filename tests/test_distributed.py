@@ -21,7 +21,7 @@ from longctx_testing import SWEEP_TEST, records_of, run_folder, run_session, ser
 from pytest_longctx.plan.servers import ServerSplitError, split_servers
 from pytest_longctx.plan.settings import Settings
 from pytest_longctx.plan.sweep import Point
-from pytest_longctx.serving.profiles import load_profile
+from pytest_longctx.profiles import load_profile
 
 POINTS_1KI_TO_8KI_X2 = {Point(n, r) for n in (1024, 2048, 4096, 8192) for r in (0, 1)}
 
@@ -462,7 +462,7 @@ def test_a_dead_server_fails_its_points_and_resume_completes_the_run(
 
 def test_past_64mi_one_server_spans_nodes_and_the_plan_counts_them() -> None:
     """MLA's cache is replicated over TP ranks: only pipeline stages over more nodes shrink it."""
-    from pytest_longctx.capacity.profile import check_points
+    from pytest_longctx.plan.capacity_table import check_points
     from pytest_longctx.plan.sweep import build_plan
 
     one_node = build_plan(settings(to_length=128 * 1024**2), load_profile("kimi-linear-mi355x"))
@@ -508,7 +508,7 @@ def test_the_plan_prints_the_ray_head_and_worker_commands(pytester: pytest.Pytes
 def test_a_multi_node_profile_must_be_served_by_ray_on_every_device(
     tmp_path: Path, change: str, message: str
 ) -> None:
-    from pytest_longctx.serving.profiles import PROFILE_DIR, ProfileError
+    from pytest_longctx.profiles import PROFILE_DIR, ProfileError
 
     text = (PROFILE_DIR / "kimi-linear-mi355x-4node.toml").read_text()
     assert change in text

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from longctx_testing import fine_grained_qwen_spec, records_of, run_folder, run_session
 
-from pytest_longctx.serving.embedded import default_models_dir
+from pytest_longctx.profiles.embedded_models import default_models_dir
 
 pytestmark = pytest.mark.vllm
 
@@ -24,7 +24,7 @@ OLD_HEADER = "Run 20261130T120000Z-0a1b2c, prompt of 1024 tokens, pass 0.\n"
 #: Another client's request between the /metrics reads around each measured one.
 SECOND_CLIENT = """
 import httpx
-from pytest_longctx.measure import client
+from pytest_longctx import client
 measure = client.CompletionClient.measure
 
 def measure_beside_another_client(self, request, *args, **kwargs):

@@ -13,9 +13,9 @@ from collections.abc import Iterator
 import pytest
 from longctx_testing import records_of, run_folder, run_session, serving
 
+from pytest_longctx.profiles import load_profile
 from pytest_longctx.progress.samples import read_samples
 from pytest_longctx.serving.embedded import ensure_embedded_model
-from pytest_longctx.serving.profiles import load_profile
 
 pytestmark = pytest.mark.vllm
 

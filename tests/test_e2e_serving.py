@@ -15,8 +15,8 @@ import pytest
 from longctx_testing import SWEEP_TEST, records_of, run_folder, run_session
 
 from pytest_longctx.capacity import GIB, cache_layout, token_capacity
-from pytest_longctx.serving.embedded import get_spec
-from pytest_longctx.serving.profiles import PROFILE_DIR
+from pytest_longctx.profiles import PROFILE_DIR
+from pytest_longctx.profiles.embedded_models import get_spec
 
 pytestmark = pytest.mark.vllm
 
@@ -39,12 +39,12 @@ def pytest_runtest_teardown(item):
 CAPACITY_CHECK_TEST = """
 import re
 import httpx
-from pytest_longctx.capacity import profile as capacity_plan
+from pytest_longctx.plan import capacity_table
 from pytest_longctx.measure.server_metrics import cache_config_labels
 
 def test_capacity_plan_matches_vllm(longctx_server, longctx_run):
     labels = cache_config_labels(httpx.get(longctx_server.base_url + "/metrics").text)
-    check = capacity_plan.check_against_server(longctx_run.plan.profile, labels)
+    check = capacity_table.check_against_server(longctx_run.plan.profile, labels)
     assert check.agrees, check.describe()
     assert longctx_run.capacity_check == check
     log = longctx_server.log_path.read_text()

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_longctx.measure.corpus import generate_corpus
+from pytest_longctx.profiles import embedded_models as embedded_spec
+from pytest_longctx.prompts.corpus import generate_corpus
 from pytest_longctx.serving import embedded
 from pytest_longctx.serving.embedded import (
     COMPLETE_MARKER,
@@ -28,7 +29,6 @@ from pytest_longctx.serving.embedded import (
     ensure_embedded_model,
 )
 from pytest_longctx.serving.embedded import build as embedded_build
-from pytest_longctx.serving.embedded import spec as embedded_spec
 
 MODEL_NAMES = sorted(EMBEDDED_MODELS)
 
@@ -320,7 +320,7 @@ def test_cli_prints_the_cached_path(
 
 def test_importing_the_module_does_not_import_torch() -> None:
     script = (
-        "import sys, pytest_longctx.serving.embedded, pytest_longctx.measure.corpus; "
+        "import sys, pytest_longctx.serving.embedded, pytest_longctx.prompts.corpus; "
         "print(sorted({'torch', 'transformers', 'tokenizers'} & set(sys.modules)))"
     )
     result = subprocess.run(
@@ -334,7 +334,7 @@ def test_importing_the_module_does_not_import_torch() -> None:
 
 def test_corpus_is_deterministic_across_processes() -> None:
     script = (
-        "import hashlib; from pytest_longctx.measure.corpus import generate_corpus; "
+        "import hashlib; from pytest_longctx.prompts.corpus import generate_corpus; "
         "print(hashlib.sha256(generate_corpus(200_000, 7).encode()).hexdigest())"
     )
     digests = {

@@ -23,8 +23,8 @@ from longctx_testing import SWEEP_TEST, run_folder
 from pytest_longctx.core.records import Record, append_record, read_records
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.gate import parse_tolerances, student_t_isf
+from pytest_longctx.profiles import PROFILE_DIR, load_profile
 from pytest_longctx.reporting import gate_report, plots
-from pytest_longctx.serving.profiles import PROFILE_DIR, load_profile
 from pytest_longctx.session import server as serving
 
 KI = 1024

@@ -60,9 +60,9 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_wheel_carries_the_profiles_data_and_the_sweep(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     for needed in (
-        "pytest_longctx/serving/profiles/cpu-tiny.toml",
-        "pytest_longctx/serving/profiles/kimi-linear-mi355x.toml",
-        "pytest_longctx/serving/data/kimi-linear-48b-a3b-config.json",
+        "pytest_longctx/profiles/shipped/cpu-tiny.toml",
+        "pytest_longctx/profiles/shipped/kimi-linear-mi355x.toml",
+        "pytest_longctx/profiles/data/kimi-linear-48b-a3b-config.json",
         "pytest_longctx/suite/test_sweep.py",
         "pytest_longctx/plugin.py",
     ):

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from longctx_testing import SWEEP_TEST
 
-from pytest_longctx.serving.profiles import ProfileError, available_profiles, load_profile
-from pytest_longctx.serving.vllm_command import build_server_command, max_model_len_for
+from pytest_longctx.plan.sweep import max_model_len_for
+from pytest_longctx.profiles import ProfileError, available_profiles, load_profile
+from pytest_longctx.serving.vllm_command import build_server_command
 
 KIMI = "moonshotai/Kimi-Linear-48B-A3B-Instruct"
 KIMI_REVISION = "e1df551a447157d4658b573f9a695d57658590e9"
@@ -266,10 +267,10 @@ def test_points_that_cannot_fit_are_skipped_with_both_figures(pytester: pytest.P
 def test_reference_profile_reproduces_the_studys_capacity_figures() -> None:
     """Table of the study: 4032 B/token FP8, 252 GiB at 64Mi, crossovers ~1.6M/12.8M/25.6M."""
     from pytest_longctx import capacity
-    from pytest_longctx.capacity import profile as capacity_plan
+    from pytest_longctx.plan import capacity_table
 
     profile = load_profile("kimi-linear-mi355x")
-    layout = capacity_plan.layout_for(profile)
+    layout = capacity_table.layout_for(profile)
     assert layout.kv_bytes_per_token == 7 * 576 * 1
     assert layout.kv_bytes(64 * 1024**2) == 252 * 1024**3
     crossovers = {
@@ -281,11 +282,11 @@ def test_reference_profile_reproduces_the_studys_capacity_figures() -> None:
         "half the checkpoint": 12.8,
         "checkpoint": 25.6,
     }
-    fit = capacity.fit_point(layout, capacity_plan.hardware_for(profile), 64 * 1024**2, 1024)
+    fit = capacity.fit_point(layout, capacity_table.hardware_for(profile), 64 * 1024**2, 1024)
     assert fit.fits
     bf16 = capacity.fit_point(
         layout.with_changes(cache_dtype="bfloat16"),
-        capacity_plan.hardware_for(profile),
+        capacity_table.hardware_for(profile),
         64 * 1024**2,
         1024,
     )

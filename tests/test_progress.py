@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from fake_vllm import Behaviour, FakeVLLM
 
+from pytest_longctx.client import ClientConfig, CompletionClient, CompletionRequest
 from pytest_longctx.core.records import Record
-from pytest_longctx.measure.client import ClientConfig, CompletionClient, CompletionRequest
 from pytest_longctx.progress import energy, eta, samples, state, telemetry
 from pytest_longctx.progress.sampler import Outlook, PointWatch
 
@@ -485,7 +485,7 @@ def test_devices_are_read_only_where_the_server_runs(
     from types import SimpleNamespace
 
     from pytest_longctx.plan.settings import Settings
-    from pytest_longctx.session.progress import SessionProgress
+    from pytest_longctx.session.live_progress import SessionProgress
 
     fake_tool(tmp_path, "nvidia-smi", NVIDIA_OUTPUT)
     monkeypatch.setenv("PATH", str(tmp_path))

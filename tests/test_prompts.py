@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_longctx.measure.prompts import NONCE_TOKENS, PromptBuilder
+from pytest_longctx.prompts import NONCE_TOKENS, PromptBuilder
 
 VOCAB = 5000
 

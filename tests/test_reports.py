@@ -670,7 +670,7 @@ def test_rebuild_reports_returns_every_written_path(tmp_path):
 
 def test_the_report_command_draws_the_kv_plot_the_session_drew(tmp_path, capsys):
     """The KV plot is drawn from what the records say about the served model."""
-    from pytest_longctx.serving.profiles import load_profile
+    from pytest_longctx.profiles import load_profile
     from pytest_longctx.serving.served_model import describe_launched
 
     described = {**FINGERPRINT, **describe_launched(load_profile("cpu-tiny")).fingerprint()}

@@ -66,19 +66,6 @@ from .calibrate import (
     CalibrationRow,
     calibrate,
 )
-from .compare import (
-    LENGTH_STATUSES,
-    VERDICT_STATUSES,
-    WITHIN_ONLY,
-    GateReport,
-    LengthVerdict,
-    MetricVerdict,
-    Stats,
-    compare,
-    compare_length,
-    noise_model_words,
-    session_count,
-)
 from .fingerprint import (
     FINGERPRINT_KEYS,
     HARDWARE_KEYS,
@@ -109,6 +96,19 @@ from .tolerances import (
     ToleranceError,
     Tolerances,
     parse_tolerances,
+)
+from .verdicts import (
+    LENGTH_STATUSES,
+    VERDICT_STATUSES,
+    WITHIN_ONLY,
+    GateReport,
+    LengthVerdict,
+    MetricVerdict,
+    Stats,
+    compare,
+    compare_length,
+    noise_model_words,
+    session_count,
 )
 
 __all__ = [

@@ -18,8 +18,8 @@ from pytest_longctx.core.records import (
     results_path,
 )
 
-from .compare import session_count
 from .tolerances import ToleranceError, Tolerances, parse_tolerances
+from .verdicts import session_count
 
 
 class BaselineError(ValueError):

@@ -14,9 +14,9 @@ from pytest_longctx.core.sizes import format_size
 from pytest_longctx.core.stats import latest_records
 
 from .baseline import BaselineInfo, sessions_of
-from .compare import _decimals, _passed_by_length, _session_values
 from .noise import DEFAULT_LEVEL, _mean, _variance, student_t_isf
 from .tolerances import DEFAULT_TOLERANCES, METRICS, Tolerances
+from .verdicts import _decimals, _passed_by_length, _session_values
 
 
 @dataclass(frozen=True)

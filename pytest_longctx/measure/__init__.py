@@ -1,1 +1,1 @@
-"""One point measured: the client, prompts, server metrics, first-token budgets."""
+"""One point measured: the measured target, server metrics, first-token budgets, the point."""

@@ -11,8 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from pytest_longctx.core.records import Record
-from pytest_longctx.measure.client import (
+from pytest_longctx.client import (
     ClientConfig,
     CompletionClient,
     CompletionRequest,
@@ -20,17 +19,18 @@ from pytest_longctx.measure.client import (
     RequestRejectedError,
     StreamProgress,
 )
-from pytest_longctx.measure.prompts import (
-    Prompt,
-)
+from pytest_longctx.core.records import Record
 from pytest_longctx.measure.server_metrics import (
     ExpositionError,
     MetricsSnapshot,
     ServerSideView,
     delta,
 )
+from pytest_longctx.measure.target import ServerError, ServerInfo
 from pytest_longctx.plan.sweep import Point
-from pytest_longctx.serving.process import ServerError, ServerInfo
+from pytest_longctx.prompts import (
+    Prompt,
+)
 
 
 class PointFailure(AssertionError):

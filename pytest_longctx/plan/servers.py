@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pytest_longctx.plan.settings import Settings
-from pytest_longctx.serving.profiles import Profile
+from pytest_longctx.profiles import Profile
 
 #: The environment variable that limits a server to its devices, by profile device kind.
 VISIBLE_DEVICES_ENV: Mapping[str, str] = {

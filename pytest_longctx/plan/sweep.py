@@ -6,8 +6,7 @@ from dataclasses import dataclass
 
 from pytest_longctx.core.sizes import format_size, powers_of_two_between
 from pytest_longctx.plan.settings import Settings
-from pytest_longctx.serving.profiles import Profile
-from pytest_longctx.serving.vllm_command import max_model_len_for
+from pytest_longctx.profiles import Profile
 
 SLOW_MARK = "longctx_slow"
 VERY_SLOW_MARK = "longctx_very_slow"
@@ -15,6 +14,11 @@ VERY_SLOW_MARK = "longctx_very_slow"
 
 class PlanError(ValueError):
     """Options that select nothing to measure."""
+
+
+def max_model_len_for(largest_prompt: int, decode_tokens: int) -> int:
+    """vLLM silently clamps prompt + max_tokens beyond the limit, so make room for both."""
+    return largest_prompt + decode_tokens
 
 
 @dataclass(frozen=True, order=True)

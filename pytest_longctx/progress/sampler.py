@@ -10,7 +10,7 @@ token.
 
 The sampler never touches the measurement: it has its own HTTP connection (a control
 client), reads the stream's progress from a counter the client only assigns to
-(:class:`~pytest_longctx.measure.client.StreamProgress`), and reads ``/metrics`` through a
+(:class:`~pytest_longctx.client.StreamProgress`), and reads ``/metrics`` through a
 filter that parses two metrics' lines. It wakes early once, when the first token arrives, so
 a reading is taken while the prompt's blocks are still allocated (the request frees them when
 it ends). A reading during which the phase changed keeps no gauge value: it cannot say which
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_longctx.measure.client import MeasurementError, StreamProgress
+from pytest_longctx.client import MeasurementError, StreamProgress
 from pytest_longctx.measure.server_metrics import (
     ExpositionError,
     kv_block_size,

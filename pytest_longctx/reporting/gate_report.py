@@ -22,7 +22,7 @@ from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.core.stats import latest_records
-from pytest_longctx.reporting.files import GATE_PLOT
+from pytest_longctx.reporting.file_names import GATE_PLOT
 from pytest_longctx.reporting.html import embedded_image
 from pytest_longctx.reporting.plots import length_axis
 

@@ -41,7 +41,7 @@ from pytest_longctx.reporting.markdown import (
     summary_rows,
     ttft_decimals,
 )
-from pytest_longctx.reporting.progress_report import html_fragment as progress_fragment
+from pytest_longctx.reporting.predictions import html_fragment as progress_fragment
 
 #: (sort key, header label) of the columns added to pytest-html's results table.
 RESULTS_TABLE_COLUMNS: tuple[tuple[str, str], ...] = (

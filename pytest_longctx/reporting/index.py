@@ -17,7 +17,7 @@ from pathlib import Path
 from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import OUTCOMES, RESULTS_FILE, read_records
 from pytest_longctx.core.stats import latest_records
-from pytest_longctx.reporting.files import HTML, INDEX, MARKDOWN
+from pytest_longctx.reporting.file_names import HTML, INDEX, MARKDOWN
 from pytest_longctx.reporting.markdown import format_fingerprint_value
 
 #: The symlink a session points at its run (session/run.py's LATEST).

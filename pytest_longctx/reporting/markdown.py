@@ -22,7 +22,7 @@ from pytest_longctx.core.sizes import format_size
 from pytest_longctx.core.stats import FigureSummary, LengthSummary, latest_records, summarize
 from pytest_longctx.gate.fingerprint import hardware_identity
 from pytest_longctx.reporting.kv_plot import kv_plot_note
-from pytest_longctx.reporting.progress_report import markdown_lines as progress_lines
+from pytest_longctx.reporting.predictions import markdown_lines as progress_lines
 
 DEFAULT_TITLE = "Long-context sweep"
 

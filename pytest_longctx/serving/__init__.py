@@ -1,1 +1,2 @@
-"""The measured server: profiles, vLLM's command line, the process, hardware, models."""
+"""The measured server: vLLM's command line, the process and its guard, the embedded
+models' build, the served model's description."""

@@ -20,11 +20,11 @@ import subprocess
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from pytest_longctx.client import ClientConfig, CompletionClient
 from pytest_longctx.core.files import write_atomically
-from pytest_longctx.measure.client import ClientConfig, CompletionClient
+from pytest_longctx.measure.target import ServerError
 from pytest_longctx.serving.vllm_command import ServerCommand
 
 LOG_TAIL_LINES = 40
@@ -52,26 +52,6 @@ for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
             sys.exit(0)
         time.sleep(0.2)
 """
-
-
-class ServerError(RuntimeError):
-    """The server could not start, or went away."""
-
-
-@dataclass(frozen=True)
-class ServerInfo:
-    """What the measurement needs to know about the server, whichever way it came."""
-
-    base_url: str
-    model_name: str
-    max_model_len: int | None
-    mode: str  # "launched" or "attached"
-    api_key: str | None = field(default=None, repr=False)
-    command: ServerCommand | None = None
-    log_path: Path | None = None
-    engine_version: str | None = None
-    #: Where the server loaded the model from (``/v1/models`` ``root``).
-    model_root: str | None = None
 
 
 def free_port(host: str = "127.0.0.1") -> int:

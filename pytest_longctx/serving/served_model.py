@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from pytest_longctx import capacity
-from pytest_longctx.capacity import profile as capacity_plan
-from pytest_longctx.measure.client import ServedModel
-from pytest_longctx.serving.profiles import Profile
+from pytest_longctx.client import ServedModel
+from pytest_longctx.plan import capacity_table
+from pytest_longctx.profiles import Profile
 
 UNKNOWN = "unknown"
 BY_PROFILE = "profile"
@@ -127,7 +127,7 @@ def folder_revision(folder: Path) -> str:
     snapshot = _SNAPSHOT.search(resolved)
     if snapshot:
         return snapshot.group(1)
-    from pytest_longctx.serving.embedded import COMPLETE_MARKER
+    from pytest_longctx.profiles.embedded_models import COMPLETE_MARKER
 
     if (folder / COMPLETE_MARKER).is_file():
         return folder.resolve().name
@@ -141,8 +141,8 @@ def _serves_profile_model(profile: Profile, served: ServedModel) -> bool:
 
 
 def _from_profile(profile: Profile, source: str, cache_dtype: str | None) -> ModelDescription:
-    config = capacity_plan.model_config(profile)
-    hardware = capacity_plan.hardware_for(profile)
+    config = capacity_table.model_config(profile)
+    hardware = capacity_table.hardware_for(profile)
     if hardware.kv_cache_bytes is not None:
         budget = (hardware.kv_cache_bytes, "KV cache budget")
     else:
@@ -170,7 +170,7 @@ def _embedded_revision(profile: Profile) -> str | None:
     name = profile.model.embedded_name
     if name is None:
         return None
-    from pytest_longctx.serving.embedded import get_spec
+    from pytest_longctx.profiles.embedded_models import get_spec
 
     return get_spec(name).folder_name
 

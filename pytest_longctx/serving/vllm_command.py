@@ -17,7 +17,7 @@ from importlib import metadata
 from pathlib import Path
 
 from pytest_longctx.core.files import REDACTED
-from pytest_longctx.serving.profiles import Profile
+from pytest_longctx.profiles import Profile
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 #: Environment variables whose values never reach a log, a report or the terminal.
@@ -42,11 +42,6 @@ def redact_env(env: Mapping[str, str]) -> dict[str, str]:
     return {
         k: (REDACTED if any(m in k.upper() for m in SECRET_MARKERS) else v) for k, v in env.items()
     }
-
-
-def max_model_len_for(largest_prompt: int, decode_tokens: int) -> int:
-    """vLLM silently clamps prompt + max_tokens beyond the limit, so make room for both."""
-    return largest_prompt + decode_tokens
 
 
 def launcher(python: str = sys.executable) -> tuple[str, ...]:

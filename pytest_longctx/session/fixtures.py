@@ -7,12 +7,12 @@ from dataclasses import dataclass
 
 import pytest
 
+from pytest_longctx.client import CompletionClient
 from pytest_longctx.core.records import Record
 from pytest_longctx.measure import point as measure
-from pytest_longctx.measure.client import CompletionClient
-from pytest_longctx.measure.prompts import Prompt, PromptBuilder, PromptError
+from pytest_longctx.measure.target import ServerError, ServerInfo
 from pytest_longctx.plan.sweep import Point
-from pytest_longctx.serving.process import ServerError, ServerInfo
+from pytest_longctx.prompts import Prompt, PromptBuilder, PromptError
 from pytest_longctx.session import gate_items, points
 from pytest_longctx.session import server as serving
 from pytest_longctx.session.run import Run

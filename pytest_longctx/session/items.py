@@ -94,10 +94,10 @@ def arrange(config: pytest.Config, items: list[pytest.Item]) -> None:
             f"{format_size(plan.lengths[-1])} (profile {plan.profile.name}); widen the range "
             "with --longctx-from/--longctx-to"
         )
-    from pytest_longctx.capacity import profile as capacity_plan
+    from pytest_longctx.plan import capacity_table
 
     lengths = sorted({p.length for p in points})
-    verdicts = {} if run.settings.url else capacity_plan.check_points(run.plan, lengths)
+    verdicts = {} if run.settings.url else capacity_table.check_points(run.plan, lengths)
     run.unfit_lengths = {length for length, fit in verdicts.items() if not fit.fits}
     for item in items:
         point = point_of(item)
@@ -127,7 +127,7 @@ def _place_regression_items(items: list[pytest.Item]) -> None:
 
 
 def print_plan(session: pytest.Session) -> None:
-    from pytest_longctx.capacity import profile as capacity_plan
+    from pytest_longctx.plan import capacity_table
     from pytest_longctx.session import server as serving
 
     config = session.config
@@ -154,7 +154,7 @@ def print_plan(session: pytest.Session) -> None:
         write(f"  {label}{extra}")
     write("")
     write(serving.describe_server(config, run))
-    table = capacity_plan.render_table(run.plan, sorted({p.length for p in run.selected_points}))
+    table = capacity_table.render_table(run.plan, sorted({p.length for p in run.selected_points}))
     if table:
         write("")
         write(table)

@@ -18,7 +18,7 @@ from pytest_longctx.core.sizes import format_size
 from pytest_longctx.reporting import gate_report, plots
 from pytest_longctx.reporting import html as html_report
 from pytest_longctx.reporting.benchmark_json import benchmark_entries, write_benchmark_json
-from pytest_longctx.reporting.files import BENCHMARK, GATE_PLOT, HTML, MARKDOWN
+from pytest_longctx.reporting.file_names import BENCHMARK, GATE_PLOT, HTML, MARKDOWN
 from pytest_longctx.reporting.index import write_index as write_run_index
 from pytest_longctx.reporting.kv_plot import draw_kv_cache_plot
 from pytest_longctx.reporting.markdown import render_terminal_table, write_markdown

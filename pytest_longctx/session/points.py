@@ -8,19 +8,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from pytest_longctx.measure.client import CompletionClient, CompletionRequest, MeasurementError
+from pytest_longctx.client import CompletionClient, CompletionRequest, MeasurementError
 from pytest_longctx.measure.point import PointMeasurement, PointSettings, client_for, measure_point
-from pytest_longctx.measure.prompts import (
+from pytest_longctx.measure.target import ServerError, ServerInfo
+from pytest_longctx.measure.timeouts import FirstTokenBudget
+from pytest_longctx.plan.sweep import Point
+from pytest_longctx.prompts import (
     LocalTokenSource,
     Prompt,
     PromptBuilder,
     ServerTokenSource,
 )
-from pytest_longctx.measure.timeouts import FirstTokenBudget
-from pytest_longctx.plan.sweep import Point
 from pytest_longctx.serving import served_model
-from pytest_longctx.serving.process import ServerError, ServerInfo
-from pytest_longctx.session import progress
+from pytest_longctx.session import live_progress
 from pytest_longctx.session import server as serving
 from pytest_longctx.session.run import Run
 
@@ -37,7 +37,7 @@ def prompt_builder(run: Run, server: ServerInfo) -> PromptBuilder:
     """
     if run.prompt_builder is not None:
         return run.prompt_builder
-    from pytest_longctx.serving.embedded import cache_root
+    from pytest_longctx.profiles.embedded_models import cache_root
 
     profile = run.plan.profile
     described_by = getattr(run.model, "described_by", served_model.BY_PROFILE)
@@ -119,5 +119,5 @@ def measure(
         settings,
         check_alive=lambda grace_s: serving.check_alive(run, grace_s=grace_s),
         refusal=lambda exc: str(serving.refused(run, server.base_url, exc)),
-        watch=progress.watch(run, server, point),
+        watch=live_progress.watch(run, server, point),
     )

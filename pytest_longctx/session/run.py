@@ -17,12 +17,13 @@ from pytest_longctx.plan.settings import Settings
 from pytest_longctx.plan.sweep import Point, SweepPlan
 
 if TYPE_CHECKING:  # only annotations: these modules import this one
-    from pytest_longctx.capacity.profile import ServerCapacityCheck
-    from pytest_longctx.measure.prompts import PromptBuilder
-    from pytest_longctx.serving.process import LaunchedServer, ServerError, ServerInfo
+    from pytest_longctx.measure.target import ServerError, ServerInfo
+    from pytest_longctx.plan.capacity_table import ServerCapacityCheck
+    from pytest_longctx.prompts import PromptBuilder
+    from pytest_longctx.serving.process import LaunchedServer
     from pytest_longctx.serving.served_model import ModelDescription
     from pytest_longctx.session.gate_items import GateState
-    from pytest_longctx.session.progress import SessionProgress
+    from pytest_longctx.session.live_progress import SessionProgress
     from pytest_longctx.session.signals import SessionSignals
 
 LATEST = "latest"
@@ -90,7 +91,7 @@ class Run:
     prompt_builder: PromptBuilder | None = None
     #: Lengths the capacity plan says cannot fit: skipped, and left out of --max-model-len.
     unfit_lengths: set[int] = field(default_factory=set)
-    #: The capacity plan against the launched server's own report (capacity_plan.py).
+    #: The capacity plan against the launched server's own report (capacity_table.py).
     capacity_check: ServerCapacityCheck | None = None
     #: pytest-html writes its page into the run folder because this plugin told it to.
     owns_html_page: bool = False

@@ -71,7 +71,7 @@ def split(config: pytest.Config, run: Run) -> tuple[ServerSlot, ...]:
             "once: use -n N (--dist load)"
         )
     from pytest_longctx.plan.servers import VISIBLE_DEVICES_ENV
-    from pytest_longctx.serving.hardware import core_siblings
+    from pytest_longctx.profiles.hardware import core_siblings
 
     cores = sorted(os.sched_getaffinity(0))
     inherited = os.environ.get(VISIBLE_DEVICES_ENV.get(run.plan.profile.serving.device, ""), "")

@@ -2,7 +2,7 @@
 
 Nothing can be downloaded in CI, yet the sweep needs a real model behind a real server. The
 embedded models are generated on first use from a seed (weights via ``transformers``, a
-byte-level BPE tokenizer trained on :mod:`pytest_longctx.measure.corpus`) and cached outside the
+byte-level BPE tokenizer trained on :mod:`pytest_longctx.prompts.corpus`) and cached outside the
 repository, one folder per spec hash, so a changed spec or generator rebuilds instead of
 serving a stale folder. Building the same spec twice gives byte-identical files.
 
@@ -11,12 +11,7 @@ them; only :func:`build_embedded_model` needs them."""
 
 from __future__ import annotations
 
-from .build import (
-    build_embedded_model,
-    ensure_embedded_model,
-    main,
-)
-from .spec import (
+from pytest_longctx.profiles.embedded_models import (
     BOS_ID,
     BOS_TOKEN,
     CACHE_ENV,
@@ -38,6 +33,12 @@ from .spec import (
     default_models_dir,
     get_spec,
     is_complete,
+)
+
+from .build import (
+    build_embedded_model,
+    ensure_embedded_model,
+    main,
 )
 
 __all__ = [

@@ -15,9 +15,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_longctx.measure.corpus import CORPUS_VERSION, generate_corpus
-
-from .spec import (
+from pytest_longctx.profiles.embedded_models import (
     BOS_ID,
     BOS_TOKEN,
     COMPLETE_MARKER,
@@ -34,6 +32,7 @@ from .spec import (
     get_spec,
     is_complete,
 )
+from pytest_longctx.prompts.corpus import CORPUS_VERSION, generate_corpus
 
 
 def ensure_embedded_model(name: str, cache_dir: str | os.PathLike[str] | None = None) -> Path:

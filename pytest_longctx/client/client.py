@@ -41,9 +41,9 @@ from .errors import (
     TruncatedStreamError,
 )
 from .events import _choice_tokens, _SSEDecoder
-from .progress import StreamProgress
 from .request import CompletionRequest, RequestBody, encode_request
 from .result import StreamMeasurement, quantile, summarize_stream
+from .stream_progress import StreamProgress
 from .transport import _preopening_transport
 from .watchdog import _BACKSTOP_S, _FIRST_TOKEN, _INTER_TOKEN, _Exchange, _Watchdog
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Protocol
 
 from pytest_longctx.core.files import write_atomically
-from pytest_longctx.measure.corpus import generate_corpus
+from pytest_longctx.prompts.corpus import generate_corpus
 
 CORPUS_CHARS = 1_000_000
 NONCE_TOKENS = 4

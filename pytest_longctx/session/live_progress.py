@@ -26,6 +26,7 @@ import pytest
 from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
+from pytest_longctx.measure.target import ServerInfo
 from pytest_longctx.plan.sweep import Point
 from pytest_longctx.progress.eta import CostModel, format_duration
 from pytest_longctx.progress.sampler import Outlook, PointWatch
@@ -44,7 +45,7 @@ from pytest_longctx.progress.state import (
     write_progress_file,
 )
 from pytest_longctx.progress.telemetry import DeviceTelemetry
-from pytest_longctx.serving.process import ServerInfo, control_client
+from pytest_longctx.serving.process import control_client
 from pytest_longctx.session.run import Run
 from pytest_longctx.session.stash import RUN_KEY
 

@@ -15,7 +15,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-PROFILE_DIR = Path(__file__).parent / "profiles"
+PROFILE_DIR = Path(__file__).parent / "shipped"
 DEFAULT_PROFILE = "cpu-tiny"
 EMBEDDED_PREFIX = "embedded:"
 

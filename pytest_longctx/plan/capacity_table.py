@@ -11,8 +11,8 @@ from typing import Any
 
 from pytest_longctx import capacity
 from pytest_longctx.plan.sweep import SweepPlan
-from pytest_longctx.serving import hardware as host
-from pytest_longctx.serving.profiles import Profile
+from pytest_longctx.profiles import Profile
+from pytest_longctx.profiles import hardware as host
 
 
 def model_config(profile: Profile) -> dict[str, Any] | None:
@@ -21,7 +21,7 @@ def model_config(profile: Profile) -> dict[str, Any] | None:
     if model.config is not None:
         return capacity.load_model_config(model.config)
     if model.embedded_name is not None:
-        from pytest_longctx.serving.embedded import get_spec
+        from pytest_longctx.profiles.embedded_models import get_spec
 
         spec = get_spec(model.embedded_name)
         return {**spec.model_config(), "architectures": [spec.architecture]}

@@ -11,7 +11,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from pytest_longctx.measure.corpus import CORPUS_VERSION
+from pytest_longctx.prompts.corpus import CORPUS_VERSION
 
 #: Bump whenever the files built for an unchanged spec change; part of every spec hash.
 GENERATOR_VERSION = 1

@@ -58,7 +58,6 @@ from .errors import (
     StreamError,
     TruncatedStreamError,
 )
-from .progress import StreamProgress
 from .request import (
     CompletionRequest,
     RequestBody,
@@ -70,6 +69,7 @@ from .result import (
     quantile,
     summarize_stream,
 )
+from .stream_progress import StreamProgress
 
 __all__ = [
     "ClientConfig",

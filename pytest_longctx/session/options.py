@@ -14,7 +14,7 @@ import pytest
 
 from pytest_longctx.core.sizes import ACCEPTED_FORM, SizeError, parse_size
 from pytest_longctx.plan.settings import Settings
-from pytest_longctx.serving.profiles import DEFAULT_PROFILE
+from pytest_longctx.profiles import DEFAULT_PROFILE
 
 ORDERS = ("pass", "length")
 PROMPT_FORMATS = ("ids", "text")
