@@ -142,16 +142,21 @@ def _gate_for_report(args: argparse.Namespace, records: Sequence[Record]) -> Gat
     try:
         baseline = gate.load_baseline_file(args.baseline)
         level = gate.DEFAULT_LEVEL if args.level is None else gate.parse_level(args.level)
-        stored = baseline.tolerances()
-        if args.tolerance is not None:
-            tolerances, source = gate.parse_tolerances(args.tolerance), "--tolerance"
-        elif stored is not None:
-            tolerances, source = stored, f"the baseline's calibration ({baseline.path})"
-        else:
-            tolerances, source = _profile_tolerances(records)
-    except (gate.BaselineError, gate.LevelError, gate.ToleranceError) as exc:
-        message = str(exc).replace("--longctx-gate-level", "--level")
-        raise UsageError(message.replace("--longctx-tolerance", "--tolerance")) from None
+        profile_name, profile_spec = _records_profile_tolerance(records)
+        tolerances, source = gate.choose_tolerances(
+            args.tolerance,
+            "--tolerance",
+            baseline.tolerances(),
+            f"the baseline's calibration ({baseline.path})",
+            profile_spec,
+            profile_name,
+        )
+    except gate.BaselineError as exc:
+        raise UsageError(str(exc)) from None
+    except gate.LevelError as exc:
+        raise UsageError(exc.for_option("--level")) from None
+    except gate.ToleranceError as exc:
+        raise UsageError(exc.for_option("--tolerance")) from None
     return gate_report.build_view(
         baseline.records,
         records,
@@ -163,20 +168,18 @@ def _gate_for_report(args: argparse.Namespace, records: Sequence[Record]) -> Gat
     )
 
 
-def _profile_tolerances(records: Sequence[Record]) -> tuple[Any, str]:
-    from pytest_longctx import gate
+def _records_profile_tolerance(records: Sequence[Record]) -> tuple[str | None, str | None]:
+    """The one profile the records name and its ``[gate] tolerance`` (None when not one)."""
     from pytest_longctx.profiles import ProfileError, load_profile
 
     names = {r.fingerprint.get("profile") for r in records if r.fingerprint} - {None}
-    if len(names) == 1:
-        name = str(next(iter(names)))
-        try:
-            spec = load_profile(name).gate.tolerance
-        except ProfileError:
-            spec = None
-        if spec:
-            return gate.parse_tolerances(spec), f"profile {name} [gate]"
-    return gate.parse_tolerances(None), "built-in defaults"
+    if len(names) != 1:
+        return None, None
+    name = str(next(iter(names)))
+    try:
+        return name, load_profile(name).gate.tolerance
+    except ProfileError:
+        return name, None
 
 
 def _index_command(args: argparse.Namespace) -> int:
@@ -194,7 +197,9 @@ def _compare_command(args: argparse.Namespace) -> int:
     try:
         level = DEFAULT_LEVEL if args.level is None else parse_level(args.level)
         paths = write_comparison([Path(s) for s in args.sources], Path(args.output), level)
-    except (CompareError, LevelError) as exc:
+    except LevelError as exc:
+        raise UsageError(exc.for_option("--level")) from None
+    except CompareError as exc:
         raise UsageError(str(exc)) from None
     for path in paths:
         print(path)
@@ -230,9 +235,7 @@ def _level(text: str) -> float:
     try:
         return parse_level(text)
     except LevelError as exc:
-        raise argparse.ArgumentTypeError(
-            str(exc).replace("--longctx-gate-level", "--level")
-        ) from None
+        raise argparse.ArgumentTypeError(exc.for_option("--level")) from None
 
 
 def _baseline_command(args: argparse.Namespace) -> int:

@@ -132,9 +132,9 @@ def test_the_longest_points_go_first_to_every_worker(pytester: pytest.Pytester) 
     pytester.makepyfile(test_sweep=SWEEP_TEST)
     config = pytester.parseconfigure("--tx=2*popen", "--longctx-repeats=2")
     from pytest_longctx.session.scheduling import LongestFirstScheduling
-    from pytest_longctx.session.stash import RUN_KEY
+    from pytest_longctx.session.sweep_session import PREPARED_KEY
 
-    run = config.stash[RUN_KEY]
+    run = config.stash[PREPARED_KEY].run
     collection = ["test_sweep.py::test_regression[len=1Ki]", "test_other.py::test_unrelated"]
     collection += [f"test_sweep.py::test_prefill_decode[{p.id}]" for p in run.plan.points]
     scheduler = LongestFirstScheduling(config, None, run)
@@ -199,12 +199,12 @@ def test_a_gate_item_waits_for_its_lengths_points_from_other_workers(
     import time
 
     from pytest_longctx.core.records import Record
-    from pytest_longctx.session.stash import RUN_KEY
+    from pytest_longctx.session.sweep_session import PREPARED_KEY
     from pytest_longctx.session.workers import wait_for_length
 
     pytester.makepyfile(test_sweep=SWEEP_TEST)
     config = pytester.parseconfigure("--longctx-to=2Ki", "--longctx-repeats=2")
-    run = config.stash[RUN_KEY]
+    run = config.stash[PREPARED_KEY].run
     run.selected_points = list(run.plan.points)
     started = time.time()
 
@@ -249,9 +249,9 @@ def test_a_dead_workers_queue_goes_back_before_the_gate_items(pytester: pytest.P
     pytester.makepyfile(test_sweep=SWEEP_TEST)
     config = pytester.parseconfigure("--tx=1*popen", "--longctx-to=2Ki", "--longctx-repeats=2")
     from pytest_longctx.session.scheduling import LongestFirstScheduling
-    from pytest_longctx.session.stash import RUN_KEY
+    from pytest_longctx.session.sweep_session import PREPARED_KEY
 
-    run = config.stash[RUN_KEY]
+    run = config.stash[PREPARED_KEY].run
     collection = [f"t.py::test_prefill_decode[{p.id}]" for p in run.plan.points]
     collection += ["t.py::test_regression[len=1Ki]", "t.py::test_regression[len=2Ki]"]
     scheduler = LongestFirstScheduling(config, None, run)
@@ -270,13 +270,13 @@ def test_a_dead_workers_queue_goes_back_before_the_gate_items(pytester: pytest.P
 
 
 def test_a_point_whose_worker_died_is_recorded_once(pytester: pytest.Pytester) -> None:
+    from pytest_longctx.session.controller import Controller
     from pytest_longctx.session.outputs import REPORT_ATTRIBUTE
-    from pytest_longctx.session.stash import RUN_KEY
-    from pytest_longctx.session.workers import Controller
+    from pytest_longctx.session.sweep_session import PREPARED_KEY
 
     pytester.makepyfile(test_sweep=SWEEP_TEST)
     config = pytester.parseconfigure("--longctx-to=2Ki")
-    run = config.stash[RUN_KEY]
+    run = config.stash[PREPARED_KEY].run
     controller = Controller(config, run)
     nodeid = "test_sweep.py::test_prefill_decode[len=2Ki-rep=0]"
     report = SimpleNamespace(node=SimpleNamespace(gateway=SimpleNamespace(id="gw1")))

@@ -77,8 +77,6 @@ from .noise import (
     DEFAULT_LEVEL,
     DEFAULT_MAX_SESSIONS,
     LEVEL_FORM,
-    LEVEL_OPTION,
-    TOLERANCE_OPTION,
     LevelError,
     NoiseTest,
     parse_level,
@@ -88,6 +86,7 @@ from .noise import (
     student_t_sf,
     welch_test,
 )
+from .setup import BUILT_IN, GateState, choose_tolerances
 from .tolerances import (
     DEFAULT_TOLERANCES,
     METRICS,
@@ -112,6 +111,9 @@ from .verdicts import (
 )
 
 __all__ = [
+    "BUILT_IN",
+    "GateState",
+    "choose_tolerances",
     "BASELINE_FORM",
     "Baseline",
     "BaselineError",
@@ -128,7 +130,6 @@ __all__ = [
     "HEADER_VERSION",
     "LENGTH_STATUSES",
     "LEVEL_FORM",
-    "LEVEL_OPTION",
     "LengthVerdict",
     "LevelError",
     "METRICS",
@@ -137,7 +138,6 @@ __all__ = [
     "NoiseTest",
     "Stats",
     "TOLERANCE_FORM",
-    "TOLERANCE_OPTION",
     "ToleranceError",
     "Tolerances",
     "VERDICT_STATUSES",

@@ -6,11 +6,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-TOLERANCE_OPTION = "--longctx-tolerance"
-
-LEVEL_OPTION = "--longctx-gate-level"
-
-#: One-sided false-alarm level of the noise test when ``--longctx-gate-level`` is not given.
+#: One-sided false-alarm level of the noise test when no level is given.
 DEFAULT_LEVEL = 0.01
 
 LEVEL_FORM = "a probability between 0 and 0.5, e.g. 0.01 (a 1% one-sided false-alarm level)"
@@ -24,7 +20,15 @@ _PERCENT_SLACK = 1e-9
 
 
 class LevelError(ValueError):
-    """A ``--longctx-gate-level`` value that does not parse."""
+    """A level that does not parse; the caller names the option it came from."""
+
+    def __init__(self, text: object) -> None:
+        super().__init__(f"expected {LEVEL_FORM}")
+        self.text = text
+
+    def for_option(self, option: str) -> str:
+        """The message under the name the user gave the level by."""
+        return f"{option}={self.text}: {self}"
 
 
 def parse_level(text: object) -> float:
@@ -35,7 +39,7 @@ def parse_level(text: object) -> float:
     except ValueError:
         value = math.nan
     if not (0 < value < 0.5):
-        raise LevelError(f"{LEVEL_OPTION}={text}: expected {LEVEL_FORM}")
+        raise LevelError(text)
     return value
 
 

@@ -11,8 +11,6 @@ from pytest_longctx.core.records import (
 )
 from pytest_longctx.core.sizes import SizeError, format_size, parse_size
 
-from .noise import TOLERANCE_OPTION
-
 
 @dataclass(frozen=True)
 class Metric:
@@ -57,11 +55,14 @@ TOLERANCE_FORM = (
 
 
 class ToleranceError(ValueError):
-    """A ``--longctx-tolerance`` value that does not parse."""
+    """A tolerance spec that does not parse; the caller names the option it came from."""
 
     def __init__(self, part: str, problem: str) -> None:
-        super().__init__(f"{TOLERANCE_OPTION}: {part!r} {problem}; expected {TOLERANCE_FORM}")
+        super().__init__(f"{part!r} {problem}; expected {TOLERANCE_FORM}")
         self.part = part
+
+    def for_option(self, option: str) -> str:
+        return f"{option}: {self}"
 
 
 @dataclass(frozen=True)

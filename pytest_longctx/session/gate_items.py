@@ -6,7 +6,7 @@ missing or malformed baseline stops the session before any server starts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 
@@ -16,21 +16,7 @@ from pytest_longctx.core.sizes import format_size
 from pytest_longctx.reporting import gate_report
 from pytest_longctx.session.run import Run
 
-
-@dataclass
-class GateState:
-    baseline: list[Record]
-    tolerances: gate.Tolerances
-    problems: list[str] = field(default_factory=list)
-    #: Messages of metrics that improved beyond tolerance: time to refresh the baseline.
-    improved: list[str] = field(default_factory=list)
-    level: float = gate.DEFAULT_LEVEL
-    #: Where the tolerances came from: the option, the baseline file, the profile or built in.
-    tolerance_source: str = "built-in defaults"
-
-    @property
-    def sessions(self) -> int:
-        return gate.session_count(self.baseline)
+TOLERANCE_OPTION = "--longctx-tolerance"
 
 
 def configure(run: Run) -> None:
@@ -39,14 +25,13 @@ def configure(run: Run) -> None:
     Tolerances: ``--longctx-tolerance`` when given, else the baseline file's calibrated ones,
     else the profile's ``[gate] tolerance``, else the built-in defaults.
     """
-    try:
-        option = gate.parse_tolerances(run.settings.tolerance)
-    except gate.ToleranceError as exc:  # checked even without a baseline: a typo is a typo
-        raise pytest.UsageError(str(exc)) from None
     profile = run.plan.profile
-    profile_spec = profile.gate.tolerance
+    try:  # checked even without a baseline: a typo is a typo
+        gate.parse_tolerances(run.settings.tolerance)
+    except gate.ToleranceError as exc:
+        raise pytest.UsageError(exc.for_option(TOLERANCE_OPTION)) from None
     try:
-        from_profile = gate.parse_tolerances(profile_spec) if profile_spec else None
+        gate.parse_tolerances(profile.gate.tolerance)
     except gate.ToleranceError as exc:
         raise pytest.UsageError(f"profile {profile.path}: [gate] tolerance: {exc}") from None
     if run.settings.baseline is None:
@@ -56,16 +41,15 @@ def configure(run: Run) -> None:
         baseline = gate.load_baseline_file(run.settings.baseline, problems)
     except gate.BaselineError as exc:
         raise pytest.UsageError(f"--longctx-baseline: {exc}") from None
-    stored = baseline.tolerances()
-    if run.settings.tolerance:
-        tolerances, source = option, gate.TOLERANCE_OPTION
-    elif stored is not None:
-        tolerances, source = stored, f"the baseline's calibration ({baseline.path})"
-    elif from_profile is not None:
-        tolerances, source = from_profile, f"profile {profile.name} [gate]"
-    else:
-        tolerances, source = option, "built-in defaults"
-    run.gate = GateState(
+    tolerances, source = gate.choose_tolerances(
+        run.settings.tolerance,
+        TOLERANCE_OPTION,
+        baseline.tolerances(),
+        f"the baseline's calibration ({baseline.path})",
+        profile.gate.tolerance,
+        profile.name,
+    )
+    run.gate = gate.GateState(
         baseline.records,
         tolerances,
         problems,
@@ -76,7 +60,7 @@ def configure(run: Run) -> None:
 
 
 def baseline_records(run: Run) -> list[Record]:
-    state: GateState | None = run.gate
+    state: gate.GateState | None = run.gate
     if state is None:
         raise pytest.UsageError("test_regression needs --longctx-baseline=PATH")
     return state.baseline
@@ -90,7 +74,7 @@ class Gate:
     def check(self, length: int) -> gate.LengthVerdict:
         """Fail like a reviewer would if ``length`` got slower than the baseline."""
         __tracebackhide__ = True  # a skip names the test's line, not this module's
-        state: GateState = self.run.gate
+        state: gate.GateState = self.run.gate
         if self.run.worker is not None and self.run.started_at is not None:
             from pytest_longctx.session.workers import wait_for_length
 
@@ -121,7 +105,7 @@ class Gate:
 
 def summary_lines(run: Run) -> list[str]:
     """The gate's settings and noise model, improvements, and baseline lengths not measured."""
-    state: GateState | None = getattr(run, "gate", None)
+    state: gate.GateState | None = getattr(run, "gate", None)
     if state is None:
         return []
     lines = [
@@ -146,7 +130,7 @@ def summary_lines(run: Run) -> list[str]:
 
 def report_view(run: Run, records: list[Record]) -> gate_report.GateView | None:
     """The gate as the session's reports show it: the lengths this session selected."""
-    state: GateState | None = getattr(run, "gate", None)
+    state: gate.GateState | None = getattr(run, "gate", None)
     if state is None:
         return None
     return gate_report.build_view(

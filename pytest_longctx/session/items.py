@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 
 from pytest_longctx.core.sizes import format_size
-from pytest_longctx.plan.sweep import SLOW_MARK, VERY_SLOW_MARK, Point
+from pytest_longctx.plan import capacity_table
+from pytest_longctx.plan.sweep import SLOW_MARK, VERY_SLOW_MARK, Point, SweepPlan
+from pytest_longctx.session.run import Run
 from pytest_longctx.session.selection import Comparison
-from pytest_longctx.session.stash import CAPACITY_KEY, COMPARISONS_KEY, RUN_KEY
+from pytest_longctx.session.stash import CAPACITY_KEY
 
 POINT_FIXTURE = "longctx_point"
 REGRESSION_FIXTURE = "longctx_regression_length"
@@ -26,11 +28,13 @@ def _marks(point: Point, bands: tuple[str, ...], comparisons: tuple[Comparison, 
     return marks
 
 
-def parametrize(metafunc: pytest.Metafunc) -> None:
-    config = metafunc.config
-    if RUN_KEY not in config.stash:
-        return
-    run, comparisons = config.stash[RUN_KEY], config.stash.get(COMPARISONS_KEY, ())
+def uses_the_sweep(fixturenames: list[str] | tuple[str, ...]) -> bool:
+    """Whether a test function is a sweep item (a point or a gate item)."""
+    return POINT_FIXTURE in fixturenames or REGRESSION_FIXTURE in fixturenames
+
+
+def parametrize(metafunc: pytest.Metafunc, run: Run, comparisons: tuple[Comparison, ...]) -> None:
+    """One item per (length, repeat), or per length for the gate's items."""
     plan = run.plan
     if POINT_FIXTURE in metafunc.fixturenames:
         metafunc.parametrize(
@@ -72,11 +76,25 @@ def regression_length_of(item: pytest.Item) -> int | None:
     return None if callspec is None else callspec.params.get(REGRESSION_FIXTURE)
 
 
-def arrange(config: pytest.Config, items: list[pytest.Item]) -> None:
+def point_of_nodeid(plan: SweepPlan, nodeid: str) -> Point | None:
+    """The sweep point a test id names: its ``[len=..-rep=..]`` parameter id."""
+    if "[" not in nodeid:
+        return None
+    params = nodeid[nodeid.index("[") + 1 : nodeid.rindex("]")]
+    for point in plan.points:
+        if (
+            point.id == params
+            or params.startswith(point.id + "-")
+            or (params.endswith("-" + point.id))
+        ):
+            return point
+    return None
+
+
+def arrange(
+    config: pytest.Config, run: Run, comparisons: tuple[Comparison, ...], items: list[pytest.Item]
+) -> None:
     """After selection: note the points, mark those that cannot fit, place regression items."""
-    if RUN_KEY not in config.stash:
-        return
-    run = config.stash[RUN_KEY]
     if not run.settings.baseline:
         unused = [i for i in items if REGRESSION_FIXTURE in getattr(i, "fixturenames", ())]
         if unused:
@@ -84,18 +102,13 @@ def arrange(config: pytest.Config, items: list[pytest.Item]) -> None:
             items[:] = [i for i in items if i not in unused]
     points = [p for p in map(point_of, items) if p is not None]
     run.selected_points = points
-    from pytest_longctx.session import outputs as reporting
-
-    reporting.drop_unused_outputs(config, run)
-    if not points and any(c.field == "len" for c in config.stash.get(COMPARISONS_KEY, ())):
+    if not points and any(c.field == "len" for c in comparisons):
         plan = run.plan
         run.problems.append(
             f"the length selection matched no point of {format_size(plan.lengths[0])}.."
             f"{format_size(plan.lengths[-1])} (profile {plan.profile.name}); widen the range "
             "with --longctx-from/--longctx-to"
         )
-    from pytest_longctx.plan import capacity_table
-
     lengths = sorted({p.length for p in points})
     verdicts = {} if run.settings.url else capacity_table.check_points(run.plan, lengths)
     run.unfit_lengths = {length for length, fit in verdicts.items() if not fit.fits}
@@ -124,43 +137,3 @@ def _place_regression_items(items: list[pytest.Item]) -> None:
         )
         rest.insert(last + 1, item)
     items[:] = rest
-
-
-def print_plan(session: pytest.Session) -> None:
-    from pytest_longctx.plan import capacity_table
-    from pytest_longctx.session import server as serving
-
-    config = session.config
-    run = config.stash[RUN_KEY]
-    write = config.get_terminal_writer().line
-    profile = run.plan.profile
-    write("")
-    write(f"pytest-longctx plan: profile {profile.name} ({profile.description})")
-    write(
-        f"model {profile.model.source}"
-        + (f" @ {profile.model.revision}" if profile.model.revision else "")
-    )
-    write(
-        f"{len(session.items)} item(s), decode {run.plan.decode_tokens} tokens per request, "
-        f"order {run.plan.order}"
-    )
-    for item in session.items:
-        point = point_of(item)
-        length = point.length if point else regression_length_of(item)
-        bands = run.plan.band_marks(length) if length else ()
-        skip = next((m.kwargs.get("reason") for m in item.iter_markers("skip")), None)
-        label = point.id if point else item.name
-        extra = (f" [{bands[0]}]" if bands else "") + (f" SKIP: {skip}" if skip else "")
-        write(f"  {label}{extra}")
-    write("")
-    write(serving.describe_server(config, run))
-    table = capacity_table.render_table(run.plan, sorted({p.length for p in run.selected_points}))
-    if table:
-        write("")
-        write(table)
-
-
-def shutdown(config: pytest.Config) -> None:
-    from pytest_longctx.session import server as serving
-
-    serving.stop(config)

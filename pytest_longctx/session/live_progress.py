@@ -47,7 +47,6 @@ from pytest_longctx.progress.state import (
 from pytest_longctx.progress.telemetry import DeviceTelemetry
 from pytest_longctx.serving.process import control_client
 from pytest_longctx.session.run import Run
-from pytest_longctx.session.stash import RUN_KEY
 
 PREFIX = "longctx"
 #: The display modes once ``auto`` is resolved; ``file`` only writes progress.json.
@@ -418,51 +417,36 @@ def watch(run: Run, server: ServerInfo, point: Point) -> PointWatch | None:
     return run.progress.watch(server, point) if run.progress is not None else None
 
 
-# -- hooks (this module is registered as a plugin by plugin.py) ------------------------------
+# -- what the sweep session calls at its start, for the fingerprint and at its end -----------
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    run = config.stash.get(RUN_KEY, None)
-    if run is not None and not run.settings.plan_only:
-        run.progress = SessionProgress(config, run)
-
-
-_CONTROLLER_KEY = pytest.StashKey[ControllerProgress]()
-
-
-def pytest_sessionstart(session: pytest.Session) -> None:
-    """On an xdist controller: follow the workers' progress files."""
-    from pytest_longctx.session.workers import planned_workers
-
-    config = session.config
-    run = config.stash.get(RUN_KEY, None)
-    if run is None or run.progress is None or not planned_workers(config):
-        return
+def start(config: pytest.Config, run: Run, controller: bool) -> ControllerProgress | None:
+    """Progress for an active sweep; on an xdist controller, the follower of its workers."""
+    if run.settings.plan_only:
+        return None
+    run.progress = SessionProgress(config, run)
+    if not controller:
+        return None
     follower = ControllerProgress(run.progress, len(run.servers))
-    config.stash[_CONTROLLER_KEY] = follower
     follower.start()
+    return follower
 
 
-def pytest_longctx_fingerprint(config: pytest.Config, fingerprint: dict[str, Any]) -> None:
-    run = config.stash.get(RUN_KEY, None)
-    if run is not None and run.progress is not None:
+def add_to_fingerprint(run: Run, fingerprint: dict[str, Any]) -> None:
+    if run.progress is not None:
         fingerprint["device_telemetry"] = run.progress.describe_telemetry()
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    follower = session.config.stash.get(_CONTROLLER_KEY, None)
+def finish(run: Run, follower: ControllerProgress | None) -> None:
     if follower is not None:
         follower.stop()
         return  # the workers wrote their own final states; progress.json merges them
-    run = session.config.stash.get(RUN_KEY, None)
-    if run is not None and run.progress is not None and (run.written or run.resumed):
+    if run.progress is not None and (run.written or run.resumed):
         run.progress.finish()
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    run = config.stash.get(RUN_KEY, None)
-    if run is None or run.progress is None or run.progress.mode in (OFF, FILE):
+def summary(terminalreporter: Any, run: Run) -> None:
+    if run.progress is None or run.progress.mode in (OFF, FILE):
         return
     for line in run.progress.summary_lines():
         terminalreporter.write_line(f"pytest-{PREFIX} progress: {line}")

@@ -183,7 +183,7 @@ def _gate_level(value: object) -> float:
     try:
         return parse_level(value)
     except LevelError as exc:
-        raise pytest.UsageError(str(exc)) from None
+        raise pytest.UsageError(exc.for_option("--longctx-gate-level")) from None
 
 
 @dataclass(frozen=True)

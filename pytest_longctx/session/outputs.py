@@ -39,41 +39,37 @@ def _may_run_sweep(config: pytest.Config) -> bool:
     return not hasattr(config, "workerinput")
 
 
-def configure_outputs(config: pytest.Config, run: Run) -> None:
-    """Point pytest-html at the run folder unless the user chose a path (runs before it).
+def open_html_page(session: pytest.Session, run: Run) -> None:
+    """pytest-html's page of the sweep in the run folder, unless the user chose a path.
 
-    pytest-html makes the folder of its page when it is configured, before anything is
-    collected: :func:`drop_unused_outputs` takes the page back, and the folder with it, from a
-    session that selects no sweep point (the plugin's own unit tests, a user's other tests).
+    pytest-html makes its page object in its own ``pytest_configure``, and only for
+    ``--html``; whether a session measures a sweep is known only once it is collected. So the
+    page is made here, once points are selected, by pytest-html's own ``pytest_configure``
+    given the run folder's path, and handed the session start it missed. This is the one seam
+    into pytest-html; ``tests/test_browser.py`` renders the page it makes.
     """
+    config = session.config
     _add_to_metadata_table(config)
     if not _may_run_sweep(config) or not config.pluginmanager.hasplugin("html"):
         return
     if getattr(config.option, "htmlpath", None) is None:
-        config.option.htmlpath = str(run.run_dir / HTML)
-        config.option.self_contained_html = True
-        run.owns_html_page = True
-    config.pluginmanager.register(HtmlTitle(_title(run)), "longctx-html-title")
-
-
-def drop_unused_outputs(config: pytest.Config, run: Run) -> None:
-    """After collection: a session with no sweep point keeps no run folder and no page."""
-    if run.selected_points or not run.owns_html_page:
-        return
-    with contextlib.suppress(ImportError):
+        from pytest_html import plugin as html_plugin
         from pytest_html.basereport import BaseReport
 
-        for plugin in config.pluginmanager.get_plugins():
-            if isinstance(plugin, BaseReport):
-                config.pluginmanager.unregister(plugin)
-    run.owns_html_page = False
-    with contextlib.suppress(OSError):
-        run.run_dir.rmdir()  # only when empty: never a folder holding results
+        config.option.htmlpath = str(run.run_dir / HTML)
+        config.option.self_contained_html = True
+        before = {id(plugin) for _, plugin in config.pluginmanager.list_name_plugin()}
+        config.pluginmanager.register(HtmlTitle(_title(run)), "longctx-html-title")
+        html_plugin.pytest_configure(config)
+        run.owns_html_page = True
+        for _, plugin in config.pluginmanager.list_name_plugin():
+            if isinstance(plugin, BaseReport) and id(plugin) not in before:
+                plugin.pytest_sessionstart(session)
 
 
 def _add_to_metadata_table(config: pytest.Config) -> None:
-    """pytest-metadata may have filled its table before this plugin was configured: then the
-    ``pytest_metadata`` hook has passed, and the table is completed here instead."""
+    """pytest-metadata fills its table when it is configured, before a sweep is known: the
+    sweep's setup is added to it when the sweep starts."""
     with contextlib.suppress(ImportError):
         from pytest_metadata.plugin import metadata_key
 

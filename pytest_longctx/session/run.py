@@ -8,10 +8,11 @@ import os
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pytest_longctx.core.files import exclusive_lock
 from pytest_longctx.core.records import RESULTS_FILE, Record, append_record, read_records
+from pytest_longctx.gate import GateState
 from pytest_longctx.plan.servers import ServerSlot
 from pytest_longctx.plan.settings import Settings
 from pytest_longctx.plan.sweep import Point, SweepPlan
@@ -22,11 +23,15 @@ if TYPE_CHECKING:  # only annotations: these modules import this one
     from pytest_longctx.prompts import PromptBuilder
     from pytest_longctx.serving.process import LaunchedServer
     from pytest_longctx.serving.served_model import ModelDescription
-    from pytest_longctx.session.gate_items import GateState
-    from pytest_longctx.session.live_progress import SessionProgress
     from pytest_longctx.session.signals import SessionSignals
 
 LATEST = "latest"
+
+
+class PointWatcher(Protocol):
+    """The session's progress as a point's measurement sees it (``live_progress``)."""
+
+    def watch(self, server: ServerInfo, point: Point) -> Any: ...
 
 
 class ResumeError(ValueError):
@@ -113,7 +118,7 @@ class Run:
     #: When the campaign's session started (the controller's clock, under xdist).
     started_at: float | None = None
     #: Progress inside points: display, progress.json, the ETA model (progress.py).
-    progress: SessionProgress | None = None
+    progress: PointWatcher | None = None
 
     @classmethod
     def create(

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from xdist.scheduler import LoadScheduling
 
+from pytest_longctx.session.items import point_of_nodeid
 from pytest_longctx.session.run import Run
-from pytest_longctx.session.workers import point_of_nodeid
 
 #: Items a worker holds: the one it runs and the one after it.
 ITEMS_PER_WORKER = 2
@@ -37,7 +37,7 @@ class LongestFirstScheduling(LoadScheduling):
 
     def _order(self, collection: Sequence[str]) -> list[int]:
         def key(index: int) -> tuple[int, int, int, int]:
-            point = point_of_nodeid(self.run, collection[index])
+            point = point_of_nodeid(self.run.plan, collection[index])
             if point is None:
                 return (1, 0, 0, index)  # gate items and other tests: after every point
             return (0, -point.length, point.repeat, index)
@@ -54,7 +54,7 @@ class LongestFirstScheduling(LoadScheduling):
             self.log("**Different tests collected, aborting run**")
             return
         collection = next(iter(self.node2collection.values()))
-        if not any(point_of_nodeid(self.run, nodeid) for nodeid in collection):
+        if not any(point_of_nodeid(self.run.plan, nodeid) for nodeid in collection):
             self.sweep = False  # a project's other tests: xdist's chunks, unchanged
             super().schedule()
             return

@@ -109,19 +109,41 @@ def _parse(match: re.Match[str], option: str) -> Comparison:
     return Comparison(field, op, value)
 
 
-def translate_options(config) -> tuple[Comparison, ...]:  # noqa: ANN001 - pytest.Config
-    """Rewrite ``-m`` and ``-k`` in place and register the marker names they now use."""
+@dataclass(frozen=True)
+class Selection:
+    """``-m`` and ``-k`` as pytest will read them once a sweep is collected, and the length
+    and repeat comparisons they hold (each a marker the sweep's items carry where it holds)."""
+
+    comparisons: tuple[Comparison, ...] = ()
+    #: option dest -> the rewritten expression, only for expressions with comparisons.
+    rewritten: tuple[tuple[str, str], ...] = ()
+
+
+def read_selection(config) -> Selection:  # noqa: ANN001 - pytest.Config
+    """Parse ``-m`` and ``-k`` without changing them; bad comparisons are refused here."""
     found: list[Comparison] = []
+    rewritten: list[tuple[str, str]] = []
     for dest, option in (("markexpr", "-m"), ("keyword", "-k")):
         expression = getattr(config.option, dest, None)
         if not expression:
             continue
         translated = translate(expression, option)
-        setattr(config.option, dest, translated.text)
+        if translated.comparisons:
+            rewritten.append((dest, translated.text))
         found.extend(translated.comparisons)
-    comparisons = tuple(dict.fromkeys(found))
-    for comparison in comparisons:
+    return Selection(tuple(dict.fromkeys(found)), tuple(rewritten))
+
+
+def register_markers(config, selection: Selection) -> None:  # noqa: ANN001 - pytest.Config
+    """The comparison markers, so the items can carry them under ``--strict-markers``."""
+    for comparison in selection.comparisons:
         config.addinivalue_line(
             "markers", f"{comparison.marker_name}: sweep points where {comparison} holds"
         )
-    return comparisons
+
+
+def apply_selection(config, selection: Selection) -> None:  # noqa: ANN001 - pytest.Config
+    """Hand pytest the rewritten ``-m``/``-k``: only in a session that collected the sweep,
+    before pytest deselects by them."""
+    for dest, text in selection.rewritten:
+        setattr(config.option, dest, text)

@@ -9,16 +9,19 @@ workers report, records a point whose worker died, and writes the reports.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
-from typing import Any
 
 import pytest
 
-from pytest_longctx.core.records import Record
-from pytest_longctx.plan.servers import ServerSlot, ServerSplitError, split_servers
+from pytest_longctx.plan.servers import (
+    VISIBLE_DEVICES_ENV,
+    ServerSlot,
+    ServerSplitError,
+    split_servers,
+)
 from pytest_longctx.plan.sweep import Point
+from pytest_longctx.profiles.hardware import core_siblings
 from pytest_longctx.session.run import Run
 
 RUN_ID_KEY = "longctx_run_id"
@@ -70,9 +73,6 @@ def split(config: pytest.Config, run: Run) -> tuple[ServerSlot, ...]:
             "--dist each runs every sweep point on every worker; a run measures each point "
             "once: use -n N (--dist load)"
         )
-    from pytest_longctx.plan.servers import VISIBLE_DEVICES_ENV
-    from pytest_longctx.profiles.hardware import core_siblings
-
     cores = sorted(os.sched_getaffinity(0))
     inherited = os.environ.get(VISIBLE_DEVICES_ENV.get(run.plan.profile.serving.device, ""), "")
     try:
@@ -121,104 +121,6 @@ def keep_plan_serial(config: pytest.Config) -> None:
     if planned_workers(config):
         config.option.dist = "no"
         config.option.tx = []
-
-
-class Controller:
-    """The xdist controller's part: hand out the run and the slots, keep what workers report."""
-
-    def __init__(self, config: pytest.Config, run: Run) -> None:
-        self.config = config
-        self.run = run
-        self.slot_of: dict[str, int] = {}
-        self.started_at = time.time()
-
-    @pytest.hookimpl(optionalhook=True)
-    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
-        """Longest points first, when xdist distributes by load (``-n N``, ``--dist load``)."""
-        if config.getoption("dist", "no") != "load":
-            return None
-        from pytest_longctx.session.scheduling import LongestFirstScheduling
-
-        return LongestFirstScheduling(config, log, self.run)
-
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        """Keep the records the workers appended (they travel on their reports)."""
-        from pytest_longctx.session.outputs import REPORT_ATTRIBUTE, after_record
-
-        data = getattr(report, REPORT_ATTRIBUTE, None)
-        if not data:
-            return
-        record = Record.from_json(data)
-        if any(r.nodeid == record.nodeid and r.outcome == record.outcome for r in self.run.written):
-            return
-        self.run.written.append(record)
-        after_record(self.config, self.run)
-
-    @pytest.hookimpl(optionalhook=True)
-    def pytest_configure_node(self, node: Any) -> None:
-        """A new worker (also one replacing a crashed worker) gets a free server slot."""
-        taken = set(self.slot_of.values())
-        index = next(i for i in range(len(self.run.servers)) if i not in taken)
-        self.slot_of[node.gateway.id] = index
-        node.workerinput[RUN_ID_KEY] = self.run.run_id
-        node.workerinput[RESUMED_KEY] = bool(self.run.settings.resume)
-        node.workerinput[STARTED_KEY] = self.started_at
-        node.workerinput[SPLIT_ERROR_KEY] = self.run.split_error
-        node.workerinput[SLOT_KEY] = dataclasses.asdict(self.run.servers[index])
-
-    @pytest.hookimpl(optionalhook=True)
-    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
-        """The controller collects nothing itself: the selection is what the workers collected."""
-        if self.run.selected_points:
-            return
-        points = [p for p in (point_of_nodeid(self.run, i) for i in ids) if p is not None]
-        self.run.selected_points = points
-        from pytest_longctx.session.outputs import drop_unused_outputs
-
-        drop_unused_outputs(self.config, self.run)
-
-    @pytest.hookimpl(optionalhook=True)
-    def pytest_testnodedown(self, node: Any, error: object) -> None:
-        self.slot_of.pop(node.gateway.id, None)
-
-    @pytest.hookimpl(optionalhook=True)
-    def pytest_handlecrashitem(self, crashitem: str, report: Any, sched: Any) -> None:
-        """The point a dead worker was measuring: recorded as an error, measured on resume."""
-        point = point_of_nodeid(self.run, crashitem)
-        if point is None or point in self.run.resumed:
-            return
-        if any(r.nodeid == crashitem for r in self.run.written):
-            return  # it reported before its worker died (while stopping its server)
-        worker = getattr(getattr(report, "node", None), "gateway", None)
-        name = getattr(worker, "id", "a worker")
-        record = Record(
-            run_id=self.run.run_id,
-            nodeid=crashitem,
-            length=point.length,
-            repeat=point.repeat,
-            outcome="error",
-            reason=f"worker {name} died while measuring this point",
-            finished_at=time.time(),
-        )
-        self.run.append(record)
-        from pytest_longctx.session.outputs import REPORT_ATTRIBUTE
-
-        setattr(report, REPORT_ATTRIBUTE, record.to_json())
-
-
-def point_of_nodeid(run: Run, nodeid: str) -> Point | None:
-    """The sweep point a test id names: its ``[len=..-rep=..]`` parameter id."""
-    if "[" not in nodeid:
-        return None
-    params = nodeid[nodeid.index("[") + 1 : nodeid.rindex("]")]
-    for point in run.plan.points:
-        if (
-            point.id == params
-            or params.startswith(point.id + "-")
-            or (params.endswith("-" + point.id))
-        ):
-            return point
-    return None
 
 
 def wait_for_length(
