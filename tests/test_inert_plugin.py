@@ -8,7 +8,7 @@ from fake_vllm import FakeVLLM
 from longctx_testing import SWEEP_TEST
 
 #: An ordinary project's tests, which look at what a plugin could have changed.
-ORDINARY = '''
+ORDINARY = """
 import signal
 
 import pytest
@@ -30,7 +30,7 @@ def test_no_other_plugins_option_was_set(pytestconfig):
 @pytest.mark.slowish
 def test_marked():
     pass
-'''
+"""
 
 INI = "[pytest]\nmarkers =\n    slowish: a mark of the project's own\n"
 
