@@ -222,3 +222,64 @@ def test_a_stopped_sweep_says_what_is_left_and_what_it_would_take(session) -> No
         {"length": 8192, "repeat": 0, "predicted_s": final["sweep_eta_s"]}
     ]
     assert final["sweep_eta_s"] > 0
+
+
+def test_a_real_terminal_gets_the_live_line_by_default(
+    pytester: pytest.Pytester, fake_vllm: FakeVLLM
+) -> None:
+    """Driven in a pseudo-terminal with the default options, as a user at a shell: while the
+    first token is awaited the live line is written and rewritten in place (carriage returns),
+    not the plain lines a CI log gets."""
+    import os
+    import pty
+    import select
+    import subprocess
+    import sys
+
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    fake_vllm.configure(first_token_delay_s=2.0, token_delay_s=0.005)
+    leader, follower = pty.openpty()
+    env = {**os.environ, "TERM": "xterm", "COLUMNS": "160"}
+    env.pop("CI", None)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            f"--longctx-url={fake_vllm.url}",
+            "--longctx-to=1Ki",
+            "--longctx-decode-tokens=8",
+            "--longctx-progress-interval=100ms",
+        ],
+        cwd=pytester.path,
+        stdin=follower,
+        stdout=follower,
+        stderr=follower,
+        env=env,
+        close_fds=True,
+    )
+    os.close(follower)
+    output = bytearray()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([leader], [], [], 1.0)
+        if ready:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the terminal closed: the session ended
+                break
+            if not chunk:
+                break
+            output += chunk
+        elif process.poll() is not None:
+            break
+    process.wait(timeout=30)
+    os.close(leader)
+    text = output.decode("utf-8", "replace")
+    assert process.returncode == 0, text
+    live = [part for part in text.split("\r") if part.lstrip().startswith("longctx 1Ki rep 0")]
+    assert len(live) >= 2, text  # rewritten in place, more than once during the prefill
+    assert "prefilled" in live[0] or "first token" in live[0], live[0]
+    assert "longctx next:" not in text  # the plain mode's announcement: not on a terminal
