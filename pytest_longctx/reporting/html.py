@@ -32,12 +32,12 @@ from pytest_longctx.reporting.markdown import (
     DEFAULT_TITLE,
     REPRODUCE_LABELS,
     TABLE_COLUMNS,
-    fingerprint_differences,
     format_fingerprint_value,
     header_items,
     non_passed_records,
     one_line,
     reproduce_items,
+    setup_variations,
     summary_rows,
     ttft_decimals,
 )
@@ -206,7 +206,7 @@ def _header_html(records: Sequence[Record]) -> str:
         for label, text in header_items(records)
     )
     parts = [f"<ul>{items}</ul>"]
-    differences = fingerprint_differences(records)
+    differences = setup_variations(records)
     if differences:
         lines = []
         for key, values in differences.items():

@@ -160,7 +160,7 @@ def reference_fingerprint(records: Sequence[Record]) -> Mapping[str, Any]:
     return {}
 
 
-def fingerprint_differences(records: Iterable[Record]) -> dict[str, dict[str, list[str]]]:
+def setup_variations(records: Iterable[Record]) -> dict[str, dict[str, list[str]]]:
     """Fingerprint keys whose value is not the same everywhere: ``{key: {value: [run ids]}}``.
 
     Merged campaigns must say when their passes ran on different software or hardware, since
@@ -307,7 +307,7 @@ def lengths_on_several_servers(records: Iterable[Record]) -> dict[int, list[str]
 
 def _header_lines(records: Sequence[Record]) -> list[str]:
     lines = [f"- {label}: {_markdown_cell(text)}" for label, text in header_items(records)]
-    differences = fingerprint_differences(records)
+    differences = setup_variations(records)
     if differences:
         lines.append("")
         lines.append("**The runs differ in fingerprint**, so the spread mixes setups:")
