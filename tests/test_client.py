@@ -45,6 +45,7 @@ from pytest_longctx.measure.client import (
 )
 from pytest_longctx.measure.client import events as sse_events
 from pytest_longctx.measure.client import request as request_module
+from pytest_longctx.measure.client import result as result_module
 from pytest_longctx.measure.server_metrics import (
     ExpositionError,
     MetricsSnapshot,
@@ -832,3 +833,18 @@ def test_a_first_token_budget_must_be_positive(budget: float) -> None:
     client = CompletionClient(ClientConfig(base_url="http://127.0.0.1:9"))
     with client, pytest.raises(ValueError, match="first_token_budget_s"):
         client.measure(ids_request(), first_token_budget_s=budget)
+
+
+def test_inter_token_latencies_leave_out_chunks_a_stream_interval_1_server_coalesced() -> None:
+    """Behind on its stream, vLLM at stream interval 1 sends two tokens in one chunk: that
+    chunk's gap is not a token's, the others' are."""
+    times = (0.5, 0.51, 0.52, 0.54, 0.55, 0.56)
+    counts = (1, 1, 1, 2, 1, 1)
+    assert result_module.inter_token_gaps(times, counts, exact=True) == pytest.approx(
+        (0.01, 0.01, 0.01, 0.01)
+    )
+    assert result_module.infer_stream_interval(counts) == 1
+    assert result_module.inter_token_gaps(times, (1, 8, 8, 8, 8, 7), exact=True) == ()
+    assert result_module.infer_stream_interval((1, 8, 8, 8, 8, 7)) == 8
+    assert result_module.infer_stream_interval((1, 23)) == 23  # a lower bound
+    assert result_module.infer_stream_interval((1, 1, 1), exact=False) is None

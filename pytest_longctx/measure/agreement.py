@@ -25,8 +25,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 #: How far the client's decode rate may stray from the server's, and what share of the decoded
-#: tokens may arrive ahead of the server's decode in one burst (``--longctx-stream-tolerance``).
-DEFAULT_STREAM_TOLERANCE = 0.25
+#: tokens may arrive in one burst (``--longctx-stream-tolerance``). On a 2-core host shared
+#: with other work, a serial cpu-tiny sweep saw rates within 7% of the server's and bursts of
+#: up to a third of a 32-token decode; the bursts this check exists for held back all of it.
+DEFAULT_STREAM_TOLERANCE = 0.5
 #: A chunk that arrives within ``k * tau / BURST_FACTOR`` of the previous one was held back.
 BURST_FACTOR = 10.0
 #: A burst must bring at least this many tokens: one chunk early is jitter.

@@ -118,7 +118,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "longctx-stream-tolerance",
         "how far a point's decode rate from the stream may stray from the server's own, and "
         "what share of its tokens may arrive ahead of the server's decode in one burst, in "
-        "percent (default 25%)",
+        "percent (default 50%)",
         "PERCENT",
     ),
     OptionSpec(

@@ -43,7 +43,7 @@ from .errors import (
 from .events import _choice_tokens, _ChunkCounter, _running_count, _SSEDecoder
 from .progress import StreamProgress
 from .request import CompletionRequest, RequestBody, encode_request
-from .result import StreamMeasurement, quantile, summarize_stream
+from .result import StreamMeasurement, inter_token_gaps, quantile, summarize_stream
 from .transport import _preopening_transport
 from .watchdog import _BACKSTOP_S, _FIRST_TOKEN, _INTER_TOKEN, _Exchange, _Watchdog
 
@@ -447,9 +447,9 @@ class CompletionClient:
             )
         tokens_per_chunk, count_source = state.counter.counts()
         throughput, gaps = summarize_stream(state.token_times, tokens_per_chunk, completion_tokens)
-        # Per token only when every chunk carried one: otherwise the gaps are between chunks.
-        per_token = sum(tokens_per_chunk) == completion_tokens and set(tokens_per_chunk) == {1}
-        ordered = sorted(gaps) if per_token else []
+        # Inter-token latencies only from chunks of one token, on a server streaming each.
+        exact = sum(tokens_per_chunk) == completion_tokens
+        ordered = sorted(inter_token_gaps(state.token_times, tokens_per_chunk, exact))
         details = state.usage.get("prompt_tokens_details")
         cached = details.get("cached_tokens") if isinstance(details, Mapping) else None
         exchange = context.exchange

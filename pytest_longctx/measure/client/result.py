@@ -55,8 +55,9 @@ class StreamMeasurement:
 
     @property
     def per_token(self) -> bool:
-        """True when every chunk carried exactly one token: its gaps are inter-token latencies."""
-        return self.counts_exact and set(self.tokens_per_chunk) == {1}
+        """True when the server streamed every token as it came (stream interval 1): the gaps
+        of the chunks that carried one token are inter-token latencies."""
+        return self.stream_interval == 1
 
     @property
     def chunk_gaps_s(self) -> tuple[float, ...]:
@@ -76,13 +77,8 @@ class StreamMeasurement:
 
     @property
     def stream_interval(self) -> int | None:
-        """The server's stream interval as the counts show it: the commonest count among the
-        chunks between the first (always alone) and the last (the remainder); with no such
-        chunk, the last one's count (a lower bound). None when the counts are not exact."""
-        if not self.counts_exact or len(self.tokens_per_chunk) < 2:
-            return None
-        middle = self.tokens_per_chunk[1:-1] or self.tokens_per_chunk[-1:]
-        return max(set(middle), key=lambda count: (middle.count(count), count))
+        """The server's stream interval as the counts show it (:func:`infer_stream_interval`)."""
+        return infer_stream_interval(self.tokens_per_chunk, self.counts_exact)
 
     def chunking(self) -> dict[str, Any]:
         """How the stream was chunked, for the record: counts, their source, the interval."""
@@ -103,13 +99,19 @@ class StreamMeasurement:
             ),
             "stream_interval": self.stream_interval,
             "per_token_gaps": self.per_token,
+            # chunks after the first that carried more than the interval: tokens the server
+            # coalesced because the stream fell behind
+            "coalesced_chunks": sum(
+                count > (self.stream_interval or count) for count in counts[1:-1]
+            ),
         }
 
     def chunk_figures(self) -> dict[str, float]:
-        """With chunks of several tokens: the gaps between chunks as such, and the per-token
-        figures derived from them (each gap over the tokens its chunk carried), labelled."""
+        """When a chunk after the first carried several tokens: the gaps between chunks as
+        such, and the per-token figures derived from them (each gap over the tokens its chunk
+        carried), labelled."""
         gaps = self.chunk_gaps_s
-        if self.per_token or not gaps:
+        if not gaps or (self.counts_exact and set(self.tokens_per_chunk[1:]) == {1}):
             return {}
         counts = self.chunk_token_counts()[1:]
         per_token = sorted(
@@ -168,3 +170,28 @@ def summarize_stream(
         if span > 0 and after_first >= 1:
             throughput = after_first / span
     return throughput, tuple(gaps)
+
+
+def infer_stream_interval(tokens_per_chunk: Sequence[int], exact: bool = True) -> int | None:
+    """The commonest count among the chunks between the first (vLLM sends it alone) and the
+    last (the remainder), ties to the larger; with no such chunk, the last one's (a lower
+    bound). None when the counts are not exact (text counted while chunks held several)."""
+    if not exact or len(tokens_per_chunk) < 2:
+        return None
+    middle = list(tokens_per_chunk[1:-1]) or list(tokens_per_chunk[-1:])
+    return max(set(middle), key=lambda count: (middle.count(count), count))
+
+
+def inter_token_gaps(
+    token_times_s: Sequence[float], tokens_per_chunk: Sequence[int], exact: bool
+) -> tuple[float, ...]:
+    """The gaps before each chunk that carried exactly one token, when the server streamed
+    every token (stream interval 1); none otherwise. A chunk of two (the server coalesced
+    them while the stream fell behind) has no per-token gap and is left out."""
+    if infer_stream_interval(tokens_per_chunk, exact) != 1:
+        return ()
+    return tuple(
+        token_times_s[index] - token_times_s[index - 1]
+        for index in range(1, len(token_times_s))
+        if tokens_per_chunk[index] == 1
+    )
