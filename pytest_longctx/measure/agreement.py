@@ -11,10 +11,11 @@ point is checked two ways:
 * **Bursts**, chunk by chunk: a chunk of ``k`` tokens took the server ``k`` times its
   per-token time ``tau`` to decode. Chunks that arrive, together, within a tenth of their
   decode time after the chunk before them were not streamed as decoded but held back and
-  handed over at once: a burst. A burst of more than the tolerance's share of the decoded tokens (two at
-  least) fails the point. A chunk of eight tokens eight token-times after the previous one is
-  no burst, so a large ``--stream-interval`` or speculative decoding passes, and so does a
-  decode that runs unevenly on a busy host (its fast steps are not ten times the mean).
+  handed over at once: a burst. A burst of more than the tolerance's share of the decoded
+  tokens (two at least) fails the point. A chunk of eight tokens eight token-times after the
+  previous one is no burst, so a large ``--stream-interval`` or speculative decoding passes,
+  and so does a decode that runs unevenly on a busy host (its fast steps are not ten times
+  the mean).
 
 Neither fails a point over less than :data:`MIN_DISAGREEMENT_S` of decode time.
 """

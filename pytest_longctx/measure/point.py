@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pytest_longctx.core.records import Record
+from pytest_longctx.measure.agreement import DEFAULT_STREAM_TOLERANCE, judge_stream
 from pytest_longctx.measure.client import (
     ClientConfig,
     CompletionClient,
@@ -22,7 +23,6 @@ from pytest_longctx.measure.client import (
     StreamMeasurement,
     StreamProgress,
 )
-from pytest_longctx.measure.agreement import DEFAULT_STREAM_TOLERANCE, judge_stream
 from pytest_longctx.measure.prompts import (
     Prompt,
 )
