@@ -99,6 +99,8 @@ class Behaviour:
     #: Decode on schedule (``/metrics`` counts that decode time) but write every chunk at once
     #: after the last token, as an API server starved of CPU flushes a stream late.
     deliver_at_once: bool = False
+    #: False: /metrics has no decode-time histogram, as an engine that does not time decodes.
+    decode_metric: bool = True
 
     def __post_init__(self) -> None:
         if self.fault is not None and self.fault not in FAULTS:
@@ -747,12 +749,13 @@ def _exposition(behaviour: Behaviour, totals: _Totals, kv_usage: float = 0.0) ->
         totals.queue,
         totals.requests,
     )
-    histogram(
-        "vllm:request_decode_time_seconds",
-        "Histogram of time spent in DECODE phase for request.",
-        totals.decode,
-        totals.requests,
-    )
+    if behaviour.decode_metric:
+        histogram(
+            "vllm:request_decode_time_seconds",
+            "Histogram of time spent in DECODE phase for request.",
+            totals.decode,
+            totals.requests,
+        )
     histogram(
         "vllm:inter_token_latency_seconds",
         "Histogram of inter-token latency in seconds.",

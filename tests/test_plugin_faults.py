@@ -263,6 +263,16 @@ def test_multi_token_chunks_are_recorded_as_chunks(
     )
 
 
+def test_without_the_servers_decode_time_the_stream_cannot_be_checked(session) -> None:  # noqa: ANN001
+    result, records = session("-m", "len==1Ki", decode_metric=False)
+    result.assert_outcomes(failed=1)
+    assert "lacks vLLM's decode time" in records[0].reason
+    assert "--longctx-allow-unverified" in records[0].reason
+    result, records = session("-m", "len==1Ki", "--longctx-allow-unverified", decode_metric=False)
+    result.assert_outcomes(passed=1)
+    assert records[-1].stream["agreement"] == "unchecked: the server's decode time is unknown"
+
+
 @pytest.mark.parametrize("value", ["0.3", "x", "-5%"])
 def test_a_bad_stream_tolerance_is_a_usage_error(pytester: pytest.Pytester, value: str) -> None:
     pytester.makepyfile(test_sweep=SWEEP_TEST)

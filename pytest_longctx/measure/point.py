@@ -267,6 +267,8 @@ def measure_point(
         problem = why_not or why_not_after
         if problem is None and (view is None or requests is None or cached is None):
             problem = "the server's /metrics lacks vLLM's request and prefix-cache counters"
+        elif problem is None and view.server_decode_s is None:
+            problem = "the server's /metrics lacks vLLM's decode time, to check the stream by"
         if problem is not None:
             raise UnverifiedPoint(
                 f"this point cannot be verified: /metrics could not be read ({problem}); "
