@@ -107,11 +107,12 @@ def warm_up(run: Run, server: ServerInfo) -> None:
 def stream_fingerprint(run: Run, warm_up: StreamMeasurement | None) -> dict[str, Any]:
     """How the server streams, as the last warm-up showed it (an attached server does not
     export its ``--stream-interval``), and how each point's stream is checked against the
-    server's decode."""
+    server's decode. Only what stays put from one warm-up to the next: a chunk the server
+    coalesced changes the tokens per chunk, never the interval, and the workers of one run
+    must not differ in fingerprint over it."""
     chunking = warm_up.chunking() if warm_up is not None else {}
     return {
         "stream_interval": chunking.get("stream_interval"),
-        "tokens_per_chunk": chunking.get("tokens_per_chunk"),
         "token_count_source": chunking.get("token_count_source"),
         "tolerance": run.settings.stream_tolerance,
         "bursts_allowed": run.settings.allow_bursts,
