@@ -848,3 +848,17 @@ def test_inter_token_latencies_leave_out_chunks_a_stream_interval_1_server_coale
     assert result_module.infer_stream_interval((1, 8, 8, 8, 8, 7)) == 8
     assert result_module.infer_stream_interval((1, 23)) == 23  # a lower bound
     assert result_module.infer_stream_interval((1, 1, 1), exact=False) is None
+
+
+def test_chunk_counts_come_from_the_running_usage_count_when_every_chunk_has_one() -> None:
+    counter = sse_events._ChunkCounter()
+    assert [counter.add(1, "text", running) for running in (1, 9, 17, 20)] == [1, 8, 8, 3]
+    assert counter.add(0, "text", None) == 0  # the final usage-only chunk carries nothing
+    assert counter.counts() == ((1, 8, 8, 3), "usage")
+    # a count that did not rise, or a chunk without one: the chunks count themselves
+    stalled = sse_events._ChunkCounter()
+    assert [stalled.add(1, "text", running) for running in (1, 9, 9, 17)] == [1, 8, 1, 8]
+    assert stalled.counts() == ((1, 1, 1, 1), "text")
+    partial = sse_events._ChunkCounter()
+    assert [partial.add(2, "token_ids", running) for running in (2, None)] == [2, 2]
+    assert partial.counts() == ((2, 2), "token_ids")

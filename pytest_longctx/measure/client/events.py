@@ -102,7 +102,7 @@ class _ChunkCounter:
             self.choice_source = choice_source
         self.choice_counts.append(choice_count)
         self.running.append(running)
-        tokens = carried if delta is not None else choice_count
+        tokens = carried or choice_count  # a count that did not rise: the chunk's own count
         self.total = running if running is not None else self.total + tokens
         return tokens
 
@@ -111,8 +111,8 @@ class _ChunkCounter:
         a running count that rose, else the chunks' own counts."""
         running = self.running
         if running and all(value is not None for value in running):
-            values = [0, *running]
-            deltas = tuple(values[i + 1] - values[i] for i in range(len(running)))  # type: ignore[operator]
+            values = [0, *(value or 0 for value in running)]
+            deltas = tuple(values[i + 1] - values[i] for i in range(len(running)))
             if all(delta >= 1 for delta in deltas):
                 return deltas, "usage"
         return tuple(self.choice_counts), self.choice_source
