@@ -93,6 +93,14 @@ class Behaviour:
     #: Prompt tokens prefilled per step: during ``first_token_delay_s`` the KV usage gauge
     #: rises chunk by chunk, as vLLM's does with chunked prefill.
     prefill_chunk_tokens: int = 2048
+    #: False: ignore ``stream_options.continuous_usage_stats`` (no running usage per chunk),
+    #: as a server that does not implement it.
+    continuous_usage: bool = True
+    #: Decode on schedule (``/metrics`` counts that decode time) but write every chunk at once
+    #: after the last token, as an API server starved of CPU flushes a stream late.
+    deliver_at_once: bool = False
+    #: False: /metrics has no decode-time histogram, as an engine that does not time decodes.
+    decode_metric: bool = True
 
     def __post_init__(self) -> None:
         if self.fault is not None and self.fault not in FAULTS:
@@ -459,8 +467,15 @@ class _Handler(BaseHTTPRequestHandler):
             total = max(0, min(max_tokens, behaviour.max_model_len - prompt_tokens))
         stream_options = payload.get("stream_options") or {}
         include_usage = bool(stream_options.get("include_usage")) and fault != "no_usage"
+        running = (
+            include_usage
+            and behaviour.continuous_usage
+            and bool(stream_options.get("continuous_usage_stats"))
+        )
         with_ids = bool(payload.get("return_token_ids"))
-        self._stream(behaviour, t_body, total, prompt_tokens, include_usage, with_ids, payload)
+        self._stream(
+            behaviour, t_body, total, prompt_tokens, (include_usage, running), with_ids, payload
+        )
 
     def _stream(
         self,
@@ -468,10 +483,11 @@ class _Handler(BaseHTTPRequestHandler):
         t_body: float,
         total: int,
         prompt_tokens: int,
-        include_usage: bool,
+        usage_options: tuple[bool, bool],
         with_ids: bool,
         payload: dict[str, Any],
     ) -> None:
+        include_usage, running_usage = usage_options
         self.close_connection = True
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream; charset=utf-8")
@@ -507,6 +523,8 @@ class _Handler(BaseHTTPRequestHandler):
             empty = {index % total for index in behaviour.empty_text_tokens} if total else set()
             sent = 0
             written: list[float] = []
+            decoded: list[float] = []  # when each chunk's last token was ready
+            held: list[bytes] = []  # chunks not yet written (deliver_at_once)
             counts: list[int] = []
             while sent < total:
                 if fault in ("error_frame", "truncate", "malformed_chunk", "stall") and (
@@ -533,12 +551,26 @@ class _Handler(BaseHTTPRequestHandler):
                     choice["token_ids"] = [(sent + n) % VOCAB_SIZE for n in range(count)]
                     if sent == 0:
                         choice["prompt_token_ids"] = payload.get("prompt")
-                event = chunk([choice])
-                written.append(time.perf_counter())
-                self._write(event)
+                running = None
+                if running_usage:
+                    running = {
+                        "prompt_tokens": prompt_tokens,
+                        "total_tokens": prompt_tokens + sent + count,
+                        "completion_tokens": sent + count,
+                    }
+                event = chunk([choice], running)
+                decoded.append(time.perf_counter())
+                if behaviour.deliver_at_once:
+                    held.append(event)
+                else:
+                    written.append(decoded[-1])
+                    self._write(event)
                 counts.append(count)
                 sent += count
                 self.fake.track([t_body, prompt_tokens, sent])
+            for event in held:
+                written.append(time.perf_counter())
+                self._write(event)
             if include_usage:
                 usage = {
                     "prompt_tokens": prompt_tokens,
@@ -556,7 +588,7 @@ class _Handler(BaseHTTPRequestHandler):
                 StreamTimes(self._request_at, t_body, tuple(written), tuple(counts), total)
             )
             end = time.perf_counter()
-            first_at, last_at = (written[0], written[-1]) if written else (end, end)
+            first_at, last_at = (decoded[0], decoded[-1]) if decoded else (end, end)
             ttft = first_at - t_body
             decode = last_at - first_at
             self.fake.account(
@@ -667,10 +699,11 @@ def _sink_payload(head: bytes, commas: int) -> dict[str, Any]:
     marker = text.find('"prompt":')
     head_commas = text[:marker].count(",") if marker != -1 else 0
     usage = re.search(r'"include_usage":\s*true', text)
+    running = re.search(r'"continuous_usage_stats":\s*true', text)
     return {
         "_count": commas - head_commas + 1,  # the prompt is last: its ids are its commas + 1
         "max_tokens": int(max_tokens.group(1)) if max_tokens else 16,
-        "stream_options": {"include_usage": bool(usage)},
+        "stream_options": {"include_usage": bool(usage), "continuous_usage_stats": bool(running)},
     }
 
 
@@ -716,12 +749,13 @@ def _exposition(behaviour: Behaviour, totals: _Totals, kv_usage: float = 0.0) ->
         totals.queue,
         totals.requests,
     )
-    histogram(
-        "vllm:request_decode_time_seconds",
-        "Histogram of time spent in DECODE phase for request.",
-        totals.decode,
-        totals.requests,
-    )
+    if behaviour.decode_metric:
+        histogram(
+            "vllm:request_decode_time_seconds",
+            "Histogram of time spent in DECODE phase for request.",
+            totals.decode,
+            totals.requests,
+        )
     histogram(
         "vllm:inter_token_latency_seconds",
         "Histogram of inter-token latency in seconds.",

@@ -44,6 +44,7 @@ from pytest_longctx.client import (
 )
 from pytest_longctx.client import events as sse_events
 from pytest_longctx.client import request as request_module
+from pytest_longctx.client import result as result_module
 from pytest_longctx.core.sizes import format_size, parse_size, powers_of_two_between
 from pytest_longctx.measure.server_metrics import (
     ExpositionError,
@@ -136,7 +137,7 @@ def test_request_body_holds_the_decode_contract() -> None:
         "temperature": 0.5,  # extra_body wins
         "seed": 3,
         "stream": True,
-        "stream_options": {"include_usage": True},
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
         "return_token_ids": True,
     }
     assert body.size == len(bytes(body.data))
@@ -238,7 +239,8 @@ def test_ttft_and_decode_follow_the_injected_delays(server: FakeVLLM) -> None:
     assert len(result.token_times_s) == 20 and len(result.itl_s) == 19
     assert result.e2e_s >= 0.3 + 19 * 0.02
     assert result.finish_reason == "length"
-    assert result.token_count_source == "text"
+    assert result.token_count_source == "usage"  # the running count of every chunk
+    assert result.per_token and result.stream_interval == 1
     assert result.body_bytes == len(encode_request(ids_request(length=100, decode=20)).data)
     assert result.upload_s is not None and result.connect_s is not None
     figures = result.figures()
@@ -367,13 +369,29 @@ def test_what_a_choice_counts(choice: dict, expected: tuple[int, str]) -> None:
     assert sse_events._choice_tokens(choice) == expected
 
 
-def test_multi_token_chunks_counted_from_token_ids(server: FakeVLLM) -> None:
-    server.configure(first_token_delay_s=0.1, token_delay_s=0.02, tokens_per_chunk=3)
+@pytest.mark.parametrize("running_usage", [True, False], ids=["usage", "token_ids"])
+def test_multi_token_chunks_counted_exactly(server: FakeVLLM, running_usage: bool) -> None:
+    server.configure(
+        first_token_delay_s=0.1,
+        token_delay_s=0.02,
+        tokens_per_chunk=3,
+        continuous_usage=running_usage,
+    )
     with client_for(server) as client:
         result = client.measure(
             ids_request(decode=20, return_token_ids=True), first_token_budget_s=10
         )
-    assert result.token_count_source == "token_ids"
+    assert result.token_count_source == ("usage" if running_usage else "token_ids")
+    assert result.stream_interval == 3
+    assert not result.per_token and result.itl_median_s is None  # no gap here is per token
+    figures = result.figures()
+    assert "itl_median" not in figures
+    gaps = sorted(result.chunk_gaps_s)
+    assert figures["chunk_gap_median"] == pytest.approx(quantile(gaps, 0.5))
+    assert figures["chunk_gap_max"] == gaps[-1]
+    assert figures["derived_itl_median"] == pytest.approx(quantile(sorted(result.itl_s), 0.5))
+    assert figures["chunk_gap_median"] >= 3 * 0.02 * 0.9  # three tokens' time apart
+    assert result.chunking()["tokens_per_chunk"] == [[3, 6], [2, 1]]
     assert result.tokens_per_chunk == (3, 3, 3, 3, 3, 3, 2)
     assert len(result.itl_s) == 17  # every token after the first chunk gets a gap
     assert_after_the_writes(result, server.streams[-1])
@@ -384,6 +402,34 @@ def test_multi_token_chunks_counted_from_token_ids(server: FakeVLLM) -> None:
     gaps = [b - a for a, b in zip(result.token_times_s, result.token_times_s[1:], strict=False)]
     assert result.itl_s[:3] == pytest.approx([gaps[0] / 3] * 3)  # a 3-token chunk: 3 gaps
     assert result.itl_s[-2:] == pytest.approx([gaps[-1] / 2] * 2)
+
+
+def test_chunks_counted_by_text_when_the_server_omits_running_usage(server: FakeVLLM) -> None:
+    """A server without continuous_usage_stats: a chunk of 4 tokens counts as one, so its
+    gaps are between chunks, the per-token figure shares the server's count among them."""
+    server.configure(token_delay_s=0.01, tokens_per_chunk=4, continuous_usage=False)
+    with client_for(server) as client:
+        result = client.measure(ids_request(decode=17), first_token_budget_s=10)
+    assert result.token_count_source == "text"
+    assert result.tokens_per_chunk == (1,) * 5 and not result.counts_exact
+    assert not result.per_token and result.stream_interval is None
+    span = result.token_times_s[-1] - result.token_times_s[0]
+    assert result.decode_throughput == pytest.approx(16 / span)  # exact: N from usage
+    assert result.chunk_token_counts() == (1.0, 4.0, 4.0, 4.0, 4.0)
+    chunking = result.chunking()
+    assert chunking["tokens_per_chunk"] is None and chunking["tokens_per_chunk_mean"] == 4.0
+    figures = result.figures()
+    assert "itl_median" not in figures
+    assert figures["derived_itl_median"] == pytest.approx(figures["chunk_gap_median"] / 4)
+
+
+def test_one_token_chunks_are_per_token_whatever_counts_them(server: FakeVLLM) -> None:
+    server.configure(token_delay_s=0.005, continuous_usage=False)
+    with client_for(server) as client:
+        result = client.measure(ids_request(decode=8), first_token_budget_s=10)
+    assert result.token_count_source == "text" and result.per_token
+    assert set(result.figures()) >= {"itl_median", "itl_p90", "itl_max"}
+    assert not set(result.figures()) & {"chunk_gap_median", "derived_itl_median"}
 
 
 def test_sink_mode_counts_ids_without_parsing(server: FakeVLLM) -> None:
@@ -787,3 +833,32 @@ def test_a_first_token_budget_must_be_positive(budget: float) -> None:
     client = CompletionClient(ClientConfig(base_url="http://127.0.0.1:9"))
     with client, pytest.raises(ValueError, match="first_token_budget_s"):
         client.measure(ids_request(), first_token_budget_s=budget)
+
+
+def test_inter_token_latencies_leave_out_chunks_a_stream_interval_1_server_coalesced() -> None:
+    """Behind on its stream, vLLM at stream interval 1 sends two tokens in one chunk: that
+    chunk's gap is not a token's, the others' are."""
+    times = (0.5, 0.51, 0.52, 0.54, 0.55, 0.56)
+    counts = (1, 1, 1, 2, 1, 1)
+    assert result_module.inter_token_gaps(times, counts, exact=True) == pytest.approx(
+        (0.01, 0.01, 0.01, 0.01)
+    )
+    assert result_module.infer_stream_interval(counts) == 1
+    assert result_module.inter_token_gaps(times, (1, 8, 8, 8, 8, 7), exact=True) == ()
+    assert result_module.infer_stream_interval((1, 8, 8, 8, 8, 7)) == 8
+    assert result_module.infer_stream_interval((1, 23)) == 23  # a lower bound
+    assert result_module.infer_stream_interval((1, 1, 1), exact=False) is None
+
+
+def test_chunk_counts_come_from_the_running_usage_count_when_every_chunk_has_one() -> None:
+    counter = sse_events._ChunkCounter()
+    assert [counter.add(1, "text", running) for running in (1, 9, 17, 20)] == [1, 8, 8, 3]
+    assert counter.add(0, "text", None) == 0  # the final usage-only chunk carries nothing
+    assert counter.counts() == ((1, 8, 8, 3), "usage")
+    # a count that did not rise, or a chunk without one: the chunks count themselves
+    stalled = sse_events._ChunkCounter()
+    assert [stalled.add(1, "text", running) for running in (1, 9, 9, 17)] == [1, 8, 1, 8]
+    assert stalled.counts() == ((1, 1, 1, 1), "text")
+    partial = sse_events._ChunkCounter()
+    assert [partial.add(2, "token_ids", running) for running in (2, None)] == [2, 2]
+    assert partial.counts() == ((2, 2), "token_ids")

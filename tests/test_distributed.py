@@ -319,6 +319,28 @@ def second_vllm_url(tmp_path_factory: pytest.TempPathFactory, vllm_url: str) -> 
         yield url
 
 
+#: Two servers on two shared cores: a starved API server now and then holds a stream back and
+#: flushes it at once, so these runs keep such points with the server's decode figure.
+BURSTS_KEPT = "--longctx-allow-bursts"
+
+
+def assert_bursts_kept_with_the_servers_figure(records, report: str) -> None:  # noqa: ANN001
+    """Every point is the stream's figure where it agreed with the server's, else the
+    server's, with the stream's own beside it, and the report says which."""
+    kept = [r for r in records if r.stream["decode_source"] == "server"]
+    for record in records:
+        assert record.fingerprint["stream"]["bursts_allowed"] is True
+        if record in kept:
+            figures = record.figures
+            assert figures["decode_throughput"] == figures["server_decode_throughput"]
+            assert "stream_decode_throughput" in figures
+            assert record.stream["agreement"].startswith("the stream")
+        else:
+            assert record.stream["agreement"] == "agrees"
+    expected = f"Decode figures: {len(kept)} point" if kept else "none did"
+    assert expected in report, report
+
+
 def servers_of(records) -> Counter:  # noqa: ANN001
     return Counter(r.fingerprint["server"]["endpoint"] for r in records)
 
@@ -333,6 +355,7 @@ def test_two_attached_servers_share_one_run(
         f"--longctx-url={vllm_url},{second_vllm_url}",
         "--longctx-to=8Ki",
         "--longctx-repeats=2",
+        BURSTS_KEPT,
         "--longctx-progress=plain",
         "--longctx-progress-interval=200ms",
         "--longctx-progress-throttle=0",
@@ -354,6 +377,7 @@ def test_two_attached_servers_share_one_run(
     report = (run_folder(output) / "report.md").read_text()
     assert f"gw0 {vllm_url}" in report and f"gw1 {second_vllm_url}" in report
     assert "8 recorded (8 passed)" in report
+    assert_bursts_kept_with_the_servers_figure(records, report)
 
     # The gate on a distributed run: each length's item waits for that length's points from
     # both workers, then judges them against the first run. Two servers sharing two cores
@@ -369,6 +393,7 @@ def test_two_attached_servers_share_one_run(
         "--longctx-repeats=2",
         f"--longctx-baseline={baseline}",
         "--longctx-tolerance=ttft=100000%,decode=99%,itl=100000%",
+        BURSTS_KEPT,
         "-rA",
     )
     result.assert_outcomes(passed=6)
@@ -382,7 +407,7 @@ def test_servers_unlike_each_other_are_refused_unless_mixing_is_allowed(
 ) -> None:
     urls = f"--longctx-url={vllm_url},{foreign_model_url}"
     result, output = run_session(
-        sweep_dir, "-n", "2", urls, "--longctx-to=1Ki", "--longctx-repeats=2"
+        sweep_dir, "-n", "2", urls, "--longctx-to=1Ki", "--longctx-repeats=2", BURSTS_KEPT
     )
     result.assert_outcomes(passed=1, errors=1)
     refused = [r for r in records_of(output) if r.outcome == "error"]
@@ -398,6 +423,7 @@ def test_servers_unlike_each_other_are_refused_unless_mixing_is_allowed(
         "--longctx-to=1Ki",
         "--longctx-repeats=2",
         "--longctx-allow-mixed-servers",
+        BURSTS_KEPT,
     )
     result.assert_outcomes(passed=2)
     records = records_of(output)
@@ -432,7 +458,7 @@ def test_a_dead_server_fails_its_points_and_resume_completes_the_run(
 ) -> None:
     pytester.makepyfile(test_sweep=SWEEP_TEST)
     pytester.makeconftest(KILL_GW1_SERVER)
-    args = ("-n", "2", "--longctx-to=8Ki", "--longctx-repeats=2")
+    args = ("-n", "2", "--longctx-to=8Ki", "--longctx-repeats=2", BURSTS_KEPT)
     result, output = run_session(pytester, *args)
     assert (pytester.path / "killed").exists()
     records = records_of(output)
@@ -455,6 +481,9 @@ def test_a_dead_server_fails_its_points_and_resume_completes_the_run(
     assert set(latest) == POINTS_1KI_TO_8KI_X2
     assert all(r.outcome == "passed" for r in latest.values())
     assert {r.run_id for r in after} == {run_folder(output).name}
+    assert_bursts_kept_with_the_servers_figure(
+        list(latest.values()), (run_folder(output) / "report.md").read_text()
+    )
 
 
 # -- one server over several nodes ---------------------------------------------------------

@@ -33,6 +33,14 @@ def test_sweep_1ki_to_4ki_two_repeats(sweep_dir: pytest.Pytester, vllm_url: str)
         assert record.server_metrics["prefix_cache_hits"] == 0
         assert record.server_metrics["cached_prompt_tokens"] == 0
         assert record.figures["server_prefill"] > 0
+        # one token a chunk, counted from the running usage: its gaps are inter-token latencies
+        assert record.stream["token_count_source"] == "usage"
+        assert record.stream["stream_interval"] == 1
+        assert record.stream["tokens_per_chunk"] == [[1, 32]]
+        assert record.stream["per_token_gaps"] is True
+        assert record.stream["agreement"] == "agrees"
+        assert record.figures["itl_median"] > 0 and "chunk_gap_median" not in record.figures
+    assert records[0].fingerprint["stream"]["stream_interval"] == 1
     fastest = {n: min(r.figures["ttft"] for r in records if r.length == n) for n in (1024, 4096)}
     assert fastest[4096] > fastest[1024], fastest
     assert run_folder(output).name == records[0].run_id

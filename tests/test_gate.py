@@ -320,6 +320,39 @@ def test_a_figure_on_one_side_only_is_insufficient_not_a_pass():
     assert by_metric(verdict)["ttft"].status == "ok"
 
 
+def test_gaps_between_chunks_are_never_gated_as_inter_token_latency():
+    """A run against a server streaming chunks of 8 tokens records gaps between chunks, and
+    the gate says why it cannot compare them with the baseline's inter-token latencies."""
+    chunked = {"stream_interval": 8, "per_token_gaps": False, "token_count_source": "usage"}
+    current = [
+        Record(
+            **{
+                **vars(record),
+                "figures": {
+                    "ttft": record.figures["ttft"],
+                    "decode_throughput": record.figures["decode_throughput"],
+                    "chunk_gap_median": 8 * record.figures["itl_median"],
+                    "derived_itl_median": record.figures["itl_median"],
+                },
+                "stream": chunked,
+            }
+        )
+        for record in points("now", 4 * KI, *BASELINE_FIGURES[4 * KI])
+    ]
+    verdict = compare_length(baseline_sweep(), current, 4 * KI)
+    itl = by_metric(verdict)["itl"]
+    assert itl.status == "insufficient" and itl.current is None
+    assert itl.message == (
+        "median inter-token latency at 4Ki: not compared, this run streamed chunks of several "
+        "tokens (stream interval 8): its gaps are between chunks, not tokens, and are not "
+        "gated as inter-token latency; gate with itl=off, or against a baseline streamed the "
+        "same way"
+    )
+    assert by_metric(verdict)["decode"].status == "ok"  # exact with chunks of any size
+    both_chunked = compare_length(current, current, 4 * KI)
+    assert set(by_metric(both_chunked)) == {"ttft", "decode"}  # no ITL on either side
+
+
 def test_per_length_tolerance_overrides_apply_to_their_length_only():
     current = dict(BASELINE_FIGURES)
     current[2 * KI] = ([0.1334, 0.1344, 0.1354], BASELINE_FIGURES[2 * KI][1])  # +12.0%

@@ -192,3 +192,90 @@ def test_text_prompts_without_detokenize_are_one_usage_error(
             "expected --longctx-prompt-format=ids*"
         ]
     )
+
+
+def test_a_stream_delivered_in_one_burst_fails_the_point_with_both_figures(session) -> None:  # noqa: ANN001
+    """The server decodes a token every 20 ms but hands the stream over at once at the end."""
+    result, records = session(
+        "-m", "len==1Ki", "--longctx-decode-tokens=16", token_delay_s=0.02, deliver_at_once=True
+    )
+    result.assert_outcomes(failed=1)
+    (record,) = records
+    server_rate = record.figures["server_decode_throughput"]
+    assert 30 < server_rate < 55  # 15 tokens 20 ms apart (a loaded host: a little slower)
+    assert record.figures["decode_throughput"] > 10 * server_rate  # what the stream showed
+    assert "the stream delivered 15 tokens within" in record.reason
+    assert f"the server decoded them at {server_rate:,.0f} tok/s" in record.reason
+    assert f"{record.figures['decode_throughput']:,.1f} tok/s" in record.reason
+    assert "--longctx-allow-bursts" in record.reason
+    assert record.stream["decode_source"] == "stream"
+    assert record.stream["largest_burst"]["tokens"] == 15
+
+
+def test_allow_bursts_keeps_the_point_with_the_servers_decode(
+    session,  # noqa: ANN001
+    pytester: pytest.Pytester,
+) -> None:
+    result, records = session(
+        "-m",
+        "len==1Ki",
+        "--longctx-decode-tokens=16",
+        "--longctx-allow-bursts",
+        token_delay_s=0.02,
+        deliver_at_once=True,
+    )
+    result.assert_outcomes(passed=1)
+    (record,) = records
+    figures = record.figures
+    assert figures["decode_throughput"] == pytest.approx(figures["server_decode_throughput"])
+    assert figures["stream_decode_throughput"] > 10 * figures["decode_throughput"]
+    assert "itl_median" not in figures and "stream_itl_median" in figures  # not gated as ITL
+    assert record.stream["decode_source"] == "server"
+    assert "the stream delivered 15 tokens" in record.stream["agreement"]
+    assert record.fingerprint["stream"]["bursts_allowed"] is True
+    report = (run_folder(pytester.path / "reports") / "report.md").read_text()
+    assert "Decode figures: 1 point kept with the server's decode throughput" in report
+
+
+def test_multi_token_chunks_are_recorded_as_chunks(
+    session,  # noqa: ANN001
+    pytester: pytest.Pytester,
+) -> None:
+    result, records = session(
+        "-m", "len==1Ki", "--longctx-decode-tokens=17", token_delay_s=0.005, tokens_per_chunk=4
+    )
+    result.assert_outcomes(passed=1)
+    (record,) = records
+    assert record.stream["stream_interval"] == 4
+    assert record.stream["tokens_per_chunk"] == [[4, 4], [1, 1]]  # the fake sends 4 first
+    assert record.stream["token_count_source"] == "usage"
+    assert record.stream["agreement"] == "agrees"
+    assert "itl_median" not in record.figures
+    assert record.figures["chunk_gap_median"] >= 0.8 * 4 * 0.005  # four tokens' time apart
+    assert record.figures["derived_itl_median"] == pytest.approx(
+        record.figures["chunk_gap_median"] / 4, rel=0.5
+    )
+    assert record.fingerprint["stream"]["stream_interval"] == 1  # the warm-up, before the change
+    report = (run_folder(pytester.path / "reports") / "report.md").read_text()
+    assert (
+        "- Streaming: 1 of 1 passed points streamed chunks of 4 tokens (stream interval 4, "
+        "counted from the running usage count)" in report
+    )
+
+
+def test_without_the_servers_decode_time_the_stream_cannot_be_checked(session) -> None:  # noqa: ANN001
+    result, records = session("-m", "len==1Ki", decode_metric=False)
+    result.assert_outcomes(failed=1)
+    assert "lacks vLLM's decode time" in records[0].reason
+    assert "--longctx-allow-unverified" in records[0].reason
+    result, records = session("-m", "len==1Ki", "--longctx-allow-unverified", decode_metric=False)
+    result.assert_outcomes(passed=1)
+    assert records[-1].stream["agreement"] == "unchecked: the server's decode time is unknown"
+
+
+@pytest.mark.parametrize("value", ["0.3", "x", "-5%"])
+def test_a_bad_stream_tolerance_is_a_usage_error(pytester: pytest.Pytester, value: str) -> None:
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    result = pytester.runpytest("-p", "no:cacheprovider", f"--longctx-stream-tolerance={value}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*--longctx-stream-tolerance={value}: expected a percentage*"])

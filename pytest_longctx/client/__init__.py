@@ -4,29 +4,31 @@ Definitions (all clocks are :func:`time.perf_counter`, CLOCK_MONOTONIC on Linux 
 with other processes' stamps, relative to ``t0``, taken just before the request is handed to the
 HTTP client; the JSON body is built and the connection opened before ``t0``):
 
-* A chunk *carries tokens* when its choices count any. A choice with a ``token_ids`` list (vLLM
-  sends it with ``return_token_ids``) counts ``len(token_ids)``, else one with a
-  ``logprobs.tokens`` list counts ``len(tokens)``: exact, an empty list is no token. Otherwise a
-  choice with a ``text`` key (``delta.content`` for chat-style chunks) counts one token, also
-  for ``"text": ""``: vLLM streams one chunk per generated token and sends empty text while
-  the token is an incomplete UTF-8 piece. Chunks without any of these (a role-only chunk, a
-  keep-alive chunk, the final usage chunk) never stop the TTFT clock.
+* A chunk *carries tokens* when its running ``usage.completion_tokens`` rose (the request asks
+  for ``stream_options.continuous_usage_stats``, which vLLM answers with the running count in
+  every chunk) or, on a server without it, when its choices count any: a choice with a
+  ``token_ids`` list (vLLM sends it with ``return_token_ids``) counts ``len(token_ids)``, else
+  one with a ``logprobs.tokens`` list counts ``len(tokens)``: exact, an empty list is no token.
+  Otherwise a choice with a ``text`` key (``delta.content`` for chat-style chunks) counts one
+  token, also for ``"text": ""``: the token may be an incomplete UTF-8 piece. The running
+  count counts every chunk exactly when every carrying chunk has it (``token_count_source``
+  ``"usage"``); otherwise the chunks' own counts do. Chunks without tokens (a role-only chunk,
+  a keep-alive chunk, the final usage chunk) never stop the TTFT clock.
 * ``ttft_s``: ``t0`` to the arrival of the first chunk that carries tokens. It includes the
   upload, the server's parsing, queueing and prefill, and the chunk's way back: what a client
   with an open connection waits. The TCP connection is opened just before ``t0`` (``connect_s``)
   and the watchdog thread started, so neither is inside the TTFT.
 * ``decode_throughput``: ``(N - k1) / (t_last - t_first)``, N the server's
   ``usage.completion_tokens``, k1 the tokens in the first carrying chunk, t_first/t_last the
-  arrivals of the first/last carrying chunks. With one token per chunk this is ``(N-1)/(t_last -
-  t_first)``. N comes from ``usage`` because without ``token_ids`` a chunk that carries several
-  tokens (``--stream-interval`` above 1) counts as one and the stream alone undercounts.
-  Counting text, k1 is taken as 1, which is exact for vLLM: it sends the first token alone even
-  with ``--stream-interval`` above 1.
-* Inter-token gaps: a carrying chunk that arrives ``g`` seconds after the previous one and
-  carries ``k`` tokens adds ``k`` gaps of ``g / k``, so the gaps sum to ``t_last - t_first`` and
-  their mean is ``1 / decode_throughput`` whenever the stream's count matches ``usage``.
-  Counting text, every chunk is one gap (k is unknown): with ``--stream-interval`` above 1 ask
-  for ``return_token_ids`` on short prompts to see per-token gaps.
+  arrivals of the first/last carrying chunks: exact with chunks of any size. Counting text,
+  k1 is taken as 1, which is exact for vLLM: it sends the first token alone even with
+  ``--stream-interval`` above 1.
+* Gaps: ``itl_s`` gives a chunk that arrives ``g`` seconds after the previous one with ``k``
+  tokens ``k`` gaps of ``g / k``, so they sum to ``t_last - t_first``. Inter-token latencies
+  (``itl_median_s`` ...) are the gaps before one-token chunks, and only from a server that
+  streams every token (the counts show stream interval 1); with chunks of several tokens
+  :meth:`StreamMeasurement.chunk_figures` keeps the gaps between chunks as such and the
+  per-token figures derived from them, under their own names.
 * ``e2e_s``: ``t0`` to the arrival of ``data: [DONE]``.
 
 Only vLLM-compatible servers are targeted; everything the client checks is named in the error

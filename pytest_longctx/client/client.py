@@ -40,9 +40,9 @@ from .errors import (
     StreamError,
     TruncatedStreamError,
 )
-from .events import _choice_tokens, _SSEDecoder
+from .events import _choice_tokens, _ChunkCounter, _running_count, _SSEDecoder
 from .request import CompletionRequest, RequestBody, encode_request
-from .result import StreamMeasurement, quantile, summarize_stream
+from .result import StreamMeasurement, inter_token_gaps, quantile, summarize_stream
 from .stream_progress import StreamProgress
 from .transport import _preopening_transport
 from .watchdog import _BACKSTOP_S, _FIRST_TOKEN, _INTER_TOKEN, _Exchange, _Watchdog
@@ -396,22 +396,22 @@ class CompletionClient:
                 f"{error.get('type', 'error')} (code {error.get('code', '?')}): "
                 f"{self._redact(str(message))}"
             )
-        tokens = 0
+        counted, source = 0, "text"
         for choice in chunk.get("choices") or ():
             if not isinstance(choice, Mapping):
                 raise MalformedChunkError(
                     f"chunk {state.chunks} has a choice that is not an object: "
                     f"{self._redact(event[:200])!r}"
                 )
-            count, source = _choice_tokens(choice)
-            tokens += count
+            count, choice_source = _choice_tokens(choice)
+            counted += count
             if count:
-                state.count_source = source
+                source = choice_source
             if choice.get("finish_reason") is not None:
                 state.finish_reason = choice["finish_reason"]
+        tokens = state.counter.add(counted, source, _running_count(chunk))
         if tokens:
             state.token_times.append(arrived - context.t0)
-            state.tokens_per_chunk.append(tokens)
             watchdog.extend(arrived + self.config.inter_token_timeout_s, _INTER_TOKEN)
             watched = context.progress_counter
             if watched is not None:
@@ -445,10 +445,11 @@ class CompletionClient:
                 "carried text or token_ids, so the first token's arrival is unknown "
                 f"({context.describe_request()}); set return_token_ids to count ids"
             )
-        throughput, gaps = summarize_stream(
-            state.token_times, state.tokens_per_chunk, completion_tokens
-        )
-        ordered = sorted(gaps)
+        tokens_per_chunk, count_source = state.counter.counts()
+        throughput, gaps = summarize_stream(state.token_times, tokens_per_chunk, completion_tokens)
+        # Inter-token latencies only from chunks of one token, on a server streaming each.
+        exact = sum(tokens_per_chunk) == completion_tokens
+        ordered = sorted(inter_token_gaps(state.token_times, tokens_per_chunk, exact))
         details = state.usage.get("prompt_tokens_details")
         cached = details.get("cached_tokens") if isinstance(details, Mapping) else None
         exchange = context.exchange
@@ -456,13 +457,13 @@ class CompletionClient:
             ttft_s=state.token_times[0],
             e2e_s=state.done_at,
             token_times_s=tuple(state.token_times),
-            tokens_per_chunk=tuple(state.tokens_per_chunk),
+            tokens_per_chunk=tokens_per_chunk,
             itl_s=gaps,
             completion_tokens=completion_tokens,
             requested_tokens=request.decode_tokens,
             prompt_tokens=_int_or_none(state.usage.get("prompt_tokens")),
             cached_prompt_tokens=_int_or_none(cached),
-            token_count_source=state.count_source,
+            token_count_source=count_source,
             finish_reason=state.finish_reason,
             decode_throughput=throughput,
             itl_median_s=quantile(ordered, 0.5) if ordered else None,
@@ -609,14 +610,13 @@ class _StreamState:
     done_at: float = 0.0
     chunks: int = 0
     token_times: list[float] = field(default_factory=list)
-    tokens_per_chunk: list[int] = field(default_factory=list)
-    count_source: str = "text"
+    counter: _ChunkCounter = field(default_factory=_ChunkCounter)
     finish_reason: str | None = None
     usage: Mapping[str, Any] | None = None
 
     @property
     def chunk_tokens_total(self) -> int:
-        return sum(self.tokens_per_chunk)
+        return self.counter.total
 
 
 @dataclass

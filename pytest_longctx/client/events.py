@@ -62,3 +62,57 @@ def _choice_tokens(choice: Mapping[str, Any]) -> tuple[int, str]:
         # a chat role announcement carries "content": "" beside "role" and no token
         return (0 if "role" in delta and not delta["content"] else 1), "text"
     return 0, "text"
+
+
+def _running_count(chunk: Mapping[str, Any]) -> int | None:
+    """A chunk's running ``usage.completion_tokens`` (``continuous_usage_stats``), if any.
+
+    Only chunks with choices: the final usage-only chunk repeats the total and carries nothing.
+    """
+    usage = chunk.get("usage")
+    if not chunk.get("choices") or not isinstance(usage, Mapping):
+        return None
+    value = usage.get("completion_tokens")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class _ChunkCounter:
+    """Tokens per carrying chunk: from the running usage count when every chunk has one.
+
+    vLLM's ``continuous_usage_stats`` puts the running ``completion_tokens`` in every chunk,
+    so a chunk carries the difference to the previous one, exactly, for chunks of any size.
+    A server that omits it is counted chunk by chunk (:func:`_choice_tokens`), and the
+    measurement says which source counted.
+    """
+
+    def __init__(self) -> None:
+        self.choice_counts: list[int] = []
+        self.running: list[int | None] = []
+        self.choice_source = "text"
+        self.total = 0  # tokens so far, as best known while the stream runs
+
+    def add(self, choice_count: int, choice_source: str, running: int | None) -> int:
+        """One chunk; the tokens it carries (0: it carries none and stops no clock)."""
+        previous = next((value for value in reversed(self.running) if value is not None), 0)
+        delta = running - previous if running is not None else None
+        carried = delta if delta is not None and delta > 0 else 0
+        if not choice_count and not carried:
+            return 0
+        if choice_count:
+            self.choice_source = choice_source
+        self.choice_counts.append(choice_count)
+        self.running.append(running)
+        tokens = carried or choice_count  # a count that did not rise: the chunk's own count
+        self.total = running if running is not None else self.total + tokens
+        return tokens
+
+    def counts(self) -> tuple[tuple[int, ...], str]:
+        """Tokens per carrying chunk and their source: ``usage`` when every carrying chunk had
+        a running count that rose, else the chunks' own counts."""
+        running = self.running
+        if running and all(value is not None for value in running):
+            values = [0, *(value or 0 for value in running)]
+            deltas = tuple(values[i + 1] - values[i] for i in range(len(running)))
+            if all(delta >= 1 for delta in deltas):
+                return deltas, "usage"
+        return tuple(self.choice_counts), self.choice_source

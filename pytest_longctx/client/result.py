@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 try:  # transformers depends on numpy; the pure-Python path only guards odd installs
     import numpy as np
@@ -20,14 +21,17 @@ class StreamMeasurement:
     e2e_s: float
     token_times_s: tuple[float, ...]  # arrival of each token-carrying chunk, relative to t0
     tokens_per_chunk: tuple[int, ...]  # tokens each of those chunks carried, as counted
-    itl_s: tuple[float, ...]  # inter-token gaps, k gaps of g/k for a k-token chunk
+    itl_s: tuple[float, ...]  # per-token gaps derived from chunks: k gaps of g/k for k tokens
     completion_tokens: int  # usage.completion_tokens, the server's count
     requested_tokens: int
     prompt_tokens: int | None  # usage.prompt_tokens
     cached_prompt_tokens: int | None  # usage.prompt_tokens_details.cached_tokens, if sent
-    token_count_source: str  # "token_ids", "logprobs" or "text": how chunks were counted
+    #: How chunks were counted: "usage" (the running count), "token_ids", "logprobs", "text".
+    token_count_source: str
     finish_reason: str | None
     decode_throughput: float | None  # tokens/s, None below two carrying chunks
+    #: Inter-token latencies: only when every chunk carried one token (else None; see
+    #: :meth:`chunk_figures` for the gaps between chunks and the per-token figures derived).
     itl_median_s: float | None
     itl_p90_s: float | None
     itl_max_s: float | None
@@ -44,6 +48,86 @@ class StreamMeasurement:
         """Tokens counted from the stream; below ``completion_tokens`` when some were hidden."""
         return sum(self.tokens_per_chunk)
 
+    @property
+    def counts_exact(self) -> bool:
+        """True when the chunks' counts add up to the server's: each chunk's count is known."""
+        return self.stream_tokens == self.completion_tokens
+
+    @property
+    def per_token(self) -> bool:
+        """True when the server streamed every token as it came (stream interval 1): the gaps
+        of the chunks that carried one token are inter-token latencies."""
+        return self.stream_interval == 1
+
+    @property
+    def chunk_gaps_s(self) -> tuple[float, ...]:
+        """Gaps between successive carrying chunks, as they arrived."""
+        times = self.token_times_s
+        return tuple(times[index] - times[index - 1] for index in range(1, len(times)))
+
+    def chunk_token_counts(self) -> tuple[float, ...]:
+        """Tokens each carrying chunk brought; where the stream's count fell short of the
+        server's (text counted, several tokens a chunk), the chunks after the first share the
+        rest evenly (vLLM sends the first token alone)."""
+        if self.counts_exact or len(self.tokens_per_chunk) < 2:
+            return tuple(float(count) for count in self.tokens_per_chunk)
+        first = self.tokens_per_chunk[0]
+        share = (self.completion_tokens - first) / (len(self.tokens_per_chunk) - 1)
+        return (float(first), *([share] * (len(self.tokens_per_chunk) - 1)))
+
+    @property
+    def stream_interval(self) -> int | None:
+        """The server's stream interval as the counts show it (:func:`infer_stream_interval`)."""
+        return infer_stream_interval(self.tokens_per_chunk, self.counts_exact)
+
+    def chunking(self) -> dict[str, Any]:
+        """How the stream was chunked, for the record: counts, their source, the interval."""
+        counts = self.tokens_per_chunk
+        runs: list[list[int]] = []
+        for count in counts:
+            if runs and runs[-1][0] == count:
+                runs[-1][1] += 1
+            else:
+                runs.append([count, 1])
+        after_first = self.chunk_token_counts()[1:]
+        return {
+            "token_count_source": self.token_count_source,
+            "chunks": len(counts),
+            "tokens_per_chunk": runs if self.counts_exact else None,
+            "tokens_per_chunk_mean": (
+                round(sum(after_first) / len(after_first), 3) if after_first else None
+            ),
+            "stream_interval": self.stream_interval,
+            "per_token_gaps": self.per_token,
+            # chunks after the first that carried more than the interval: tokens the server
+            # coalesced because the stream fell behind
+            "coalesced_chunks": sum(
+                count > (self.stream_interval or count) for count in counts[1:-1]
+            ),
+        }
+
+    def chunk_figures(self) -> dict[str, float]:
+        """When a chunk after the first carried several tokens: the gaps between chunks as
+        such, and the per-token figures derived from them (each gap over the tokens its chunk
+        carried), labelled."""
+        gaps = self.chunk_gaps_s
+        if not gaps or (self.counts_exact and set(self.tokens_per_chunk[1:]) == {1}):
+            return {}
+        counts = self.chunk_token_counts()[1:]
+        per_token = sorted(
+            gap / count
+            for gap, count in zip(gaps, counts, strict=True)
+            for _ in range(max(1, round(count)))  # a chunk's k tokens: k gaps of g / k
+        )
+        ordered = sorted(gaps)
+        return {
+            "chunk_gap_median": quantile(ordered, 0.5),
+            "chunk_gap_p90": quantile(ordered, 0.9),
+            "chunk_gap_max": ordered[-1],
+            "derived_itl_median": quantile(per_token, 0.5),
+            "derived_itl_p90": quantile(per_token, 0.9),
+        }
+
     def figures(self) -> dict[str, float]:
         """The figures under the names of :data:`pytest_longctx.records.FIGURE_UNITS`."""
         values = {
@@ -52,6 +136,7 @@ class StreamMeasurement:
             "itl_median": self.itl_median_s,
             "itl_p90": self.itl_p90_s,
             "itl_max": self.itl_max_s,
+            **self.chunk_figures(),
             "e2e": self.e2e_s,
             "request_body_bytes": float(self.body_bytes),
         }
@@ -85,3 +170,28 @@ def summarize_stream(
         if span > 0 and after_first >= 1:
             throughput = after_first / span
     return throughput, tuple(gaps)
+
+
+def infer_stream_interval(tokens_per_chunk: Sequence[int], exact: bool = True) -> int | None:
+    """The commonest count among the chunks between the first (vLLM sends it alone) and the
+    last (the remainder), ties to the larger; with no such chunk, the last one's (a lower
+    bound). None when the counts are not exact (text counted while chunks held several)."""
+    if not exact or len(tokens_per_chunk) < 2:
+        return None
+    middle = list(tokens_per_chunk[1:-1]) or list(tokens_per_chunk[-1:])
+    return max(set(middle), key=lambda count: (middle.count(count), count))
+
+
+def inter_token_gaps(
+    token_times_s: Sequence[float], tokens_per_chunk: Sequence[int], exact: bool
+) -> tuple[float, ...]:
+    """The gaps before each chunk that carried exactly one token, when the server streamed
+    every token (stream interval 1); none otherwise. A chunk of two (the server coalesced
+    them while the stream fell behind) has no per-token gap and is left out."""
+    if infer_stream_interval(tokens_per_chunk, exact) != 1:
+        return ()
+    return tuple(
+        token_times_s[index] - token_times_s[index - 1]
+        for index in range(1, len(token_times_s))
+        if tokens_per_chunk[index] == 1
+    )

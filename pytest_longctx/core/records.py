@@ -20,10 +20,30 @@ RESULTS_FILE = "results.jsonl"
 #: Every figure a measurement can carry, with its unit. Reports read units from here.
 FIGURE_UNITS: Mapping[str, str] = {
     "ttft": "s",  # client-side time to first generated token
-    "decode_throughput": "tok/s",  # (N-1) / (t_last - t_first)
+    # (N-1) / (t_last - t_first); the server's figure for a point kept with
+    # --longctx-allow-bursts (the record's stream.decode_source says which)
+    "decode_throughput": "tok/s",
+    # Inter-token latencies: only when every chunk carried one token.
     "itl_median": "s",
     "itl_p90": "s",
     "itl_max": "s",
+    # With chunks of several tokens (--stream-interval): the gaps between chunks as such, and
+    # per-token figures derived from them (each gap over its chunk's tokens), never ITLs.
+    "chunk_gap_median": "s",
+    "chunk_gap_p90": "s",
+    "chunk_gap_max": "s",
+    "derived_itl_median": "s",
+    "derived_itl_p90": "s",
+    # A point kept with the server's decode figure keeps the stream's own under these names.
+    "stream_decode_throughput": "tok/s",
+    "stream_itl_median": "s",
+    "stream_itl_p90": "s",
+    "stream_itl_max": "s",
+    "stream_chunk_gap_median": "s",
+    "stream_chunk_gap_p90": "s",
+    "stream_chunk_gap_max": "s",
+    "stream_derived_itl_median": "s",
+    "stream_derived_itl_p90": "s",
     "e2e": "s",  # request sent -> stream closed
     "server_ttft": "s",  # vLLM's own histogram sum delta
     "server_prefill": "s",
@@ -69,6 +89,9 @@ class Record:
     server_metrics: Mapping[str, float] = field(default_factory=dict)
     #: What was measured: profile, model, revision, command, versions, hardware.
     fingerprint: Mapping[str, Any] = field(default_factory=dict)
+    #: How the stream was chunked (tokens per chunk, their source, the stream interval) and
+    #: whether it agreed with the server's decode (measure/agreement.py).
+    stream: Mapping[str, Any] = field(default_factory=dict)
     started_at: float | None = None  # unix seconds
     finished_at: float | None = None
     schema_version: int = SCHEMA_VERSION
@@ -93,6 +116,7 @@ class Record:
             "completion_tokens": self.completion_tokens,
             "server_metrics": dict(self.server_metrics),
             "fingerprint": dict(self.fingerprint),
+            "stream": dict(self.stream),
             "started_at": self.started_at,
             "finished_at": self.finished_at,
         }
@@ -116,6 +140,7 @@ class Record:
             completion_tokens=data.get("completion_tokens"),
             server_metrics=dict(data.get("server_metrics") or {}),
             fingerprint=dict(data.get("fingerprint") or {}),
+            stream=dict(data.get("stream") or {}),
             started_at=data.get("started_at"),
             finished_at=data.get("finished_at"),
         )

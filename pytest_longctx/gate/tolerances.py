@@ -129,18 +129,25 @@ def parse_tolerances(text: str | None) -> Tolerances:
     return Tolerances(default=default, per_length=per_length)
 
 
-def _parse_percent(part: str, text: str) -> float | None:
-    if text.lower() == "off":
-        return None
+def parse_percent(text: str) -> float:
+    """``10%`` or ``10`` as 10.0; raises ValueError saying what is wrong (``0.1`` is refused
+    as ambiguous: a fraction or a percent?)."""
     number_text = text[:-1].strip() if text.endswith("%") else text
     try:
         value = float(number_text)
     except ValueError:
-        raise ToleranceError(part, f"has a bad percentage {text!r}") from None
+        raise ValueError(f"has a bad percentage {text!r}") from None
     if not math.isfinite(value) or value < 0:
-        raise ToleranceError(part, f"has a bad percentage {text!r} (must be 0 or more)")
+        raise ValueError(f"has a bad percentage {text!r} (must be 0 or more)")
     if not text.endswith("%") and 0 < value < 1:
-        raise ToleranceError(
-            part, f"has an ambiguous percentage {text!r} (a fraction or a percent?)"
-        )
+        raise ValueError(f"has an ambiguous percentage {text!r} (a fraction or a percent?)")
     return value
+
+
+def _parse_percent(part: str, text: str) -> float | None:
+    if text.lower() == "off":
+        return None
+    try:
+        return parse_percent(text)
+    except ValueError as exc:
+        raise ToleranceError(part, str(exc)) from None

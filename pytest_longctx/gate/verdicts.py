@@ -340,6 +340,12 @@ def _judge_metric(
         )
 
     missing = _why_not_compared(metric, before, after)
+    if missing is not None and metric.figure == "itl_median":
+        missing = (
+            _chunked_stream(baseline_records, "the baseline")
+            or _chunked_stream(current_records, "this run")
+            or missing
+        )
     if missing is not None or before is None or after is None:
         return verdict("insufficient", f"{where}: not compared, {missing}")
     worse_sign = 1.0 if metric.higher_is_worse else -1.0
@@ -359,6 +365,20 @@ def _why_not_compared(metric: Metric, before: Stats | None, after: Stats | None)
     if before.mean <= 0:
         return f"the baseline mean is {before.mean:g}, no base for a percentage"
     return None
+
+
+def _chunked_stream(records: list[Record], side: str) -> str | None:
+    """Why a side has no inter-token latency: its chunks carried several tokens each, so its
+    gaps are between chunks and are never gated as if they were between tokens."""
+    chunked = [r for r in records if r.stream and not r.stream.get("per_token_gaps", True)]
+    if not chunked:
+        return None
+    intervals = sorted({str(r.stream.get("stream_interval") or "unknown") for r in chunked})
+    return (
+        f"{side} streamed chunks of several tokens (stream interval {', '.join(intervals)}): "
+        "its gaps are between chunks, not tokens, and are not gated as inter-token latency; "
+        "gate with itl=off, or against a baseline streamed the same way"
+    )
 
 
 def _noise_test_for(

@@ -7,9 +7,10 @@ its prefix cache (a cached 8Ki prefill takes 0.1 s instead of 2.6 s on the CPU d
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from pytest_longctx.client import (
     ClientConfig,
@@ -17,9 +18,11 @@ from pytest_longctx.client import (
     CompletionRequest,
     MeasurementError,
     RequestRejectedError,
+    StreamMeasurement,
     StreamProgress,
 )
 from pytest_longctx.core.records import Record
+from pytest_longctx.measure.agreement import DEFAULT_STREAM_TOLERANCE, judge_stream
 from pytest_longctx.measure.server_metrics import (
     ExpositionError,
     MetricsSnapshot,
@@ -66,6 +69,13 @@ class PointMeasurement:
     finish_reason: str | None = None
     #: What a watcher of the point adds: the predicted TTFT, the energy (progress/).
     watch_figures: dict[str, float] = field(default_factory=dict)
+    #: How the stream was chunked and whether it agreed with the server's decode (the
+    #: record's ``stream``): see :meth:`StreamMeasurement.chunking` and agreement.py.
+    stream: dict[str, Any] = field(default_factory=dict)
+    #: Why the stream's decode figures are not the server's decode (a burst, or a rate off
+    #: the server's own); None when they agree, cannot be checked, or the point was kept
+    #: with the server's figure (--longctx-allow-bursts).
+    stream_problem: str | None = None
 
     def completion_problem(self) -> str:
         """Why the completion count is off, in the words a user can act on."""
@@ -115,6 +125,7 @@ class PointMeasurement:
             server_view=dict(record.server_metrics),
             cached_prompt_tokens=_cached_tokens(dict(record.server_metrics)),
             server_requests=_whole(record.server_metrics.get("requests")),
+            stream=dict(record.stream),
         )
 
 
@@ -163,6 +174,10 @@ class PointSettings:
     first_token_budget_s: float
     budget_source: str
     allow_unverified: bool = False
+    #: How far the stream's decode may stray from the server's (agreement.py).
+    stream_tolerance: float = DEFAULT_STREAM_TOLERANCE
+    #: Keep a point whose stream disagrees, with the server's decode figure.
+    allow_bursts: bool = False
 
 
 def measure_point(
@@ -229,13 +244,14 @@ def measure_point(
         server_view["usage_cached_prompt_tokens"] = float(stream.cached_prompt_tokens)
     cached = _cached_tokens(server_view)
     requests = _whole(view.requests) if view is not None else None
+    stream_figures, stream_info, stream_problem = _stream_check(stream, server_view, settings)
     result = PointMeasurement(
         length=point.length,
         requested_tokens=decode_tokens,
         prompt_tokens=stream.prompt_tokens if stream.prompt_tokens is not None else -1,
         completion_tokens=stream.completion_tokens,
         ttft_s=stream.ttft_s,
-        stream_figures=stream.figures(),
+        stream_figures=stream_figures,
         server_view=server_view,
         prompt_build_s=prompt.build_s,
         cached_prompt_tokens=cached,
@@ -244,11 +260,15 @@ def measure_point(
         watch_figures=(
             watch.figures(stream.prompt_tokens, stream.completion_tokens) if watch else {}
         ),
+        stream=stream_info,
+        stream_problem=stream_problem,
     )
     if not settings.allow_unverified:
         problem = why_not or why_not_after
         if problem is None and (view is None or requests is None or cached is None):
             problem = "the server's /metrics lacks vLLM's request and prefix-cache counters"
+        elif problem is None and view.server_decode_s is None:
+            problem = "the server's /metrics lacks vLLM's decode time, to check the stream by"
         if problem is not None:
             raise UnverifiedPoint(
                 f"this point cannot be verified: /metrics could not be read ({problem}); "
@@ -256,6 +276,60 @@ def measure_point(
                 result,
             )
     return result
+
+
+#: The stream's gap figures; a point kept with the server's decode keeps them as ``stream_*``.
+STREAM_GAP_FIGURES = (
+    "itl_median",
+    "itl_p90",
+    "itl_max",
+    "chunk_gap_median",
+    "chunk_gap_p90",
+    "chunk_gap_max",
+    "derived_itl_median",
+    "derived_itl_p90",
+)
+
+
+def _stream_check(
+    stream: StreamMeasurement, server_view: dict[str, float], settings: PointSettings
+) -> tuple[dict[str, float], dict[str, Any], str | None]:
+    """The stream's figures, its chunking and its agreement with the server's decode; with
+    ``allow_bursts`` a disagreeing point's decode figure is the server's, its own kept under
+    ``stream_*`` names."""
+    figures = stream.figures()
+    info: dict[str, Any] = stream.chunking()
+    agreement = judge_stream(
+        stream.token_times_s,
+        stream.chunk_token_counts(),
+        stream.completion_tokens,
+        stream.decode_throughput,
+        server_view.get("server_decode"),
+        settings.stream_tolerance,
+    )
+    info["decode_source"] = "stream"
+    if agreement is None:
+        info["agreement"] = "unchecked: the server's decode time is unknown"
+        return figures, info, None
+    info["server_decode_throughput"] = agreement.server_rate
+    if agreement.burst is not None:
+        info["largest_burst"] = dataclasses.asdict(agreement.burst)
+    if agreement.problem is None:
+        info["agreement"] = "agrees"
+        return figures, info, None
+    info["agreement"] = agreement.problem
+    if not settings.allow_bursts:
+        return figures, info, agreement.problem
+    info["decode_source"] = "server"
+    kept = {
+        (f"stream_{name}" if name in STREAM_GAP_FIGURES else name): value
+        for name, value in figures.items()
+        if name != "decode_throughput"
+    }
+    if stream.decode_throughput is not None:
+        kept["stream_decode_throughput"] = stream.decode_throughput
+    kept["decode_throughput"] = agreement.server_rate
+    return kept, info, None
 
 
 def _cached_tokens(view: dict[str, float]) -> int | None:

@@ -39,6 +39,10 @@ class Settings:
     devices_per_server: int | None = None
     #: Keep points from servers whose fingerprints differ in one run.
     allow_mixed_servers: bool = False
+    #: How far a point's stream may disagree with the server's decode (a fraction).
+    stream_tolerance: float = 0.5
+    #: Keep points whose stream disagrees, with the server's decode figure.
+    allow_bursts: bool = False
 
     @property
     def url(self) -> str | None:

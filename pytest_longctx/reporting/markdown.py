@@ -23,6 +23,7 @@ from pytest_longctx.core.stats import FigureSummary, LengthSummary, latest_recor
 from pytest_longctx.gate.fingerprint import hardware_identity
 from pytest_longctx.reporting.kv_plot import kv_plot_note
 from pytest_longctx.reporting.predictions import markdown_lines as progress_lines
+from pytest_longctx.reporting.streaming import stream_items
 
 DEFAULT_TITLE = "Long-context sweep"
 
@@ -251,6 +252,7 @@ def header_items(records: Sequence[Record]) -> list[tuple[str, str]]:
     if fingerprint.get("unverified_points_allowed"):
         kept = "points kept without the server's counters (--longctx-allow-unverified)"
         items.append(("Verification", kept))
+    items += stream_items(latest)
     span = _time_span(records)
     if span:
         items.append(("Measured", span))

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from pytest_longctx.core.sizes import ACCEPTED_FORM, SizeError, parse_size
+from pytest_longctx.gate.tolerances import parse_percent
+from pytest_longctx.measure.agreement import DEFAULT_STREAM_TOLERANCE
 from pytest_longctx.plan.settings import Settings
 from pytest_longctx.profiles import DEFAULT_PROFILE
 
@@ -110,6 +112,20 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "longctx-allow-unverified",
         "keep points whose cold prefill and one-request checks could not run because the "
         "server's /metrics is unreadable (recorded in the fingerprint and the reports)",
+        flag=True,
+    ),
+    OptionSpec(
+        "longctx-stream-tolerance",
+        "how far a point's decode rate from the stream may stray from the server's own, and "
+        "what share of its tokens may arrive ahead of the server's decode in one burst, in "
+        "percent (default 50%)",
+        "PERCENT",
+    ),
+    OptionSpec(
+        "longctx-allow-bursts",
+        "keep points whose stream disagrees with the server's decode (a burst, or a rate off "
+        "the server's), with the server's decode throughput (recorded in the fingerprint and "
+        "the reports)",
         flag=True,
     ),
     OptionSpec(
@@ -260,6 +276,15 @@ class _RawOptions:
             raise _fail(name, ",".join(urls), "each server's URL once")
         return unique
 
+    def percent(self, name: str, default: float) -> float:
+        """``25%`` or ``25`` as the fraction 0.25; a bare number below 1 is ambiguous."""
+        if not self.given(name):
+            return default
+        try:
+            return parse_percent(str(self.values[name]).strip()) / 100.0
+        except ValueError as exc:
+            raise _fail(name, self.values[name], f"a percentage such as 25% ({exc})") from None
+
     def duration(self, name: str, default: float, zero: bool = False) -> float:
         """``1s``, ``500ms``, ``2m``, ``1h`` or plain seconds; 0 only where ``zero``."""
         if not self.given(name):
@@ -313,4 +338,6 @@ def read_settings(config: pytest.Config) -> Settings:
         progress=raw.choice("longctx-progress", PROGRESS_MODES, "auto"),
         progress_interval_s=raw.duration("longctx-progress-interval", 1.0, zero=True),
         progress_throttle_s=raw.duration("longctx-progress-throttle", 60.0, zero=True),
+        stream_tolerance=raw.percent("longctx-stream-tolerance", DEFAULT_STREAM_TOLERANCE),
+        allow_bursts=raw.flag("longctx-allow-bursts"),
     )

@@ -8,7 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from pytest_longctx.client import CompletionClient, CompletionRequest, MeasurementError
+from pytest_longctx.client import (
+    CompletionClient,
+    CompletionRequest,
+    MeasurementError,
+    StreamMeasurement,
+)
 from pytest_longctx.measure.point import PointMeasurement, PointSettings, client_for, measure_point
 from pytest_longctx.measure.target import ServerError, ServerInfo
 from pytest_longctx.measure.timeouts import FirstTokenBudget
@@ -25,7 +30,10 @@ from pytest_longctx.session import server as serving
 from pytest_longctx.session.run import Run
 
 WARMUP_PROMPT_TOKENS = 1024
-WARMUP_DECODE_TOKENS = 8
+#: Enough for the chunking to show (the first token alone, then chunks of the stream
+#: interval: two of 8 and the rest at ``--stream-interval 8``), and unlike any decode length a
+#: profile sets, so a server's log tells the warm-up from the points.
+WARMUP_DECODE_TOKENS = 24
 
 
 def prompt_builder(run: Run, server: ServerInfo) -> PromptBuilder:
@@ -79,6 +87,7 @@ def warm_up(run: Run, server: ServerInfo) -> None:
     length = min(length, WARMUP_PROMPT_TOKENS)
     with client_for(server) as client:
         builder = prompt_builder(run, server)
+        stream: StreamMeasurement | None = None
         for index in range(run.plan.profile.sweep.warmup_prompts):
             # Nonces after the plan's points: a warm-up shares no first token with a point.
             nonce = builder.nonce(run.run_id, len(run.plan.points) + 1 + index)
@@ -87,11 +96,27 @@ def warm_up(run: Run, server: ServerInfo) -> None:
                 model=server.model_name, prompt=prompt.ids, decode_tokens=WARMUP_DECODE_TOKENS
             )
             try:
-                client.measure(
+                stream = client.measure(
                     request, first_token_budget_s=600.0, budget_source="warm-up", check_count=False
                 )
             except MeasurementError as exc:
                 raise ServerError(f"warm-up request {index + 1} failed: {exc}") from exc
+    run.fingerprint["stream"] = stream_fingerprint(run, stream)
+
+
+def stream_fingerprint(run: Run, warm_up: StreamMeasurement | None) -> dict[str, Any]:
+    """How the server streams, as the last warm-up showed it (an attached server does not
+    export its ``--stream-interval``), and how each point's stream is checked against the
+    server's decode. Only what stays put from one warm-up to the next: a chunk the server
+    coalesced changes the tokens per chunk, never the interval, and the workers of one run
+    must not differ in fingerprint over it."""
+    chunking = warm_up.chunking() if warm_up is not None else {}
+    return {
+        "stream_interval": chunking.get("stream_interval"),
+        "token_count_source": chunking.get("token_count_source"),
+        "tolerance": run.settings.stream_tolerance,
+        "bursts_allowed": run.settings.allow_bursts,
+    }
 
 
 def measure(
@@ -110,6 +135,8 @@ def measure(
         first_token_budget_s=budget_s,
         budget_source=source,
         allow_unverified=run.settings.allow_unverified,
+        stream_tolerance=run.settings.stream_tolerance,
+        allow_bursts=run.settings.allow_bursts,
     )
     return measure_point(
         client,

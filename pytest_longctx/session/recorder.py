@@ -91,6 +91,7 @@ def on_report(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.Tes
         completion_tokens=measurement.completion_tokens if measurement else None,
         server_metrics=measurement.server_metrics() if measurement else {},
         fingerprint=run.fingerprint,
+        stream=measurement.stream if measurement else {},
         started_at=call.start,
         finished_at=time.time(),
     )

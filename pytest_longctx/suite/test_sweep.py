@@ -30,6 +30,10 @@ def test_prefill_decode(longctx_point, longctx_prompt, longctx_measure):
         f"the server served {result.server_requests} requests during this point: its TTFT "
         "is not this request's alone"
     )
+    # Streamed as decoded: the stream's decode rate and its chunks agree with the server's own
+    # decode (a stream held back and flushed at once is not; None when the server's figure is
+    # unknown, or the point keeps the server's figure with --longctx-allow-bursts).
+    assert result.stream_problem is None, result.stream_problem
 
 
 def test_regression(longctx_regression_length, longctx_gate):

@@ -1,0 +1,112 @@
+"""The stream against the server's own decode: bursts judged chunk by chunk, and the rate."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from pytest_longctx.measure.agreement import judge_stream, largest_burst
+
+TAU = 0.0022  # the server's per-token time: 2.2 ms, as cpu-tiny decodes on a quiet host
+
+
+def steady(counts: list[int], tau: float = TAU, start: float = 0.5) -> list[float]:
+    """Arrivals of chunks streamed as decoded: each ``k`` tokens ``k * tau`` after the last."""
+    return [start + tau * total for total in itertools.accumulate([0, *counts[1:]])]
+
+
+def rate(times: list[float], counts: list[int], tokens: int) -> float:
+    return (tokens - counts[0]) / (times[-1] - times[0])
+
+
+def test_a_stream_flushed_at_once_is_a_burst_with_both_figures() -> None:
+    counts = [1] * 32
+    times = [0.5 + index * 2e-6 for index in range(32)]  # 31 gaps of 2 us
+    verdict = judge_stream(times, counts, 32, rate(times, counts, 32), 31 * TAU)
+    assert verdict is not None and verdict.problem is not None
+    assert verdict.burst is not None and verdict.burst.tokens == 31
+    assert verdict.server_rate == pytest.approx(1 / TAU)
+    assert "the stream delivered 31 tokens within 0.062 ms" in verdict.problem
+    assert "the server decoded them at 455 tok/s (in 68 ms)" in verdict.problem
+    assert "the stream's decode rate, 500,000.0 tok/s" in verdict.problem
+    assert "455" in verdict.problem and "--longctx-allow-bursts" in verdict.problem
+
+
+@pytest.mark.parametrize("interval", [1, 8, 32])
+def test_chunks_of_the_stream_interval_streamed_as_decoded_agree(interval: int) -> None:
+    tokens = 65
+    counts = [1] + [interval] * ((tokens - 1) // interval)
+    counts += [tokens - sum(counts)] if sum(counts) < tokens else []
+    times = steady(counts)
+    verdict = judge_stream(times, counts, tokens, rate(times, counts, tokens), (tokens - 1) * TAU)
+    assert verdict is not None and verdict.problem is None
+    assert verdict.burst is None
+
+
+def test_an_uneven_decode_is_not_a_burst() -> None:
+    """A busy host: steps alternately three times faster and slower than the mean."""
+    gaps = [TAU * (0.3 if index % 2 else 1.7) for index in range(31)]
+    times = list(itertools.accumulate([0.5, *gaps]))
+    counts = [1] * 32
+    verdict = judge_stream(times, counts, 32, rate(times, counts, 32), 31 * TAU)
+    assert verdict is not None and verdict.problem is None and verdict.burst is None
+
+
+def test_a_stall_flushed_mid_stream_is_a_burst_though_the_rate_agrees() -> None:
+    # 20 tokens as decoded, then 11 held back and handed over 10 us apart
+    times = steady([1] * 21)
+    times += [times[-1] + 11 * TAU + index * 1e-5 for index in range(11)]
+    counts = [1] * 32
+    client = rate(times, counts, 32)
+    assert client == pytest.approx(1 / TAU, rel=0.01)  # the rate alone would pass it
+    verdict = judge_stream(times, counts, 32, client, 31 * TAU, tolerance=0.25)
+    assert verdict is not None and verdict.problem is not None
+    assert verdict.burst is not None and verdict.burst.tokens == 10
+    assert "32% of the decode in one burst of 10 chunks, beyond the 25% allowed" in verdict.problem
+    default = judge_stream(times, counts, 32, client, 31 * TAU)  # 50%: a third is allowed
+    assert default is not None and default.problem is None
+    assert "the stream delivered 10 tokens" in verdict.problem
+    assert "decode rate" not in verdict.problem
+
+
+def test_a_flush_read_in_pieces_is_one_burst() -> None:
+    """A flushed stream read in two pieces: a gap shorter than decoding, not ten times."""
+    times = [0.5, *(0.6 + index * 1e-5 for index in range(15))]
+    times += [times[-1] + 0.5 * TAU + index * 1e-5 for index in range(16)]
+    verdict = largest_burst(times, [1] * 32, TAU)
+    # the first flushed chunk came after the stall; the 30 after it came with it
+    assert verdict is not None and verdict.tokens == 30 and verdict.chunks == 30
+
+
+def test_a_little_jitter_is_not_a_burst() -> None:
+    times = steady([1] * 32)
+    times[10] = times[9] + 1e-5  # one token late, the next on time: two arrive together
+    times[11] = times[10] + 1e-5
+    counts = [1] * 32
+    verdict = judge_stream(times, counts, 32, rate(times, counts, 32), 31 * TAU)
+    assert verdict is not None and verdict.burst is not None and verdict.burst.tokens == 2
+    assert verdict.problem is None
+
+
+def test_a_rate_off_the_servers_fails_beyond_the_tolerance() -> None:
+    counts = [1] * 32
+    times = steady(counts, tau=TAU / 1.4)  # the stream shows a decode 40% faster
+    verdict = judge_stream(times, counts, 32, rate(times, counts, 32), 31 * TAU, tolerance=0.25)
+    assert verdict is not None and verdict.problem is not None
+    assert "+40% off the server's own, 454.5 tok/s (tolerance 25%)" in verdict.problem
+    default = judge_stream(times, counts, 32, rate(times, counts, 32), 31 * TAU)
+    assert default is not None and default.problem is None  # within 50%
+
+
+def test_nothing_is_judged_without_the_servers_decode_time() -> None:
+    assert judge_stream([0.5, 0.6], [1, 1], 2, 10.0, None) is None
+    assert judge_stream([0.5, 0.6], [1, 1], 2, 10.0, 0.0) is None
+
+
+def test_the_instruments_own_overhead_is_no_disagreement() -> None:
+    """A server decoding 8 tokens in 0.1 ms, read in 1 ms: the difference is the client's."""
+    counts = [1] * 8
+    times = steady(counts, tau=1e-3 / 7)
+    verdict = judge_stream(times, counts, 8, rate(times, counts, 8), 1e-4)
+    assert verdict is not None and verdict.problem is None
