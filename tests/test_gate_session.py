@@ -712,7 +712,8 @@ def test_a_bad_profile_gate_tolerance_is_a_usage_error(pytester: pytest.Pytester
         "-p", "no:cacheprovider", f"--longctx-profile={profile}", "--longctx-plan"
     )
     line = usage_error_line(result)
-    assert f"profile {profile}: [gate] tolerance: --longctx-tolerance: 'ttft=fast'" in line
+    assert f"profile {profile}: [gate] tolerance: 'ttft=fast'" in line
+    assert "--longctx-tolerance" not in line  # the profile's key, not the option, is wrong
 
 
 # -- real vLLM ---------------------------------------------------------------------------------
