@@ -213,4 +213,5 @@ def test_calibrate_runs_the_shipped_sweep_from_an_empty_folder(
     # Nothing of the repository was needed, and nothing was written there: the runs went to a
     # temporary folder (pytest-benchmark makes its empty .benchmarks/ in any session).
     assert [path.name for path in empty.iterdir()] in ([], [".benchmarks"])
-    assert not any((empty / ".benchmarks").iterdir()) if (empty / ".benchmarks").exists() else True
+    saved = empty / ".benchmarks"
+    assert not saved.exists() or not any(saved.iterdir())
