@@ -1,11 +1,8 @@
-"""The sweep in any repository and any CI: ini lists and off switches, the report header,
-JUnit XML properties, and ``calibrate`` from a folder that holds nothing of this repository."""
+"""The sweep in any repository and any CI: ini lists and off switches, the report header and
+JUnit XML properties. (``calibrate`` from an empty folder: tests/test_packaging.py.)"""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
@@ -172,46 +169,3 @@ def test_junit_xml_carries_each_points_figures_and_the_gates_verdicts(
             assert gate[f"longctx_gate_{metric}"] in ("ok", "improved")
             assert float(gate[f"longctx_gate_{metric}_change_pct"]) > -100
         assert float(gate["longctx_gate_ttft_tolerance_pct"]) == 100000
-
-
-# -- calibrate -----------------------------------------------------------------------------
-
-
-@pytest.mark.vllm
-def test_calibrate_runs_the_shipped_sweep_from_an_empty_folder(
-    tmp_path: Path, vllm_url: str
-) -> None:
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    stored = tmp_path / "calibrated.jsonl"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest_longctx",
-            "calibrate",
-            "--sessions=2",
-            f"--output={stored}",
-            "--",
-            f"--longctx-url={vllm_url}",
-            "--longctx-to=1Ki",
-            "--longctx-repeats=2",
-            "--longctx-progress=off",
-        ],
-        cwd=empty,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={key: value for key, value in os.environ.items() if key != "PYTEST_ADDOPTS"},
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "session 1/2: " in done.stdout and "session 2/2: " in done.stdout
-    assert "--pyargs pytest_longctx.suite" in done.stdout
-    assert "calibration over 2 sessions, level 0.01" in done.stdout
-    assert "proposed tolerances: " in done.stdout
-    assert stored.is_file()
-    # Nothing of the repository was needed, and nothing was written there: the runs went to a
-    # temporary folder (pytest-benchmark makes its empty .benchmarks/ in any session).
-    assert [path.name for path in empty.iterdir()] in ([], [".benchmarks"])
-    saved = empty / ".benchmarks"
-    assert not saved.exists() or not any(saved.iterdir())

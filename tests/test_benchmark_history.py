@@ -10,20 +10,16 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import re
 import statistics
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from longctx_testing import records_of, run_folder
+from longctx_testing import Session, pytest_benchmark_compare, records_of, run_folder, run_process
 
 pytestmark = pytest.mark.vllm
 
-SESSION_TIMEOUT_S = 600
 SWEEP = ("--longctx-to=2Ki", "--longctx-repeats=3", "--longctx-progress=off")
 NAMES = [
     f"test_prefill_decode[len={size}-{metric}]"
@@ -32,29 +28,9 @@ NAMES = [
 ]
 
 
-@dataclass(frozen=True)
-class Session:
-    returncode: int
-    output: str
-
-    def describe(self) -> str:
-        return f"exit {self.returncode}\n{self.output[-6000:]}"
-
-
-def run(directory: Path, *args: str) -> Session:
-    completed = subprocess.run(
-        [sys.executable, *args],
-        cwd=directory,
-        capture_output=True,
-        text=True,
-        timeout=SESSION_TIMEOUT_S,
-        env={key: value for key, value in os.environ.items() if key != "PYTEST_ADDOPTS"},
-    )
-    return Session(completed.returncode, completed.stdout + completed.stderr)
-
-
 def sweep(directory: Path, url: str, output: str, *args: str) -> Session:
-    return run(
+    """The shipped sweep in ``directory``; what it printed to stdout and stderr, as one."""
+    done = run_process(
         directory,
         "-m",
         "pytest",
@@ -67,6 +43,7 @@ def sweep(directory: Path, url: str, output: str, *args: str) -> Session:
         *SWEEP,
         *args,
     )
+    return Session(done.returncode, done.stdout + done.stderr, "")
 
 
 @dataclass(frozen=True)
@@ -99,7 +76,7 @@ def history(tmp_path_factory: pytest.TempPathFactory, vllm_url: str) -> History:
 def test_autosave_stores_each_length_and_metric_with_the_repeats_as_rounds(
     history: History,
 ) -> None:
-    assert "Not saving anything" not in history.first.output
+    assert "Not saving anything" not in history.first.stdout
     for number, output in (("0001", "first"), ("0002", "second")):
         document = history.document(number)
         assert [b["name"] for b in document["benchmarks"]] == NAMES
@@ -120,7 +97,7 @@ def test_autosave_stores_each_length_and_metric_with_the_repeats_as_rounds(
 
 
 def test_the_session_compares_each_length_with_the_saved_run(history: History) -> None:
-    output = history.second.output
+    output = history.second.stdout
     assert f"Comparing against benchmarks from: {history.saved('0001').parent.name}/" in output
     for name in NAMES:
         assert f"{name} (NOW)" in output
@@ -144,15 +121,7 @@ def table_means(output: str) -> dict[tuple[str, str], float]:
 
 
 def test_pytest_benchmark_compare_shows_per_length_statistics(history: History) -> None:
-    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
-    completed = subprocess.run(
-        [sys.executable, "-m", "pytest_benchmark", "compare", "0001", "0002", "--columns=mean"],
-        cwd=history.project,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    completed = pytest_benchmark_compare(history.project, "0001", "0002", "--columns=mean")
     assert completed.returncode == 0, completed.stderr
     assert "benchmark 'longctx ttft (s)': 4 tests" in completed.stdout
     assert "benchmark 'longctx decode (s/token)': 4 tests" in completed.stdout
@@ -201,16 +170,16 @@ def test_benchmark_compare_fail_fails_a_slower_run(
         f"--benchmark-compare={baseline}",
         "--benchmark-compare-fail=mean:10%",
     )
-    regressions = re.findall(r"(test_prefill_decode\[\S+\]) \(\S+\) - Field 'mean'", session.output)
-    assert "Traceback" not in session.output, session.describe()
-    assert "long-context sweep" in session.output  # the sweep's summary still follows
-    assert "6 passed" in session.output
+    regressions = re.findall(r"(test_prefill_decode\[\S+\]) \(\S+\) - Field 'mean'", session.stdout)
+    assert "Traceback" not in session.stdout, session.describe()
+    assert "long-context sweep" in session.stdout  # the sweep's summary still follows
+    assert "6 passed" in session.stdout
     if fails:
         assert session.returncode == 1, session.describe()
-        assert "Performance has regressed" in session.output
+        assert "Performance has regressed" in session.stdout
         assert sorted(regressions) == sorted(NAMES), session.describe()
-        assert "--benchmark-compare-fail: performance has regressed" in session.output
+        assert "--benchmark-compare-fail: performance has regressed" in session.stdout
     else:
         assert session.returncode == 0, session.describe()
-        assert "Performance has regressed" not in session.output
+        assert "Performance has regressed" not in session.stdout
         assert regressions == []

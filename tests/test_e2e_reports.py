@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from longctx_testing import SWEEP_TEST, raw_lines, run_folder
+from longctx_testing import SWEEP_TEST, Session, raw_lines, run_folder, run_process
 
 from pytest_longctx.core.records import Record, read_records
 
@@ -85,18 +85,6 @@ def pytest_runtest_call(item):
 # --------------------------------------------------------------------------- sessions
 
 
-@dataclass(frozen=True)
-class Session:
-    """A finished pytest process: exit status and what it printed."""
-
-    returncode: int
-    stdout: str
-    stderr: str
-
-    def describe(self) -> str:
-        return f"exit {self.returncode}\n{self.stdout[-4000:]}\n{self.stderr[-2000:]}"
-
-
 def project(directory: Path, conftest: str | None = None) -> Path:
     """A user's project: the repository's sweep test, its own ini file, maybe a conftest."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -107,20 +95,10 @@ def project(directory: Path, conftest: str | None = None) -> Path:
     return directory
 
 
-def run_process(directory: Path, *args: str) -> Session:
-    completed = subprocess.run(
-        [sys.executable, *args],
-        cwd=directory,
-        capture_output=True,
-        text=True,
-        timeout=SESSION_TIMEOUT_S,
-        env={key: value for key, value in os.environ.items() if key != "PYTEST_ADDOPTS"},
-    )
-    return Session(completed.returncode, completed.stdout, completed.stderr)
-
-
 def run_pytest(directory: Path, *args: str) -> Session:
-    return run_process(directory, "-m", "pytest", "-p", "no:cacheprovider", *args)
+    return run_process(
+        directory, "-m", "pytest", "-p", "no:cacheprovider", *args, timeout=SESSION_TIMEOUT_S
+    )
 
 
 @dataclass(frozen=True)

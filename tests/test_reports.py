@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import json
 import math
-import os
 import re
 import shutil
 import statistics
@@ -17,6 +16,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from longctx_testing import pytest_benchmark_compare
 
 from pytest_longctx.cli import main, rebuild_reports
 from pytest_longctx.core.records import Record, append_record
@@ -382,16 +382,7 @@ def test_benchmark_json_loads_in_pytest_benchmark_storage_and_compare(tmp_path):
     assert len(loaded) == 6
     assert {bench["group"] for bench in loaded} == {"longctx ttft (s)", "longctx decode (s/token)"}
 
-    # `pytest-benchmark compare` builds a pytest Config; keep other installed plugins out of it.
-    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest_benchmark", "compare", str(path)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = pytest_benchmark_compare(tmp_path, str(path))
     assert result.returncode == 0, result.stderr
     assert "benchmark 'longctx ttft (s)': 3 tests" in result.stdout
     assert "benchmark 'longctx decode (s/token)': 3 tests" in result.stdout
