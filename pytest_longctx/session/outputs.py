@@ -171,7 +171,7 @@ def hand_to_pytest_benchmark(config: pytest.Config, records: list[Record]) -> No
     for the benchmarks its session holds; a sweep times none through its fixture, and there is
     no public hook to add one. This is the one seam: the sweep's benchmarks are appended to
     ``BenchmarkSession.benchmarks`` as the fixture would append them, as pytest-benchmark's own
-    ``Metadata`` (``tests/test_benchmark_session.py`` holds it to the installed version).
+    ``Metadata`` (``tests/test_benchmark_history.py`` holds it to the installed version).
     Under pytest-xdist pytest-benchmark disables its fixture everywhere; the controller, the
     one process that holds every worker's records, hands them over, and it saves them as usual.
     ``--benchmark-disable`` keeps them out.
