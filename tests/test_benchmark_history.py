@@ -16,7 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from longctx_testing import Session, pytest_benchmark_compare, records_of, run_folder, run_process
+from longctx_testing import (
+    SHIPPED_SWEEP,
+    Session,
+    pytest_benchmark_compare,
+    records_of,
+    run_folder,
+    run_process,
+)
 
 pytestmark = pytest.mark.vllm
 
@@ -32,12 +39,7 @@ def sweep(directory: Path, url: str, output: str, *args: str) -> Session:
     """The shipped sweep in ``directory``; what it printed to stdout and stderr, as one."""
     done = run_process(
         directory,
-        "-m",
-        "pytest",
-        "-p",
-        "no:cacheprovider",
-        "--pyargs",
-        "pytest_longctx.suite",
+        *SHIPPED_SWEEP,
         f"--longctx-url={url}",
         f"--longctx-output={output}",
         *SWEEP,

@@ -13,7 +13,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from longctx_testing import REPO, records_of
+from longctx_testing import REPO, SHIPPED_SWEEP, records_of
 
 import pytest_longctx
 from pytest_longctx.core.records import read_records
@@ -107,16 +107,7 @@ def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 def run_in_empty_folder(python: Path, folder: Path, *args: str, timeout: float = 600):  # noqa: ANN201
     folder.mkdir()
     return subprocess.run(
-        [
-            str(python),
-            "-m",
-            "pytest",
-            "-p",
-            "no:cacheprovider",
-            "--pyargs",
-            "pytest_longctx.suite",
-            *args,
-        ],
+        [str(python), *SHIPPED_SWEEP, *args],
         cwd=folder,
         capture_output=True,
         text=True,
