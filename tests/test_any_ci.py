@@ -108,6 +108,13 @@ def test_the_header_follows_the_projects_ini_keys(pytester: pytest.Pytester) -> 
     assert "longctx server: launched from the profile" in header_lines(result)
 
 
+def test_the_header_when_the_shipped_sweep_is_named(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--pyargs", "pytest_longctx.suite", "--co"
+    )
+    assert "longctx points: 1Ki..16Ki, 1 repeat(s), 32 decode tokens" in header_lines(result)
+
+
 def test_no_header_in_a_session_that_does_not_ask(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_other="def test_one():\n    pass\n")
     pytester.makeini("[pytest]\n")

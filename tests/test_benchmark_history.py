@@ -98,6 +98,14 @@ def test_autosave_stores_each_length_and_metric_with_the_repeats_as_rounds(
             assert stored["extra_info"] == entry["extra_info"]
 
 
+def test_the_report_command_rebuilds_the_same_benchmarks(history: History, tmp_path: Path) -> None:
+    run_dir = run_folder(history.project / "first")
+    done = run_process(tmp_path, "-m", "pytest_longctx", "report", str(run_dir), "--output", "out")
+    assert done.returncode == 0, done.describe()
+    rebuilt = json.loads((tmp_path / "out" / "benchmark.json").read_text())["benchmarks"]
+    assert rebuilt == json.loads((run_dir / "benchmark.json").read_text())["benchmarks"]
+
+
 def test_the_session_compares_each_length_with_the_saved_run(history: History) -> None:
     output = history.second.stdout
     assert f"Comparing against benchmarks from: {history.saved('0001').parent.name}/" in output

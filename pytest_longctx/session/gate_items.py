@@ -73,7 +73,9 @@ class Gate:
     #: The item judging: its ``user_properties`` get the verdicts (``--junitxml``).
     item: pytest.Item | None = None
 
-    def _record(self, length: int, status: str, verdicts: tuple = ()) -> None:
+    def _set_properties(
+        self, length: int, status: str, verdicts: tuple[gate.MetricVerdict, ...] = ()
+    ) -> None:
         if self.item is None:
             return
         properties: list[tuple[str, object]] = [
@@ -104,7 +106,7 @@ class Gate:
             measured = [record for record in current if record.outcome == "passed"]
             differences = gate.fingerprint_differences(self.baseline, measured)
             if differences:
-                self._record(length, "refused")
+                self._set_properties(length, "refused")
                 pytest.fail(
                     "refusing to compare unlike with unlike (use --longctx-baseline-force to "
                     "compare anyway):\n  " + "\n  ".join(differences),
@@ -113,7 +115,7 @@ class Gate:
         verdict = gate.compare_length(
             self.baseline, current, length, state.tolerances, level=state.level
         )
-        self._record(length, verdict.status, verdict.verdicts)
+        self._set_properties(length, verdict.status, verdict.verdicts)
         if verdict.status == "missing_in_baseline":
             pytest.skip(verdict.message)
         if verdict.status == "improved":  # only what improved: "ok" lines are no news
