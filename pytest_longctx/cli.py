@@ -28,6 +28,8 @@ from pytest_longctx.reporting.plots import ExtraPlot, write_plots
 from pytest_longctx.reporting.prefill_plot import draw_prefill_rate_plot
 
 PROG = "python -m pytest_longctx"
+#: The sweep inside the package: what ``calibrate`` runs unless told another test file.
+SHIPPED_SWEEP = ("--pyargs", "pytest_longctx.suite")
 
 
 def rebuild_reports(
@@ -341,7 +343,7 @@ def _run_sessions(args: argparse.Namespace) -> list[Record]:
             "-p",
             "no:cacheprovider",
             "-q",
-            args.test,
+            *(SHIPPED_SWEEP if args.test is None else [args.test]),
             f"--longctx-output={output}",
             *pytest_args,
         ]
@@ -491,9 +493,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     calibrate.add_argument(
         "--test",
-        default="tests/test_sweep.py",
+        default=None,
         metavar="PATH",
-        help="the sweep test file (default tests/test_sweep.py)",
+        help="a sweep test file of your own (default: the shipped sweep, "
+        + " ".join(SHIPPED_SWEEP)
+        + ", which runs in any folder)",
     )
     calibrate.add_argument(
         "--reports", metavar="DIR", help="where the sessions write their runs (default: a temp dir)"

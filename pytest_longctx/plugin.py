@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 
 from pytest_longctx.plan.sweep import SLOW_MARK, VERY_SLOW_MARK
-from pytest_longctx.session import hookspecs, sweep_session, workers
+from pytest_longctx.session import hookspecs, outputs, sweep_session, workers
 from pytest_longctx.session import items as sweep_items
 from pytest_longctx.session.controller import Controller
-from pytest_longctx.session.options import OPTIONS, attach_resume_value
+from pytest_longctx.session.options import OPTIONS, asks_for_sweep, attach_resume_value
 
 pytest_plugins = ("pytest_longctx.session.fixtures",)
 
@@ -27,13 +27,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("longctx", "long-context serving sweep (pytest-longctx)")
     for spec in OPTIONS:
         if spec.flag:
-            group.addoption(
-                f"--{spec.name}",
-                action="store_true",
-                default=False,
-                dest=spec.dest,
-                help=spec.help.replace("%", "%%"),
-            )
+            switches = [(spec.name, "store_true", spec.help)]
+            if spec.negation:
+                off = f"turn --{spec.name} off where the ini file turns it on"
+                switches.append((spec.negation, "store_false", off))
+            for name, action, text in switches:
+                group.addoption(
+                    f"--{name}",
+                    action=action,
+                    default=spec.default,
+                    dest=spec.dest,
+                    help=text.replace("%", "%%"),
+                )
         else:
             group.addoption(
                 f"--{spec.name}",
@@ -44,7 +49,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help=spec.help.replace("%", "%%"),
             )
         if spec.ini:
-            parser.addini(spec.dest, spec.help, type="bool" if spec.flag else "string")
+            # default None: getini tells a key the project set from one it did not
+            ini_type = "bool" if spec.flag else "linelist" if spec.multiple else "string"
+            parser.addini(spec.dest, spec.help, type=ini_type, default=None)
     group.addoption(
         "--longctx-resume",
         nargs="?",
@@ -75,6 +82,14 @@ def pytest_configure(config: pytest.Config) -> None:
         sweep_session.activate(config)
     elif workers.planned_workers(config):
         config.pluginmanager.register(Controller(config, prepared.run), "longctx-controller")
+
+
+def pytest_report_header(config: pytest.Config) -> list[str] | None:
+    """Profile, server and lengths, where the session asks for the sweep by name or option:
+    the header is printed before collection, when whether a sweep runs is not yet known."""
+    if not asks_for_sweep(config):
+        return None
+    return outputs.report_header(sweep_session.prepared(config).run)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -4,13 +4,58 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_longctx.core.records import Record, read_records
 
 REPO = Path(__file__).resolve().parents[1]
 SWEEP_TEST = (REPO / "tests" / "test_sweep.py").read_text(encoding="utf-8")
+#: ``python`` arguments that run the sweep shipped in the package, as any project runs it.
+SHIPPED_SWEEP = ("-m", "pytest", "-p", "no:cacheprovider", "--pyargs", "pytest_longctx.suite")
+
+
+@dataclass(frozen=True)
+class Session:
+    """A finished process (a pytest session, the CLI): exit status and what it printed."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def describe(self) -> str:
+        return f"exit {self.returncode}\n{self.stdout[-4000:]}\n{self.stderr[-2000:]}"
+
+
+def run_process(directory: Path, *args: str, python: Path | None = None, timeout: float = 600):  # noqa: ANN201
+    """``python ARGS`` in ``directory`` as a user runs it (no PYTEST_ADDOPTS of this session)."""
+    completed = subprocess.run(
+        [str(python or sys.executable), *args],
+        cwd=directory,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={key: value for key, value in os.environ.items() if key != "PYTEST_ADDOPTS"},
+    )
+    return Session(completed.returncode, completed.stdout, completed.stderr)
+
+
+def pytest_benchmark_compare(directory: Path, *args: str) -> Session:
+    """``pytest-benchmark compare ARGS``; it builds a pytest Config, so other installed
+    plugins are kept out of it."""
+    completed = subprocess.run(
+        [sys.executable, "-m", "pytest_benchmark", "compare", *args],
+        cwd=directory,
+        env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return Session(completed.returncode, completed.stdout, completed.stderr)
 
 
 def run_folder(output: Path) -> Path:

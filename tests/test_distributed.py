@@ -348,6 +348,7 @@ def servers_of(records) -> Counter:  # noqa: ANN001
 def test_two_attached_servers_share_one_run(
     sweep_dir: pytest.Pytester, vllm_url: str, second_vllm_url: str
 ) -> None:
+    user_json = sweep_dir.path / "user-benchmark.json"
     result, output = run_session(
         sweep_dir,
         "-n",
@@ -359,8 +360,17 @@ def test_two_attached_servers_share_one_run(
         "--longctx-progress=plain",
         "--longctx-progress-interval=200ms",
         "--longctx-progress-throttle=0",
+        f"--benchmark-json={user_json}",
     )
     result.assert_outcomes(passed=8)
+    # pytest-benchmark disables itself under xdist; the controller hands it the sweep, with
+    # both workers' repeats as each length's rounds, and it writes the file.
+    written = json.loads(user_json.read_text())["benchmarks"]
+    assert [
+        (b["params"]["length"], b["params"]["metric"], b["stats"]["rounds"]) for b in written
+    ] == [(n, metric, 2) for n in (1024, 2048, 4096, 8192) for metric in ("ttft", "decode")]
+    ours = json.loads((run_folder(output) / "benchmark.json").read_text())["benchmarks"]
+    assert written == ours
     # Workers write their progress; the controller prints it and merges the files.
     result.stdout.fnmatch_lines(["*longctx gw*: * || sweep ~* left"])
     folder = run_folder(output)

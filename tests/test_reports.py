@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import json
 import math
-import os
 import re
 import shutil
 import statistics
@@ -17,6 +16,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from longctx_testing import pytest_benchmark_compare
 
 from pytest_longctx.cli import main, rebuild_reports
 from pytest_longctx.core.records import Record, append_record
@@ -24,6 +24,7 @@ from pytest_longctx.core.stats import latest_records, summarize, summarize_value
 from pytest_longctx.reporting.benchmark_json import (
     benchmark_entries,
     build_benchmark_json,
+    sweep_benchmarks,
     write_benchmark_json,
 )
 from pytest_longctx.reporting.html import (
@@ -298,7 +299,7 @@ def test_terminal_table_has_aligned_columns():
 # --------------------------------------------------------------------------- benchmark JSON
 
 
-def test_benchmark_json_has_one_single_round_benchmark_per_passed_point():
+def test_benchmark_json_has_one_benchmark_per_length_and_metric_with_repeats_as_rounds():
     document = build_benchmark_json(
         study_records(), machine_info={"node": "test-host"}, commit_info={"id": "abc"}
     )
@@ -307,34 +308,68 @@ def test_benchmark_json_has_one_single_round_benchmark_per_passed_point():
     assert document["machine_info"]["longctx_fingerprint"]["model"] == "org/tiny-model"
     assert document["commit_info"] == {"id": "abc"}
     benchmarks = document["benchmarks"]
-    # 8 records, one failed: 7 benchmarks
-    assert len(benchmarks) == 7
-    first = benchmarks[0]
-    assert first["group"] == "longctx"
-    assert first["name"] == "test_prefill_decode[len=1024-rep=0]"
-    assert first["fullname"] == "tests/test_sweep.py::test_prefill_decode[len=1024-rep=0]"
-    assert first["param"] == "len=1024-rep=0"
-    assert first["params"] == {"length": 1024, "repeat": 0}
-    stats = first["stats"]
-    for key in ("min", "max", "mean", "median", "q1", "q3", "ld15iqr", "hd15iqr", "total"):
-        assert stats[key] == 0.08, key
-    assert (stats["stddev"], stats["iqr"], stats["rounds"], stats["iterations"]) == (0, 0, 1, 1)
-    assert stats["ops"] == pytest.approx(1 / 0.08)  # 12.5 requests per second
-    assert stats["outliers"] == "0;0"
-    assert stats["data"] == [0.08]
-    extra = first["extra_info"]
-    assert extra["figures"] == {"decode_throughput": {"value": 275.6, "unit": "tok/s"}}
-    assert (extra["length"], extra["length_label"], extra["repeat"]) == (1024, "1Ki", 0)
-    assert (extra["prompt_tokens"], extra["completion_tokens"]) == (1024, 64)
-    assert [b["extra_info"]["length"] for b in benchmarks] == sorted(
-        b["extra_info"]["length"] for b in benchmarks
-    )
+    # 3 lengths (64Ki: one passed, one failed) x (ttft, decode)
+    assert [b["name"] for b in benchmarks] == [
+        f"test_prefill_decode[len={size}-{metric}]"
+        for size in ("1Ki", "64Ki", "64Mi")
+        for metric in ("ttft", "decode")
+    ]
+    ttft, decode = benchmarks[0], benchmarks[1]
+    assert ttft["group"] == "longctx ttft (s)" and decode["group"] == "longctx decode (s/token)"
+    assert ttft["fullname"] == "tests/test_sweep.py::test_prefill_decode[len=1Ki-ttft]"
+    assert ttft["param"] == "len=1Ki-ttft"
+    assert ttft["params"] == {"length": 1024, "metric": "ttft"}
+    # The three repeats are the rounds: 0.08, 0.08, 0.09 s, statistics by hand.
+    stats = ttft["stats"]
+    assert stats["data"] == [0.08, 0.08, 0.09]
+    assert (stats["rounds"], stats["iterations"]) == (3, 1)
+    assert stats["mean"] == pytest.approx(0.25 / 3)
+    assert stats["stddev"] == pytest.approx(0.0057735027, rel=1e-7)
+    assert (stats["min"], stats["max"], stats["median"]) == (0.08, 0.09, 0.08)
+    assert stats["total"] == pytest.approx(0.25)
+    assert stats["ops"] == pytest.approx(3 / 0.25)
+    # Decode as seconds per token, lower is better: 1 / 275.6, 1 / 275.9, 1 / 276.2.
+    assert decode["stats"]["data"] == pytest.approx([1 / 275.6, 1 / 275.9, 1 / 276.2])
+    assert decode["stats"]["max"] == pytest.approx(1 / 275.6)
+    assert decode["stats"]["ops"] == pytest.approx(3 / (1 / 275.6 + 1 / 275.9 + 1 / 276.2))
+    extra = ttft["extra_info"]
+    assert (extra["length"], extra["length_label"], extra["metric"], extra["unit"]) == (
+        1024, "1Ki", "ttft", "s",
+    )  # fmt: skip
+    assert decode["extra_info"]["unit"] == "s/token"
+    assert extra["runs"] == ["run-a"]
+    assert [(r["repeat"], r["seconds"]) for r in extra["rounds"]] == [
+        (0, 0.08), (1, 0.08), (2, 0.09),
+    ]  # fmt: skip
+    first = extra["rounds"][0]
+    assert first["figures"] == {"ttft": 0.08, "decode_throughput": 275.6}
+    assert (first["prompt_tokens"], first["completion_tokens"]) == (1024, 64)
+    assert extra["figure_units"] == {"ttft": "s", "decode_throughput": "tok/s"}
+    # 64Ki: only the passed repeat is a round
+    assert benchmarks[2]["stats"]["data"] == [0.67]
 
 
-def test_benchmark_entries_skip_superseded_failures():
-    records = [record(KI, 0, outcome="failed", reason="x"), record(KI, 0, ttft=0.5)]
-    (entry,) = benchmark_entries(records)
-    assert entry["stats"]["mean"] == 0.5
+def test_benchmark_rounds_merge_runs_and_skip_superseded_failures():
+    records = [
+        record(KI, 0, outcome="failed", reason="x"),
+        record(KI, 0, ttft=0.5),  # the resumed point: the later record counts
+        record(KI, 0, ttft=0.7, run_id="run-b"),
+    ]
+    (ttft,) = benchmark_entries(records)  # no decode figure, no decode benchmark
+    assert ttft["stats"]["data"] == [0.5, 0.7]
+    assert ttft["extra_info"]["runs"] == ["run-a", "run-b"]
+
+
+def test_the_entries_are_pytest_benchmarks_own_metadata():
+    from pytest_benchmark.stats import Metadata
+
+    (ttft, decode) = sweep_benchmarks([record(KI, 0, ttft=0.1, decode=200.0)])
+    metadata = ttft.metadata()
+    assert isinstance(metadata, Metadata)
+    # --benchmark-compare-fail reads the fields through Metadata's item access
+    assert (metadata["mean"], metadata["rounds"], metadata.has_error) == (0.1, 1, False)
+    assert metadata.as_dict(include_data=True)["stats"] == ttft.entry()["stats"]
+    assert decode.metadata()["mean"] == pytest.approx(0.005)
 
 
 def test_benchmark_json_loads_in_pytest_benchmark_storage_and_compare(tmp_path):
@@ -344,22 +379,14 @@ def test_benchmark_json_loads_in_pytest_benchmark_storage_and_compare(tmp_path):
 
     storage = FileStorage(tmp_path / "storage", logger=Logger(Logger.QUIET))
     loaded = list(storage.load_benchmarks(str(path)))
-    assert len(loaded) == 7
-    assert {bench["group"] for bench in loaded} == {"longctx"}
+    assert len(loaded) == 6
+    assert {bench["group"] for bench in loaded} == {"longctx ttft (s)", "longctx decode (s/token)"}
 
-    # `pytest-benchmark compare` builds a pytest Config; keep other installed plugins out of it.
-    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest_benchmark", "compare", str(path)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = pytest_benchmark_compare(tmp_path, str(path))
     assert result.returncode == 0, result.stderr
-    assert "benchmark 'longctx': 7 tests" in result.stdout
-    assert "test_prefill_decode[len=67108864-rep=2]" in result.stdout
+    assert "benchmark 'longctx ttft (s)': 3 tests" in result.stdout
+    assert "benchmark 'longctx decode (s/token)': 3 tests" in result.stdout
+    assert "test_prefill_decode[len=64Mi-ttft]" in result.stdout
 
 
 # --------------------------------------------------------------------------- plots
@@ -622,7 +649,10 @@ def test_cli_merges_runs_and_warns_about_a_truncated_line(tmp_path):
     # 1Ki: repeats 0.08, 0.08 (run-a) and 0.09 (b) merge into n=3, as in the hand-computed test
     assert rows[0][:5] == ["1Ki", "1,024", "3", "0.083 ± 0.006", "6.9%"]
     assert [row[0] for row in rows] == ["1Ki", "2Ki"]
-    assert len(json.loads((out / "benchmark.json").read_text())["benchmarks"]) == 4
+    # 1Ki and 2Ki, TTFT and decode; 1Ki's rounds are the repeats of both runs
+    benchmarks = json.loads((out / "benchmark.json").read_text())["benchmarks"]
+    assert len(benchmarks) == 4
+    assert sorted(benchmarks[0]["stats"]["data"]) == [0.08, 0.08, 0.09]
     assert len(Document((out / "report.html").read_text()).images) == 2
 
 

@@ -1,9 +1,14 @@
-"""Records in pytest-benchmark's JSON layout, for its ``compare``, CI dashboards and history.
+"""Records as pytest-benchmark benchmarks: its JSON, ``compare``, history and regression check.
 
-pytest-benchmark times a callable over many rounds; a sweep point is one cold request, so each
-passed record becomes one benchmark with a single round whose time is the TTFT. The statistics
-of that single round come from pytest-benchmark's own ``Stats`` class, so the fields match what
-pytest-benchmark itself writes for one sample. Every other figure travels in ``extra_info``.
+pytest-benchmark times a callable over many rounds and treats lower as better. A sweep length
+is such a benchmark twice over: one benchmark per length and metric whose rounds are that
+length's passed repeats, in seconds: ``ttft`` (request sent to first token) and ``decode``
+(seconds per decoded token, the inverse of decode throughput; pytest-benchmark's "OPS" column
+of it is tokens per second). The objects are pytest-benchmark's own ``Metadata``, so their
+statistics and JSON are exactly what pytest-benchmark computes and writes: the run folder's
+``benchmark.json``, ``python -m pytest_longctx report`` and a session's pytest-benchmark output
+(``--benchmark-json``, ``--benchmark-autosave``, ``--benchmark-compare``) hold the same entries.
+Each round's record (run, repeat, every figure) travels in ``extra_info``.
 """
 
 from __future__ import annotations
@@ -12,7 +17,8 @@ import copy
 import functools
 import json
 import platform
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -24,75 +30,133 @@ from pytest_longctx.core.stats import latest_records
 from pytest_longctx.reporting.markdown import reference_fingerprint
 
 BENCHMARK_GROUP = "longctx"
-#: The figure pytest-benchmark treats as "the time" of a benchmark.
-TIMED_FIGURE = "ttft"
 DEFAULT_TEST_NAME = "test_prefill_decode"
 
 
-def benchmark_param(record: Record) -> str:
-    """The parametrization id: taken from the node id when it has one."""
-    name = record.nodeid.rsplit("::", 1)[-1]
-    if name.endswith("]") and "[" in name:
-        return name[name.index("[") + 1 : -1]
-    return f"len={format_size(record.length)}-rep={record.repeat}"
+@dataclass(frozen=True)
+class BenchmarkMetric:
+    """A figure as pytest-benchmark sees it: seconds per round, lower is better."""
+
+    name: str
+    figure: str
+    unit: str
+    description: str
+    seconds: Callable[[float], float]
 
 
-def benchmark_name(record: Record) -> str:
-    """``test_prefill_decode[len=1Ki-rep=0]``: the test's name as pytest shows it."""
-    name = record.nodeid.rsplit("::", 1)[-1]
-    function = name.split("[", 1)[0] or DEFAULT_TEST_NAME
-    return f"{function}[{benchmark_param(record)}]"
+METRICS: tuple[BenchmarkMetric, ...] = (
+    BenchmarkMetric("ttft", "ttft", "s", "client wall clock, request sent to first token", float),
+    BenchmarkMetric(
+        "decode",
+        "decode_throughput",
+        "s/token",
+        "client wall clock per decoded token after the first (1 / decode throughput)",
+        lambda tokens_per_s: 1.0 / tokens_per_s,
+    ),
+)
 
 
-def single_round_stats(seconds: float) -> dict[str, Any]:
-    """pytest-benchmark's statistics of one round lasting ``seconds``."""
-    from pytest_benchmark.stats import Stats
+@dataclass(frozen=True)
+class SweepBenchmark:
+    """One length and metric, in the shape of pytest-benchmark's fixture: ``Metadata`` reads
+    its name, fullname, group, param, params, extra_info, cprofile_stats and has_error."""
 
-    stats = Stats()
-    stats.update(seconds)
-    result = stats.as_dict()
-    result["data"] = [seconds]
-    result["iterations"] = 1
-    return result
+    name: str
+    fullname: str
+    group: str
+    param: str
+    params: Mapping[str, Any]
+    extra_info: dict[str, Any]
+    rounds: tuple[float, ...]
+    timer: str
+    cprofile_stats: None = field(default=None, repr=False)
+    has_error: bool = False
+
+    def metadata(self) -> Any:
+        """pytest-benchmark's ``Metadata`` of these rounds (one iteration each)."""
+        from pytest_benchmark.stats import Metadata
+
+        options = {"rounds": len(self.rounds), "iterations": 1, "warmup": False}
+        metadata = Metadata(self, iterations=1, options={**options, "timer": self.timer})
+        for seconds in self.rounds:
+            metadata.update(seconds)
+        return metadata
+
+    def entry(self) -> dict[str, Any]:
+        """The benchmark as pytest-benchmark writes it to ``--benchmark-json``."""
+        return _json_safe(self.metadata().as_dict(include_data=True))
 
 
-def benchmark_entry(record: Record) -> dict[str, Any] | None:
-    """One benchmark for a passed record with a TTFT; None for anything else."""
-    if record.outcome != "passed" or TIMED_FIGURE not in record.figures:
-        return None
-    figures = {
-        name: {"value": value, "unit": FIGURE_UNITS.get(name, "")}
-        for name, value in record.figures.items()
-        if name != TIMED_FIGURE
-    }
+def _test_path(record: Record) -> str:
+    """``tests/test_sweep.py::test_prefill_decode``: the node id without its parameters."""
+    path = record.nodeid.split("[", 1)[0]
+    return path if path.rsplit("::", 1)[-1] else f"{path}::{DEFAULT_TEST_NAME}"
+
+
+def _round(record: Record, metric: BenchmarkMetric) -> dict[str, Any]:
     return {
-        "group": BENCHMARK_GROUP,
-        "name": benchmark_name(record),
-        "fullname": record.nodeid,
-        "params": {"length": record.length, "repeat": record.repeat},
-        "param": benchmark_param(record),
-        "extra_info": {
-            "run_id": record.run_id,
-            "length": record.length,
-            "length_label": format_size(record.length),
-            "repeat": record.repeat,
-            "timed_figure": {"name": TIMED_FIGURE, "unit": FIGURE_UNITS[TIMED_FIGURE]},
-            "figures": figures,
-            "prompt_tokens": record.prompt_tokens,
-            "completion_tokens": record.completion_tokens,
-            "server_metrics": dict(record.server_metrics),
-            "started_at": record.started_at,
-            "finished_at": record.finished_at,
-        },
-        "options": {"rounds": 1, "warmup": False, "timer": "client wall clock, first token"},
-        "stats": single_round_stats(record.figures[TIMED_FIGURE]),
+        "run_id": record.run_id,
+        "repeat": record.repeat,
+        "nodeid": record.nodeid,
+        "seconds": metric.seconds(record.figures[metric.figure]),
+        "figures": dict(record.figures),
+        "prompt_tokens": record.prompt_tokens,
+        "completion_tokens": record.completion_tokens,
+        "server_metrics": dict(record.server_metrics),
+        "started_at": record.started_at,
+        "finished_at": record.finished_at,
     }
+
+
+def sweep_benchmarks(records: Iterable[Record]) -> list[SweepBenchmark]:
+    """One benchmark per length and metric over the passed repeats, ordered by length.
+
+    Repeats of every run count, as in every report: a merged campaign's length has the rounds
+    of all its runs. A record superseded by a later one of the same point (a resume) does not.
+    """
+    passed = [record for record in latest_records(records) if record.outcome == "passed"]
+    by_length: dict[int, list[Record]] = {}
+    # rounds in the order they were measured
+    for record in sorted(passed, key=lambda r: (r.length, r.started_at or 0.0, r.run_id, r.repeat)):
+        by_length.setdefault(record.length, []).append(record)
+    benchmarks = []
+    for length, group in by_length.items():
+        label = format_size(length)
+        path = _test_path(group[0])
+        for metric in METRICS:
+            measured = [r for r in group if r.figures.get(metric.figure, 0) > 0]
+            if not measured:
+                continue
+            param = f"len={label}-{metric.name}"
+            benchmarks.append(
+                SweepBenchmark(
+                    name=f"{path.rsplit('::', 1)[-1]}[{param}]",
+                    fullname=f"{path}[{param}]",
+                    group=f"{BENCHMARK_GROUP} {metric.name} ({metric.unit})",
+                    param=param,
+                    params={"length": length, "metric": metric.name},
+                    extra_info={
+                        "length": length,
+                        "length_label": label,
+                        "metric": metric.name,
+                        "unit": metric.unit,
+                        "figure": metric.figure,
+                        "figure_units": {
+                            name: FIGURE_UNITS.get(name, "") for r in measured for name in r.figures
+                        },
+                        "runs": sorted({r.run_id for r in measured}),
+                        "rounds": [_round(r, metric) for r in measured],
+                    },
+                    rounds=tuple(metric.seconds(r.figures[metric.figure]) for r in measured),
+                    timer=metric.description,
+                )
+            )
+    return benchmarks
 
 
 def benchmark_entries(records: Iterable[Record]) -> list[dict[str, Any]]:
-    """Entries for every passed point, ordered by length; also appended to a user's own JSON."""
-    latest = sorted(latest_records(records), key=lambda r: (r.length, r.run_id, r.repeat))
-    return [entry for entry in map(benchmark_entry, latest) if entry is not None]
+    """The entries of :func:`sweep_benchmarks`, as pytest-benchmark writes them."""
+    return [benchmark.entry() for benchmark in sweep_benchmarks(records)]
 
 
 def default_machine_info() -> dict[str, Any]:

@@ -124,6 +124,9 @@ def longctx_regression_length() -> int:
 
 
 @pytest.fixture
-def longctx_gate(longctx_run: Run, longctx_baseline_records: list[Record]) -> gate_items.Gate:
-    """Compares this run's records of a length with the baseline's."""
-    return gate_items.Gate(longctx_run, longctx_baseline_records)
+def longctx_gate(
+    request: pytest.FixtureRequest, longctx_run: Run, longctx_baseline_records: list[Record]
+) -> gate_items.Gate:
+    """Compares this run's records of a length with the baseline's; the item's properties
+    (JUnit XML) get the verdicts."""
+    return gate_items.Gate(longctx_run, longctx_baseline_records, request.node)

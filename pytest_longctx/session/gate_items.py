@@ -70,6 +70,26 @@ def baseline_records(run: Run) -> list[Record]:
 class Gate:
     run: Run
     baseline: list[Record]
+    #: The item judging: its ``user_properties`` get the verdicts (``--junitxml``).
+    item: pytest.Item | None = None
+
+    def _set_properties(
+        self, length: int, status: str, verdicts: tuple[gate.MetricVerdict, ...] = ()
+    ) -> None:
+        if self.item is None:
+            return
+        properties: list[tuple[str, object]] = [
+            ("longctx_gate_length", length),
+            ("longctx_gate_status", status),
+        ]
+        for verdict in verdicts:
+            properties.append((f"longctx_gate_{verdict.metric}", verdict.status))
+            if verdict.change_pct is not None:
+                properties.append((f"longctx_gate_{verdict.metric}_change_pct", verdict.change_pct))
+            properties.append(
+                (f"longctx_gate_{verdict.metric}_tolerance_pct", verdict.tolerance_pct)
+            )
+        self.item.user_properties.extend(properties)
 
     def check(self, length: int) -> gate.LengthVerdict:
         """Fail like a reviewer would if ``length`` got slower than the baseline."""
@@ -86,6 +106,7 @@ class Gate:
             measured = [record for record in current if record.outcome == "passed"]
             differences = gate.fingerprint_differences(self.baseline, measured)
             if differences:
+                self._set_properties(length, "refused")
                 pytest.fail(
                     "refusing to compare unlike with unlike (use --longctx-baseline-force to "
                     "compare anyway):\n  " + "\n  ".join(differences),
@@ -94,6 +115,7 @@ class Gate:
         verdict = gate.compare_length(
             self.baseline, current, length, state.tolerances, level=state.level
         )
+        self._set_properties(length, verdict.status, verdict.verdicts)
         if verdict.status == "missing_in_baseline":
             pytest.skip(verdict.message)
         if verdict.status == "improved":  # only what improved: "ok" lines are no news

@@ -1,7 +1,9 @@
 """Options and ini keys, read once and validated into one frozen object.
 
 Every option also exists as an ini key of the same name with underscores (``--longctx-to`` ->
-``longctx_to``); the command line wins. Errors name the option and the accepted form.
+``longctx_to``); the command line wins. A flag set in the ini file is turned off for one
+session by its ``--no-`` form (``--no-longctx-allow-unverified``). Errors name the option and
+the accepted form.
 """
 
 from __future__ import annotations
@@ -38,6 +40,16 @@ class OptionSpec:
     @property
     def dest(self) -> str:
         return self.name.replace("-", "_")
+
+    @property
+    def negation(self) -> str | None:
+        """``no-longctx-...``: the flag's off switch, for a flag the ini file can turn on."""
+        return f"no-{self.name}" if self.flag and self.ini else None
+
+    @property
+    def default(self) -> bool | None:
+        """None where "not given" must be told apart from "turned off" (an ini key decides)."""
+        return False if self.flag and self.negation is None else None
 
 
 OPTIONS: tuple[OptionSpec, ...] = (
@@ -178,13 +190,41 @@ def attach_resume_value(args: list[str]) -> None:
             args[index] = f"{RESUME_FLAG}=latest"
 
 
+#: The shipped sweep, as ``--pyargs`` names it.
+SHIPPED_SUITE = "pytest_longctx.suite"
+
+
+def _ini_value(config: pytest.Config, spec: OptionSpec) -> object:
+    """The ini key's value, or None where the project's configuration does not set it."""
+    if not spec.ini:
+        return None
+    value = config.getini(spec.dest)
+    return None if value in (None, "", []) else value
+
+
 def _raw(config: pytest.Config, spec: OptionSpec) -> object:
     value = config.getoption(spec.dest, None)
-    if value in (None, False) and spec.ini:
-        ini = config.getini(spec.dest)
-        if ini not in (None, "", []):
+    if value is None:  # not on the command line (a flag's --no- form gives False)
+        ini = _ini_value(config, spec)
+        if ini is not None:
             return ini
     return value
+
+
+def asks_for_sweep(config: pytest.Config) -> bool:
+    """Whether the session names the sweep before anything is collected: a ``--longctx-*``
+    option on the command line, a ``longctx_*`` key in the project's configuration, or the
+    shipped sweep given by name. Only such a session gets the sweep's report header; any
+    other stays as it would be without the plugin until it collects a sweep item."""
+    if config.getoption("longctx_resume", None) is not None:
+        return True
+    for spec in OPTIONS:
+        if config.getoption(spec.dest, None) not in (None, spec.default):
+            return True
+        if _ini_value(config, spec) is not None:
+            return True
+    args = config.invocation_params.args
+    return any(str(arg).split("::", 1)[0] == SHIPPED_SUITE for arg in args)
 
 
 def _fail(spec_name: str, value: object, accepted: str) -> pytest.UsageError:

@@ -12,12 +12,13 @@ import contextlib
 from dataclasses import dataclass
 
 import pytest
+from pytest_benchmark.session import PerformanceRegression
 
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.reporting import gate_report, plots
 from pytest_longctx.reporting import html as html_report
-from pytest_longctx.reporting.benchmark_json import benchmark_entries, write_benchmark_json
+from pytest_longctx.reporting.benchmark_json import sweep_benchmarks, write_benchmark_json
 from pytest_longctx.reporting.file_names import BENCHMARK, GATE_PLOT, HTML, MARKDOWN
 from pytest_longctx.reporting.index import write_index as write_run_index
 from pytest_longctx.reporting.kv_plot import draw_kv_cache_plot
@@ -26,6 +27,9 @@ from pytest_longctx.reporting.prefill_plot import draw_prefill_rate_plot
 from pytest_longctx.session import gate_items
 from pytest_longctx.session.run import Run
 from pytest_longctx.session.stash import RUN_KEY
+
+#: What pytest-benchmark raises from its summary when ``--benchmark-compare-fail`` trips.
+BenchmarkRegression = PerformanceRegression
 
 #: The record an item produced (as JSON, so pytest-xdist can ship reports), set on its report
 #: for pytest-html's row hook.
@@ -82,20 +86,34 @@ def describe_environment(config: pytest.Config, metadata: dict) -> None:
     run = config.stash.get(RUN_KEY, None)
     if run is None:
         return
+    metadata["longctx run"] = run.run_id
+    for name, words in describe_sweep(run).items():
+        metadata[f"longctx {name}"] = words
+
+
+def describe_sweep(run: Run) -> dict[str, str]:
+    """What the sweep measures, in the words the page's table and the report header share."""
     profile = run.plan.profile
     revision = f" @ {profile.model.revision}" if profile.model.revision else ""
-    metadata["longctx run"] = run.run_id
-    metadata["longctx profile"] = f"{profile.name}: {profile.description}"
-    metadata["longctx model"] = (
-        f"as {run.settings.url} serves it (see the sweep summary)"
-        if run.settings.url
-        else profile.model.source + revision
-    )
-    metadata["longctx server"] = run.settings.url or "launched from the profile"
-    metadata["longctx points"] = (
-        f"{format_size(run.plan.lengths[0])}..{format_size(run.plan.lengths[-1])}, "
-        f"{run.plan.repeats} repeat(s), {run.plan.decode_tokens} decode tokens"
-    )
+    return {
+        "profile": f"{profile.name}: {profile.description}",
+        "model": (
+            f"as {run.settings.url} serves it (see the sweep summary)"
+            if run.settings.url
+            else profile.model.source + revision
+        ),
+        "server": ", ".join(run.settings.urls) or "launched from the profile",
+        "points": (
+            f"{format_size(run.plan.lengths[0])}..{format_size(run.plan.lengths[-1])}, "
+            f"{run.plan.repeats} repeat(s), {run.plan.decode_tokens} decode tokens"
+        ),
+    }
+
+
+def report_header(run: Run) -> list[str]:
+    """pytest's header lines for a session that asks for the sweep."""
+    lines = [f"longctx {name}: {words}" for name, words in describe_sweep(run).items()]
+    return [*lines, f"longctx run: {run.run_id} in {run.output_root}"]
 
 
 def after_record(config: pytest.Config, run: Run) -> None:
@@ -126,7 +144,7 @@ def finish(config: pytest.Config) -> None:
         run.run_dir / MARKDOWN, records, title=_title(run), plots=run.plot_paths, sections=sections
     )
     write_benchmark_json(run.run_dir / BENCHMARK, records)
-    write_users_benchmark_json(config)
+    hand_to_pytest_benchmark(config, records)
 
 
 def _gate_view(run: Run, records: list[Record]) -> gate_report.GateView | None:
@@ -145,30 +163,27 @@ def write_index(config: pytest.Config) -> None:
         write_run_index(run.output_root)
 
 
-def write_users_benchmark_json(config: pytest.Config) -> None:
-    """Write ``--benchmark-json=FILE`` when pytest-benchmark would leave it out.
+def hand_to_pytest_benchmark(config: pytest.Config, records: list[Record]) -> None:
+    """The sweep's benchmarks into pytest-benchmark's session, before it saves and compares.
 
-    pytest-benchmark writes that file only when it timed benchmarks of its own, and a sweep
-    has none: it would warn "Not saving anything" and the points would be missing. The file
-    is made through its own hooks (its layout and machine_info, and
-    ``pytest_benchmark_update_json`` adding the points), and it is told the file is written.
+    pytest-benchmark writes ``--benchmark-json``, stores ``--benchmark-save``/``-autosave``,
+    compares (``--benchmark-compare``, ``--benchmark-compare-fail``) and prints its table only
+    for the benchmarks its session holds; a sweep times none through its fixture, and there is
+    no public hook to add one. This is the one seam: the sweep's benchmarks are appended to
+    ``BenchmarkSession.benchmarks`` as the fixture would append them, as pytest-benchmark's own
+    ``Metadata`` (``tests/test_benchmark_history.py`` holds it to the installed version).
+    Under pytest-xdist pytest-benchmark disables its fixture everywhere; the controller, the
+    one process that holds every worker's records, hands them over, and it saves them as usual.
+    ``--benchmark-disable`` keeps them out.
     """
     session = getattr(config, "_benchmarksession", None)
-    if session is None or not getattr(session, "json", None) or session.benchmarks:
+    if session is None or not isinstance(getattr(session, "benchmarks", None), list):
         return
-    machine_info = session.get_machine_info()
-    commit_info = config.hook.pytest_benchmark_generate_commit_info(config=config)
-    config.hook.pytest_benchmark_update_commit_info(config=config, commit_info=commit_info)
-    output_json = config.hook.pytest_benchmark_generate_json(
-        config=config,
-        benchmarks=[],
-        include_data=True,
-        machine_info=machine_info,
-        commit_info=commit_info,
-    )
-    config.hook.pytest_benchmark_update_json(config=config, benchmarks=[], output_json=output_json)
-    session.save_json(output_json)
-    session.json = None
+    if config.getoption("benchmark_disable", False) and not config.getoption(
+        "benchmark_enable", False
+    ):
+        return
+    session.benchmarks.extend(benchmark.metadata() for benchmark in sweep_benchmarks(records))
 
 
 def terminal_summary(terminalreporter, config: pytest.Config) -> None:  # noqa: ANN001
@@ -223,10 +238,3 @@ def html_summary(config: pytest.Config, prefix: list[str]) -> None:
     gate = _gate_view(run, records)
     if gate is not None:
         prefix.append(gate_report.html_fragment(gate))
-
-
-def extend_benchmark_json(config: pytest.Config, output_json: dict) -> None:
-    """A user's own ``--benchmark-json`` gets one benchmark per measured point too."""
-    run = config.stash.get(RUN_KEY, None)
-    if run is not None and (run.written or run.resumed):
-        output_json.setdefault("benchmarks", []).extend(benchmark_entries(run.all_records()))

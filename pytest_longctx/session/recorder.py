@@ -23,6 +23,32 @@ def _reason(call: pytest.CallInfo[None], report: pytest.TestReport) -> str | Non
     return report.longreprtext.strip().splitlines()[-1] if report.longreprtext else None
 
 
+#: Record fields a JUnit XML file (``--junitxml``) carries as each point's properties.
+PROPERTY_FIGURES = (("ttft", "longctx_ttft_s"), ("decode_throughput", "longctx_decode_tok_s"))
+
+
+def record_properties(item: pytest.Item, record: Record) -> None:
+    """The point's figures as the item's ``user_properties`` (what ``record_property`` sets),
+    so JUnit XML and any report reading them gets the numbers, not only a name and duration."""
+    properties: list[tuple[str, object]] = [
+        ("longctx_run_id", record.run_id),
+        ("longctx_length", record.length),
+        ("longctx_repeat", record.repeat),
+        ("longctx_outcome", record.outcome),
+    ]
+    properties += [
+        (name, record.figures[figure])
+        for figure, name in PROPERTY_FIGURES
+        if figure in record.figures
+    ]
+    if record.prompt_tokens is not None:
+        properties.append(("longctx_prompt_tokens", record.prompt_tokens))
+    if record.completion_tokens is not None:
+        properties.append(("longctx_completion_tokens", record.completion_tokens))
+    known = {name for name, _ in item.user_properties}
+    item.user_properties.extend(p for p in properties if p[0] not in known)
+
+
 def on_item_start(item: pytest.Item) -> None:
     run = item.config.stash.get(RUN_KEY, None)
     point = point_of(item)
@@ -71,6 +97,7 @@ def on_report(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.Tes
     if point in run.resumed:
         if report.when == "call":
             setattr(report, REPORT_ATTRIBUTE, run.resumed[point].to_json())
+            record_properties(item, run.resumed[point])
         return
     if report.when == "call":
         outcome = report.outcome
@@ -97,6 +124,7 @@ def on_report(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.Tes
     )
     run.append(record)
     setattr(report, REPORT_ATTRIBUTE, record.to_json())
+    record_properties(item, record)
     if outcome == "passed" and measurement is not None:
         slowest = max(measurement.ttft_s, run.measured_ttft.get(point.length, 0.0))
         run.measured_ttft[point.length] = slowest

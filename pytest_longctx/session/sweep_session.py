@@ -78,6 +78,10 @@ def prepare(config: pytest.Config) -> PreparedSweep:
     return prepared
 
 
+def prepared(config: pytest.Config) -> PreparedSweep:
+    return config.stash[PREPARED_KEY]
+
+
 def active(config: pytest.Config) -> SweepSession | None:
     return config.stash.get(SESSION_KEY, None)
 
@@ -87,11 +91,11 @@ def activate(config: pytest.Config, session: pytest.Session | None = None) -> Sw
     current = active(config)
     if current is not None:
         return current
-    prepared = config.stash[PREPARED_KEY]
-    sweep = SweepSession(config, prepared.run, prepared.selection)
+    ready = prepared(config)
+    sweep = SweepSession(config, ready.run, ready.selection)
     config.stash[SESSION_KEY] = sweep
-    config.stash[RUN_KEY] = prepared.run
-    config.stash[COMPARISONS_KEY] = prepared.selection.comparisons
+    config.stash[RUN_KEY] = ready.run
+    config.stash[COMPARISONS_KEY] = ready.selection.comparisons
     config.pluginmanager.register(sweep, "longctx-sweep")
     sweep.start(session)
     return sweep
@@ -106,6 +110,7 @@ class SweepSession:
         self.run = run
         self.selection = chosen
         self.follower: ControllerProgress | None = None
+        self.session: pytest.Session | None = None
         self.html_columns = False
 
     @property
@@ -115,6 +120,7 @@ class SweepSession:
     def start(self, session: pytest.Session | None) -> None:
         """The sweep is collected: pytest reads the rewritten ``-m``/``-k`` from here on, and
         points are watched. Signals and the page wait for selected points."""
+        self.session = session
         selection.apply_selection(self.config, self.selection)
         self.follower = live_progress.start(self.config, self.run, self.on_controller)
         if self.on_controller and session is not None:  # xdist: the workers collected
@@ -139,6 +145,7 @@ class SweepSession:
     def pytest_collection_modifyitems(
         self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
     ) -> None:
+        self.session = session
         sweep_items.arrange(config, self.run, self.selection.comparisons, items)
         self.points_selected(session)
 
@@ -169,8 +176,8 @@ class SweepSession:
 
     # -- the end ---------------------------------------------------------------------------
 
-    # Around every other implementation: before pytest-benchmark saves its JSON (the sweep's
-    # points go into the user's --benchmark-json) and pytest-html writes the page with the plots.
+    # Around every other implementation: before pytest-benchmark saves and compares (the
+    # sweep's benchmarks are handed to it here) and pytest-html writes the page with the plots.
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int):
         recorder.record_interrupted(self.config)
@@ -184,12 +191,30 @@ class SweepSession:
         server.stop(config)
         self.stop_signals()
 
-    @pytest.hookimpl(trylast=True)
-    def pytest_terminal_summary(self, terminalreporter: Any, config: pytest.Config) -> None:
-        outputs.terminal_summary(terminalreporter, config)
-        live_progress.summary(terminalreporter, self.run)
+    @pytest.hookimpl(wrapper=True)
+    def pytest_terminal_summary(self, terminalreporter: Any, config: pytest.Config):
+        """The sweep's summary after every other one (pytest-benchmark's table included).
 
-    # -- pytest-html, pytest-metadata, pytest-benchmark ------------------------------------
+        pytest-benchmark's ``--benchmark-compare-fail`` raises out of its summary, which would
+        end the session with a traceback and skip what follows (this summary, the index of
+        runs); here it is what it means, a failed session, after pytest-benchmark's own lines.
+        """
+        try:
+            return (yield)
+        except outputs.BenchmarkRegression:
+            if self.session is not None:
+                self.session.exitstatus = pytest.ExitCode.TESTS_FAILED
+            terminalreporter.write_line(
+                "pytest-longctx: --benchmark-compare-fail: performance has regressed "
+                "(see above); the session fails",
+                red=True,
+            )
+            return None
+        finally:
+            outputs.terminal_summary(terminalreporter, config)
+            live_progress.summary(terminalreporter, self.run)
+
+    # -- pytest-html, pytest-metadata ------------------------------------------------------
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_html_results_table_header(self, cells: list[str]) -> None:
@@ -210,12 +235,6 @@ class SweepSession:
     @pytest.hookimpl(optionalhook=True)
     def pytest_metadata(self, metadata: dict, config: pytest.Config) -> None:
         outputs.describe_environment(config, metadata)
-
-    @pytest.hookimpl(optionalhook=True)
-    def pytest_benchmark_update_json(
-        self, config: pytest.Config, benchmarks: list, output_json: dict
-    ) -> None:
-        outputs.extend_benchmark_json(config, output_json)
 
 
 def print_plan(session: pytest.Session, run: Run) -> None:

@@ -1,0 +1,178 @@
+"""The sweep in any repository and any CI: ini lists and off switches, the report header and
+JUnit XML properties. (``calibrate`` from an empty folder: tests/test_packaging.py.)"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+import pytest
+from longctx_testing import SWEEP_TEST, records_of, run_folder, run_session
+
+from pytest_longctx.profiles import load_profile
+from pytest_longctx.session.options import OPTIONS, read_settings
+
+FLAGS = [spec for spec in OPTIONS if spec.negation]
+
+
+# -- ini lists and off switches ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "ini",
+    [
+        "[pytest]\nlongctx_url =\n    http://a:1\n    http://b:2\n",
+        "[pytest]\nlongctx_url = http://a:1, http://b:2\n",
+        "[pytest]\nlongctx_url = http://a:1 http://b:2\n",
+    ],
+    ids=["lines", "commas", "spaces"],
+)
+def test_the_ini_url_takes_a_list(pytester: pytest.Pytester, ini: str) -> None:
+    pytester.makeini(ini)
+    config = pytester.parseconfigure()
+    assert read_settings(config).urls == ("http://a:1", "http://b:2")
+
+
+def test_the_url_list_in_pyproject(pytester: pytest.Pytester) -> None:
+    pytester.makepyprojecttoml(
+        '[tool.pytest.ini_options]\nlongctx_url = ["http://a:1", "http://b:2,http://c:3"]\n'
+    )
+    config = pytester.parseconfigure()
+    assert read_settings(config).urls == ("http://a:1", "http://b:2", "http://c:3")
+
+
+def test_a_bad_ini_url_names_the_option(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\nlongctx_url =\n    http://a:1\n    a:2\n")
+    with pytest.raises(pytest.UsageError, match=r"--longctx-url=a:2: expected http:// or https://"):
+        read_settings(pytester.parseconfigure())
+
+
+@pytest.mark.parametrize("spec", FLAGS, ids=[spec.name for spec in FLAGS])
+def test_every_ini_flag_turns_off_on_the_command_line(pytester: pytest.Pytester, spec) -> None:  # noqa: ANN001
+    field = {
+        "longctx-allow-mixed-servers": "allow_mixed_servers",
+        "longctx-baseline-force": "baseline_force",
+        "longctx-allow-unverified": "allow_unverified",
+    }[spec.name]
+    assert getattr(read_settings(pytester.parseconfigure()), field) is False
+    pytester.makeini(f"[pytest]\n{spec.dest} = true\n")
+    assert getattr(read_settings(pytester.parseconfigure()), field) is True
+    assert getattr(read_settings(pytester.parseconfigure(f"--no-{spec.name}")), field) is False
+    # and the other way round: off in the ini file, on for one session
+    pytester.makeini(f"[pytest]\n{spec.dest} = false\n")
+    assert getattr(read_settings(pytester.parseconfigure()), field) is False
+    assert getattr(read_settings(pytester.parseconfigure(f"--{spec.name}")), field) is True
+
+
+def test_every_flag_the_ini_file_can_set_has_an_off_switch() -> None:
+    assert {spec.name for spec in OPTIONS if spec.flag and spec.ini} == {
+        "longctx-allow-mixed-servers",
+        "longctx-baseline-force",
+        "longctx-allow-unverified",
+    }
+    assert all(spec.negation == f"no-{spec.name}" for spec in FLAGS)
+
+
+# -- the report header ---------------------------------------------------------------------
+
+
+def header_lines(result: pytest.RunResult) -> list[str]:
+    return [line for line in result.outlines if line.startswith("longctx ")]
+
+
+def test_the_header_names_profile_server_and_lengths_when_asked(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_other="def test_one():\n    pass\n")
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--longctx-url=http://127.0.0.1:9", "--longctx-to=4Ki"
+    )
+    result.assert_outcomes(passed=1)
+    lines = header_lines(result)
+    assert lines[:4] == [
+        f"longctx profile: cpu-tiny: {load_profile('cpu-tiny').description}",
+        "longctx model: as http://127.0.0.1:9 serves it (see the sweep summary)",
+        "longctx server: http://127.0.0.1:9",
+        "longctx points: 1Ki..4Ki, 1 repeat(s), 32 decode tokens",
+    ]
+    assert lines[4].startswith("longctx run: ")
+    # asked for, but no sweep collected: still nothing made
+    assert not (pytester.path / "reports").exists()
+
+
+def test_the_header_follows_the_projects_ini_keys(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_other="def test_one():\n    pass\n")
+    pytester.makeini("[pytest]\nlongctx_to = 2Ki\nlongctx_repeats = 3\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    assert "longctx points: 1Ki..2Ki, 3 repeat(s), 32 decode tokens" in header_lines(result)
+    assert "longctx server: launched from the profile" in header_lines(result)
+
+
+def test_the_header_when_the_shipped_sweep_is_named(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--pyargs", "pytest_longctx.suite", "--co"
+    )
+    assert "longctx points: 1Ki..16Ki, 1 repeat(s), 32 decode tokens" in header_lines(result)
+
+
+def test_no_header_in_a_session_that_does_not_ask(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_other="def test_one():\n    pass\n")
+    pytester.makeini("[pytest]\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    assert header_lines(result) == []
+
+
+# -- JUnit XML -----------------------------------------------------------------------------
+
+
+def junit_cases(path: Path) -> dict[str, dict[str, str]]:
+    """name -> properties of every testcase in a JUnit XML file."""
+    root = ElementTree.parse(path).getroot()
+    return {
+        case.get("name"): {p.get("name"): p.get("value") for p in case.iter("property")}
+        for case in root.iter("testcase")
+    }
+
+
+@pytest.mark.vllm
+def test_junit_xml_carries_each_points_figures_and_the_gates_verdicts(
+    pytester: pytest.Pytester, vllm_url: str
+) -> None:
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    first, first_output = run_session(pytester, "--longctx-to=2Ki", url=vllm_url)
+    first.assert_outcomes(passed=2)
+    baseline = run_folder(first_output)
+    junit = pytester.path / "junit.xml"
+    (pytester.path / "reports").rename(pytester.path / "baseline-reports")
+    baseline = pytester.path / "baseline-reports" / baseline.name
+    # Tolerances that only keep the mechanism under test, not this shared host's noise.
+    result, output = run_session(
+        pytester,
+        "--longctx-to=2Ki",
+        f"--longctx-baseline={baseline}",
+        "--longctx-tolerance=ttft=100000%,decode=99%,itl=100000%",
+        f"--junitxml={junit}",
+        url=vllm_url,
+    )
+    result.assert_outcomes(passed=4)
+    cases = junit_cases(junit)
+    records = records_of(output)
+    assert len(records) == 2
+    for record in records:
+        properties = cases[record.nodeid.rsplit("::", 1)[-1]]
+        assert properties["longctx_outcome"] == "passed"
+        assert int(properties["longctx_length"]) == record.length
+        assert int(properties["longctx_repeat"]) == record.repeat
+        assert float(properties["longctx_ttft_s"]) == record.figures["ttft"]
+        assert float(properties["longctx_decode_tok_s"]) == record.figures["decode_throughput"]
+        assert int(properties["longctx_prompt_tokens"]) == record.length
+        assert properties["longctx_run_id"] == record.run_id
+    for size, length in (("1Ki", 1024), ("2Ki", 2048)):
+        gate = cases[f"test_regression[len={size}]"]
+        assert int(gate["longctx_gate_length"]) == length
+        assert gate["longctx_gate_status"] in ("ok", "improved")
+        for metric in ("ttft", "decode", "itl"):
+            assert gate[f"longctx_gate_{metric}"] in ("ok", "improved")
+            assert float(gate[f"longctx_gate_{metric}_change_pct"]) > -100
+        assert float(gate["longctx_gate_ttft_tolerance_pct"]) == 100000
