@@ -53,6 +53,7 @@ def test_every_ini_flag_turns_off_on_the_command_line(pytester: pytest.Pytester,
         "longctx-allow-mixed-servers": "allow_mixed_servers",
         "longctx-baseline-force": "baseline_force",
         "longctx-allow-unverified": "allow_unverified",
+        "longctx-allow-bursts": "allow_bursts",
     }[spec.name]
     assert getattr(read_settings(pytester.parseconfigure()), field) is False
     pytester.makeini(f"[pytest]\n{spec.dest} = true\n")
@@ -69,6 +70,7 @@ def test_every_flag_the_ini_file_can_set_has_an_off_switch() -> None:
         "longctx-allow-mixed-servers",
         "longctx-baseline-force",
         "longctx-allow-unverified",
+        "longctx-allow-bursts",
     }
     assert all(spec.negation == f"no-{spec.name}" for spec in FLAGS)
 
