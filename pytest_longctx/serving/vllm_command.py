@@ -17,7 +17,7 @@ from importlib import metadata
 from pathlib import Path
 
 from pytest_longctx.core.files import REDACTED
-from pytest_longctx.serving.profiles import Profile
+from pytest_longctx.serving.profiles import Profile, ProfileError, ServingSpec
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 #: Environment variables whose values never reach a log, a report or the terminal.
@@ -42,6 +42,83 @@ def redact_env(env: Mapping[str, str]) -> dict[str, str]:
     return {
         k: (REDACTED if any(m in k.upper() for m in SECRET_MARKERS) else v) for k, v in env.items()
     }
+
+
+#: vLLM flags a profile has its own key for: in ``extra_args`` they would bypass the plan.
+PROFILE_KEY_FLAGS: Mapping[str, str] = {
+    "--tensor-parallel-size": "tensor_parallel_size",
+    "-tp": "tensor_parallel_size",
+    "--pipeline-parallel-size": "pipeline_parallel_size",
+    "-pp": "pipeline_parallel_size",
+    "--data-parallel-size": "data_parallel_size",
+    "-dp": "data_parallel_size",
+    "--decode-context-parallel-size": "decode_context_parallel_size",
+    "-dcp": "decode_context_parallel_size",
+    "--kv-cache-dtype": "kv_cache_dtype",
+    "--dtype": "dtype",
+    "--kv-cache-memory-bytes": "kv_cache_memory",
+    "--gpu-memory-utilization": "gpu_memory_utilization",
+    "--max-num-seqs": "max_num_seqs",
+    "--attention-backend": "attention_backend",
+}
+
+
+@dataclass(frozen=True)
+class CacheFlags:
+    """The ``extra_args`` flags that change what vLLM's KV cache holds, as the plan reads them."""
+
+    block_size: int | None = None
+    max_num_batched_tokens: int | None = None
+    prefix_caching: bool = True
+    hybrid_allocator: bool = True
+    mamba_cache_dtype: str = "auto"
+    mamba_ssm_cache_dtype: str = "auto"
+    prefill_context_parallel_size: int = 1
+
+
+_VALUE_FLAGS = {
+    "--block-size": "block_size",
+    "--max-num-batched-tokens": "max_num_batched_tokens",
+    "--mamba-cache-dtype": "mamba_cache_dtype",
+    "--mamba-ssm-cache-dtype": "mamba_ssm_cache_dtype",
+    "--prefill-context-parallel-size": "prefill_context_parallel_size",
+    "-pcp": "prefill_context_parallel_size",
+}
+_INT_FIELDS = ("block_size", "max_num_batched_tokens", "prefill_context_parallel_size")
+
+
+def cache_flags(serving: ServingSpec, where: str = "profile") -> CacheFlags:
+    """Read the cache-shaping flags of ``extra_args``; refuse those a profile key owns."""
+    args = list(serving.extra_args)
+    values: dict[str, object] = {}
+    i = 0
+    while i < len(args):
+        flag, _, inline = args[i].partition("=")
+        if flag in PROFILE_KEY_FLAGS:
+            raise ProfileError(
+                f"{where}: [serving] extra_args passes {flag}; set [serving] "
+                f"{PROFILE_KEY_FLAGS[flag]} instead, so the capacity plan sizes what vLLM runs"
+            )
+        if flag in _VALUE_FLAGS:
+            value = inline or (args[i + 1] if i + 1 < len(args) else "")
+            i += 0 if inline else 1
+            name = _VALUE_FLAGS[flag]
+            if name in _INT_FIELDS:
+                if not value.isdigit() or int(value) < 1:
+                    raise ProfileError(
+                        f"{where}: [serving] extra_args {flag} {value!r} must be a positive integer"
+                    )
+                values[name] = int(value)
+            else:
+                values[name] = value
+        elif flag == "--no-enable-prefix-caching":
+            values["prefix_caching"] = False
+        elif flag == "--enable-prefix-caching":
+            values["prefix_caching"] = True
+        elif flag == "--disable-hybrid-kv-cache-manager":
+            values["hybrid_allocator"] = False
+        i += 1
+    return CacheFlags(**values)  # type: ignore[arg-type]
 
 
 def max_model_len_for(largest_prompt: int, decode_tokens: int) -> int:
@@ -73,6 +150,7 @@ def build_server_command(
     """The exact argv and environment that serve ``profile``; ``entry`` is how vLLM starts
     (default: :func:`launcher`)."""
     model, serving = profile.model, profile.serving
+    cache_flags(serving, f"profile {profile.path}")  # refuses flags a profile key owns
     entry = entry or launcher(python)
     serve = entry[-1] == "serve"
     argv: list[str] = [*entry, *([model_path] if serve else [])]
@@ -95,6 +173,8 @@ def build_server_command(
         argv += ["--data-parallel-size", str(serving.data_parallel_size)]
     if serving.pipeline_parallel_size != 1:
         argv += ["--pipeline-parallel-size", str(serving.pipeline_parallel_size)]
+    if serving.decode_context_parallel_size != 1:
+        argv += ["--decode-context-parallel-size", str(serving.decode_context_parallel_size)]
     if serving.attention_backend:
         argv += ["--attention-backend", serving.attention_backend]
     if serving.kv_cache_memory is not None:

