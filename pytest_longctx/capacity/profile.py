@@ -155,8 +155,64 @@ def render_table(plan: SweepPlan, lengths: Sequence[int]) -> str:
     layout = layout_for(profile)
     if layout is None:
         return f"capacity: unknown (no config.json for {profile.model.source} at hand)"
-    rows = capacity.capacity_table(layout, hardware_for(profile), lengths, plan.decode_tokens)
-    return "capacity plan:\n" + capacity.render_capacity_table(rows, layout)
+    hardware = hardware_for(profile)
+    rows = capacity.capacity_table(layout, hardware, lengths, plan.decode_tokens)
+    lines = ["capacity plan:", capacity.render_capacity_table(rows, layout)]
+    if lengths:
+        tokens = max(lengths) + plan.decode_tokens
+        lines.append(predicted_capacity(layout, hardware, tokens))
+        lines.append(oracle_line(layout, tokens))
+    return "\n".join(line for line in lines if line)
+
+
+def predicted_capacity(
+    layout: capacity.CacheLayout, hardware: capacity.Hardware, max_model_len: int
+) -> str:
+    """The KV capacity vLLM will report, and the concurrency at the largest length."""
+    assert layout.allocation is not None
+    if hardware.kv_cache_bytes is not None:
+        budget, how = hardware.kv_cache_bytes, "for the explicit cache"
+    else:
+        weights = hardware.weights_on_rank(layout.tensor_parallel, layout.tensor_parallel)
+        budget = hardware.usable_per_device_bytes - weights
+        how = "an estimate: the memory budget less the weights, activations not counted"
+    if budget <= 0:
+        return "predicted KV capacity: none (the weights alone fill the budget)"
+    tokens = layout.allocation.token_capacity(budget, max_model_len)
+    return (
+        f"predicted KV capacity: {tokens:,} tokens, concurrency {tokens / max_model_len:.2f}x "
+        f"at {max_model_len:,} tokens per request ({how})"
+    )
+
+
+def oracle_line(layout: capacity.CacheLayout, tokens: int) -> str:
+    """vLLM's own allocator asked the same question, where vLLM is installed."""
+    from pytest_longctx.capacity import oracle
+
+    if not oracle.available() or layout.allocation is None:
+        return "vLLM not installed here: the figures are this package's model of vLLM 0.32"
+    try:
+        specs = oracle.specs_for_layers(
+            layout.layers, layout.allocation.settings, kv_element_bytes=layout.element_bytes
+        )
+        stages = [
+            [n for n, s in zip(specs, layout.layers, strict=True) if lo <= s.index < hi]
+            for lo, hi in layout.allocation.stages
+        ]
+        answer = oracle.ask_vllm(specs, layout.allocation.settings, tokens, stages)
+    except Exception as exc:  # noqa: BLE001 - an oracle failure must not stop a plan
+        return f"vLLM's allocator could not be asked: {type(exc).__name__}: {exc}"
+    plan = sum(layout.request_bytes(tokens))
+    verdict = (
+        "agrees"
+        if plan == answer.per_rank_bytes
+        else (f"DIFFERS by {(plan - answer.per_rank_bytes) / answer.per_rank_bytes:+.2%}")
+    )
+    return (
+        f"{answer.version} asked here (its KV-cache groups and memory functions, "
+        f"{answer.num_groups} group(s)): {tokens:,} tokens need "
+        f"{answer.per_rank_bytes / capacity.GIB:.2f} GiB per rank; the plan {verdict}"
+    )
 
 
 @dataclass(frozen=True)

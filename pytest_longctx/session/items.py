@@ -97,7 +97,13 @@ def arrange(config: pytest.Config, items: list[pytest.Item]) -> None:
     from pytest_longctx.capacity import profile as capacity_plan
 
     lengths = sorted({p.length for p in points})
-    verdicts = {} if run.settings.url else capacity_plan.check_points(run.plan, lengths)
+    from pytest_longctx.capacity import ParallelLayoutError
+    from pytest_longctx.serving.profiles import ProfileError
+
+    try:
+        verdicts = {} if run.settings.url else capacity_plan.check_points(run.plan, lengths)
+    except (ParallelLayoutError, ProfileError) as exc:
+        raise pytest.UsageError(f"profile {run.plan.profile.name}: {exc}") from None
     run.unfit_lengths = {length for length, fit in verdicts.items() if not fit.fits}
     for item in items:
         point = point_of(item)
