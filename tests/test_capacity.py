@@ -525,3 +525,45 @@ def test_the_kv_plot_calls_an_explicit_cache_a_budget_not_device_memory() -> Non
     gpu = describe_launched(load_profile("kimi-linear-mi355x")).kv_plot()
     assert gpu["budget_label"] == "device memory"
     assert gpu["budget_bytes"] == int(309_237_645_312 * 0.952)
+
+
+def test_the_kv_gauge_of_a_hybrid_counts_prompt_tokens_not_state_pages(kimi):
+    """Kimi Linear: 4 groups share the pool; a request holds cdiv(T, 512) MLA blocks plus two
+    blocks of each of its 3 state groups. The gauge's blocks are not all prompt tokens."""
+    from pytest_longctx.progress.eta import CostModel, TtftModel
+    from pytest_longctx.progress.sampler import Outlook, PointWatch
+
+    allocation = cache_layout(kimi, cache_dtype="fp8", tensor_parallel=8).allocation
+    blocks = 4097  # num_gpu_blocks, the null block included
+    usage = {"value": 0.0}
+
+    def metrics() -> str:
+        return (
+            f'vllm:cache_config_info{{block_size="512",num_gpu_blocks="{blocks}"}} 1.0\n'
+            f"vllm:kv_cache_usage_perc {usage['value']}\n"
+        )
+
+    watch = PointWatch(
+        length=100_000,
+        repeat=0,
+        decode_tokens=16,
+        interval_s=3600.0,
+        outlook=Outlook(
+            "run", 1, 1, CostModel(TtftModel(0.0, 1e-4, 0.0, (1024,)), (0.01, 0.0), 16)
+        ),
+        read_metrics=metrics,
+        tokens_for_blocks=lambda used, block: allocation.tokens_for_blocks(used),
+    )
+    watch.start()
+    try:
+        for prompt in (0, 512, 100_000, 1_000_000):
+            held = (-(-prompt // 512) + 3 * 2) if prompt else 0  # by hand
+            usage["value"] = held / (blocks - 1)
+            expected = -(-prompt // 512) * 512
+            assert watch._kv_tokens(usage["value"]) == expected
+            # The blocks-times-block-size reading would count the 6 state blocks as tokens.
+            assert held * 512 - expected == (3072 if prompt else 0)
+    finally:
+        watch.stop()
+    # Capacity: the longest request the 4096 usable blocks hold (6 of them state).
+    assert allocation.tokens_for_blocks(blocks - 1) == (blocks - 1 - 6) * 512

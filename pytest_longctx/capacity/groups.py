@@ -144,6 +144,20 @@ class Allocation:
         num_blocks = kv_cache_bytes // self.bytes_per_block(stage)
         return int(num_blocks / self.blocks_per_request(max_model_len) * max_model_len)
 
+    def tokens_for_blocks(self, used_blocks: int, limit: int = 2**40) -> int:
+        """The tokens one request holds when it holds ``used_blocks`` blocks of the pool: the
+        inverse of :meth:`blocks_per_request`, so a hybrid's windows and state pages are not
+        counted as prompt tokens (what the KV usage gauge needs)."""
+        if used_blocks < self.blocks_per_request(1):
+            return 0
+        low, high = 1, 2
+        while high < limit and self.blocks_per_request(high) <= used_blocks:
+            low, high = high, high * 2
+        while low < high - 1:
+            mid = (low + high) // 2
+            low, high = (mid, high) if self.blocks_per_request(mid) <= used_blocks else (low, mid)
+        return low
+
     def max_tokens(self, available_bytes: int, limit: int = 2**40) -> int:
         """The longest request that fits ``available_bytes`` (after the null block)."""
 

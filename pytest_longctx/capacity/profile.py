@@ -236,11 +236,16 @@ class ServerCapacityCheck:
         )
 
 
-def check_against_server(profile: Profile, cache_labels: dict[str, str]) -> ServerCapacityCheck:
-    """Compare with ``vllm:cache_config_info``: its ``num_gpu_blocks`` x ``block_size``.
+def check_against_server(
+    profile: Profile, cache_labels: dict[str, str], max_model_len: int | None = None
+) -> ServerCapacityCheck:
+    """Compare with ``vllm:cache_config_info``.
 
-    (Its ``kv_cache_size_tokens`` is lower when ``--max-model-len`` is not a whole number of
-    blocks: a request at full length wastes part of its last block.)
+    A single-group model is compared on ``num_gpu_blocks`` x ``block_size`` (its
+    ``kv_cache_size_tokens`` is lower when ``--max-model-len`` is not a whole number of
+    blocks: a request at full length wastes part of its last block). A model of several
+    KV-cache groups (windows, state) is compared on the group-aware ``kv_cache_size_tokens``
+    vLLM exports for exactly that reason, predicted for the server's ``max_model_len``.
     """
     layout = layout_for(profile)
     if layout is None:
@@ -249,6 +254,13 @@ def check_against_server(profile: Profile, cache_labels: dict[str, str]) -> Serv
     kv_bytes = int(
         cache_labels.get("kv_cache_memory_bytes") or profile.serving.kv_cache_memory or 0
     )
-    reported = int(cache_labels["num_gpu_blocks"]) * block_size
-    planned = capacity.token_capacity(layout, kv_bytes, block_size)
+    served = layout.with_changes(block_size=block_size)
+    assert served.allocation is not None
+    group_aware = cache_labels.get("kv_cache_size_tokens")
+    if len(served.allocation.groups) > 1 and group_aware and max_model_len:
+        reported = int(group_aware)
+        planned = served.allocation.token_capacity(kv_bytes, max_model_len)
+    else:
+        reported = int(cache_labels["num_gpu_blocks"]) * block_size
+        planned = capacity.token_capacity(layout, kv_bytes, block_size)
     return ServerCapacityCheck(planned, reported, block_size, kv_bytes)

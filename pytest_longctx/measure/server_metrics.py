@@ -163,6 +163,15 @@ def kv_capacity_tokens(labels: Mapping[str, str] | None) -> int | None:
     return size if size > 0 else None
 
 
+def kv_num_blocks(labels: Mapping[str, str] | None) -> int | None:
+    """``num_gpu_blocks`` of ``vllm:cache_config_info`` (its null block included), or None."""
+    try:
+        blocks = int((labels or {})["num_gpu_blocks"])
+    except (KeyError, ValueError):
+        return None
+    return blocks if blocks > 1 else None
+
+
 def kv_block_size(labels: Mapping[str, str] | None) -> int | None:
     try:
         block = int((labels or {})["block_size"])

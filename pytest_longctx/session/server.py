@@ -182,7 +182,9 @@ def start(config: pytest.Config) -> ServerInfo:
         )
     if info.mode == "launched" and cache_labels and capacity_plan.layout_for(run.plan.profile):
         with contextlib.suppress(KeyError, ValueError):
-            run.capacity_check = capacity_plan.check_against_server(run.plan.profile, cache_labels)
+            run.capacity_check = capacity_plan.check_against_server(
+                run.plan.profile, cache_labels, info.max_model_len
+            )
             run.fingerprint["kv_cache_check"] = dataclasses.asdict(run.capacity_check)
     config.hook.pytest_longctx_server_ready(config=config, base_url=info.base_url, mode=info.mode)
     return info
