@@ -196,3 +196,25 @@ def test_an_invalid_layout_is_a_usage_error_before_anything_starts(
     result.stderr.fnmatch_lines(
         ["*tensor_parallel_size = 8 does not divide the model's 28 attention heads*"]
     )
+
+
+def test_a_reserve_per_device_counts_against_every_point(tmp_path: Path) -> None:
+    """64Mi on the DCP=8 profile needs 42.16 GiB of 133.38; a 100 GiB reserve leaves 91.2."""
+    from pytest_longctx.plan.sweep import SweepPlan
+
+    path = variant(
+        tmp_path,
+        "memory_per_device = 150_754_820_096",
+        'memory_per_device = 150_754_820_096\nreserve_per_device = "100Gi"',
+        Path(load_profile("kimi-linear-h200-dcp8").path),
+    )
+    profile = load_profile(str(path))
+    assert profile.hardware.reserve_per_device == 100 * GIB
+    plan = SweepPlan((32 * MI, 64 * MI), 1, "pass", profile, 1024)
+    verdicts = capacity_plan.check_points(plan, [32 * MI, 64 * MI])
+    assert verdicts[32 * MI].fits
+    assert verdicts[32 * MI].overhead_bytes == 100 * GIB
+    assert not verdicts[64 * MI].fits
+    assert verdicts[64 * MI].slack_bytes / GIB == pytest.approx(133.38 - 142.16, abs=0.01)
+    table = capacity_plan.render_table(plan, [32 * MI, 64 * MI])
+    assert "reserve: 100.00 GiB per device" in table

@@ -124,6 +124,11 @@ class PointFit:
     reason: str
 
     @property
+    def slack_bytes(self) -> int:
+        """What is left per rank once the point is in: negative when it does not fit."""
+        return self.available_bytes - self.need_bytes
+
+    @property
     def kv_gib(self) -> float:
         return self.kv_bytes / GIB
 
@@ -361,12 +366,22 @@ def capacity_table(
     ]
 
 
+#: A point that fits with less than this share of the budget to spare reads as borderline.
+BORDERLINE_SLACK = 0.05
+
+
+def _verdict(row: PointFit) -> str:
+    if not row.fits:
+        return "NO"
+    return "borderline" if row.slack_bytes < BORDERLINE_SLACK * row.available_bytes else "yes"
+
+
 def render_capacity_table(rows: Sequence[PointFit], layout: CacheLayout | None = None) -> str:
     """Plain-text table for a terminal; the full reason of each point that does not fit below."""
     lines = []
     if layout is not None:
         lines.append(describe_layout(layout))
-    header = ("length", "tokens", "KV GiB/rank", "need GiB", "avail GiB", "fits")
+    header = ("length", "tokens", "KV GiB/rank", "need GiB", "avail GiB", "slack GiB", "fits")
     table = [header]
     for row in rows:
         table.append(
@@ -376,7 +391,8 @@ def render_capacity_table(rows: Sequence[PointFit], layout: CacheLayout | None =
                 f"{row.kv_gib:.2f}",
                 f"{row.need_gib:.2f}",
                 f"{row.available_gib:.2f}",
-                "yes" if row.fits else "NO",
+                f"{row.slack_bytes / GIB:.2f}",
+                _verdict(row),
             )
         )
     widths = [max(len(cells[i]) for cells in table) for i in range(len(header))]

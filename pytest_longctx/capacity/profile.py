@@ -144,9 +144,12 @@ def check_points(plan: SweepPlan, lengths: Sequence[int]) -> dict[int, capacity.
     if layout is None or not lengths:
         return {}
     hardware = hardware_for(profile)
+    reserve = profile.hardware.reserve_per_device
     return {
         fit.length: fit
-        for fit in capacity.capacity_table(layout, hardware, lengths, plan.decode_tokens)
+        for fit in capacity.capacity_table(
+            layout, hardware, lengths, plan.decode_tokens, overhead_bytes_per_rank=reserve
+        )
     }
 
 
@@ -156,8 +159,16 @@ def render_table(plan: SweepPlan, lengths: Sequence[int]) -> str:
     if layout is None:
         return f"capacity: unknown (no config.json for {profile.model.source} at hand)"
     hardware = hardware_for(profile)
-    rows = capacity.capacity_table(layout, hardware, lengths, plan.decode_tokens)
+    reserve = profile.hardware.reserve_per_device
+    rows = capacity.capacity_table(
+        layout, hardware, lengths, plan.decode_tokens, overhead_bytes_per_rank=reserve
+    )
     lines = ["capacity plan:", capacity.render_capacity_table(rows, layout)]
+    if reserve:
+        lines.append(
+            f"reserve: {reserve / capacity.GIB:.2f} GiB per device for activations, graphs "
+            "and workspaces ([hardware] reserve_per_device), counted in every point's need"
+        )
     if lengths:
         tokens = max(lengths) + plan.decode_tokens
         lines.append(predicted_capacity(layout, hardware, tokens))

@@ -87,6 +87,9 @@ class HardwareSpec:
     memory_per_device: int | None = None  # bytes
     #: Nodes one server spans (vLLM's Ray executor, tensor or pipeline parallel across them).
     nodes: int = 1
+    #: Bytes per device vLLM holds beyond weights and cache (activations, graphs, attention
+    #: workspaces, which grow with context): the plan counts them against each point.
+    reserve_per_device: int = 0
 
 
 @dataclass(frozen=True)
@@ -207,7 +210,7 @@ PROFILE_KEYS: Mapping[str, frozenset[str] | None] = {
             "first_token_timeout_s",
         }
     ),
-    "hardware": frozenset({"devices", "memory_per_device", "nodes"}),
+    "hardware": frozenset({"devices", "memory_per_device", "nodes", "reserve_per_device"}),
     "gate": frozenset({"tolerance"}),
 }
 
@@ -298,6 +301,7 @@ def _read_profile(path: Path, data: Mapping[str, Any]) -> Profile:
             devices=reader.number("hardware", "devices", int, 1, 1),
             memory_per_device=reader.size("hardware", "memory_per_device"),
             nodes=reader.number("hardware", "nodes", int, 1, 1),
+            reserve_per_device=reader.size("hardware", "reserve_per_device") or 0,
         ),
         gate=GateSpec(tolerance=reader.optional("gate", "tolerance", str)),
     )
