@@ -67,17 +67,23 @@ def block_size_for(profile: Profile, config: dict[str, Any]) -> int:
 def in_flight_tokens(profile: Profile, memory_per_device: int) -> int:
     """Tokens a step may hold beyond a window: concurrent batches x max_num_batched_tokens.
 
-    vLLM's defaults for its API server: 16384 batched tokens on devices of 160 GiB or more,
-    8192 from 70 GiB (H100/H200), else 2048; async scheduling runs two batches at once, a
-    pipeline one per stage.
+    vLLM's defaults for its API server: on GPUs 16384 batched tokens on devices of 160 GiB
+    or more, 8192 from 70 GiB (H100/H200), else 2048, with async scheduling running two
+    batches at once (a pipeline: one per stage); on CPU 2048 per rank and no async
+    scheduling.
     """
-    flags = cache_flags(profile.serving, f"profile {profile.path}")
+    serving = profile.serving
+    flags = cache_flags(serving, f"profile {profile.path}")
+    pp = serving.pipeline_parallel_size
+    cpu = serving.device == "cpu"
     batched = flags.max_num_batched_tokens
     if batched is None:
         gib = memory_per_device / capacity.GIB
-        batched = 16384 if gib >= 160 else 8192 if gib >= 70 else 2048
-    pp = profile.serving.pipeline_parallel_size
-    return batched * (2 if pp == 1 else pp)
+        if cpu:
+            batched = 2048 * serving.tensor_parallel_size * pp
+        else:
+            batched = 16384 if gib >= 160 else 8192 if gib >= 70 else 2048
+    return batched * (2 if pp == 1 and not cpu else pp)
 
 
 def layout_for(profile: Profile) -> capacity.CacheLayout | None:
