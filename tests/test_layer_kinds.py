@@ -305,8 +305,7 @@ def test_qwen3_next_gated_deltanet_state(prefix_caching: bool) -> None:
     assert vllm / GIB == pytest.approx(768, abs=0.5)
 
 
-def test_deepseek_v32_sparse_mla_and_indexer() -> None:
-    hf = deepseek_v32()
+def deepseek_v32_specs(hf) -> dict:  # noqa: ANN001
     latent = hf.kv_lora_rank + hf.qk_rope_head_dim
     specs = {}
     for i in range(hf.num_hidden_layers):
@@ -329,7 +328,12 @@ def test_deepseek_v32_sparse_mla_and_indexer() -> None:
             dtype=torch.uint8,
             cache_role=kv_iface.SparseCacheRole.INDEXER,
         )
-    vllm = vllm_bytes(specs, 64 * MI)
+    return specs
+
+
+def test_deepseek_v32_sparse_mla_and_indexer() -> None:
+    hf = deepseek_v32()
+    vllm = vllm_bytes(deepseek_v32_specs(hf), 64 * MI)
     assert plan_bytes(as_dict(hf), 64 * MI, cache_dtype="fp8", block_size=64) == vllm
     assert vllm == 61 * (656 + 132) * 64 * MI  # 3,004 GiB: the cache is whole on every rank
 
