@@ -31,12 +31,6 @@ from pytest_longctx.core.sizes import parse_size  # noqa: E402
 
 
 def rows(tokens: int) -> list[tuple[str, str, float, float, float]]:
-    from vllm.model_executor.models.config import NemotronHForCausalLMConfig
-    from vllm.model_executor.models.jamba import JambaForCausalLM
-    from vllm.model_executor.models.nemotron_h import NemotronHForCausalLM
-    from vllm.model_executor.models.qwen3_next import Qwen3NextForCausalLM
-
-    bf16 = torch.bfloat16
     out = []
 
     def add(label, source, config, specs, mode="none", dcp=1, **plan_options):  # noqa: ANN001, ANN003
@@ -52,84 +46,32 @@ def rows(tokens: int) -> list[tuple[str, str, float, float, float]]:
         full = float("nan")
         if "kv_lora_rank" not in config:  # every layer counted as full attention
             heads = config["num_attention_heads"]
-            per_layer = (
-                2
-                * max(1, config["num_key_value_heads"] // models.TP)
-                * (config.get("head_dim") or config["hidden_size"] // heads)
-                * 2
-            )
+            head_dim = config.get("head_dim") or config["hidden_size"] // heads
+            per_layer = 2 * max(1, config["num_key_value_heads"] // models.TP) * head_dim * 2
             full = config["num_hidden_layers"] * per_layer * tokens
         out.append((label, source, plan / GIB, vllm / GIB, full / GIB))
 
-    hf = models.gpt_oss_120b()
-    pattern = ["sliding" if i % 2 == 0 else "full" for i in range(hf.num_hidden_layers)]
-    add(
-        "alternating 128-token window",
-        "openai/gpt-oss-120b",
-        models.as_dict(hf),
-        models.vllm_specs(hf, pattern, kv_dtype=bf16, block=16),
-    )
-    hf = models.gemma3_27b()
-    pattern = ["sliding" if t == "sliding_attention" else "full" for t in hf.layer_types]
-    add(
-        "5 local : 1 global, window 1024",
-        "google/gemma-3-27b-it",
-        models.as_dict(hf),
-        models.vllm_specs(hf, pattern, kv_dtype=bf16, block=16),
-    )
-    hf = models.llama4_scout()
-    pattern = ["full" if flag == 0 else "chunked" for flag in hf.no_rope_layers]
-    add(
-        "chunked local 8192 + NoPE",
-        "meta-llama/Llama-4-Scout-17B-16E",
-        models.as_dict(hf),
-        models.vllm_specs(hf, pattern, kv_dtype=bf16, block=16),
-    )
-    hf = models.qwen3_next_80b()
-    state = (Qwen3NextForCausalLM, models.vllm_config_for(hf, bf16, models.TP))
-    pattern = ["full" if t == "full_attention" else "state" for t in hf.layer_types]
-    add(
-        "Gated DeltaNet + full every 4th",
-        "Qwen/Qwen3-Next-80B-A3B-Instruct",
-        models.as_dict(hf),
-        models.vllm_specs(hf, pattern, kv_dtype=bf16, block=16, state=state, mode="align"),
-        mode="align",
-    )
-    hf = models.jamba_v01()
-    state = (JambaForCausalLM, models.vllm_config_for(hf, bf16, models.TP))
-    pattern = ["full" if t == "attention" else "state" for t in hf.layers_block_type]
-    add(
-        "Mamba1 + attention 1:7",
-        "ai21labs/Jamba-v0.1",
-        models.as_dict(hf),
-        models.vllm_specs(hf, pattern, kv_dtype=bf16, block=16, state=state, mode="align"),
-        mode="align",
-    )
-    hf = models.nemotron_h_8b()
-    config = models.vllm_config_for(hf, bf16, models.TP)
-    NemotronHForCausalLMConfig.update_mamba_ssm_cache_dtype(
-        cache_config=config.cache_config, hf_config=hf
-    )
-    pattern = [{"M": "state", "*": "full"}.get(c, "none") for c in models.NEMOTRON_H_8B_PATTERN]
-    add(
-        "Mamba2 (fp32 SSM) + attention",
-        "nvidia/Nemotron-H-8B-Base-8K",
-        models.as_dict(hf),
-        models.vllm_specs(
-            hf, pattern, kv_dtype=bf16, block=16, state=(NemotronHForCausalLM, config), mode="align"
-        ),
-        mode="align",
-    )
+    cases = [
+        ("alternating 128-token window", "openai/gpt-oss-120b", models.gpt_oss_120b,
+         models.gpt_oss_specs, None),
+        ("5 local : 1 global, window 1024", "google/gemma-3-27b-it", models.gemma3_27b,
+         models.gemma3_specs, None),
+        ("chunked local 8192 + NoPE", "meta-llama/Llama-4-Scout-17B-16E", models.llama4_scout,
+         models.llama4_specs, None),
+        ("Gated DeltaNet + full every 4th", "Qwen/Qwen3-Next-80B-A3B-Instruct",
+         models.qwen3_next_80b, models.qwen3_next_specs, "align"),
+        ("Mamba1 + attention 1:7", "ai21labs/Jamba-v0.1", models.jamba_v01, models.jamba_specs,
+         "align"),
+        ("Mamba2 (fp32 SSM) + attention", "nvidia/Nemotron-H-8B-Base-8K", models.nemotron_h_8b,
+         models.nemotron_h_specs, "align"),
+    ]  # fmt: skip
+    for label, source, config_of, specs_of, mode in cases:
+        hf = config_of()
+        specs = specs_of(hf) if mode is None else specs_of(hf, mode)
+        add(label, source, models.as_dict(hf), specs, mode or "none")
     specs, raw = models.kimi_specs(64, torch.float8_e4m3fn, "none")
-    add(
-        "KDA + MLA, FP8, DCP=8",
-        "moonshotai/Kimi-Linear-48B-A3B-Instruct",
-        raw,
-        specs,
-        dcp=8,
-        cache_dtype="fp8_e4m3",
-        prefix_caching=False,
-    )
+    add("KDA + MLA, FP8, DCP=8", "moonshotai/Kimi-Linear-48B-A3B-Instruct", raw, specs,
+        dcp=8, cache_dtype="fp8_e4m3", prefix_caching=False)  # fmt: skip
     return out
 
 

@@ -258,47 +258,82 @@ def test_full_attention_with_kv_heads_replicated_past_tp() -> None:
     assert plan_bytes(as_dict(hf16), MI) == vllm_bytes(specs, MI) == 2 * 2 * 64 * 2 * MI
 
 
-def test_gpt_oss_alternates_windows_by_layer_index() -> None:
-    hf = gpt_oss_120b()
+def gpt_oss_specs(hf) -> dict:  # noqa: ANN001
     # vLLM's gpt_oss.py:176: sliding_window if layer_idx % 2 == 0, whatever layer_types says.
     pattern = ["sliding" if i % 2 == 0 else "full" for i in range(hf.num_hidden_layers)]
-    specs = vllm_specs(hf, pattern, kv_dtype=torch.bfloat16, block=16)
-    vllm = vllm_bytes(specs, 64 * MI)
+    return vllm_specs(hf, pattern, kv_dtype=torch.bfloat16, block=16)
+
+
+def gemma3_specs(hf) -> dict:  # noqa: ANN001
+    # vLLM's gemma3.py:153: config.layer_types[layer_idx]
+    pattern = ["sliding" if t == "sliding_attention" else "full" for t in hf.layer_types]
+    return vllm_specs(hf, pattern, kv_dtype=torch.bfloat16, block=16)
+
+
+def llama4_specs(hf) -> dict:  # noqa: ANN001
+    # vLLM's llama4.py:185,251: NoPE layers (no_rope_layers[i] == 0) attend globally.
+    pattern = ["full" if flag == 0 else "chunked" for flag in hf.no_rope_layers]
+    return vllm_specs(hf, pattern, kv_dtype=torch.bfloat16, block=16)
+
+
+def qwen3_next_specs(hf, mode: str) -> dict:  # noqa: ANN001
+    from vllm.model_executor.models.qwen3_next import Qwen3NextForCausalLM
+
+    state = (Qwen3NextForCausalLM, vllm_config_for(hf, torch.bfloat16, TP))
+    pattern = ["full" if t == "full_attention" else "state" for t in hf.layer_types]
+    return vllm_specs(hf, pattern, kv_dtype=torch.bfloat16, block=16, state=state, mode=mode)
+
+
+def jamba_specs(hf, mode: str) -> dict:  # noqa: ANN001
+    from vllm.model_executor.models.jamba import JambaForCausalLM
+
+    state = (JambaForCausalLM, vllm_config_for(hf, torch.bfloat16, TP))
+    pattern = ["full" if t == "attention" else "state" for t in hf.layers_block_type]
+    return vllm_specs(hf, pattern, kv_dtype=torch.bfloat16, block=16, state=state, mode=mode)
+
+
+def nemotron_h_specs(hf, mode: str) -> dict:  # noqa: ANN001
+    from vllm.model_executor.models.config import NemotronHForCausalLMConfig
+    from vllm.model_executor.models.nemotron_h import NemotronHForCausalLM
+
+    vllm_config = vllm_config_for(hf, torch.bfloat16, TP)
+    NemotronHForCausalLMConfig.update_mamba_ssm_cache_dtype(
+        cache_config=vllm_config.cache_config, hf_config=hf
+    )
+    assert vllm_config.cache_config.mamba_ssm_cache_dtype == "float32"
+    kinds = {"M": "state", "*": "full"}
+    pattern = [kinds.get(char, "none") for char in NEMOTRON_H_8B_PATTERN]
+    state = (NemotronHForCausalLM, vllm_config)
+    return vllm_specs(hf, pattern, kv_dtype=torch.bfloat16, block=16, state=state, mode=mode)
+
+
+def test_gpt_oss_alternates_windows_by_layer_index() -> None:
+    hf = gpt_oss_120b()
+    vllm = vllm_bytes(gpt_oss_specs(hf), 64 * MI)
     assert plan_bytes(as_dict(hf), 64 * MI) == vllm
     assert vllm / GIB == pytest.approx(288, abs=0.1)  # 18 full layers x 256 B x 64Mi
 
 
 def test_gemma3_local_and_global_layers() -> None:
     hf = gemma3_27b()
-    pattern = [  # vLLM's gemma3.py:153: config.layer_types[layer_idx]
-        "sliding" if t == "sliding_attention" else "full" for t in hf.layer_types
-    ]
-    assert pattern.count("full") == 10
-    specs = vllm_specs(hf, pattern, kv_dtype=torch.bfloat16, block=16)
-    vllm = vllm_bytes(specs, 64 * MI)
+    assert hf.layer_types.count("full_attention") == 10
+    vllm = vllm_bytes(gemma3_specs(hf), 64 * MI)
     assert plan_bytes(as_dict(hf), 64 * MI) == vllm
     assert vllm / GIB == pytest.approx(641, abs=0.5)
 
 
 def test_llama4_chunked_local_attention_and_nope_layers() -> None:
     hf = llama4_scout()
-    # vLLM's llama4.py:185,251: NoPE layers (no_rope_layers[i] == 0) attend globally.
-    pattern = ["full" if flag == 0 else "chunked" for flag in hf.no_rope_layers]
-    specs = vllm_specs(hf, pattern, kv_dtype=torch.bfloat16, block=16)
-    vllm = vllm_bytes(specs, 64 * MI)
+    vllm = vllm_bytes(llama4_specs(hf), 64 * MI)
     assert plan_bytes(as_dict(hf), 64 * MI) == vllm
     assert vllm / GIB == pytest.approx(384, abs=0.5)
 
 
 @pytest.mark.parametrize("prefix_caching", [True, False])
 def test_qwen3_next_gated_deltanet_state(prefix_caching: bool) -> None:
-    from vllm.model_executor.models.qwen3_next import Qwen3NextForCausalLM
-
     hf = qwen3_next_80b()
     mode = "align" if prefix_caching else "none"
-    state = (Qwen3NextForCausalLM, vllm_config_for(hf, torch.bfloat16, TP))
-    pattern = ["full" if t == "full_attention" else "state" for t in hf.layer_types]
-    specs = vllm_specs(hf, pattern, kv_dtype=torch.bfloat16, block=16, state=state, mode=mode)
+    specs = qwen3_next_specs(hf, mode)
     for tokens in (1024, 64 * MI):
         vllm = vllm_bytes(specs, tokens, mode=mode)
         assert plan_bytes(as_dict(hf), tokens, prefix_caching=prefix_caching) == vllm
@@ -339,36 +374,15 @@ def test_deepseek_v32_sparse_mla_and_indexer() -> None:
 
 
 def test_jamba_mamba1_state() -> None:
-    from vllm.model_executor.models.jamba import JambaForCausalLM
-
     hf = jamba_v01()
-    state = (JambaForCausalLM, vllm_config_for(hf, torch.bfloat16, TP))
-    pattern = ["full" if t == "attention" else "state" for t in hf.layers_block_type]
-    specs = vllm_specs(hf, pattern, kv_dtype=torch.bfloat16, block=16, state=state, mode="align")
+    specs = jamba_specs(hf, "align")
     for tokens in (4096, 64 * MI):
         assert plan_bytes(as_dict(hf), tokens) == vllm_bytes(specs, tokens, mode="align")
 
 
 def test_nemotron_h_mamba2_state_in_float32() -> None:
-    from vllm.model_executor.models.config import NemotronHForCausalLMConfig
-    from vllm.model_executor.models.nemotron_h import NemotronHForCausalLM
-
     hf = nemotron_h_8b()
-    vllm_config = vllm_config_for(hf, torch.bfloat16, TP)
-    NemotronHForCausalLMConfig.update_mamba_ssm_cache_dtype(
-        cache_config=vllm_config.cache_config, hf_config=hf
-    )
-    assert vllm_config.cache_config.mamba_ssm_cache_dtype == "float32"
-    kinds = {"M": "state", "*": "full"}
-    pattern = [kinds.get(char, "none") for char in NEMOTRON_H_8B_PATTERN]
-    specs = vllm_specs(
-        hf,
-        pattern,
-        kv_dtype=torch.bfloat16,
-        block=16,
-        state=(NemotronHForCausalLM, vllm_config),
-        mode="align",
-    )
+    specs = nemotron_h_specs(hf, "align")  # asserts vLLM picks a float32 SSM state
     for tokens in (4096, 64 * MI):
         assert plan_bytes(as_dict(hf), tokens) == vllm_bytes(specs, tokens, mode="align")
 
@@ -493,8 +507,7 @@ def test_pp_stage_memory_is_vllms_projection() -> None:
     from pytest_longctx.capacity.oracle import oracle_config
 
     hf = gemma3_27b()
-    pattern = ["sliding" if t == "sliding_attention" else "full" for t in hf.layer_types]
-    specs = vllm_specs(hf, pattern, kv_dtype=torch.bfloat16, block=16)
+    specs = gemma3_specs(hf)
     config = oracle_config(AllocatorSettings(16, 1, IN_FLIGHT), 64 * MI, TP)
     groups = kv_utils.get_kv_cache_groups(config, dict(specs))
     needs = []
