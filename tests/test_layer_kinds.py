@@ -433,6 +433,23 @@ def test_kimi_linear_kda_state_and_dcp(dcp: int) -> None:
         assert vllm / GIB == pytest.approx(31.5, abs=0.05)  # the issue's "about 31.5 GiB"
 
 
+@pytest.mark.parametrize(
+    ("config_of", "derived", "given"),
+    [
+        (gemma3_27b, ["layer_types"], {"sliding_window_pattern": 6}),
+        (llama4_scout, ["no_rope_layers", "layer_types"], {"no_rope_layer_interval": 4}),
+        (qwen3_next_80b, ["layer_types"], {"full_attention_interval": 4}),
+    ],
+)
+def test_a_config_json_without_derived_fields_reads_the_same(config_of, derived, given) -> None:  # noqa: ANN001
+    """Checkpoints' config.json often leave out what transformers derives (Gemma 3's
+    ``sliding_window_pattern``, Llama 4's ``no_rope_layer_interval``, Qwen3-Next's
+    ``full_attention_interval``); vLLM reads the derived fields, so the plan derives them."""
+    full = as_dict(config_of())
+    sparse = {key: value for key, value in full.items() if key not in derived} | given
+    assert plan_bytes(sparse, 64 * MI) == plan_bytes(full, 64 * MI)
+
+
 # --- parallel axes --------------------------------------------------------------------------
 
 
@@ -519,6 +536,19 @@ def test_pp_stage_memory_is_vllms_projection() -> None:
         as_dict(hf), tensor_parallel=TP, pipeline_parallel=4, in_flight_tokens=IN_FLIGHT
     )
     assert sum(layout.request_bytes(64 * MI)) == max(needs)
+
+
+def test_the_oracle_in_its_own_process_answers_the_same() -> None:
+    """The plan asks vLLM in a subprocess: same answer, per pipeline stage."""
+    from pytest_longctx.capacity.oracle import ask_for_layout, ask_in_subprocess
+
+    layout = cache_layout(as_dict(gemma3_27b()), tensor_parallel=TP, pipeline_parallel=4)
+    allocation = layout.allocation
+    args = (layout.layers, allocation.settings, allocation.stages, 2, 64 * MI)
+    here, there = ask_for_layout(*args), ask_in_subprocess(*args)
+    assert there == here
+    assert len(there.per_stage_bytes) == 4
+    assert there.per_rank_bytes == sum(layout.request_bytes(64 * MI))
 
 
 def test_oracle_answers_for_the_plans_own_layers() -> None:

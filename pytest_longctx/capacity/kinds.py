@@ -161,11 +161,16 @@ def _layer_pattern(fields: Mapping[str, Any], num_layers: int) -> list[str]:
     if model_type == "gpt_oss":  # vLLM's gpt_oss.py: sliding on even layer indices
         return ["sliding" if i % 2 == 0 else "full" for i in range(num_layers)]
     if fields.get("attention_chunk_size"):  # Llama 4: NoPE layers (0) attend globally
-        no_rope = fields.get("no_rope_layers") or [1] * num_layers
+        no_rope = fields.get("no_rope_layers")
+        if not no_rope:  # transformers derives them from the interval, as vLLM then reads
+            interval = int(fields.get("no_rope_layer_interval") or 4)
+            no_rope = [int((i + 1) % interval != 0) for i in range(num_layers)]
         return ["chunked" if no_rope[i] else "full" for i in range(num_layers)]
     layer_types = fields.get("layer_types")
     if not isinstance(layer_types, list) or not layer_types:
         layer_types = fields.get("layers_block_type")  # Nemotron-H in transformers >= 5
+    if not isinstance(layer_types, list) or not layer_types:
+        layer_types = _derived_layer_types(fields, model_type, num_layers)
     if isinstance(layer_types, list) and layer_types:
         names = {
             "full_attention": "full",
@@ -186,6 +191,25 @@ def _layer_pattern(fields: Mapping[str, Any], num_layers: int) -> list[str]:
     if fields.get("sliding_window") and fields.get("use_sliding_window", True):
         return ["sliding"] * num_layers  # Mistral-style: every layer windowed
     return ["full"] * num_layers
+
+
+def _derived_layer_types(
+    fields: Mapping[str, Any], model_type: str, num_layers: int
+) -> list[str] | None:
+    """``layer_types`` as transformers derives it when a config.json leaves it out."""
+    pattern = fields.get("sliding_window_pattern")  # Gemma 2/3: every Nth layer global
+    if isinstance(pattern, int) and pattern > 0 and fields.get("sliding_window"):
+        return [
+            "full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+            for i in range(num_layers)
+        ]
+    interval = fields.get("full_attention_interval")  # Qwen3-Next
+    if model_type.startswith("qwen3") and isinstance(interval, int) and interval > 0:
+        return [
+            "full_attention" if (i + 1) % interval == 0 else "linear_attention"
+            for i in range(num_layers)
+        ]
+    return None
 
 
 def _attention_bytes(fields: Mapping[str, Any], tp: int, dtypes: DTypes) -> tuple[str, int]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -355,8 +354,12 @@ def describe_layout(layout: CacheLayout) -> str:
     """One line a terminal user can check against the model card, and vLLM's groups."""
     pp, dcp = layout.pipeline_parallel, layout.decode_context_parallel
     layers = f"{layout.attention_layers}"
-    if pp > 1:
-        layers = f"{math.ceil(layout.attention_layers / pp)} (of {layout.attention_layers})"
+    if pp > 1 and layout.allocation is not None:
+        most = max(
+            sum(1 for x in layout.layers if x.kind in ("full", "mla") and lo <= x.index < hi)
+            for lo, hi in layout.allocation.stages
+        )
+        layers = f"{most} (of {layout.attention_layers})"
     grows = (
         f"{layers} {layout.attention.upper()} layers x "
         f"{layout.elements_per_layer_token} elements x {layout.element_bytes} B"

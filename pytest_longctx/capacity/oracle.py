@@ -11,8 +11,12 @@ cache layout the GPU attention backends use.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
+import json
 import logging
+import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
@@ -35,11 +39,10 @@ def vllm_version() -> str | None:
 
 
 def available() -> bool:
-    try:
-        import vllm.v1.core.kv_cache_utils  # noqa: F401
-    except Exception:  # noqa: BLE001 - any import failure means no oracle here
-        return False
-    return True
+    """Whether vLLM is installed here, without importing it."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
 
 
 def oracle_config(settings: AllocatorSettings, max_model_len: int, tp: int = 1) -> Any:
@@ -190,3 +193,80 @@ def ask_vllm(
     finally:
         quiet.setLevel(level)
     return OracleAnswer(vllm_version() or "vllm", tuple(needs), tuple(blocks), len(groups))
+
+
+def ask_for_layout(
+    layers: Sequence[LayerKind],
+    settings: AllocatorSettings,
+    stages: Sequence[tuple[int, int]],
+    kv_element_bytes: int,
+    max_model_len: int,
+) -> OracleAnswer:
+    """:func:`ask_vllm` for this package's layers, each stage's share named by index."""
+    specs = specs_for_layers(layers, settings, kv_element_bytes=kv_element_bytes)
+    names = [
+        [name for name, layer in zip(specs, layers, strict=True) if lo <= layer.index < hi]
+        for lo, hi in stages
+    ]
+    return ask_vllm(specs, settings, max_model_len, names)
+
+
+def ask_in_subprocess(
+    layers: Sequence[LayerKind],
+    settings: AllocatorSettings,
+    stages: Sequence[tuple[int, int]],
+    kv_element_bytes: int,
+    max_model_len: int,
+    timeout_s: float = 300.0,
+) -> OracleAnswer:
+    """:func:`ask_for_layout` in a Python of its own: importing vLLM (and torch) here would
+    bring the CPU platform's logging and state into the session, and a torch that a test
+    runner's module snapshot dropped cannot be imported twice in one process."""
+    request = {
+        "layers": [dataclasses.asdict(layer) for layer in layers],
+        "settings": dataclasses.asdict(settings),
+        "stages": [list(stage) for stage in stages],
+        "kv_element_bytes": kv_element_bytes,
+        "max_model_len": max_model_len,
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", __name__],
+        input=json.dumps(request),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"the vLLM oracle exited with {done.returncode}: {tail}")
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    return OracleAnswer(
+        answer["version"],
+        tuple(answer["per_stage_bytes"]),
+        tuple(answer["bytes_per_block"]),
+        answer["num_groups"],
+    )
+
+
+def _layer_from_json(data: Mapping[str, Any]) -> LayerKind:
+    parts = tuple((tuple(shape), dtype) for shape, dtype in data.get("state_parts", ()))
+    return LayerKind(**{**data, "state_parts": parts})
+
+
+def main() -> int:
+    """Read an :func:`ask_in_subprocess` request on stdin, print vLLM's answer as JSON."""
+    request = json.loads(sys.stdin.read())
+    answer = ask_for_layout(
+        [_layer_from_json(layer) for layer in request["layers"]],
+        AllocatorSettings(**request["settings"]),
+        [tuple(stage) for stage in request["stages"]],
+        request["kv_element_bytes"],
+        request["max_model_len"],
+    )
+    print(json.dumps(dataclasses.asdict(answer)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -209,14 +209,10 @@ def oracle_line(layout: capacity.CacheLayout, tokens: int) -> str:
     if not oracle.available() or layout.allocation is None:
         return "vLLM not installed here: the figures are this package's model of vLLM 0.32"
     try:
-        specs = oracle.specs_for_layers(
-            layout.layers, layout.allocation.settings, kv_element_bytes=layout.element_bytes
+        allocation = layout.allocation
+        answer = oracle.ask_in_subprocess(
+            layout.layers, allocation.settings, allocation.stages, layout.element_bytes, tokens
         )
-        stages = [
-            [n for n, s in zip(specs, layout.layers, strict=True) if lo <= s.index < hi]
-            for lo, hi in layout.allocation.stages
-        ]
-        answer = oracle.ask_vllm(specs, layout.allocation.settings, tokens, stages)
     except Exception as exc:  # noqa: BLE001 - an oracle failure must not stop a plan
         return f"vLLM's allocator could not be asked: {type(exc).__name__}: {exc}"
     plan = sum(layout.request_bytes(tokens))
