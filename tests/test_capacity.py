@@ -233,6 +233,13 @@ def test_kimi_128mi_needs_dcp_when_even_fp8_is_too_big(kimi):
     assert point.suggestion.startswith("decode_context_parallel_size = 2 ")
     big = Hardware(devices=8, memory_per_device_bytes=16 * GIB, weights_bytes=int(91.5e9))
     assert fit_point(fp8, big, 1024 * MI).suggestion == "no change within this node fits it"
+    # 1Gi: even DCP=8 leaves 504 GiB per rank; over 4 nodes (PP=4, vLLM's partition 7/7/7/6
+    # layers) the fullest stage holds 2 MLA layers: 2 x 576 B x 1Gi / 8 = 144 GiB.
+    far = fit_point(fp8, STUDY_NODE, 1024 * MI).suggestion
+    assert far.startswith("no change within this node fits it; 4x the devices over Ray")
+    assert "pipeline_parallel_size = 4" in far and "decode_context_parallel_size = 8" in far
+    need = float(far.split(" would need ")[1].split(" GiB")[0])
+    assert need == pytest.approx((144 * GIB + 91.5e9 / 32) / GIB, abs=0.02)  # + state pages
 
 
 def test_more_ranks_only_help_mla_through_the_weights(kimi):

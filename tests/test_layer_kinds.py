@@ -502,6 +502,37 @@ def test_dcp_rules_are_vllms() -> None:
 
 
 @pytest.mark.parametrize(
+    ("tp", "pcp", "dcp"),
+    [(8, 1, 3), (8, 1, 4), (8, 1, 8), (8, 2, 4), (8, 2, 2), (8, 2, 16), (4, 4, 2), (4, 1, 6)],
+)
+def test_tp_pcp_dcp_combinations_are_refused_exactly_where_vllm_refuses(
+    tp: int, pcp: int, dcp: int
+) -> None:
+    """vLLM's own ParallelConfig validator decides; the plan must agree on every layout."""
+    from pydantic import ValidationError
+    from vllm.config.parallel import ParallelConfig
+
+    try:
+        ParallelConfig(
+            tensor_parallel_size=tp,
+            prefill_context_parallel_size=pcp,
+            decode_context_parallel_size=dcp,
+        )
+        vllm_accepts = True
+    except (ValidationError, ValueError):
+        vllm_accepts = False
+    kimi = load_model_config(KIMI_CONFIG)  # MLA: no GQA head rules on top
+    kimi = {**kimi, "num_attention_heads": 32}
+    try:
+        cache_layout(kimi, tensor_parallel=tp, decode_context_parallel=dcp,
+                     prefill_context_parallel=pcp)  # fmt: skip
+        plan_accepts = True
+    except ParallelLayoutError:
+        plan_accepts = False
+    assert plan_accepts == vllm_accepts
+
+
+@pytest.mark.parametrize(
     ("layers", "pp", "override"),
     [(61, 4, None), (27, 4, None), (48, 3, None), (27, 2, "13,14"), (62, 8, None)],
 )

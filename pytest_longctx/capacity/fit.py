@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pytest_longctx.core.sizes import format_size
 
@@ -259,6 +259,43 @@ def _smallest_change(layout: CacheLayout, hardware: Hardware, tokens: int, overh
             widest_need = _needs(widest, hardware, tokens, overhead, configured_tp)[3]
             said += f" (= {widest.decode_context_parallel}: {_gib(widest_need)})"
         return said
+    return _across_nodes(layout, hardware, tokens, overhead)
+
+
+#: Node counts the plan tries when no change within the node fits (pipeline stages over Ray).
+NODE_COUNTS = (2, 4, 8)
+
+
+def _across_nodes(layout: CacheLayout, hardware: Hardware, tokens: int, overhead: int) -> str:
+    """Pipeline parallel over more nodes of the same kind: each stage caches its own layers
+    and holds its share of the weights."""
+    configured_tp = layout.tensor_parallel
+    for nodes in NODE_COUNTS:
+        pp = layout.pipeline_parallel * nodes
+        try:
+            deeper = layout.with_changes(pipeline_parallel=pp)
+        except ValueError:
+            continue
+        more = replace(hardware, devices=hardware.devices * nodes, pipeline_parallel=pp)
+        for candidate in (
+            deeper,
+            *[
+                deeper.with_changes(decode_context_parallel=d)
+                for d in _context_parallel_sizes(deeper)
+            ],
+        ):
+            try:
+                need, available = _needs(candidate, more, tokens, overhead, configured_tp)[3:]
+            except ValueError:
+                continue
+            if need <= available:
+                dcp = candidate.decode_context_parallel
+                return (
+                    f"no change within this node fits it; {nodes}x the devices over Ray "
+                    f'(pipeline_parallel_size = {pp}, [hardware] nodes, executor = "ray")'
+                    + (f" with decode_context_parallel_size = {dcp}" if dcp > 1 else "")
+                    + f" would need {_gib(need)} of {_gib(available)} per rank"
+                )
     return "no change within this node fits it"
 
 

@@ -233,6 +233,7 @@ def cache_layout(
     pp_layer_partition: str | None = None,
     mamba_cache_dtype: str = "auto",
     mamba_ssm_cache_dtype: str = "auto",
+    prefill_context_parallel: int = 1,
 ) -> CacheLayout:
     """The per-rank cache layout vLLM would build for ``config``.
 
@@ -267,7 +268,10 @@ def cache_layout(
     attention, elements, kv_replicated = _attention_elements(fields, tensor_parallel)
     num_layers = max((layer.index for layer in layers), default=0) + 1
     num_layers = max(num_layers, int(fields.get("num_hidden_layers") or num_layers))
-    check_parallel(fields, layers, tensor_parallel, pipeline_parallel, dcp, attention, num_layers)
+    pcp = _parallel_int("prefill_context_parallel", prefill_context_parallel)
+    check_parallel(
+        fields, layers, tensor_parallel, pipeline_parallel, dcp, attention, num_layers, pcp
+    )
     stages = pp_partition(num_layers, pipeline_parallel, pp_layer_partition)
     has_state = any(not layer.grows for layer in layers)
     settings = AllocatorSettings(
@@ -303,6 +307,7 @@ def cache_layout(
         "pp_layer_partition": pp_layer_partition,
         "mamba_cache_dtype": mamba_cache_dtype,
         "mamba_ssm_cache_dtype": mamba_ssm_cache_dtype,
+        "prefill_context_parallel": prefill_context_parallel,
     }
     return CacheLayout(
         architecture=_architecture(fields),

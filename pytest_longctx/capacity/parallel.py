@@ -25,8 +25,12 @@ def check_parallel(
     dcp: int,
     attention: str,
     num_layers: int,
+    pcp: int = 1,
 ) -> None:
-    """Raise :class:`ParallelLayoutError` naming the first vLLM rule the layout breaks."""
+    """Raise :class:`ParallelLayoutError` naming the first vLLM rule the layout breaks.
+
+    ``pcp`` is prefill context parallel: more ranks, each holding the whole cache.
+    """
     heads = fields.get("num_attention_heads")
     if isinstance(heads, int) and heads % tp:
         raise ParallelLayoutError(
@@ -39,9 +43,15 @@ def check_parallel(
             f"pipeline_parallel_size = {pp} exceeds the model's {num_layers} layers: "
             "every stage needs at least one"
         )
+    if pcp > 1 and dcp not in (1, pcp, tp * pcp):
+        raise ParallelLayoutError(
+            f"decode_context_parallel_size = {dcp} with prefill context parallel {pcp}: vLLM "
+            f"needs DCP off, spanning the PCP axis or the whole TP x PCP axis "
+            f"(one of {sorted({1, pcp, tp * pcp})})"
+        )
     if dcp == 1:
         return
-    if tp % dcp:
+    if pcp == 1 and tp % dcp:
         raise ParallelLayoutError(
             f"decode_context_parallel_size = {dcp} must divide tensor_parallel_size = {tp}: "
             "vLLM's DCP reuses the tensor-parallel ranks (tp % dcp == 0)"

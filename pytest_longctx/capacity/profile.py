@@ -110,6 +110,7 @@ def layout_for(profile: Profile) -> capacity.CacheLayout | None:
         ),
         mamba_cache_dtype=flags.mamba_cache_dtype,
         mamba_ssm_cache_dtype=flags.mamba_ssm_cache_dtype,
+        prefill_context_parallel=flags.prefill_context_parallel_size,
     )
     if layout.decode_context_parallel > 1 and layout.constant_state_layers and flags.prefix_caching:
         raise capacity.ParallelLayoutError(
@@ -130,7 +131,12 @@ def hardware_for(profile: Profile) -> capacity.Hardware:
         memory = reported[0]
     elif memory is None:  # a CPU profile: the host's memory
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    ranks = serving.tensor_parallel_size * serving.pipeline_parallel_size
+    flags = cache_flags(serving, f"profile {profile.path}")
+    ranks = (
+        serving.tensor_parallel_size
+        * serving.pipeline_parallel_size
+        * flags.prefill_context_parallel_size
+    )
     return capacity.Hardware(
         devices=max(hardware.devices * hardware.nodes, ranks),
         pipeline_parallel=serving.pipeline_parallel_size,
