@@ -21,7 +21,8 @@ def token_capacity(
 
     vLLM makes ``kv_cache_bytes // bytes per block`` whole blocks, a block costing the widest
     KV-cache group's pages. Without ``max_model_len`` this returns those blocks' tokens for a
-    single-group model (at most one block below ``kv_cache_bytes / bytes per token``). With it,
+    single-group model (at most one block below ``kv_cache_bytes / bytes per token``), and for
+    a hybrid the longest single request they hold. With it,
     vLLM's group-aware figure: ``int(blocks / blocks one request of max_model_len needs *
     max_model_len)``, which is lower when ``max_model_len`` is not a whole number of blocks
     and, for hybrids, counts the windows' and the state groups' blocks too. The block size
@@ -37,10 +38,10 @@ def token_capacity(
     allocation = layout.with_changes(block_size=block_size).allocation
     assert allocation is not None
     if max_model_len is None:
+        num_blocks = kv_cache_bytes // allocation.bytes_per_block()
         if len(allocation.groups) == 1:
-            per_block = allocation.bytes_per_block()
-            return kv_cache_bytes // per_block * allocation.block_size
-        max_model_len = 2**20
+            return num_blocks * allocation.block_size
+        return allocation.tokens_for_blocks(num_blocks)  # the longest single request
     return allocation.token_capacity(kv_cache_bytes, max_model_len)
 
 

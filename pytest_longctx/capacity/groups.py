@@ -113,10 +113,9 @@ class Allocation:
             for st in stages
         )
 
-    def blocks_per_request(self, tokens: int, stage: tuple[int, int] | None = None) -> int:
+    def blocks_per_request(self, tokens: int) -> int:
         """Every group's blocks for one request: projected groups keep their block tables
         even where a stage holds none of their layers, as vLLM's projection does."""
-        del stage
         return sum(group.blocks(tokens, self.settings) for group in self.groups)
 
     def _worst_stage(self, tokens: int) -> tuple[int, int]:
@@ -297,11 +296,3 @@ def describe_groups(allocation: Allocation) -> str:
         f"{count} KV-cache group{'s' if count != 1 else ''} ({allocation.path}): "
         f"{', '.join(parts)}; block {allocation.block_size} tokens"
     )
-
-
-def padding_layers(allocation: Allocation) -> int:
-    """Layers vLLM adds so every hybrid group has the same size."""
-    if allocation.path != "hybrid":
-        return 0
-    size = max(len(group.layers) for group in allocation.groups)
-    return sum(size - len(group.layers) for group in allocation.groups)
