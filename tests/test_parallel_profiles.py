@@ -218,3 +218,10 @@ def test_a_reserve_per_device_counts_against_every_point(tmp_path: Path) -> None
     assert verdicts[64 * MI].slack_bytes / GIB == pytest.approx(133.38 - 142.16, abs=0.01)
     table = capacity_plan.render_table(plan, [32 * MI, 64 * MI])
     assert "reserve: 100.00 GiB per device" in table
+
+
+def test_more_ranks_than_devices_is_refused(tmp_path: Path) -> None:
+    """vLLM gives every rank of every data-parallel replica a device of its own."""
+    path = variant(tmp_path, "data_parallel_size = 1", "data_parallel_size = 2")
+    with pytest.raises(ParallelLayoutError, match=r"data_parallel_size 2 = 16 ranks"):
+        capacity_plan.layout_for(load_profile(str(path)))

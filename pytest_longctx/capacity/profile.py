@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -112,6 +113,21 @@ def layout_for(profile: Profile) -> capacity.CacheLayout | None:
         mamba_ssm_cache_dtype=flags.mamba_ssm_cache_dtype,
         prefill_context_parallel=flags.prefill_context_parallel_size,
     )
+    ranks = {
+        "tensor_parallel_size": serving.tensor_parallel_size,
+        "pipeline_parallel_size": serving.pipeline_parallel_size,
+        "data_parallel_size": serving.data_parallel_size,
+        "prefill context parallel": flags.prefill_context_parallel_size,
+    }
+    needed = math.prod(ranks.values())
+    devices = profile.hardware.devices * profile.hardware.nodes
+    if serving.device != "cpu" and needed > devices:
+        product = " x ".join(f"{name} {value}" for name, value in ranks.items() if value > 1)
+        raise capacity.ParallelLayoutError(
+            f"profile {profile.path}: {product} = {needed} ranks, one device each, but "
+            f"[hardware] offers {devices} device(s) ({profile.hardware.nodes} node(s) x "
+            f"{profile.hardware.devices})"
+        )
     if layout.decode_context_parallel > 1 and layout.constant_state_layers and flags.prefix_caching:
         raise capacity.ParallelLayoutError(
             f"profile {profile.path}: decode_context_parallel_size = "
