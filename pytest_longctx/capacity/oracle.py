@@ -127,12 +127,13 @@ def specs_for_layers(
                     cache_role=SparseCacheRole.INDEXER,
                 )
             else:
+                # fp8_ds_mla packs a row of its own size; the page ignores head_size then.
                 content = layer.bytes_per_token if layer.variant == "fp8_ds_mla" else None
                 specs[name] = MLAAttentionSpec(
                     block_size=block,
                     num_kv_heads=1,
                     max_tp_shards=1,
-                    head_size=layer.bytes_per_token // kv_element_bytes if content is None else 576,
+                    head_size=layer.bytes_per_token // (1 if content else kv_element_bytes),
                     dtype=torch.uint8 if content else kv_dtype,
                     cache_dtype_str="fp8_ds_mla" if content else None,
                     state_content_bytes=content,
