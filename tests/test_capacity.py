@@ -179,39 +179,67 @@ def test_kimi_crossovers_are_gib_over_decimal_millions(kimi, reference_gib, stud
     assert round(crossover_tokens(fp8, reference_gib * 1e9) / 1e6, 1) != study_millions
 
 
+def kimi_request_bytes(layout, tokens: int) -> tuple[int, int, int]:
+    """(kv, state, null block) by hand from vLLM's allocator rules for Kimi Linear at TP=8.
+
+    7 MLA layers form one group, the 20 KDA layers three (7, 7, 6 + one padding layer); a
+    block costs 7 pages of ``block x 576 x element`` bytes; one request holds
+    ``cdiv(tokens, block)`` MLA blocks and two state blocks per state group (prefix caching
+    on: vLLM's "align" mode).
+    """
+    block = layout.block_size_hint
+    per_block = 7 * block * 576 * layout.element_bytes
+    return -(-tokens // block) * per_block, 3 * 2 * per_block, per_block
+
+
 def test_kimi_64mi_fits_in_fp8_not_in_bf16(kimi):
     fp8 = cache_layout(kimi, cache_dtype="fp8_e4m3", tensor_parallel=8)
     bf16 = cache_layout(kimi, cache_dtype="auto", tensor_parallel=8)
     available = int(288 * GIB * 0.952)
     weights = int(91.5e9) / 8
-    state = 43_417_600 // 8
+    kv, state, null = kimi_request_bytes(fp8, 64 * MI + 64)
 
     good = fit_point(fp8, STUDY_NODE, 64 * MI, decode_tokens=64)
     assert good.fits
     assert good.available_bytes == available
-    assert good.kv_bytes == (64 * MI + 64) * 4032
-    assert good.need_bytes == pytest.approx((64 * MI + 64) * 4032 + state + weights, abs=1)
+    assert good.kv_bytes == kv
+    assert good.kv_bytes == pytest.approx((64 * MI + 64) * 4032, rel=1e-5)
+    assert good.state_bytes == state
+    assert good.need_bytes == pytest.approx(kv + state + null + weights, abs=1)
     assert good.suggestion is None
 
     bad = fit_point(bf16, STUDY_NODE, 64 * MI, decode_tokens=64)
     assert not bad.fits
     assert bad.need_bytes > available
-    assert "FP8" in bad.suggestion and "fp8_e4m3" in bad.suggestion
-    fp8_need_gib = ((64 * MI + 64) * 4032 + state + weights) / GIB
-    assert f"{fp8_need_gib:.2f} GiB" in bad.suggestion
+    # DCP at the same precision comes before FP8: 8064 B/token over 2 ranks.
+    assert "decode_context_parallel_size = 2" in bad.suggestion
+    bf16_dcp2 = bf16.with_changes(decode_context_parallel=2)
+    kv2, state2, null2 = kimi_request_bytes(bf16_dcp2, -(-(64 * MI + 64) // 2))
+    assert f"{(kv2 + state2 + null2 + weights) / GIB:.2f} GiB" in bad.suggestion
     # The reason gives both figures in GiB.
     assert f"{bad.need_bytes / GIB:.2f} GiB" in bad.reason
     assert f"{available / GIB:.2f} GiB" in bad.reason
-    # Longest context that fits as configured, by hand.
-    assert bad.max_tokens == (available - state - int(weights)) // 8064
+    # Longest context that fits as configured, by hand, to within a block.
+    bf16_kv, bf16_state, bf16_null = kimi_request_bytes(bf16, 0)
+    by_hand = (available - int(weights) - bf16_state - bf16_null) // 8064
+    assert by_hand - bf16.block_size_hint <= bad.max_tokens <= by_hand
 
 
-def test_kimi_no_change_fits_when_even_fp8_is_too_big(kimi):
+def test_kimi_128mi_needs_dcp_when_even_fp8_is_too_big(kimi):
     fp8 = cache_layout(kimi, cache_dtype="fp8", tensor_parallel=8)
     point = fit_point(fp8, STUDY_NODE, 128 * MI)
     assert not point.fits
-    # More ranks do not shrink the MLA latent and the node has no more devices anyway.
-    assert point.suggestion == "no change within this node fits it"
+    # More ranks do not shrink the MLA latent, but DCP shards its tokens over the TP ranks.
+    assert point.suggestion.startswith("decode_context_parallel_size = 2 ")
+    big = Hardware(devices=8, memory_per_device_bytes=16 * GIB, weights_bytes=int(91.5e9))
+    assert fit_point(fp8, big, 1024 * MI).suggestion == "no change within this node fits it"
+    # 1Gi: even DCP=8 leaves 504 GiB per rank; over 4 nodes (PP=4, vLLM's partition 7/7/7/6
+    # layers) the fullest stage holds 2 MLA layers: 2 x 576 B x 1Gi / 8 = 144 GiB.
+    far = fit_point(fp8, STUDY_NODE, 1024 * MI).suggestion
+    assert far.startswith("no change within this node fits it; 4x the devices over Ray")
+    assert "pipeline_parallel_size = 4" in far and "decode_context_parallel_size = 8" in far
+    need = float(far.split(" would need ")[1].split(" GiB")[0])
+    assert need == pytest.approx((144 * GIB + 91.5e9 / 32) / GIB, abs=0.02)  # + state pages
 
 
 def test_more_ranks_only_help_mla_through_the_weights(kimi):
@@ -240,7 +268,9 @@ def test_capacity_table_renders_every_length(kimi):
     assert "64Mi" in text and "1Ki" in text and "NO" in text
     assert "504.00" in text  # KV GiB per rank at 64Mi in BF16
     assert "8,064 B/token" in text
-    assert text.count("yes") == 16
+    # 32Mi in BF16 fits with 11.5 GiB of 274 GiB to spare: under 5 %, it reads as borderline.
+    assert text.count("yes") == 15 and text.count("borderline") == 1
+    assert rows[15].slack_bytes / GIB == pytest.approx(274.18 - 262.67, abs=0.01)
 
 
 # --- GQA --------------------------------------------------------------------------------------
@@ -395,17 +425,19 @@ def test_explicit_kv_cache_size_excludes_the_weights():
         devices=1, memory_per_device_bytes=24 * GIB, kv_cache_bytes=GIB, weights_bytes=20 * GIB
     )
     inside = fit_point(layout, cpu, 1 * MI)  # 1Mi x 512 B = 0.5 GiB
+    null_block = 16 * 512  # vLLM holds one block (16 tokens here) back before it checks
     assert inside.fits
-    assert inside.need_bytes == 1 * MI * 512
+    assert inside.need_bytes == 1 * MI * 512 + null_block
     assert inside.available_bytes == GIB
     assert inside.weights_bytes == 20 * GIB
-    outside = fit_point(layout, cpu, 4 * MI)  # 2 GiB of KV in a 1 GiB cache
+    outside = fit_point(layout, cpu, 7 * MI // 2)  # 1.75 GiB of KV in a 1 GiB cache
     assert not outside.fits
     assert "--kv-cache-memory-bytes" in outside.reason
-    # 2 GiB of cache + 20 GiB of weights > 0.9 x 24 GiB: only a narrower cache would do.
+    # 1.75 GiB of cache + 20 GiB of weights > 0.9 x 24 GiB: only a narrower cache would do.
     assert "FP8" in outside.suggestion
     roomy = Hardware(devices=1, memory_per_device_bytes=64 * GIB, kv_cache_bytes=GIB)
-    assert f"--kv-cache-memory-bytes {4 * MI * 512}" in fit_point(layout, roomy, 4 * MI).suggestion
+    wanted = 4 * MI * 512 + null_block
+    assert f"--kv-cache-memory-bytes {wanted}" in fit_point(layout, roomy, 4 * MI).suggestion
 
 
 def test_fit_point_rejects_more_ranks_than_devices(kimi):
@@ -459,7 +491,7 @@ def fake_tool(folder: Path, name: str, output: str) -> None:
 def test_the_plan_uses_the_memory_nvidia_smi_reports(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pytest_longctx.plan.capacity_table import hardware_for
+    from pytest_longctx.plan.capacity_check import hardware_for
     from pytest_longctx.profiles import load_profile
 
     profile = load_profile("kimi-linear-h200")
@@ -473,7 +505,7 @@ def test_the_plan_uses_the_memory_nvidia_smi_reports(
 def test_the_plan_uses_the_memory_rocm_smi_reports(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pytest_longctx.plan.capacity_table import hardware_for
+    from pytest_longctx.plan.capacity_check import hardware_for
     from pytest_longctx.profiles import load_profile
     from pytest_longctx.profiles.hardware import reported_device_memory
 
@@ -502,3 +534,45 @@ def test_the_kv_plot_calls_an_explicit_cache_a_budget_not_device_memory() -> Non
     gpu = describe_launched(load_profile("kimi-linear-mi355x")).kv_plot()
     assert gpu["budget_label"] == "device memory"
     assert gpu["budget_bytes"] == int(309_237_645_312 * 0.952)
+
+
+def test_the_kv_gauge_of_a_hybrid_counts_prompt_tokens_not_state_pages(kimi):
+    """Kimi Linear: 4 groups share the pool; a request holds cdiv(T, 512) MLA blocks plus two
+    blocks of each of its 3 state groups. The gauge's blocks are not all prompt tokens."""
+    from pytest_longctx.progress.eta import CostModel, TtftModel
+    from pytest_longctx.progress.sampler import Outlook, PointWatch
+
+    allocation = cache_layout(kimi, cache_dtype="fp8", tensor_parallel=8).allocation
+    blocks = 4097  # num_gpu_blocks, the null block included
+    usage = {"value": 0.0}
+
+    def metrics() -> str:
+        return (
+            f'vllm:cache_config_info{{block_size="512",num_gpu_blocks="{blocks}"}} 1.0\n'
+            f"vllm:kv_cache_usage_perc {usage['value']}\n"
+        )
+
+    watch = PointWatch(
+        length=100_000,
+        repeat=0,
+        decode_tokens=16,
+        interval_s=3600.0,
+        outlook=Outlook(
+            "run", 1, 1, CostModel(TtftModel(0.0, 1e-4, 0.0, (1024,)), (0.01, 0.0), 16)
+        ),
+        read_metrics=metrics,
+        tokens_for_blocks=lambda used, block: allocation.tokens_for_blocks(used),
+    )
+    watch.start()
+    try:
+        for prompt in (0, 512, 100_000, 1_000_000):
+            held = (-(-prompt // 512) + 3 * 2) if prompt else 0  # by hand
+            usage["value"] = held / (blocks - 1)
+            expected = -(-prompt // 512) * 512
+            assert watch._kv_tokens(usage["value"]) == expected
+            # The blocks-times-block-size reading would count the 6 state blocks as tokens.
+            assert held * 512 - expected == (3072 if prompt else 0)
+    finally:
+        watch.stop()
+    # Capacity: the longest request the 4096 usable blocks hold (6 of them state).
+    assert allocation.tokens_for_blocks(blocks - 1) == (blocks - 1 - 6) * 512

@@ -501,7 +501,7 @@ def test_a_dead_server_fails_its_points_and_resume_completes_the_run(
 
 def test_past_64mi_one_server_spans_nodes_and_the_plan_counts_them() -> None:
     """MLA's cache is replicated over TP ranks: only pipeline stages over more nodes shrink it."""
-    from pytest_longctx.plan.capacity_table import check_points
+    from pytest_longctx.plan.capacity_check import check_points
     from pytest_longctx.plan.sweep import build_plan
 
     one_node = build_plan(settings(to_length=128 * 1024**2), load_profile("kimi-linear-mi355x"))

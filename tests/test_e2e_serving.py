@@ -39,12 +39,12 @@ def pytest_runtest_teardown(item):
 CAPACITY_CHECK_TEST = """
 import re
 import httpx
-from pytest_longctx.plan import capacity_table
+from pytest_longctx.plan import capacity_check
 from pytest_longctx.measure.server_metrics import cache_config_labels
 
 def test_capacity_plan_matches_vllm(longctx_server, longctx_run):
     labels = cache_config_labels(httpx.get(longctx_server.base_url + "/metrics").text)
-    check = capacity_table.check_against_server(longctx_run.plan.profile, labels)
+    check = capacity_check.check_against_server(longctx_run.plan.profile, labels)
     assert check.agrees, check.describe()
     assert longctx_run.capacity_check == check
     log = longctx_server.log_path.read_text()

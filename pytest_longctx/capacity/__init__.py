@@ -46,7 +46,9 @@ from .layout import (
     describe_layout,
     load_model_config,
     model_dtype_name,
+    uses_mla,
 )
+from .parallel import ParallelLayoutError
 from .plot import (
     plot_kv_footprint,
 )
@@ -58,6 +60,7 @@ __all__ = [
     "GIB",
     "Hardware",
     "ModelConfigError",
+    "ParallelLayoutError",
     "PointFit",
     "cache_element_bytes",
     "cache_layout",
@@ -71,4 +74,5 @@ __all__ = [
     "plot_kv_footprint",
     "render_capacity_table",
     "token_capacity",
+    "uses_mla",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pytest_longctx.core.sizes import format_size
 
@@ -19,32 +19,30 @@ def token_capacity(
 ) -> int:
     """Tokens vLLM reports ("KV cache size: N tokens") for a cache of ``kv_cache_bytes``.
 
-    vLLM makes ``kv_cache_bytes // (block_size * bytes per token)`` whole blocks. Without
-    ``max_model_len`` this returns those blocks' tokens: at most one block below
-    ``kv_cache_bytes / bytes per token``. vLLM itself prints
-    ``int(blocks / ceil(max_model_len / block_size) * max_model_len)``, which equals the
-    whole-block figure when ``max_model_len`` is a multiple of the block size, and is lower by
-    up to ``(block_size - 1) / max_model_len`` of it otherwise (a request at max length wastes
-    part of its last block). The block size is vLLM's choice (it differs by platform, kernel
-    and CPU features): read it from the server's ``vllm:cache_config_info``, never assume it.
-    Pass ``max_model_len`` to reproduce the printed number exactly.
-
-    For hybrids one sequence's constant state is taken from the cache first: vLLM keeps the
-    state pages in the same pool (padded to the attention page size, so this is a few blocks
-    optimistic).
+    vLLM makes ``kv_cache_bytes // bytes per block`` whole blocks, a block costing the widest
+    KV-cache group's pages. Without ``max_model_len`` this returns those blocks' tokens for a
+    single-group model (at most one block below ``kv_cache_bytes / bytes per token``), and for
+    a hybrid the longest single request they hold. With it,
+    vLLM's group-aware figure: ``int(blocks / blocks one request of max_model_len needs *
+    max_model_len)``, which is lower when ``max_model_len`` is not a whole number of blocks
+    and, for hybrids, counts the windows' and the state groups' blocks too. The block size
+    is vLLM's choice (it differs by platform, kernel and CPU features): read it from the
+    server's ``vllm:cache_config_info``, never assume it.
     """
     if block_size <= 0:
         raise ValueError(f"block_size must be a positive token count, got {block_size}")
     if kv_cache_bytes < 0:
         raise ValueError(f"kv_cache_bytes must be >= 0, got {kv_cache_bytes}")
-    usable = max(0, kv_cache_bytes - layout.state_bytes_per_rank)
-    blocks = usable // (block_size * layout.kv_bytes_per_token)
-    if max_model_len is None:
-        return blocks * block_size
-    if max_model_len <= 0:
+    if max_model_len is not None and max_model_len <= 0:
         raise ValueError(f"max_model_len must be a positive token count, got {max_model_len}")
-    blocks_per_request = math.ceil(max_model_len / block_size)
-    return int(blocks / blocks_per_request * max_model_len)
+    allocation = layout.with_changes(block_size=block_size).allocation
+    assert allocation is not None
+    if max_model_len is None:
+        num_blocks = kv_cache_bytes // allocation.bytes_per_block()
+        if len(allocation.groups) == 1:
+            return num_blocks * allocation.block_size
+        return allocation.tokens_for_blocks(num_blocks)  # the longest single request
+    return allocation.token_capacity(kv_cache_bytes, max_model_len)
 
 
 def crossover_tokens(layout: CacheLayout, size_bytes: int | float) -> int:
@@ -127,6 +125,11 @@ class PointFit:
     reason: str
 
     @property
+    def slack_bytes(self) -> int:
+        """What is left per rank once the point is in: negative when it does not fit."""
+        return self.available_bytes - self.need_bytes
+
+    @property
     def kv_gib(self) -> float:
         return self.kv_bytes / GIB
 
@@ -150,13 +153,19 @@ def _needs(
     overhead: int,
     configured_tp: int,
 ) -> tuple[int, int, int, int, int]:
-    """(kv, state, weights, need, available) per rank for ``layout`` on ``hardware``."""
-    kv = layout.kv_bytes(tokens)
-    state = layout.state_bytes_per_rank
+    """(kv, state, weights, need, available) per rank for ``layout`` on ``hardware``.
+
+    KV and state are what vLLM's allocator needs for one request of ``tokens``; the need adds
+    the null block vLLM holds back before it checks that the request fits.
+    """
+    kv, state = layout.request_bytes(tokens)
+    assert layout.allocation is not None
+    null_block = layout.allocation.bytes_per_block()
     weights = hardware.weights_on_rank(layout.tensor_parallel, configured_tp)
     if hardware.kv_cache_bytes is not None:
-        return kv, state, weights, kv + state, hardware.kv_cache_bytes
-    return kv, state, weights, kv + state + weights + overhead, hardware.usable_per_device_bytes
+        return kv, state, weights, kv + state + null_block, hardware.kv_cache_bytes
+    need = kv + state + null_block + weights + overhead
+    return kv, state, weights, need, hardware.usable_per_device_bytes
 
 
 def _alternative_ranks(layout: CacheLayout, hardware: Hardware) -> list[int]:
@@ -172,13 +181,41 @@ def _alternative_ranks(layout: CacheLayout, hardware: Hardware) -> list[int]:
     return counts
 
 
+def _context_parallel_sizes(layout: CacheLayout) -> list[int]:
+    """DCP sizes above the configured one that divide the tensor-parallel ranks."""
+    tp = layout.tensor_parallel
+    return [d for d in range(layout.decode_context_parallel + 1, tp + 1) if tp % d == 0]
+
+
 def _smallest_change(layout: CacheLayout, hardware: Hardware, tokens: int, overhead: int) -> str:
-    """Fewest devices first, then keeping the cache precision: the first option that fits."""
+    """Fewest devices first, then keeping the cache precision: the first option that fits.
+
+    On the configured ranks: decode context parallelism (the cache sharded over the
+    tensor-parallel ranks), then an FP8 cache, then both; then more ranks, and so on.
+    """
     configured_tp = layout.tensor_parallel
     want_fp8 = layout.element_bytes > 1
 
     def fp8_of(candidate: CacheLayout) -> CacheLayout:
         return candidate.with_changes(cache_dtype=FP8_CACHE_DTYPE)
+
+    def options(base: CacheLayout, ranks: int) -> list[tuple[int, CacheLayout, str]]:
+        found: list[tuple[int, CacheLayout, str]] = []
+        builders = [(dcp, "dcp") for dcp in _context_parallel_sizes(base)]
+        if want_fp8:
+            builders.append((1, "fp8"))
+            builders += [(dcp, "dcp+fp8") for dcp in _context_parallel_sizes(base)]
+        for dcp, change in builders:
+            try:
+                candidate = base.with_changes(
+                    decode_context_parallel=max(dcp, base.decode_context_parallel)
+                )
+                if "fp8" in change:
+                    candidate = fp8_of(candidate)
+            except ValueError:
+                continue  # vLLM refuses this layout (see capacity.parallel)
+            found.append((ranks, candidate, change))
+        return found
 
     if hardware.kv_cache_bytes is not None:
         kv, state, weights, need, _ = _needs(layout, hardware, tokens, overhead, configured_tp)
@@ -193,30 +230,73 @@ def _smallest_change(layout: CacheLayout, hardware: Hardware, tokens: int, overh
                 return f"an FP8 KV cache ({FP8_CACHE_DTYPE}) would need {_gib(fp8_need)}"
         return "no change within this node fits it"
 
-    candidates: list[tuple[int, CacheLayout, str]] = []
-    if want_fp8:
-        candidates.append((configured_tp, fp8_of(layout), "fp8"))
+    candidates = options(layout, configured_tp)
     for ranks in _alternative_ranks(layout, hardware):
         try:
             wider = layout.with_changes(tensor_parallel=ranks)
         except ValueError:
             continue  # vLLM cannot shard this model over that many ranks
         candidates.append((ranks, wider, "ranks"))
-        if want_fp8:
-            candidates.append((ranks, fp8_of(wider), "ranks+fp8"))
+        candidates += [(ranks, c, f"ranks+{change}") for _, c, change in options(wider, ranks)]
     for ranks, candidate, change in candidates:
         need, available = _needs(candidate, hardware, tokens, overhead, configured_tp)[3:]
         if need > available:
             continue
         per_rank = f"{_gib(need)} of {_gib(available)} per rank"
-        if change == "fp8":
-            return f"an FP8 KV cache ({FP8_CACHE_DTYPE}) would need {per_rank}"
-        if change == "ranks":
-            return f"{ranks} tensor-parallel ranks would need {per_rank}"
-        return (
-            f"{ranks} tensor-parallel ranks with an FP8 KV cache ({FP8_CACHE_DTYPE}) "
-            f"would need {per_rank}"
-        )
+        words = []
+        if change.startswith("ranks"):
+            words.append(f"{ranks} tensor-parallel ranks")
+        if "dcp" in change:
+            dcp = candidate.decode_context_parallel
+            words.append(
+                f"decode_context_parallel_size = {dcp} (the KV cache sharded over {dcp} ranks)"
+            )
+        if "fp8" in change:
+            words.append(f"an FP8 KV cache ({FP8_CACHE_DTYPE})")
+        said = f"{' with '.join(words)} would need {per_rank}"
+        if "dcp" in change and candidate.decode_context_parallel < candidate.tensor_parallel:
+            # DCP over every tensor-parallel rank: the most headroom this layout can give.
+            widest = candidate.with_changes(decode_context_parallel=candidate.tensor_parallel)
+            widest_need = _needs(widest, hardware, tokens, overhead, configured_tp)[3]
+            said += f" (= {widest.decode_context_parallel}: {_gib(widest_need)})"
+        return said
+    return _across_nodes(layout, hardware, tokens, overhead)
+
+
+#: Node counts the plan tries when no change within the node fits (pipeline stages over Ray).
+NODE_COUNTS = (2, 4, 8)
+
+
+def _across_nodes(layout: CacheLayout, hardware: Hardware, tokens: int, overhead: int) -> str:
+    """Pipeline parallel over more nodes of the same kind: each stage caches its own layers
+    and holds its share of the weights."""
+    configured_tp = layout.tensor_parallel
+    for nodes in NODE_COUNTS:
+        pp = layout.pipeline_parallel * nodes
+        try:
+            deeper = layout.with_changes(pipeline_parallel=pp)
+        except ValueError:
+            continue
+        more = replace(hardware, devices=hardware.devices * nodes, pipeline_parallel=pp)
+        for candidate in (
+            deeper,
+            *[
+                deeper.with_changes(decode_context_parallel=d)
+                for d in _context_parallel_sizes(deeper)
+            ],
+        ):
+            try:
+                need, available = _needs(candidate, more, tokens, overhead, configured_tp)[3:]
+            except ValueError:
+                continue
+            if need <= available:
+                dcp = candidate.decode_context_parallel
+                return (
+                    f"no change within this node fits it; {nodes}x the devices over Ray "
+                    f'(pipeline_parallel_size = {pp}, [hardware] nodes, executor = "ray")'
+                    + (f" with decode_context_parallel_size = {dcp}" if dcp > 1 else "")
+                    + f" would need {_gib(need)} of {_gib(available)} per rank"
+                )
     return "no change within this node fits it"
 
 
@@ -266,12 +346,16 @@ def fit_point(
         layout, hardware, tokens, overhead_bytes_per_rank, tp
     )
     fits = need <= available
-    fixed = need - kv
-    max_tokens = max(0, (available - fixed) // layout.kv_bytes_per_token)
+    assert layout.allocation is not None
+    fixed = 0 if hardware.kv_cache_bytes is not None else weights + overhead_bytes_per_rank
+    max_tokens = layout.allocation.max_tokens(available - fixed) if available > fixed else 0
 
     what = format_size(length) + (f" + {decode_tokens} decode" if decode_tokens else "")
     budget, parts = _budget_words(hardware, kv, state, weights, available, overhead_bytes_per_rank)
-    head = f"{what} at TP={tp}, KV {layout.cache_dtype}: needs {_gib(need)} per rank ({parts})"
+    ranks = f"TP={tp}" + (
+        f", DCP={layout.decode_context_parallel}" if layout.decode_context_parallel > 1 else ""
+    )
+    head = f"{what} at {ranks}, KV {layout.cache_dtype}: needs {_gib(need)} per rank ({parts})"
     if fits:
         suggestion = None
         reason = f"{head}; fits in {budget}"
@@ -320,12 +404,22 @@ def capacity_table(
     ]
 
 
+#: A point that fits with less than this share of the budget to spare reads as borderline.
+BORDERLINE_SLACK = 0.05
+
+
+def _verdict(row: PointFit) -> str:
+    if not row.fits:
+        return "NO"
+    return "borderline" if row.slack_bytes < BORDERLINE_SLACK * row.available_bytes else "yes"
+
+
 def render_capacity_table(rows: Sequence[PointFit], layout: CacheLayout | None = None) -> str:
     """Plain-text table for a terminal; the full reason of each point that does not fit below."""
     lines = []
     if layout is not None:
         lines.append(describe_layout(layout))
-    header = ("length", "tokens", "KV GiB/rank", "need GiB", "avail GiB", "fits")
+    header = ("length", "tokens", "KV GiB/rank", "need GiB", "avail GiB", "slack GiB", "fits")
     table = [header]
     for row in rows:
         table.append(
@@ -335,7 +429,8 @@ def render_capacity_table(rows: Sequence[PointFit], layout: CacheLayout | None =
                 f"{row.kv_gib:.2f}",
                 f"{row.need_gib:.2f}",
                 f"{row.available_gib:.2f}",
-                "yes" if row.fits else "NO",
+                f"{row.slack_bytes / GIB:.2f}",
+                _verdict(row),
             )
         )
     widths = [max(len(cells[i]) for cells in table) for i in range(len(header))]

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .groups import Allocation, AllocatorSettings, allocate, describe_groups
+from .kinds import DTypes, LayerConfigError, LayerKind, pp_partition, read_layers
+from .parallel import check_parallel
 
 GIB = 1024**3
 
@@ -37,12 +40,6 @@ _MODEL_DTYPE_BYTES: Mapping[str, int] = {"bfloat16": 2, "float16": 2, "float32":
 
 #: The cache dtype suggested when a point does not fit in a wider one.
 FP8_CACHE_DTYPE = "fp8_e4m3"
-
-#: vLLM aligns a hybrid MLA model's attention block size to 128 tokens (TRTLLM/FlashInfer MLA
-#: kernel invariant); other hybrids align to the attention kernel's block, commonly 16.
-_HYBRID_BLOCK_ALIGNMENT = {"mla": 128, "gqa": 16}
-
-_RECURRENT_STATE_BYTES = 4  # vLLM keeps the KDA recurrent state in float32 by default
 
 
 class ModelConfigError(ValueError):
@@ -79,6 +76,11 @@ def _text_fields(config: Mapping[str, Any]) -> Mapping[str, Any]:
     if "num_hidden_layers" not in config and isinstance(text, Mapping):
         return {**config, **text}
     return config
+
+
+def uses_mla(config: Mapping[str, Any]) -> bool:
+    """Whether vLLM caches the config's attention as an MLA latent."""
+    return _text_fields(config).get("kv_lora_rank") is not None
 
 
 def _architecture(config: Mapping[str, Any]) -> str:
@@ -147,11 +149,12 @@ class CacheLayout:
     element_bytes: int
     #: Cached elements per attention layer per token on one rank.
     elements_per_layer_token: int
-    kv_bytes_per_token: int  # per rank: the attention layers of its pipeline stage
-    state_bytes_per_rank: int  # constant per sequence
+    #: Per rank: the full-attention layers of its pipeline stage, over the DCP ranks.
+    kv_bytes_per_token: int
+    state_bytes_per_rank: int  # constant per sequence, unpadded
     state_bytes_unsharded: int
     #: True when ranks hold copies rather than shares of the KV: MLA's latent always, GQA's
-    #: heads once there are more ranks than KV heads.
+    #: heads once there are more ranks than KV heads (DCP shards them again).
     kv_replicated: bool
     #: Smallest attention block vLLM picks for a hybrid so a page holds a state page; None
     #: when the platform default applies.
@@ -160,24 +163,59 @@ class CacheLayout:
     config: Mapping[str, Any] = field(repr=False, compare=False, hash=False)
     #: Pipeline stages: each rank caches only its stage's layers.
     pipeline_parallel: int = 1
+    #: Decode context parallel ranks sharing each attention layer's tokens.
+    decode_context_parallel: int = 1
+    #: Every cached layer (all stages) as vLLM's model code builds it, and vLLM's allocator.
+    layers: tuple[LayerKind, ...] = field(default=(), repr=False, compare=False, hash=False)
+    allocation: Allocation | None = field(default=None, repr=False, compare=False, hash=False)
+    #: What the layout was built with, so with_changes can rebuild it.
+    options: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False, hash=False)
 
     def kv_bytes(self, tokens: int) -> int:
-        """Per-rank bytes of the growing cache for ``tokens`` tokens of one sequence."""
+        """Per-rank bytes of the growing full-attention cache for ``tokens`` tokens, unrounded."""
         if tokens < 0:
             raise ValueError(f"token count must be >= 0, got {tokens}")
         return tokens * self.kv_bytes_per_token
 
+    def request_bytes(self, tokens: int) -> tuple[int, int]:
+        """(growing, state) bytes vLLM needs on the fullest rank for one ``tokens`` request:
+        whole blocks of every group, windows with the tokens in flight, padded state pages."""
+        if tokens < 0:
+            raise ValueError(f"token count must be >= 0, got {tokens}")
+        assert self.allocation is not None
+        return self.allocation.request_bytes(tokens)
+
     def with_changes(
-        self, *, cache_dtype: str | None = None, tensor_parallel: int | None = None
+        self,
+        *,
+        cache_dtype: str | None = None,
+        tensor_parallel: int | None = None,
+        decode_context_parallel: int | None = None,
+        pipeline_parallel: int | None = None,
+        block_size: int | None = None,
     ) -> CacheLayout:
-        """The same model under another cache dtype or rank count."""
+        """The same model under another cache dtype, parallel layout or block size."""
+        options = dict(self.options)
+        if decode_context_parallel is not None:
+            options["decode_context_parallel"] = decode_context_parallel
+        if block_size is not None:
+            options["block_size"] = block_size
         return cache_layout(
             self.config,
             cache_dtype=self.cache_dtype if cache_dtype is None else cache_dtype,
             model_dtype=self.model_dtype,
             tensor_parallel=self.tensor_parallel if tensor_parallel is None else tensor_parallel,
-            pipeline_parallel=self.pipeline_parallel,
+            pipeline_parallel=(
+                self.pipeline_parallel if pipeline_parallel is None else pipeline_parallel
+            ),
+            **options,
         )
+
+
+def _parallel_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return value
 
 
 def cache_layout(
@@ -187,50 +225,93 @@ def cache_layout(
     model_dtype: str | None = None,
     tensor_parallel: int = 1,
     pipeline_parallel: int = 1,
+    decode_context_parallel: int = 1,
+    block_size: int | None = None,
+    in_flight_tokens: int = 2 * 8192,
+    prefix_caching: bool = True,
+    hybrid_allocator: bool = True,
+    pp_layer_partition: str | None = None,
+    mamba_cache_dtype: str = "auto",
+    mamba_ssm_cache_dtype: str = "auto",
+    prefill_context_parallel: int = 1,
 ) -> CacheLayout:
     """The per-rank cache layout vLLM would build for ``config``.
 
     ``model_dtype`` defaults to what ``--dtype auto`` picks (see :func:`config_model_dtype`).
-    With ``pipeline_parallel`` stages a rank holds one stage's layers: the largest stage's
-    share when the layers spread evenly (vLLM's default partition).
+    ``block_size`` is the attention backend's (default 16, MLA 64); hybrids raise it so one
+    page holds a state page. ``in_flight_tokens`` (concurrent batches x
+    ``max_num_batched_tokens``) is what windowed layers keep beyond their window. With
+    ``pipeline_parallel`` stages a rank holds its stage's layers (vLLM's partition,
+    ``pp_layer_partition`` being ``VLLM_PP_LAYER_PARTITION``). Invalid parallel layouts raise
+    :class:`~pytest_longctx.capacity.parallel.ParallelLayoutError` naming vLLM's rule.
     """
-    if isinstance(pipeline_parallel, bool) or not isinstance(pipeline_parallel, int):
-        raise ValueError(f"pipeline_parallel must be an integer >= 1, got {pipeline_parallel!r}")
-    if pipeline_parallel < 1:
-        raise ValueError(f"pipeline_parallel must be an integer >= 1, got {pipeline_parallel}")
-    if isinstance(tensor_parallel, bool) or not isinstance(tensor_parallel, int):
-        raise ValueError(f"tensor_parallel must be an integer >= 1, got {tensor_parallel!r}")
-    if tensor_parallel < 1:
-        raise ValueError(f"tensor_parallel must be an integer >= 1, got {tensor_parallel}")
+    pipeline_parallel = _parallel_int("pipeline_parallel", pipeline_parallel)
+    tensor_parallel = _parallel_int("tensor_parallel", tensor_parallel)
+    dcp = _parallel_int("decode_context_parallel", decode_context_parallel)
     fields = _text_fields(config)
     model_dtype = config_model_dtype(fields) if model_dtype is None else model_dtype
     model_dtype = model_dtype_name(model_dtype)
     element_bytes = cache_element_bytes(cache_dtype, model_dtype)
-
-    num_layers = _positive_int(fields, "num_hidden_layers")
-    attention_layers, state_layers, linear = _layer_split(fields, num_layers)
-
+    dtypes = DTypes(
+        kv_bytes=element_bytes,
+        model=model_dtype,
+        mamba_conv=mamba_cache_dtype,
+        mamba_ssm=mamba_ssm_cache_dtype,
+        kv_fp8=element_bytes == 1,
+    )
+    try:
+        layers = read_layers(fields, tensor_parallel, dtypes)
+    except LayerConfigError as exc:
+        if "does not divide" in str(exc):
+            raise ValueError(f"{exc} ({_architecture(fields)})") from None
+        raise ModelConfigError(f"{exc} ({_architecture(fields)})") from None
     attention, elements, kv_replicated = _attention_elements(fields, tensor_parallel)
+    num_layers = max((layer.index for layer in layers), default=0) + 1
+    num_layers = max(num_layers, int(fields.get("num_hidden_layers") or num_layers))
+    pcp = _parallel_int("prefill_context_parallel", prefill_context_parallel)
+    check_parallel(
+        fields, layers, tensor_parallel, pipeline_parallel, dcp, attention, num_layers, pcp
+    )
+    stages = pp_partition(num_layers, pipeline_parallel, pp_layer_partition)
+    has_state = any(not layer.grows for layer in layers)
+    settings = AllocatorSettings(
+        block_size=block_size or (64 if attention == "mla" else 16),
+        dcp=dcp,
+        in_flight_tokens=in_flight_tokens,
+        mamba_cache_mode="align" if prefix_caching and has_state else "none",
+        hybrid_allocator=hybrid_allocator,
+    )
+    allocation = allocate(layers, settings, stages)
 
-    stage_attention = math.ceil(attention_layers / pipeline_parallel)
-    stage_state = math.ceil(state_layers / pipeline_parallel)
-    state_unsharded = state_per_rank = 0
-    if linear is not None:
-        state_per_rank, state_unsharded = _linear_state_bytes(
-            linear, stage_state, model_dtype, tensor_parallel, fields
+    def stage_sum(pick: Any) -> int:
+        return max(
+            sum(pick(layer) for layer in layers if lo <= layer.index < hi) for lo, hi in stages
         )
-    kv_bytes_per_token = stage_attention * elements * element_bytes
 
-    block_size_hint = None
-    if linear is not None and state_layers and attention_layers:
-        alignment = _HYBRID_BLOCK_ALIGNMENT[attention]
-        state_page = state_per_rank // stage_state
-        attention_page_per_token = elements * element_bytes
-        block_size_hint = alignment * math.ceil(state_page / (alignment * attention_page_per_token))
-
+    full_per_token = stage_sum(lambda x: x.bytes_per_token if x.kind in _GROWING else 0)
+    state_per_rank = stage_sum(lambda x: x.state_bytes)
+    state_unsharded = sum(
+        layer.state_bytes for layer in (read_layers(fields, 1, dtypes) if has_state else ())
+    )
+    attention_layers = sum(
+        1 for layer in layers if layer.kind in ("full", "mla", "sliding", "chunked")
+    )
+    state_layers = sum(1 for layer in layers if not layer.grows)
+    block_size_hint = allocation.block_size if has_state and attention_layers else None
+    options = {
+        "decode_context_parallel": dcp,
+        "block_size": block_size,
+        "in_flight_tokens": in_flight_tokens,
+        "prefix_caching": prefix_caching,
+        "hybrid_allocator": hybrid_allocator,
+        "pp_layer_partition": pp_layer_partition,
+        "mamba_cache_dtype": mamba_cache_dtype,
+        "mamba_ssm_cache_dtype": mamba_ssm_cache_dtype,
+        "prefill_context_parallel": prefill_context_parallel,
+    }
     return CacheLayout(
         architecture=_architecture(fields),
-        kind="hybrid" if linear is not None else attention,
+        kind="hybrid" if has_state else attention,
         attention=attention,
         attention_layers=attention_layers,
         constant_state_layers=state_layers,
@@ -239,14 +320,22 @@ def cache_layout(
         model_dtype=model_dtype,
         element_bytes=element_bytes,
         elements_per_layer_token=elements,
-        kv_bytes_per_token=kv_bytes_per_token,
+        kv_bytes_per_token=full_per_token // dcp,
         state_bytes_per_rank=state_per_rank,
         state_bytes_unsharded=state_unsharded,
-        kv_replicated=kv_replicated,
+        kv_replicated=kv_replicated and dcp == 1,
         block_size_hint=block_size_hint,
         config=dict(config),
         pipeline_parallel=pipeline_parallel,
+        decode_context_parallel=dcp,
+        layers=tuple(layers),
+        allocation=allocation,
+        options=options,
     )
+
+
+#: Layers whose cache grows with every token (windows and chunks stop growing).
+_GROWING = ("full", "mla", "indexer")
 
 
 def _attention_elements(fields: Mapping[str, Any], tensor_parallel: int) -> tuple[str, int, bool]:
@@ -266,71 +355,42 @@ def _attention_elements(fields: Mapping[str, Any], tensor_parallel: int) -> tupl
     return "gqa", 2 * kv_heads_per_rank * int(head_dim), kv_heads < tensor_parallel
 
 
-def _layer_split(
-    fields: Mapping[str, Any], num_layers: int
-) -> tuple[int, int, Mapping[str, Any] | None]:
-    """(growing attention layers, constant-state layers, linear_attn_config or None)."""
-    linear = fields.get("linear_attn_config")
-    if not isinstance(linear, Mapping) or linear.get("full_attn_layers") is None:
-        return num_layers, 0, None
-    full = linear["full_attn_layers"]
-    if not isinstance(full, list) or not all(
-        isinstance(i, int) and 1 <= i <= num_layers for i in full
-    ):
-        raise ModelConfigError(
-            "model config field 'linear_attn_config.full_attn_layers' must list 1-based layer "
-            f"indices within 1..{num_layers}, got {full!r} ({_architecture(fields)})"
-        )
-    kda = linear.get("kda_layers")
-    state_layers = len(kda) if isinstance(kda, list) else num_layers - len(full)
-    if len(full) + state_layers != num_layers:
-        raise ModelConfigError(
-            f"linear_attn_config lists {len(full)} full-attention and {state_layers} linear "
-            f"layers, but num_hidden_layers is {num_layers} ({_architecture(fields)})"
-        )
-    return len(full), state_layers, linear
-
-
-def _linear_state_bytes(
-    linear: Mapping[str, Any],
-    layers: int,
-    model_dtype: str,
-    tensor_parallel: int,
-    fields: Mapping[str, Any],
-) -> tuple[int, int]:
-    """(per-rank, unsharded) constant state bytes of the linear-attention layers."""
-    where = "linear_attn_config"
-    heads = _positive_int(linear, "num_heads", where)
-    head_dim = _positive_int(linear, "head_dim", where)
-    kernel = _positive_int(linear, "short_conv_kernel_size", where)
-    if heads % tensor_parallel:
-        raise ValueError(
-            f"tensor_parallel={tensor_parallel} does not divide the {heads} linear-attention "
-            f"heads of {_architecture(fields)}; vLLM needs heads % tensor_parallel == 0"
-        )
-    conv_bytes = (kernel - 1) * 3 * heads * head_dim * _MODEL_DTYPE_BYTES[model_dtype]
-    recurrent_bytes = heads * head_dim * head_dim * _RECURRENT_STATE_BYTES
-    unsharded = layers * (conv_bytes + recurrent_bytes)
-    return unsharded // tensor_parallel, unsharded
-
-
 def describe_layout(layout: CacheLayout) -> str:
-    """One line a terminal user can check against the model card."""
-    pp = layout.pipeline_parallel
+    """One line a terminal user can check against the model card, and vLLM's groups."""
+    pp, dcp = layout.pipeline_parallel, layout.decode_context_parallel
     layers = f"{layout.attention_layers}"
-    if pp > 1:
-        layers = f"{math.ceil(layout.attention_layers / pp)} (of {layout.attention_layers})"
+    if pp > 1 and layout.allocation is not None:
+        most = max(
+            sum(1 for x in layout.layers if x.kind in ("full", "mla") and lo <= x.index < hi)
+            for lo, hi in layout.allocation.stages
+        )
+        layers = f"{most} (of {layout.attention_layers})"
     grows = (
         f"{layers} {layout.attention.upper()} layers x "
-        f"{layout.elements_per_layer_token} elements x {layout.element_bytes} B = "
-        f"{layout.kv_bytes_per_token:,} B/token per rank"
+        f"{layout.elements_per_layer_token} elements x {layout.element_bytes} B"
+        + (f" / DCP {dcp}" if dcp > 1 else "")
+        + f" = {layout.kv_bytes_per_token:,} B/token per rank"
     )
+    windowed = [layer for layer in layout.layers if layer.kind in ("sliding", "chunked")]
+    if windowed:
+        grows = grows.replace(
+            f"{layers} {layout.attention.upper()} layers",
+            (f"{layout.attention_layers - len(windowed)} full {layout.attention.upper()} layers"),
+        )
     dtype = layout.cache_dtype
     if dtype == "auto":
         dtype = f"auto = {layout.model_dtype}"
     ranks = f"TP={layout.tensor_parallel}" + (f" x PP={pp}" if pp > 1 else "")
+    ranks += f", DCP={dcp}" if dcp > 1 else ""
     parts = [f"{layout.architecture} ({layout.kind}, {ranks}, KV {dtype})"]
     parts.append(grows + (" (replicated on every rank)" if layout.kv_replicated else ""))
+    if windowed:
+        sizes = sorted({(layer.kind, layer.window) for layer in windowed})
+        parts.append(
+            f"{len(windowed)} "
+            + ", ".join(f"{kind} ({window:,}-token)" for kind, window in sizes)
+            + " layers hold their window plus the tokens in flight"
+        )
     if layout.constant_state_layers:
         parts.append(
             f"{layout.constant_state_layers} constant-state layers: "
@@ -338,4 +398,6 @@ def describe_layout(layout: CacheLayout) -> str:
             f"({layout.state_bytes_unsharded:,} B = "
             f"{layout.state_bytes_unsharded / 2**20:.2f} MiB unsharded)"
         )
+    if layout.allocation is not None:
+        parts.append(describe_groups(layout.allocation))
     return "; ".join(parts)

@@ -163,12 +163,21 @@ def kv_capacity_tokens(labels: Mapping[str, str] | None) -> int | None:
     return size if size > 0 else None
 
 
-def kv_block_size(labels: Mapping[str, str] | None) -> int | None:
+def _positive_label(labels: Mapping[str, str] | None, key: str, least: int) -> int | None:
     try:
-        block = int((labels or {})["block_size"])
+        value = int((labels or {})[key])
     except (KeyError, ValueError):
         return None
-    return block if block > 0 else None
+    return value if value >= least else None
+
+
+def kv_num_blocks(labels: Mapping[str, str] | None) -> int | None:
+    """``num_gpu_blocks`` of ``vllm:cache_config_info`` (its null block included), or None."""
+    return _positive_label(labels, "num_gpu_blocks", 2)
+
+
+def kv_block_size(labels: Mapping[str, str] | None) -> int | None:
+    return _positive_label(labels, "block_size", 1)
 
 
 def kv_gauge(text: str) -> tuple[float | None, dict[str, str] | None]:

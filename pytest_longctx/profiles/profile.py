@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -52,6 +53,8 @@ class ServingSpec:
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    #: vLLM's --decode-context-parallel-size: the KV cache sharded over this many TP ranks.
+    decode_context_parallel_size: int = 1
     attention_backend: str | None = None
     kv_cache_memory: int | None = None  # bytes, explicit cache size (required on CPU)
     gpu_memory_utilization: float | None = None
@@ -84,6 +87,9 @@ class HardwareSpec:
     memory_per_device: int | None = None  # bytes
     #: Nodes one server spans (vLLM's Ray executor, tensor or pipeline parallel across them).
     nodes: int = 1
+    #: Bytes per device vLLM holds beyond weights and cache (activations, graphs, attention
+    #: workspaces, which grow with context): the plan counts them against each point.
+    reserve_per_device: int = 0
 
 
 @dataclass(frozen=True)
@@ -152,7 +158,89 @@ def _check_nodes(profile: Profile) -> None:
         )
 
 
+#: Every key a profile may hold, per table; tables mapped to None take any key.
+PROFILE_KEYS: Mapping[str, frozenset[str] | None] = {
+    "profile": frozenset({"description"}),
+    "model": frozenset(
+        {
+            "source",
+            "revision",
+            "tokenizer",
+            "served_name",
+            "trust_remote_code",
+            "weights_bytes",
+            "config",
+            "memory_marks",
+        }
+    ),
+    "model.memory_marks": None,
+    "serving": frozenset(
+        {
+            "device",
+            "dtype",
+            "kv_cache_dtype",
+            "tensor_parallel_size",
+            "data_parallel_size",
+            "pipeline_parallel_size",
+            "decode_context_parallel_size",
+            "attention_backend",
+            "kv_cache_memory",
+            "gpu_memory_utilization",
+            "max_num_seqs",
+            "enforce_eager",
+            "executor",
+            "compilation_config",
+            "extra_args",
+            "env",
+            "expected_versions",
+            "api_key_env",
+            "startup_timeout_s",
+        }
+    ),
+    "serving.env": None,
+    "serving.expected_versions": None,
+    "sweep": frozenset(
+        {
+            "from",
+            "to",
+            "decode_tokens",
+            "slow_from",
+            "very_slow_from",
+            "warmup_prompts",
+            "first_token_timeout_s",
+        }
+    ),
+    "hardware": frozenset({"devices", "memory_per_device", "nodes", "reserve_per_device"}),
+    "gate": frozenset({"tolerance"}),
+}
+
+
+def _did_you_mean(word: str, known: Any) -> str:
+    close = difflib.get_close_matches(word, sorted(known), n=1, cutoff=0.6)
+    return f"; did you mean `{close[0]}`?" if close else ""
+
+
+def _check_keys(path: Path, data: Mapping[str, Any], table: str = "") -> None:
+    """Refuse a key no reader uses: a misspelt one would otherwise silently do nothing."""
+    known = (
+        {name for name in PROFILE_KEYS if "." not in name} if not table else PROFILE_KEYS.get(table)
+    )
+    if known is None:
+        return
+    for key, value in data.items():
+        name = f"{table}.{key}" if table else key
+        if key not in known:
+            where = f"[{table}] " if table else "top level: table "
+            raise ProfileError(
+                f"profile {path}: {where}{key!r} is not a known key{_did_you_mean(key, known)} "
+                f"(known: {', '.join(sorted(known))})"
+            )
+        if isinstance(value, Mapping) and name in PROFILE_KEYS:
+            _check_keys(path, value, name)
+
+
 def _read_profile(path: Path, data: Mapping[str, Any]) -> Profile:
+    _check_keys(path, data)
     reader = _Reader(path, data)
     serving = reader.table("serving")
     return Profile(
@@ -179,6 +267,9 @@ def _read_profile(path: Path, data: Mapping[str, Any]) -> Profile:
             tensor_parallel_size=reader.number("serving", "tensor_parallel_size", int, 1, 1),
             data_parallel_size=reader.number("serving", "data_parallel_size", int, 1, 1),
             pipeline_parallel_size=reader.number("serving", "pipeline_parallel_size", int, 1, 1),
+            decode_context_parallel_size=reader.number(
+                "serving", "decode_context_parallel_size", int, 1, 1
+            ),
             attention_backend=reader.optional("serving", "attention_backend", str),
             kv_cache_memory=reader.size("serving", "kv_cache_memory"),
             gpu_memory_utilization=reader.optional("serving", "gpu_memory_utilization", float),
@@ -210,6 +301,7 @@ def _read_profile(path: Path, data: Mapping[str, Any]) -> Profile:
             devices=reader.number("hardware", "devices", int, 1, 1),
             memory_per_device=reader.size("hardware", "memory_per_device"),
             nodes=reader.number("hardware", "nodes", int, 1, 1),
+            reserve_per_device=reader.size("hardware", "reserve_per_device") or 0,
         ),
         gate=GateSpec(tolerance=reader.optional("gate", "tolerance", str)),
     )

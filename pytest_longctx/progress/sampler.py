@@ -32,6 +32,7 @@ from pytest_longctx.measure.server_metrics import (
     kv_block_size,
     kv_capacity_tokens,
     kv_gauge,
+    kv_num_blocks,
 )
 from pytest_longctx.progress.energy import energy_figures
 from pytest_longctx.progress.eta import CostModel, first_token_eta
@@ -81,6 +82,7 @@ class PointWatch:
         publish: Callable[[ProgressState], None] = lambda state: None,
         samples_path: Path | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        tokens_for_blocks: Callable[[int, int], int] | None = None,
     ) -> None:
         if interval_s is not None and not interval_s > 0:
             raise ValueError(f"interval_s={interval_s!r}: expected > 0 (None: no sampling)")
@@ -94,6 +96,10 @@ class PointWatch:
         self.publish = publish
         self.samples_path = samples_path
         self.clock = clock
+        #: (blocks one request holds, block size) -> its tokens, for a model of several
+        #: KV-cache groups (windows, state) whose blocks are not all prompt tokens.
+        self.tokens_for_blocks = tokens_for_blocks
+        self._num_blocks: int | None = None
         self.stream = StreamProgress()
         self.samples: list[dict[str, Any]] = []
         self.problems: list[str] = []
@@ -119,6 +125,9 @@ class PointWatch:
         self._baseline_usage = usage
         self._capacity = kv_capacity_tokens(labels)
         self._block = kv_block_size(labels)
+        self._num_blocks = kv_num_blocks(labels)
+        if self.tokens_for_blocks and self._num_blocks and self._block:
+            self._capacity = self.tokens_for_blocks(self._num_blocks - 1, self._block)
         if self.samples_path is not None:
             telemetry = self.telemetry.describe() if self.telemetry else {"tool": None}
             self._writer = SampleWriter(
@@ -205,6 +214,9 @@ class PointWatch:
     def _kv_tokens(self, usage: float | None) -> int | None:
         if usage is None or self._capacity is None:
             return None
+        if self.tokens_for_blocks and self._num_blocks and self._block:
+            used = round(max(0.0, usage - (self._baseline_usage or 0.0)) * (self._num_blocks - 1))
+            return self.tokens_for_blocks(used, self._block)
         tokens = max(0.0, usage - (self._baseline_usage or 0.0)) * self._capacity
         block = self._block or 1
         return int(round(tokens / block)) * block

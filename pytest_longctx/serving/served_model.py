@@ -18,7 +18,7 @@ from typing import Any
 
 from pytest_longctx import capacity
 from pytest_longctx.client import ServedModel
-from pytest_longctx.plan import capacity_table
+from pytest_longctx.plan import capacity_check
 from pytest_longctx.profiles import Profile
 
 UNKNOWN = "unknown"
@@ -141,8 +141,8 @@ def _serves_profile_model(profile: Profile, served: ServedModel) -> bool:
 
 
 def _from_profile(profile: Profile, source: str, cache_dtype: str | None) -> ModelDescription:
-    config = capacity_table.model_config(profile)
-    hardware = capacity_table.hardware_for(profile)
+    config = capacity_check.model_config(profile)
+    hardware = capacity_check.hardware_for(profile)
     if hardware.kv_cache_bytes is not None:
         budget = (hardware.kv_cache_bytes, "KV cache budget")
     else:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from pytest_longctx.core.files import REDACTED
 from pytest_longctx.profiles import Profile
+from pytest_longctx.profiles.extra_args import cache_flags
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 #: Environment variables whose values never reach a log, a report or the terminal.
@@ -68,6 +69,7 @@ def build_server_command(
     """The exact argv and environment that serve ``profile``; ``entry`` is how vLLM starts
     (default: :func:`launcher`)."""
     model, serving = profile.model, profile.serving
+    cache_flags(serving, f"profile {profile.path}")  # refuses flags a profile key owns
     entry = entry or launcher(python)
     serve = entry[-1] == "serve"
     argv: list[str] = [*entry, *([model_path] if serve else [])]
@@ -90,6 +92,8 @@ def build_server_command(
         argv += ["--data-parallel-size", str(serving.data_parallel_size)]
     if serving.pipeline_parallel_size != 1:
         argv += ["--pipeline-parallel-size", str(serving.pipeline_parallel_size)]
+    if serving.decode_context_parallel_size != 1:
+        argv += ["--decode-context-parallel-size", str(serving.decode_context_parallel_size)]
     if serving.attention_backend:
         argv += ["--attention-backend", serving.attention_backend]
     if serving.kv_cache_memory is not None:

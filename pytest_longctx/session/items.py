@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from pytest_longctx.capacity import ParallelLayoutError
 from pytest_longctx.core.sizes import format_size
-from pytest_longctx.plan import capacity_table
+from pytest_longctx.plan import capacity_check
 from pytest_longctx.plan.sweep import SLOW_MARK, VERY_SLOW_MARK, Point, SweepPlan
+from pytest_longctx.profiles import ProfileError
 from pytest_longctx.session.run import Run
 from pytest_longctx.session.selection import Comparison
 from pytest_longctx.session.stash import CAPACITY_KEY
@@ -110,7 +112,10 @@ def arrange(
             "with --longctx-from/--longctx-to"
         )
     lengths = sorted({p.length for p in points})
-    verdicts = {} if run.settings.url else capacity_table.check_points(run.plan, lengths)
+    try:
+        verdicts = {} if run.settings.url else capacity_check.check_points(run.plan, lengths)
+    except (ParallelLayoutError, ProfileError) as exc:
+        raise pytest.UsageError(f"profile {run.plan.profile.name}: {exc}") from None
     run.unfit_lengths = {length for length, fit in verdicts.items() if not fit.fits}
     for item in items:
         point = point_of(item)

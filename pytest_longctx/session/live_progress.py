@@ -229,12 +229,35 @@ class SessionProgress:
             telemetry=self.telemetry,
             publish=self.publish,
             samples_path=samples_path(self.run.run_dir, point.id) if interval else None,
+            tokens_for_blocks=self._tokens_for_blocks(server),
         )
         state = watch.state()
         self.run.open()
         self._write(state)
         self.display.upcoming(state)
         return watch
+
+    def _tokens_for_blocks(self, server: ServerInfo) -> Any:
+        """For a launched model of several KV-cache groups (windows, state), the plan's
+        allocator turns the blocks the gauge counts into prompt tokens; None otherwise."""
+        if server.mode != "launched":
+            return None
+        from pytest_longctx.plan import capacity_check
+
+        try:
+            layout = capacity_check.layout_for(self.run.plan.profile)
+        except ValueError:
+            return None
+        if layout is None or layout.allocation is None or len(layout.allocation.groups) < 2:
+            return None
+        layouts: dict[int, Any] = {}
+
+        def tokens(used_blocks: int, block_size: int) -> int:
+            if block_size not in layouts:
+                layouts[block_size] = layout.with_changes(block_size=block_size).allocation
+            return layouts[block_size].tokens_for_blocks(used_blocks)
+
+        return tokens
 
     def publish(self, state: ProgressState) -> None:
         self._write(state)

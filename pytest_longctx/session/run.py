@@ -19,7 +19,7 @@ from pytest_longctx.plan.sweep import Point, SweepPlan
 
 if TYPE_CHECKING:  # only annotations: these modules import this one
     from pytest_longctx.measure.target import ServerError, ServerInfo
-    from pytest_longctx.plan.capacity_table import ServerCapacityCheck
+    from pytest_longctx.plan.capacity_check import ServerCapacityCheck
     from pytest_longctx.prompts import PromptBuilder
     from pytest_longctx.serving.process import LaunchedServer
     from pytest_longctx.serving.served_model import ModelDescription
@@ -96,7 +96,7 @@ class Run:
     prompt_builder: PromptBuilder | None = None
     #: Lengths the capacity plan says cannot fit: skipped, and left out of --max-model-len.
     unfit_lengths: set[int] = field(default_factory=set)
-    #: The capacity plan against the launched server's own report (capacity_table.py).
+    #: The capacity plan against the launched server's own report (plan/capacity_check.py).
     capacity_check: ServerCapacityCheck | None = None
     #: pytest-html writes its page into the run folder because this plugin told it to.
     owns_html_page: bool = False

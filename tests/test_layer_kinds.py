@@ -1,0 +1,594 @@
+"""The capacity plan against vLLM 0.32's own KV-cache code, one layer pattern at a time.
+
+Configs are built from the transformers config classes in the environment with the public
+``config.json`` values of the named checkpoints. vLLM's side never goes through this
+package's config reader: each layer's spec is built from the transformers config object the
+way vLLM's model code builds it (the file and line are named), state shapes and dtypes come
+from vLLM's model classes themselves (``get_mamba_state_shape_from_config``), and vLLM's
+``get_kv_cache_groups`` / ``_max_memory_usage_bytes_from_groups`` decide the memory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import pytest_longctx
+from pytest_longctx.capacity import GIB, ParallelLayoutError, cache_layout, load_model_config
+from pytest_longctx.capacity.groups import AllocatorSettings
+from pytest_longctx.capacity.kinds import pp_partition
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+kv_iface = pytest.importorskip("vllm.v1.kv_cache_interface")
+kv_utils = pytest.importorskip("vllm.v1.core.kv_cache_utils")
+
+KIMI_CONFIG = (
+    Path(pytest_longctx.__file__).parent / "profiles" / "data" / "kimi-linear-48b-a3b-config.json"
+)
+MI = 1024**2
+TP = 8
+IN_FLIGHT = 2 * 8192  # async scheduling's two batches of an H200's 8192 batched tokens
+
+
+# --- real public configs ----------------------------------------------------------------
+
+
+def gpt_oss_120b():
+    """openai/gpt-oss-120b: 36 layers, 64 heads, 8 KV heads of 64, 128-token window."""
+    return transformers.GptOssConfig(
+        num_hidden_layers=36,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        head_dim=64,
+        hidden_size=2880,
+        sliding_window=128,
+        num_local_experts=128,
+    )
+
+
+def gemma3_27b():
+    """google/gemma-3-27b-it text config: 62 layers, 5 local : 1 global, window 1024."""
+    return transformers.Gemma3TextConfig(
+        num_hidden_layers=62,
+        num_attention_heads=32,
+        num_key_value_heads=16,
+        head_dim=128,
+        hidden_size=5376,
+        sliding_window=1024,
+        sliding_window_pattern=6,
+    )
+
+
+def llama4_scout():
+    """meta-llama/Llama-4-Scout-17B-16E text config: chunks of 8192, every 4th layer NoPE."""
+    return transformers.Llama4TextConfig(
+        num_hidden_layers=48,
+        num_attention_heads=40,
+        num_key_value_heads=8,
+        head_dim=128,
+        hidden_size=5120,
+        attention_chunk_size=8192,
+        no_rope_layer_interval=4,
+    )
+
+
+def qwen3_next_80b():
+    """Qwen/Qwen3-Next-80B-A3B-Instruct: Gated DeltaNet, full attention every 4th layer."""
+    return transformers.Qwen3NextConfig(
+        num_hidden_layers=48,
+        num_attention_heads=16,
+        num_key_value_heads=2,
+        head_dim=256,
+        hidden_size=2048,
+        linear_num_key_heads=16,
+        linear_num_value_heads=32,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        linear_conv_kernel_dim=4,
+        full_attention_interval=4,
+    )
+
+
+def deepseek_v32():
+    """deepseek-ai/DeepSeek-V3.2-Exp: 61 MLA layers (512 + 64), indexer head_dim 128."""
+    return transformers.DeepseekV32Config(
+        num_hidden_layers=61,
+        num_attention_heads=128,
+        num_key_value_heads=128,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        index_head_dim=128,
+        index_n_heads=64,
+        index_topk=2048,
+    )
+
+
+def jamba_v01():
+    """ai21labs/Jamba-v0.1: 32 layers, attention at 4 mod 8, Mamba1 (d_state 16, expand 2)."""
+    return transformers.JambaConfig(
+        num_hidden_layers=32,
+        attn_layer_period=8,
+        attn_layer_offset=4,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        hidden_size=4096,
+        mamba_d_state=16,
+        mamba_d_conv=4,
+        mamba_expand=2,
+    )
+
+
+NEMOTRON_H_8B_PATTERN = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"
+
+
+def nemotron_h_8b():
+    """nvidia/Nemotron-H-8B-Base-8K: Mamba2 (128 heads of 64, state 128, 8 groups)."""
+    return transformers.NemotronHConfig(
+        hybrid_override_pattern=NEMOTRON_H_8B_PATTERN,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        hidden_size=4096,
+        mamba_num_heads=128,
+        mamba_head_dim=64,
+        ssm_state_size=128,
+        n_groups=8,
+        conv_kernel=4,
+    )
+
+
+def as_dict(hf_config) -> dict:
+    """The config.json a checkpoint ships: what the plan reads."""
+    data = hf_config.to_dict()
+    if isinstance(hf_config, transformers.NemotronHConfig):  # its config.json spells it so
+        data["hybrid_override_pattern"] = NEMOTRON_H_8B_PATTERN
+        data["num_hidden_layers"] = len(NEMOTRON_H_8B_PATTERN)
+    return data
+
+
+# --- vLLM's side, built from vLLM's model code -------------------------------------------
+
+
+def vllm_config_for(hf_config, dtype, tp: int, ssm_dtype: str = "auto"):
+    """The fields vLLM's model classes read to size their state."""
+    return SimpleNamespace(
+        parallel_config=SimpleNamespace(tensor_parallel_size=tp),
+        model_config=SimpleNamespace(hf_config=hf_config, hf_text_config=hf_config, dtype=dtype),
+        cache_config=SimpleNamespace(
+            mamba_cache_dtype="auto",
+            mamba_ssm_cache_dtype=ssm_dtype,
+            use_replayssm=False,
+            use_kda_recoverssm=False,
+        ),
+        speculative_config=None,
+        num_speculative_tokens=0,
+    )
+
+
+def mamba_spec(model_cls, vllm_config, block: int, padded: int | None, mode: str):
+    return kv_iface.MambaSpec(
+        block_size=block,
+        shapes=tuple(model_cls.get_mamba_state_shape_from_config(vllm_config)),
+        dtypes=tuple(model_cls.get_mamba_state_dtype_from_config(vllm_config)),
+        page_size_padded=padded,
+        mamba_cache_mode=mode,
+    )
+
+
+def aligned_block(attention_page_1: int, state_page: int, block: int, mla: bool) -> int:
+    """``Platform._align_hybrid_block_size``: the attention page must hold a state page."""
+    align = max(block, 128) if mla else block
+    return max(block, align * -(-state_page // (align * attention_page_1)))
+
+
+def vllm_specs(hf_config, pattern, *, kv_dtype, block: int, state=None, mode="none") -> dict:
+    """Per layer: FullAttentionSpec / SlidingWindowSpec / ChunkedLocalAttentionSpec as
+    ``Attention.get_kv_cache_spec`` builds them (``attention/attention.py``), or the state
+    layer's MambaSpec; ``pattern`` is the model code's per-index choice."""
+    kv_heads = max(1, hf_config.num_key_value_heads // TP)  # ModelConfig.get_num_kv_heads
+    head_dim = getattr(hf_config, "head_dim", None) or (
+        hf_config.hidden_size // hf_config.num_attention_heads  # ModelConfig.get_head_size
+    )
+    common = dict(num_kv_heads=kv_heads, head_size=head_dim, dtype=kv_dtype)
+    if state is not None:
+        model_cls, vllm_config = state
+        page_1 = kv_iface.FullAttentionSpec(block_size=1, **common).page_size_bytes
+        state_page = mamba_spec(model_cls, vllm_config, 1, None, mode).page_size_bytes
+        block = aligned_block(page_1, state_page, block, mla=False)
+        padded = block * page_1 if block * page_1 > state_page else None
+    specs = {}
+    for index, kind in enumerate(pattern):
+        name = f"layers.{index}"
+        if kind == "full":
+            specs[name] = kv_iface.FullAttentionSpec(block_size=block, **common)
+        elif kind == "sliding":
+            specs[name] = kv_iface.SlidingWindowSpec(
+                block_size=block, sliding_window=hf_config.sliding_window, **common
+            )
+        elif kind == "chunked":
+            specs[name] = kv_iface.ChunkedLocalAttentionSpec(
+                block_size=block, attention_chunk_size=hf_config.attention_chunk_size, **common
+            )
+        elif kind == "state":
+            specs[name] = mamba_spec(model_cls, vllm_config, block, padded, mode)
+    return specs
+
+
+def vllm_bytes(specs: dict, tokens: int, *, dcp: int = 1, mode: str = "none") -> int:
+    """vLLM's own memory for one request of ``tokens`` on a rank holding ``specs``."""
+    from pytest_longctx.capacity.oracle import oracle_config
+
+    config = oracle_config(AllocatorSettings(16, dcp, IN_FLIGHT, mamba_cache_mode=mode), tokens, TP)
+    groups = kv_utils.get_kv_cache_groups(config, dict(specs))
+    return kv_utils._max_memory_usage_bytes_from_groups(config, groups)
+
+
+def plan_bytes(config: dict, tokens: int, **options) -> int:
+    layout = cache_layout(config, tensor_parallel=TP, in_flight_tokens=IN_FLIGHT, **options)
+    kv, state = layout.request_bytes(tokens)
+    return kv + state
+
+
+# --- one test per layer pattern -----------------------------------------------------------
+
+
+def test_full_attention_with_kv_heads_replicated_past_tp() -> None:
+    # Llama-3.1-70B: 8 KV heads over 8 ranks, one each.
+    hf = transformers.LlamaConfig(
+        num_hidden_layers=80,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        head_dim=128,
+        hidden_size=8192,
+    )
+    specs = vllm_specs(hf, ["full"] * 80, kv_dtype=torch.bfloat16, block=16)
+    assert plan_bytes(as_dict(hf), 64 * MI) == vllm_bytes(specs, 64 * MI) == 80 * 512 * 64 * MI
+    # 2 KV heads at TP=8: each rank holds a replica of one (max(1, 2 // 8) = 1).
+    hf16 = transformers.LlamaConfig(
+        num_hidden_layers=2,
+        num_attention_heads=16,
+        num_key_value_heads=2,
+        head_dim=64,
+        hidden_size=1024,
+    )
+    specs = vllm_specs(hf16, ["full"] * 2, kv_dtype=torch.bfloat16, block=16)
+    assert plan_bytes(as_dict(hf16), MI) == vllm_bytes(specs, MI) == 2 * 2 * 64 * 2 * MI
+
+
+def gpt_oss_specs(hf) -> dict:  # noqa: ANN001
+    # vLLM's gpt_oss.py:176: sliding_window if layer_idx % 2 == 0, whatever layer_types says.
+    pattern = ["sliding" if i % 2 == 0 else "full" for i in range(hf.num_hidden_layers)]
+    return vllm_specs(hf, pattern, kv_dtype=torch.bfloat16, block=16)
+
+
+def gemma3_specs(hf) -> dict:  # noqa: ANN001
+    # vLLM's gemma3.py:153: config.layer_types[layer_idx]
+    pattern = ["sliding" if t == "sliding_attention" else "full" for t in hf.layer_types]
+    return vllm_specs(hf, pattern, kv_dtype=torch.bfloat16, block=16)
+
+
+def llama4_specs(hf) -> dict:  # noqa: ANN001
+    # vLLM's llama4.py:185,251: NoPE layers (no_rope_layers[i] == 0) attend globally.
+    pattern = ["full" if flag == 0 else "chunked" for flag in hf.no_rope_layers]
+    return vllm_specs(hf, pattern, kv_dtype=torch.bfloat16, block=16)
+
+
+def qwen3_next_specs(hf, mode: str) -> dict:  # noqa: ANN001
+    from vllm.model_executor.models.qwen3_next import Qwen3NextForCausalLM
+
+    state = (Qwen3NextForCausalLM, vllm_config_for(hf, torch.bfloat16, TP))
+    pattern = ["full" if t == "full_attention" else "state" for t in hf.layer_types]
+    return vllm_specs(hf, pattern, kv_dtype=torch.bfloat16, block=16, state=state, mode=mode)
+
+
+def jamba_specs(hf, mode: str) -> dict:  # noqa: ANN001
+    from vllm.model_executor.models.jamba import JambaForCausalLM
+
+    state = (JambaForCausalLM, vllm_config_for(hf, torch.bfloat16, TP))
+    pattern = ["full" if t == "attention" else "state" for t in hf.layers_block_type]
+    return vllm_specs(hf, pattern, kv_dtype=torch.bfloat16, block=16, state=state, mode=mode)
+
+
+def nemotron_h_specs(hf, mode: str) -> dict:  # noqa: ANN001
+    from vllm.model_executor.models.config import NemotronHForCausalLMConfig
+    from vllm.model_executor.models.nemotron_h import NemotronHForCausalLM
+
+    vllm_config = vllm_config_for(hf, torch.bfloat16, TP)
+    NemotronHForCausalLMConfig.update_mamba_ssm_cache_dtype(
+        cache_config=vllm_config.cache_config, hf_config=hf
+    )
+    assert vllm_config.cache_config.mamba_ssm_cache_dtype == "float32"
+    kinds = {"M": "state", "*": "full"}
+    pattern = [kinds.get(char, "none") for char in NEMOTRON_H_8B_PATTERN]
+    state = (NemotronHForCausalLM, vllm_config)
+    return vllm_specs(hf, pattern, kv_dtype=torch.bfloat16, block=16, state=state, mode=mode)
+
+
+def test_gpt_oss_alternates_windows_by_layer_index() -> None:
+    hf = gpt_oss_120b()
+    vllm = vllm_bytes(gpt_oss_specs(hf), 64 * MI)
+    assert plan_bytes(as_dict(hf), 64 * MI) == vllm
+    assert vllm / GIB == pytest.approx(288, abs=0.1)  # 18 full layers x 256 B x 64Mi
+
+
+def test_gemma3_local_and_global_layers() -> None:
+    hf = gemma3_27b()
+    assert hf.layer_types.count("full_attention") == 10
+    vllm = vllm_bytes(gemma3_specs(hf), 64 * MI)
+    assert plan_bytes(as_dict(hf), 64 * MI) == vllm
+    assert vllm / GIB == pytest.approx(641, abs=0.5)
+
+
+def test_llama4_chunked_local_attention_and_nope_layers() -> None:
+    hf = llama4_scout()
+    vllm = vllm_bytes(llama4_specs(hf), 64 * MI)
+    assert plan_bytes(as_dict(hf), 64 * MI) == vllm
+    assert vllm / GIB == pytest.approx(384, abs=0.5)
+
+
+@pytest.mark.parametrize("prefix_caching", [True, False])
+def test_qwen3_next_gated_deltanet_state(prefix_caching: bool) -> None:
+    hf = qwen3_next_80b()
+    mode = "align" if prefix_caching else "none"
+    specs = qwen3_next_specs(hf, mode)
+    for tokens in (1024, 64 * MI):
+        vllm = vllm_bytes(specs, tokens, mode=mode)
+        assert plan_bytes(as_dict(hf), tokens, prefix_caching=prefix_caching) == vllm
+    assert vllm / GIB == pytest.approx(768, abs=0.5)
+
+
+def deepseek_v32_specs(hf) -> dict:  # noqa: ANN001
+    latent = hf.kv_lora_rank + hf.qk_rope_head_dim
+    specs = {}
+    for i in range(hf.num_hidden_layers):
+        # mla_attention.py:1350: fp8 on FlashMLA-sparse is fp8_ds_mla, 656 B per token.
+        specs[f"layers.{i}.attn"] = kv_iface.MLAAttentionSpec(
+            block_size=64,
+            num_kv_heads=1,
+            max_tp_shards=1,
+            head_size=latent,
+            dtype=torch.uint8,
+            cache_dtype_str="fp8_ds_mla",
+            state_content_bytes=656,
+        )
+        # deepseek_v2.py:731: the indexer's keys, fp8 with a float32 scale per 128.
+        specs[f"layers.{i}.indexer"] = kv_iface.MLAAttentionSpec(
+            block_size=64,
+            num_kv_heads=1,
+            max_tp_shards=1,
+            head_size=hf.index_head_dim + hf.index_head_dim // 128 * 4,
+            dtype=torch.uint8,
+            cache_role=kv_iface.SparseCacheRole.INDEXER,
+        )
+    return specs
+
+
+def test_deepseek_v32_sparse_mla_and_indexer() -> None:
+    hf = deepseek_v32()
+    vllm = vllm_bytes(deepseek_v32_specs(hf), 64 * MI)
+    assert plan_bytes(as_dict(hf), 64 * MI, cache_dtype="fp8", block_size=64) == vllm
+    assert vllm == 61 * (656 + 132) * 64 * MI  # 3,004 GiB: the cache is whole on every rank
+
+
+def test_jamba_mamba1_state() -> None:
+    hf = jamba_v01()
+    specs = jamba_specs(hf, "align")
+    for tokens in (4096, 64 * MI):
+        assert plan_bytes(as_dict(hf), tokens) == vllm_bytes(specs, tokens, mode="align")
+
+
+def test_nemotron_h_mamba2_state_in_float32() -> None:
+    hf = nemotron_h_8b()
+    specs = nemotron_h_specs(hf, "align")  # asserts vLLM picks a float32 SSM state
+    for tokens in (4096, 64 * MI):
+        assert plan_bytes(as_dict(hf), tokens) == vllm_bytes(specs, tokens, mode="align")
+
+
+def kimi_specs(block: int, kv_dtype, mode: str, dcp: int = 1) -> tuple[dict, dict]:
+    from vllm.models.kimi_k3 import KimiLinearForCausalLM
+
+    raw = load_model_config(KIMI_CONFIG)
+    hf = SimpleNamespace(**raw)
+    state = (KimiLinearForCausalLM, vllm_config_for(hf, torch.bfloat16, TP))
+    latent = raw["kv_lora_rank"] + raw["qk_rope_head_dim"]
+    page_1 = kv_iface.MLAAttentionSpec(
+        block_size=1, num_kv_heads=1, head_size=latent, dtype=kv_dtype
+    ).page_size_bytes
+    state_page = mamba_spec(*state, 1, None, mode).page_size_bytes
+    block = aligned_block(page_1, state_page, block, mla=True)
+    specs = {}
+    full = set(raw["linear_attn_config"]["full_attn_layers"])
+    for i in range(raw["num_hidden_layers"]):
+        if i + 1 in full:
+            specs[f"layers.{i}"] = kv_iface.MLAAttentionSpec(
+                block_size=block,
+                num_kv_heads=1,
+                max_tp_shards=1,
+                head_size=latent,
+                dtype=kv_dtype,
+            )
+        else:
+            specs[f"layers.{i}"] = mamba_spec(*state, block, block * page_1, mode)
+    return specs, raw
+
+
+@pytest.mark.parametrize("dcp", [1, 8])
+def test_kimi_linear_kda_state_and_dcp(dcp: int) -> None:
+    mode = "align" if dcp == 1 else "none"  # a DCP profile of a hybrid turns prefix caching off
+    specs, raw = kimi_specs(64, torch.float8_e4m3fn, mode)
+    tokens = 64 * MI + 1024
+    vllm = vllm_bytes(specs, tokens, dcp=dcp, mode=mode)
+    plan = plan_bytes(
+        raw,
+        tokens,
+        cache_dtype="fp8_e4m3",
+        decode_context_parallel=dcp,
+        prefix_caching=dcp == 1,
+    )
+    assert plan == vllm
+    if dcp == 8:
+        assert vllm / GIB == pytest.approx(31.5, abs=0.05)  # the issue's "about 31.5 GiB"
+
+
+@pytest.mark.parametrize(
+    ("config_of", "derived", "given"),
+    [
+        (gemma3_27b, ["layer_types"], {"sliding_window_pattern": 6}),
+        (llama4_scout, ["no_rope_layers", "layer_types"], {"no_rope_layer_interval": 4}),
+        (qwen3_next_80b, ["layer_types"], {"full_attention_interval": 4}),
+    ],
+)
+def test_a_config_json_without_derived_fields_reads_the_same(config_of, derived, given) -> None:  # noqa: ANN001
+    """Checkpoints' config.json often leave out what transformers derives (Gemma 3's
+    ``sliding_window_pattern``, Llama 4's ``no_rope_layer_interval``, Qwen3-Next's
+    ``full_attention_interval``); vLLM reads the derived fields, so the plan derives them."""
+    full = as_dict(config_of())
+    sparse = {key: value for key, value in full.items() if key not in derived} | given
+    assert plan_bytes(sparse, 64 * MI) == plan_bytes(full, 64 * MI)
+
+
+# --- parallel axes --------------------------------------------------------------------------
+
+
+def test_tp_must_divide_the_attention_heads() -> None:
+    qwen25_7b = {  # Qwen/Qwen2.5-7B-Instruct
+        "architectures": ["Qwen2ForCausalLM"],
+        "num_hidden_layers": 28,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "hidden_size": 3584,
+    }
+    with pytest.raises(ParallelLayoutError, match="does not divide the model's 28 attention heads"):
+        cache_layout(qwen25_7b, tensor_parallel=8)
+    assert cache_layout(qwen25_7b, tensor_parallel=4).tensor_parallel == 4
+
+
+def test_dcp_rules_are_vllms() -> None:
+    llama70b = as_dict(
+        transformers.LlamaConfig(
+            num_hidden_layers=80,
+            num_attention_heads=64,
+            num_key_value_heads=8,
+            head_dim=128,
+            hidden_size=8192,
+        )
+    )
+    with pytest.raises(ParallelLayoutError, match="greater than the model's 8 KV heads"):
+        cache_layout(llama70b, tensor_parallel=8, decode_context_parallel=2)
+    with pytest.raises(ParallelLayoutError, match="must divide tensor_parallel_size"):
+        cache_layout(llama70b, tensor_parallel=16, decode_context_parallel=3)
+    with pytest.raises(ParallelLayoutError, match="maximum tp // kv_heads = 2"):
+        cache_layout(llama70b, tensor_parallel=16, decode_context_parallel=4)
+    ok = cache_layout(llama70b, tensor_parallel=16, decode_context_parallel=2)
+    specs = vllm_specs(
+        transformers.LlamaConfig(
+            num_hidden_layers=80,
+            num_attention_heads=64,
+            num_key_value_heads=8,
+            head_dim=128,
+            hidden_size=8192,
+        ),
+        ["full"] * 80,
+        kv_dtype=torch.bfloat16,
+        block=16,
+    )
+    # At TP=16 every rank holds one of 8 KV heads twice over; DCP=2 shards the tokens instead.
+    assert sum(ok.request_bytes(64 * MI)) == vllm_bytes(specs, 64 * MI, dcp=2)
+    with pytest.raises(ParallelLayoutError, match="does not support sliding window"):
+        cache_layout(as_dict(gpt_oss_120b()), tensor_parallel=8, decode_context_parallel=8)
+
+
+@pytest.mark.parametrize(
+    ("tp", "pcp", "dcp"),
+    [(8, 1, 3), (8, 1, 4), (8, 1, 8), (8, 2, 4), (8, 2, 2), (8, 2, 16), (4, 4, 2), (4, 1, 6)],
+)
+def test_tp_pcp_dcp_combinations_are_refused_exactly_where_vllm_refuses(
+    tp: int, pcp: int, dcp: int
+) -> None:
+    """vLLM's own ParallelConfig validator decides; the plan must agree on every layout."""
+    from pydantic import ValidationError
+    from vllm.config.parallel import ParallelConfig
+
+    try:
+        ParallelConfig(
+            tensor_parallel_size=tp,
+            prefill_context_parallel_size=pcp,
+            decode_context_parallel_size=dcp,
+        )
+        vllm_accepts = True
+    except (ValidationError, ValueError):
+        vllm_accepts = False
+    kimi = load_model_config(KIMI_CONFIG)  # MLA: no GQA head rules on top
+    kimi = {**kimi, "num_attention_heads": 32}
+    try:
+        cache_layout(kimi, tensor_parallel=tp, decode_context_parallel=dcp,
+                     prefill_context_parallel=pcp)  # fmt: skip
+        plan_accepts = True
+    except ParallelLayoutError:
+        plan_accepts = False
+    assert plan_accepts == vllm_accepts
+
+
+@pytest.mark.parametrize(
+    ("layers", "pp", "override"),
+    [(61, 4, None), (27, 4, None), (48, 3, None), (27, 2, "13,14"), (62, 8, None)],
+)
+def test_pp_partition_is_vllms(monkeypatch, layers: int, pp: int, override: str | None) -> None:
+    from vllm import envs
+    from vllm.distributed.utils import get_pp_indices
+
+    if override is None:
+        monkeypatch.delenv("VLLM_PP_LAYER_PARTITION", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_PP_LAYER_PARTITION", override)
+    monkeypatch.setattr(envs, "VLLM_PP_LAYER_PARTITION", override, raising=False)
+    assert pp_partition(layers, pp, override) == [
+        get_pp_indices(layers, rank, pp) for rank in range(pp)
+    ]
+
+
+def test_pp_stage_memory_is_vllms_projection() -> None:
+    """Gemma 3 over 4 stages: each rank projects the global groups onto its own layers."""
+    from pytest_longctx.capacity.oracle import oracle_config
+
+    hf = gemma3_27b()
+    specs = gemma3_specs(hf)
+    config = oracle_config(AllocatorSettings(16, 1, IN_FLIGHT), 64 * MI, TP)
+    groups = kv_utils.get_kv_cache_groups(config, dict(specs))
+    needs = []
+    for start, end in pp_partition(62, 4):
+        worker = {f"layers.{i}": specs[f"layers.{i}"] for i in range(start, end)}
+        projected = kv_utils._project_kv_cache_groups_to_worker(groups, worker)
+        needs.append(kv_utils._max_memory_usage_bytes_from_groups(config, projected))
+    layout = cache_layout(
+        as_dict(hf), tensor_parallel=TP, pipeline_parallel=4, in_flight_tokens=IN_FLIGHT
+    )
+    assert sum(layout.request_bytes(64 * MI)) == max(needs)
+
+
+def test_the_oracle_in_its_own_process_answers_the_same() -> None:
+    """The plan asks vLLM in a subprocess: same answer, per pipeline stage."""
+    from pytest_longctx.capacity.oracle import ask_for_layout, ask_in_subprocess
+
+    layout = cache_layout(as_dict(gemma3_27b()), tensor_parallel=TP, pipeline_parallel=4)
+    allocation = layout.allocation
+    args = (layout.layers, allocation.settings, allocation.stages, 2, 64 * MI)
+    here, there = ask_for_layout(*args), ask_in_subprocess(*args)
+    assert there == here
+    assert len(there.per_stage_bytes) == 4
+    assert there.per_rank_bytes == sum(layout.request_bytes(64 * MI))
+
+
+def test_oracle_answers_for_the_plans_own_layers() -> None:
+    """The plan's oracle path: this package's layers as vLLM specs, vLLM's functions."""
+    from pytest_longctx.capacity.oracle import ask_vllm, specs_for_layers, vllm_version
+
+    layout = cache_layout(as_dict(qwen3_next_80b()), tensor_parallel=TP)
+    settings = layout.allocation.settings
+    answer = ask_vllm(specs_for_layers(layout.layers, settings, kv_element_bytes=2), settings, MI)
+    assert answer.per_rank_bytes == sum(layout.request_bytes(MI))
+    assert answer.version.startswith("vllm")
+    assert vllm_version() == answer.version
