@@ -9,76 +9,20 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from pytest_longctx.core.records import RESULTS_FILE, Record, read_runs, results_path
 from pytest_longctx.reporting import gate_report
-from pytest_longctx.reporting.benchmark_json import write_benchmark_json
-from pytest_longctx.reporting.file_names import BENCHMARK as BENCHMARK_FILENAME
-from pytest_longctx.reporting.file_names import HTML as HTML_FILENAME
-from pytest_longctx.reporting.file_names import MARKDOWN as MARKDOWN_FILENAME
 from pytest_longctx.reporting.gate_report import GateView
-from pytest_longctx.reporting.html import write_standalone_html
 from pytest_longctx.reporting.index import write_index
-from pytest_longctx.reporting.kv_plot import draw_kv_cache_plot
-from pytest_longctx.reporting.markdown import DEFAULT_TITLE, write_markdown
-from pytest_longctx.reporting.plots import ExtraPlot, write_plots
-from pytest_longctx.reporting.prefill_plot import draw_prefill_rate_plot
+from pytest_longctx.reporting.markdown import DEFAULT_TITLE
+from pytest_longctx.reporting.pipeline import write_reports as rebuild_reports
 
 PROG = "python -m pytest_longctx"
 #: The sweep inside the package: what ``calibrate`` runs unless told another test file.
 SHIPPED_SWEEP = ("--pyargs", "pytest_longctx.suite")
-
-
-def rebuild_reports(
-    records: Iterable[Record],
-    out_dir: Path,
-    *,
-    extra_plots: Iterable[ExtraPlot] = (),
-    title: str = DEFAULT_TITLE,
-    reproduce: Mapping[str, Any] | None = None,
-    machine_info: Mapping[str, Any] | None = None,
-    commit_info: Mapping[str, Any] | None = None,
-    gate: GateView | None = None,
-) -> list[Path]:
-    """Write report.md, the plots, report.html and benchmark.json; return the paths written.
-
-    With ``gate`` (:func:`pytest_longctx.reporting.gate_report.build_view`), both reports get
-    the regression gate's section and ``gate.png``. Each file is replaced atomically, so this
-    can run after every sweep point while the reports are open.
-    """
-    records = list(records)
-    out_dir = Path(out_dir)
-    plots = write_plots(
-        out_dir, records, [draw_kv_cache_plot, draw_prefill_rate_plot, *extra_plots]
-    )
-    markdown_path = out_dir / MARKDOWN_FILENAME
-    if gate is not None:
-        gate = gate_report.write_gate_plot(gate, out_dir)
-    markdown = write_markdown(
-        markdown_path,
-        records,
-        title=title,
-        reproduce=reproduce,
-        plots=plots,
-        sections=[gate_report.markdown_section(gate, markdown_path)] if gate else [],
-    )
-    page = write_standalone_html(
-        out_dir / HTML_FILENAME,
-        records,
-        plots,
-        title,
-        reproduce=reproduce,
-        sections=[gate_report.html_fragment(gate)] if gate else [],
-    )
-    benchmark = write_benchmark_json(
-        out_dir / BENCHMARK_FILENAME, records, machine_info, commit_info
-    )
-    if gate is not None and gate.plot is not None:
-        plots.append(gate.plot)
-    return [markdown, *plots, page, benchmark]
 
 
 class UsageError(Exception):

@@ -62,6 +62,35 @@ class LengthSummary:
         return self.figures.get(name)
 
 
+def format_mean_std(
+    mean: float,
+    std: float | None,
+    decimals: int,
+    *,
+    unit: str = "",
+    after_unit: str = "",
+    count: str | None = None,
+    grouped: bool = True,
+) -> str:
+    """The one way a mean and its spread are written: ``0.670 ± 0.010 s (n=3)``.
+
+    ``std`` None (one sample has no spread) prints the mean alone; ``after_unit`` follows the
+    unit (``between 4 sessions``), ``count`` goes in parentheses; ``grouped`` puts thousands
+    separators in (``40,172``). Each report decides its decimals; the form is shared.
+    """
+    spec = f",.{decimals}f" if grouped else f".{decimals}f"
+    text = format(mean, spec)
+    if std is not None:
+        text += " ± " + format(std, spec)
+    if unit:
+        text += f" {unit}"
+    if after_unit:
+        text += f" {after_unit}"
+    if count:
+        text += f" ({count})"
+    return text
+
+
 def summarize_values(name: str, values: Sequence[float]) -> FigureSummary:
     """Mean, sample std (0.0 for one value), CV, min and max of a non-empty sample."""
     if not values:

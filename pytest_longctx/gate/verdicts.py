@@ -12,7 +12,7 @@ from pytest_longctx.core.records import (
     Record,
 )
 from pytest_longctx.core.sizes import format_size
-from pytest_longctx.core.stats import latest_records, summarize_values
+from pytest_longctx.core.stats import format_mean_std, latest_records, summarize_values
 
 from .noise import (
     _PERCENT_SLACK,
@@ -475,7 +475,12 @@ def _exponent(value: float, digits: int) -> int:
 
 def _describe(stats: Stats, metric: Metric) -> str:
     """``0.120 ± 0.001 s (n=3)``; a history: ``0.120 ± 0.004 s between 4 sessions (n=12)``."""
-    decimals = _decimals(stats.mean, stats.std)
-    spread = f" ± {stats.std:.{decimals}f}" if stats.std is not None else ""
-    between = f" between {stats.sessions} sessions" if stats.sessions > 1 else ""
-    return f"{stats.mean:.{decimals}f}{spread} {metric.unit}{between} (n={stats.n})"
+    return format_mean_std(
+        stats.mean,
+        stats.std,
+        _decimals(stats.mean, stats.std),
+        unit=metric.unit,
+        after_unit=f"between {stats.sessions} sessions" if stats.sessions > 1 else "",
+        count=f"n={stats.n}",
+        grouped=False,
+    )

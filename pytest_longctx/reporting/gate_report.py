@@ -21,7 +21,7 @@ from pytest_longctx import gate
 from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
-from pytest_longctx.core.stats import latest_records
+from pytest_longctx.core.stats import format_mean_std, latest_records
 from pytest_longctx.reporting.file_names import GATE_PLOT
 from pytest_longctx.reporting.html import embedded_image
 from pytest_longctx.reporting.plots import length_axis
@@ -197,10 +197,8 @@ def format_stats(stats: gate.Stats | None, metric: str) -> str:
     """``0.0700 ± 0.0014 (n=3)``; a history: ``0.0875 ± 0.0065 (4 sessions, n=12)``."""
     if stats is None:
         return "–"
-    digits = _digits(stats.mean, metric)
-    spread = f" ± {stats.std:,.{digits}f}" if stats.std is not None else ""
     count = f"{stats.sessions} sessions, n={stats.n}" if stats.sessions > 1 else f"n={stats.n}"
-    return f"{stats.mean:,.{digits}f}{spread} ({count})"
+    return format_mean_std(stats.mean, stats.std, _digits(stats.mean, metric), count=count)
 
 
 def _digits(mean: float, metric: str) -> int:

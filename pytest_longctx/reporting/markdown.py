@@ -19,7 +19,13 @@ from typing import Any
 from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import OUTCOMES, Record
 from pytest_longctx.core.sizes import format_size
-from pytest_longctx.core.stats import FigureSummary, LengthSummary, latest_records, summarize
+from pytest_longctx.core.stats import (
+    FigureSummary,
+    LengthSummary,
+    format_mean_std,
+    latest_records,
+    summarize,
+)
 from pytest_longctx.gate.fingerprint import hardware_identity
 from pytest_longctx.reporting.kv_plot import kv_plot_note
 from pytest_longctx.reporting.predictions import markdown_lines as progress_lines
@@ -81,21 +87,19 @@ def ttft_decimals(mean: float) -> int:
     return min(6, 1 - math.floor(math.log10(mean)))
 
 
-def format_mean_std(summary: FigureSummary | None, decimals: int) -> str:
+def format_summary(summary: FigureSummary | None, decimals: int) -> str:
     """``mean ± std``; a single value prints alone, since one sample has no spread."""
     if summary is None:
         return _MISSING
-    if summary.n < 2:
-        return f"{summary.mean:,.{decimals}f}"
-    return f"{summary.mean:,.{decimals}f} ± {summary.std:,.{decimals}f}"
+    return format_mean_std(summary.mean, summary.std if summary.n >= 2 else None, decimals)
 
 
 def format_ttft(summary: FigureSummary | None) -> str:
-    return format_mean_std(summary, ttft_decimals(summary.mean) if summary else 2)
+    return format_summary(summary, ttft_decimals(summary.mean) if summary else 2)
 
 
 def format_decode(summary: FigureSummary | None) -> str:
-    return format_mean_std(summary, 1)
+    return format_summary(summary, 1)
 
 
 def format_cv(summary: FigureSummary | None) -> str:

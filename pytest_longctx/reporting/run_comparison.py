@@ -18,7 +18,7 @@ from pathlib import Path
 from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import Record, read_records, results_path
 from pytest_longctx.core.sizes import format_size
-from pytest_longctx.core.stats import latest_records, summarize_values
+from pytest_longctx.core.stats import format_mean_std, latest_records, summarize_values
 from pytest_longctx.gate import DEFAULT_LEVEL, METRICS, welch_test
 from pytest_longctx.reporting.html import embedded_image
 from pytest_longctx.reporting.markdown import format_fingerprint_value
@@ -147,7 +147,7 @@ def _format(cell: Cell | None, metric: str) -> str:
     if cell is None:
         return "–"
     digits = 1 if metric == "decode" else 4
-    return f"{cell.mean:.{digits}f} ± {cell.std:.{digits}f} (n={cell.n})"
+    return format_mean_std(cell.mean, cell.std, digits, count=f"n={cell.n}", grouped=False)
 
 
 def table_rows(comparison: Comparison, metric: str) -> tuple[list[str], list[list[str]]]:

@@ -16,14 +16,13 @@ from pytest_benchmark.session import PerformanceRegression
 
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
-from pytest_longctx.reporting import gate_report, plots
+from pytest_longctx.reporting import gate_report
 from pytest_longctx.reporting import html as html_report
-from pytest_longctx.reporting.benchmark_json import sweep_benchmarks, write_benchmark_json
-from pytest_longctx.reporting.file_names import BENCHMARK, GATE_PLOT, HTML, MARKDOWN
+from pytest_longctx.reporting.benchmark_json import sweep_benchmarks
+from pytest_longctx.reporting.file_names import GATE_PLOT, HTML, MARKDOWN
 from pytest_longctx.reporting.index import write_index as write_run_index
-from pytest_longctx.reporting.kv_plot import draw_kv_cache_plot
 from pytest_longctx.reporting.markdown import render_terminal_table, write_markdown
-from pytest_longctx.reporting.prefill_plot import draw_prefill_rate_plot
+from pytest_longctx.reporting.pipeline import write_reports
 from pytest_longctx.session import gate_items
 from pytest_longctx.session.run import Run
 from pytest_longctx.session.stash import RUN_KEY
@@ -132,18 +131,14 @@ def finish(config: pytest.Config) -> None:
     if run is None or run.worker is not None or not (run.written or run.resumed):
         return
     records = run.all_records()
-    gate = gate_items.report_view(run, records)
-    with contextlib.suppress(ImportError):
-        run.plot_paths = plots.write_plots(
-            run.run_dir, records, [draw_kv_cache_plot, draw_prefill_rate_plot]
-        )
-        if gate is not None:
-            gate = gate_report.write_gate_plot(gate, run.run_dir)
-    sections = [gate_report.markdown_section(gate, run.run_dir / MARKDOWN)] if gate else []
-    write_markdown(
-        run.run_dir / MARKDOWN, records, title=_title(run), plots=run.plot_paths, sections=sections
+    written = write_reports(
+        records,
+        run.run_dir,
+        title=_title(run),
+        gate=gate_items.report_view(run, records),
+        html=False,  # pytest-html writes report.html, with its table of the session's tests
     )
-    write_benchmark_json(run.run_dir / BENCHMARK, records)
+    run.plot_paths = [path for path in written if path.suffix == ".png" and path.name != GATE_PLOT]
     hand_to_pytest_benchmark(config, records)
 
 
