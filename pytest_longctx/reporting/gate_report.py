@@ -139,12 +139,18 @@ def build_view(
     rows = []
     for length in lengths:
         verdict = gate.compare_length(baseline, current, length, tolerances, level=level)
-        statuses = {v.metric: v.status for v in verdict.verdicts}
+        judged = {v.metric: v for v in verdict.verdicts}
+        # The verdicts carry the statistics they were judged on; a metric the gate did not
+        # judge here (off, or a side without figures) still shows what the records hold.
         metrics = {
-            name: MetricRow(
-                _baseline_stats(baseline, length, metric.figure),
-                _current_stats(current, length, metric.figure),
-                statuses.get(name),
+            name: (
+                MetricRow(judged[name].baseline, judged[name].current, judged[name].status)
+                if name in judged
+                else MetricRow(
+                    _baseline_stats(baseline, length, metric.figure),
+                    _current_stats(current, length, metric.figure),
+                    None,
+                )
             )
             for name, metric in gate.METRICS.items()
         }
