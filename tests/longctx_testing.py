@@ -140,3 +140,20 @@ def serving(profile, model_path: str, max_model_len: int, log_dir: Path) -> Iter
         yield server.base_url
     finally:
         server.stop()
+
+
+def assert_bursts_kept_with_the_servers_figure(records, report: str) -> None:  # noqa: ANN001
+    """Every point is the stream's figure where it agreed with the server's, else the
+    server's, with the stream's own beside it, and the report says which."""
+    kept = [r for r in records if r.stream["decode_source"] == "server"]
+    for record in records:
+        assert record.fingerprint["stream"]["bursts_allowed"] is True
+        if record in kept:
+            figures = record.figures
+            assert figures["decode_throughput"] == figures["server_decode_throughput"]
+            assert "stream_decode_throughput" in figures
+            assert record.stream["agreement"].startswith("the stream")
+        else:
+            assert record.stream["agreement"] == "agrees"
+    expected = f"Decode figures: {len(kept)} point" if kept else "none did"
+    assert expected in report, report

@@ -16,7 +16,14 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from longctx_testing import SWEEP_TEST, records_of, run_folder, run_session, serving
+from longctx_testing import (
+    SWEEP_TEST,
+    assert_bursts_kept_with_the_servers_figure,
+    records_of,
+    run_folder,
+    run_session,
+    serving,
+)
 
 from pytest_longctx.plan.servers import ServerSplitError, split_servers
 from pytest_longctx.plan.settings import Settings
@@ -322,23 +329,6 @@ def second_vllm_url(tmp_path_factory: pytest.TempPathFactory, vllm_url: str) -> 
 #: Two servers on two shared cores: a starved API server now and then holds a stream back and
 #: flushes it at once, so these runs keep such points with the server's decode figure.
 BURSTS_KEPT = "--longctx-allow-bursts"
-
-
-def assert_bursts_kept_with_the_servers_figure(records, report: str) -> None:  # noqa: ANN001
-    """Every point is the stream's figure where it agreed with the server's, else the
-    server's, with the stream's own beside it, and the report says which."""
-    kept = [r for r in records if r.stream["decode_source"] == "server"]
-    for record in records:
-        assert record.fingerprint["stream"]["bursts_allowed"] is True
-        if record in kept:
-            figures = record.figures
-            assert figures["decode_throughput"] == figures["server_decode_throughput"]
-            assert "stream_decode_throughput" in figures
-            assert record.stream["agreement"].startswith("the stream")
-        else:
-            assert record.stream["agreement"] == "agrees"
-    expected = f"Decode figures: {len(kept)} point" if kept else "none did"
-    assert expected in report, report
 
 
 def servers_of(records) -> Counter:  # noqa: ANN001

@@ -5,13 +5,23 @@ from __future__ import annotations
 import statistics
 
 import pytest
-from longctx_testing import records_of, run_folder, run_session
+from longctx_testing import (
+    assert_bursts_kept_with_the_servers_figure,
+    records_of,
+    run_folder,
+    run_session,
+)
 
 pytestmark = pytest.mark.vllm
 
 
 def test_sweep_1ki_to_4ki_two_repeats(sweep_dir: pytest.Pytester, vllm_url: str) -> None:
-    result, output = run_session(sweep_dir, "--longctx-to=4Ki", "--longctx-repeats=2", url=vllm_url)
+    """``--longctx-allow-bursts``: on this repository's 2-core host, shared with other work, a
+    point in six or so has its stream held back (the fake-server tests fail such points); it
+    is kept with the server's decode figure, and which figure each point has is checked."""
+    result, output = run_session(
+        sweep_dir, "--longctx-to=4Ki", "--longctx-repeats=2", "--longctx-allow-bursts", url=vllm_url
+    )
     result.assert_outcomes(passed=6)
     records = records_of(output)
     assert [(r.length, r.repeat) for r in records] == [
@@ -33,22 +43,33 @@ def test_sweep_1ki_to_4ki_two_repeats(sweep_dir: pytest.Pytester, vllm_url: str)
         assert record.server_metrics["prefix_cache_hits"] == 0
         assert record.server_metrics["cached_prompt_tokens"] == 0
         assert record.figures["server_prefill"] > 0
-        # one token a chunk, counted from the running usage: its gaps are inter-token latencies
-        assert record.stream["token_count_source"] == "usage"
-        assert record.stream["stream_interval"] == 1
-        assert record.stream["tokens_per_chunk"] == [[1, 32]]
-        assert record.stream["per_token_gaps"] is True
-        assert record.stream["agreement"] == "agrees"
-        assert record.figures["itl_median"] > 0 and "chunk_gap_median" not in record.figures
+        # one token a chunk (but for any the server coalesced while the stream fell behind),
+        # counted from the running usage: the one-token chunks' gaps are inter-token latencies
+        stream = record.stream
+        assert stream["token_count_source"] == "usage"
+        assert stream["stream_interval"] == 1 and stream["per_token_gaps"] is True
+        assert sum(k * n for k, n in stream["tokens_per_chunk"]) == 32
+        assert stream["tokens_per_chunk"][0][0] == 1
+        prefix = "stream_" if stream["decode_source"] == "server" else ""
+        assert record.figures[f"{prefix}itl_median"] > 0
+        chunk_gaps = f"{prefix}chunk_gap_median" in record.figures
+        assert chunk_gaps == (stream["tokens_per_chunk"] != [[1, 32]])
     assert records[0].fingerprint["stream"]["stream_interval"] == 1
+    report = (run_folder(output) / "report.md").read_text()
+    assert_bursts_kept_with_the_servers_figure(records, report)
+    assert "- Streaming:" not in report  # one token a chunk: nothing to say
     fastest = {n: min(r.figures["ttft"] for r in records if r.length == n) for n in (1024, 4096)}
     assert fastest[4096] > fastest[1024], fastest
     assert run_folder(output).name == records[0].run_id
 
 
 def test_repeats_of_a_length_are_cold(sweep_dir: pytest.Pytester, vllm_url: str) -> None:
-    """Three repeats of 4Ki: were the prefix cache hit, repeats would be ~10x faster."""
-    result, output = run_session(sweep_dir, "-m", "len==4Ki", "--longctx-repeats=3", url=vllm_url)
+    """Three repeats of 4Ki: were the prefix cache hit, repeats would be ~10x faster. About
+    prefill: a stream that a host busy with other work held back keeps the server's decode
+    figure (``--longctx-allow-bursts``) rather than fail a point this test does not judge."""
+    result, output = run_session(
+        sweep_dir, "-m", "len==4Ki", "--longctx-repeats=3", "--longctx-allow-bursts", url=vllm_url
+    )
     result.assert_outcomes(passed=3)
     ttfts = [r.figures["server_prefill"] for r in records_of(output)]
     assert all(r.server_metrics["prefix_cache_hits"] == 0 for r in records_of(output))
