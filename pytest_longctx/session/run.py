@@ -28,8 +28,9 @@ if TYPE_CHECKING:  # only annotations: these modules import this one
 LATEST = "latest"
 
 
-class PointWatcher(Protocol):
-    """The session's progress as a point's measurement sees it (``live_progress``)."""
+class WatchFactory(Protocol):
+    """The session's progress as a point's measurement sees it: a watch per point
+    (``live_progress.SessionProgress``)."""
 
     def watch(self, server: ServerInfo, point: Point) -> Any: ...
 
@@ -118,7 +119,7 @@ class Run:
     #: When the campaign's session started (the controller's clock, under xdist).
     started_at: float | None = None
     #: Progress inside points: display, progress.json, the ETA model (progress.py).
-    progress: PointWatcher | None = None
+    progress: WatchFactory | None = None
 
     @classmethod
     def create(
