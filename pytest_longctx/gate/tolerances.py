@@ -23,6 +23,9 @@ class Metric:
     default_tolerance_pct: float
     worse_verb: str
     better_verb: str
+    #: Which points it reads: cold prefills, or warm follow-ups (gated only against the
+    #: baseline's warm points, never against cold ones).
+    cache_state: str = "cold"
 
     @property
     def unit(self) -> str:
@@ -37,6 +40,7 @@ METRICS: Mapping[str, Metric] = {
         Metric("ttft", "ttft", "TTFT", True, 10.0, "regressed", "improved"),
         Metric("decode", "decode_throughput", "decode throughput", False, 5.0, "fell", "rose"),
         Metric("itl", "itl_median", "median inter-token latency", True, 10.0, "rose", "fell"),
+        Metric("warm_ttft", "ttft", "warm TTFT", True, 10.0, "regressed", "improved", "warm"),
     )
 }
 

@@ -82,7 +82,7 @@ def check_points(plan: SweepPlan, lengths: Sequence[int]) -> dict[int, capacity.
     hardware = hardware_for(profile)
     return {
         fit.length: fit
-        for fit in capacity.capacity_table(layout, hardware, lengths, plan.decode_tokens)
+        for fit in capacity.capacity_table(layout, hardware, lengths, plan.tokens_after_prefix)
     }
 
 
@@ -91,7 +91,9 @@ def render_table(plan: SweepPlan, lengths: Sequence[int]) -> str:
     layout = layout_for(profile)
     if layout is None:
         return f"capacity: unknown (no config.json for {profile.model.source} at hand)"
-    rows = capacity.capacity_table(layout, hardware_for(profile), lengths, plan.decode_tokens)
+    rows = capacity.capacity_table(
+        layout, hardware_for(profile), lengths, plan.tokens_after_prefix
+    )
     return "capacity plan:\n" + capacity.render_capacity_table(rows, layout)
 
 

@@ -119,6 +119,9 @@ class Run:
     started_at: float | None = None
     #: Progress inside points: display, progress.json, the ETA model (progress.py).
     progress: PointWatcher | None = None
+    #: When this session's server last computed each cold point's prompt (monotonic clock):
+    #: the prefix its warm follow-ups find cached.
+    prefix_sent: dict[Point, float] = field(default_factory=dict)
 
     @classmethod
     def create(
@@ -159,7 +162,7 @@ class Run:
         if records is None:
             records = list(read_records(self.results_path).records)
         for record in records:
-            point = Point(record.length, record.repeat)
+            point = Point.of_record(record)
             if record.outcome == "passed":
                 self.resumed[point] = record
             else:
