@@ -91,9 +91,7 @@ def render_table(plan: SweepPlan, lengths: Sequence[int]) -> str:
     layout = layout_for(profile)
     if layout is None:
         return f"capacity: unknown (no config.json for {profile.model.source} at hand)"
-    rows = capacity.capacity_table(
-        layout, hardware_for(profile), lengths, plan.tokens_after_prefix
-    )
+    rows = capacity.capacity_table(layout, hardware_for(profile), lengths, plan.tokens_after_prefix)
     return "capacity plan:\n" + capacity.render_capacity_table(rows, layout)
 
 

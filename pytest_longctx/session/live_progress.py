@@ -269,9 +269,7 @@ class SessionProgress:
         if not self.run.run_dir.is_dir() or self.run.settings.plan_only:
             return
         model = CostModel.fit(self.run.all_records(), self.run.plan.decode_tokens)
-        left = tuple(
-            RemainingPoint(p.length, p.repeat, point_cost(model, p)) for p in self._todo()
-        )
+        left = tuple(RemainingPoint(p.length, p.repeat, point_cost(model, p)) for p in self._todo())
         costs = [point.predicted_s for point in left]
         eta = None if any(cost is None for cost in costs) else sum(costs)  # type: ignore[misc]
         self._write(ProgressState(self.run.run_id, FINISHED, remaining=left, sweep_eta_s=eta))

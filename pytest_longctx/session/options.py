@@ -334,8 +334,7 @@ class _RawOptions:
         accepted = "'cold' or 'cold,warm'"
         if not parts or any(part not in WORKLOADS for part in parts) or COLD not in parts:
             extra = (
-                " (warm follow-ups reuse their cold point's prefix; select only them with "
-                "-k warm)"
+                " (warm follow-ups reuse their cold point's prefix; select only them with -k warm)"
                 if parts == [WARM]
                 else ""
             )

@@ -19,8 +19,8 @@ def redo_cold_points(run: Run, selected: Sequence[Point]) -> list[Point]:
     returns them."""
     redo = []
     for point in selected:
-        if point.warm and point not in run.resumed and point.cold in run.resumed:
-            if point.cold in selected:
-                del run.resumed[point.cold]
-                redo.append(point.cold)
+        cold = point.cold
+        if point.warm and point not in run.resumed and cold in run.resumed and cold in selected:
+            del run.resumed[cold]
+            redo.append(cold)
     return redo
