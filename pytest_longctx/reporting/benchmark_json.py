@@ -24,6 +24,8 @@ from pytest_longctx.core.stats import latest_records
 from pytest_longctx.reporting.markdown import reference_fingerprint
 
 BENCHMARK_GROUP = "longctx"
+#: Warm follow-ups are a group of their own: pytest-benchmark compares within a group.
+WARM_GROUP = "longctx-warm"
 #: The figure pytest-benchmark treats as "the time" of a benchmark.
 TIMED_FIGURE = "ttft"
 DEFAULT_TEST_NAME = "test_prefill_decode"
@@ -34,7 +36,8 @@ def benchmark_param(record: Record) -> str:
     name = record.nodeid.rsplit("::", 1)[-1]
     if name.endswith("]") and "[" in name:
         return name[name.index("[") + 1 : -1]
-    return f"len={format_size(record.length)}-rep={record.repeat}"
+    warm = f"-warm={record.question}" if record.warm else ""
+    return f"len={format_size(record.length)}-rep={record.repeat}{warm}"
 
 
 def benchmark_name(record: Record) -> str:
@@ -66,7 +69,7 @@ def benchmark_entry(record: Record) -> dict[str, Any] | None:
         if name != TIMED_FIGURE
     }
     return {
-        "group": BENCHMARK_GROUP,
+        "group": WARM_GROUP if record.warm else BENCHMARK_GROUP,
         "name": benchmark_name(record),
         "fullname": record.nodeid,
         "params": {"length": record.length, "repeat": record.repeat},
@@ -76,6 +79,8 @@ def benchmark_entry(record: Record) -> dict[str, Any] | None:
             "length": record.length,
             "length_label": format_size(record.length),
             "repeat": record.repeat,
+            "cache_state": record.cache_state,
+            "cache": dict(record.cache),
             "timed_figure": {"name": TIMED_FIGURE, "unit": FIGURE_UNITS[TIMED_FIGURE]},
             "figures": figures,
             "prompt_tokens": record.prompt_tokens,
@@ -91,7 +96,9 @@ def benchmark_entry(record: Record) -> dict[str, Any] | None:
 
 def benchmark_entries(records: Iterable[Record]) -> list[dict[str, Any]]:
     """Entries for every passed point, ordered by length; also appended to a user's own JSON."""
-    latest = sorted(latest_records(records), key=lambda r: (r.length, r.run_id, r.repeat))
+    latest = sorted(
+        latest_records(records), key=lambda r: (r.length, r.run_id, r.repeat, r.question)
+    )
     return [entry for entry in map(benchmark_entry, latest) if entry is not None]
 
 

@@ -42,6 +42,7 @@ from pytest_longctx.reporting.markdown import (
     ttft_decimals,
 )
 from pytest_longctx.reporting.predictions import html_fragment as progress_fragment
+from pytest_longctx.reporting.reuse import html_fragment as reuse_fragment
 
 #: (sort key, header label) of the columns added to pytest-html's results table.
 RESULTS_TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -144,7 +145,8 @@ def summary_fragment(records: Iterable[Record], plot_paths: Iterable[Path | None
     return (
         f'<section class="longctx-summary"><style>{_SUMMARY_STYLE}</style>'
         "<h3>Long-context sweep (mean ± sample std over passed repeats)</h3>"
-        f"{table}{''.join(images)}{progress_fragment(records)}</section>"
+        f"{table}{''.join(images)}{reuse_fragment(records)}{progress_fragment(records)}"
+        "</section>"
     )
 
 

@@ -23,6 +23,7 @@ from pytest_longctx.core.stats import FigureSummary, LengthSummary, latest_recor
 from pytest_longctx.gate.fingerprint import hardware_identity
 from pytest_longctx.reporting.kv_plot import kv_plot_note
 from pytest_longctx.reporting.predictions import markdown_lines as progress_lines
+from pytest_longctx.reporting.reuse import markdown_lines as reuse_lines
 from pytest_longctx.reporting.streaming import stream_items
 
 DEFAULT_TITLE = "Long-context sweep"
@@ -325,7 +326,7 @@ def non_passed_records(records: Iterable[Record]) -> list[Record]:
     """The current non-passed points (re-measured ones excluded), by length then repeat."""
     return sorted(
         (record for record in latest_records(records) if record.outcome != "passed"),
-        key=lambda record: (record.length, record.run_id, record.repeat),
+        key=lambda record: (record.length, record.run_id, record.repeat, record.question),
     )
 
 
@@ -334,7 +335,9 @@ def _non_passed_lines(records: Sequence[Record]) -> list[str]:
     if not failures:
         return ["Every recorded point passed."]
     return [
-        f"- {format_size(record.length)} repeat {record.repeat} (run `{record.run_id}`): "
+        f"- {format_size(record.length)} repeat {record.repeat}"
+        + (f" warm {record.question}" if record.warm else "")
+        + f" (run `{record.run_id}`): "
         f"**{record.outcome}**: {one_line(record.reason)}"
         for record in failures
     ]
@@ -382,6 +385,7 @@ def render_markdown(
     note = kv_plot_note(records)
     if note:
         lines += [note, ""]
+    lines += reuse_lines(records)
     for section in sections:
         lines += [section.rstrip("\n"), ""]
     lines += progress_lines(records)

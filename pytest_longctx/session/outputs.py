@@ -23,6 +23,7 @@ from pytest_longctx.reporting.index import write_index as write_run_index
 from pytest_longctx.reporting.kv_plot import draw_kv_cache_plot
 from pytest_longctx.reporting.markdown import render_terminal_table, write_markdown
 from pytest_longctx.reporting.prefill_plot import draw_prefill_rate_plot
+from pytest_longctx.reporting.reuse import draw_reuse_plot
 from pytest_longctx.session import gate_items
 from pytest_longctx.session.run import Run
 from pytest_longctx.session.stash import RUN_KEY
@@ -117,7 +118,7 @@ def finish(config: pytest.Config) -> None:
     gate = gate_items.report_view(run, records)
     with contextlib.suppress(ImportError):
         run.plot_paths = plots.write_plots(
-            run.run_dir, records, [draw_kv_cache_plot, draw_prefill_rate_plot]
+            run.run_dir, records, [draw_kv_cache_plot, draw_prefill_rate_plot, draw_reuse_plot]
         )
         if gate is not None:
             gate = gate_report.write_gate_plot(gate, run.run_dir)
