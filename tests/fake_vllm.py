@@ -90,6 +90,10 @@ class Behaviour:
     token_text: str = " tok"
     block_size: int = 128
     num_gpu_blocks: int = 16_384
+    #: ``enable_prefix_caching`` in ``vllm:cache_config_info``.
+    prefix_caching: bool = True
+    #: ``cache_hit_alignment_tokens`` in ``vllm:cache_config_info`` (None: the label absent).
+    cache_hit_alignment_tokens: int | None = None
     #: Prompt tokens prefilled per step: during ``first_token_delay_s`` the KV usage gauge
     #: rises chunk by chunk, as vLLM's does with chunked prefill.
     prefill_chunk_tokens: int = 2048
@@ -808,10 +812,12 @@ def _exposition(behaviour: Behaviour, totals: _Totals, kv_usage: float = 0.0) ->
     lines.append("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig")
     lines.append("# TYPE vllm:cache_config_info gauge")
     size_tokens = behaviour.block_size * behaviour.num_gpu_blocks
+    alignment = behaviour.cache_hit_alignment_tokens
     lines.append(
         f'vllm:cache_config_info{{block_size="{behaviour.block_size}",cache_dtype="auto",'
-        f'enable_prefix_caching="True",engine="0",kv_cache_size_tokens="{size_tokens}",'
-        f'num_gpu_blocks="{behaviour.num_gpu_blocks}"}} 1.0'
+        + (f'cache_hit_alignment_tokens="{alignment}",' if alignment is not None else "")
+        + f'enable_prefix_caching="{behaviour.prefix_caching}",engine="0",'
+        f'kv_cache_size_tokens="{size_tokens}",num_gpu_blocks="{behaviour.num_gpu_blocks}"}} 1.0'
     )
     return "\n".join(lines) + "\n"
 

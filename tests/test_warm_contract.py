@@ -1,0 +1,302 @@
+"""The warm workload's contract: its arithmetic, its messages, and the plugin around it.
+
+The cache-state arithmetic is checked on its own; the plugin against a fake server whose
+cache hits are set per item, since these tests are about what the instrument makes of the
+counts a server reports (real prefix caching: test_e2e_warm.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+from fake_vllm import FakeVLLM
+from longctx_testing import SWEEP_TEST, records_of
+from test_distributed import FakeNode
+
+from pytest_longctx.measure.cache_state import ServerCache, judge_warm, required_tokens
+
+WARM = "--longctx-workload=cold,warm"
+LABELS = {
+    "block_size": "128",
+    "enable_prefix_caching": "True",
+    "num_gpu_blocks": "16384",
+    "kv_cache_memory_bytes": str(1 << 30),
+}
+
+
+# -- the arithmetic ----------------------------------------------------------------------
+
+
+def test_the_prefix_must_be_served_to_the_caches_alignment() -> None:
+    assert required_tokens(16384, 128) == 16384
+    assert required_tokens(16384, 1536) == 15360  # a hybrid aligning coarser than a block
+    assert required_tokens(1000, 128) == 896
+    assert required_tokens(1000, None) == 1000
+    block = ServerCache.from_labels(LABELS)
+    assert (block.alignment, block.alignment_source) == (128, "block_size")
+    hybrid = ServerCache.from_labels({**LABELS, "cache_hit_alignment_tokens": "1536"})
+    assert (hybrid.alignment, hybrid.alignment_source) == (1536, "cache_hit_alignment_tokens")
+    # vLLM writes the label as "None" where the engine never resolved it: the block decides
+    unset = ServerCache.from_labels({**LABELS, "cache_hit_alignment_tokens": "None"})
+    assert unset.alignment == 128
+    assert block.block_bytes == 65536  # 1 GiB over 16,384 blocks: 512 B a token
+    assert block.resident_bytes(16384) == 16384 * 512
+    assert block.resident_bytes(16385) == 16384 * 512 + 65536  # a started block is held whole
+
+
+def test_a_short_hit_says_how_much_by_every_source_and_names_an_eviction() -> None:
+    view = {"usage_cached_prompt_tokens": 12288.0, "prefix_cache_hits": 12288.0}
+    verdict = judge_warm(16384, view, ServerCache.from_labels(LABELS), prefix_sent_s_ago=2.5)
+    assert verdict.served == 12288 and verdict.required == 16384
+    assert verdict.problem is not None
+    assert verdict.problem.startswith(
+        "not warm: the cache served 12,288 of 16,384 prefix tokens (usage 12,288, /metrics "
+        "prefix_cache_hits 12,288; all 16,384 needed, on the cache's 128-token alignment)"
+    )
+    assert "partly evicted (4,096 tokens) between the cold point and this follow-up" in (
+        verdict.problem
+    )
+    assert "2.5 s earlier" in verdict.problem
+    gone = judge_warm(16384, {"prefix_cache_hits": 0.0}, ServerCache.from_labels(LABELS), 1.0)
+    assert "the prefix was evicted between" in (gone.problem or "")
+
+
+def test_the_least_source_decides_and_all_must_reach_the_prefix() -> None:
+    cache = ServerCache.from_labels(LABELS)
+    lagging = {"usage_cached_prompt_tokens": 16384.0, "cached_prompt_tokens": 0.0}
+    verdict = judge_warm(16384, lagging, cache, prefix_sent_s_ago=1.0)
+    assert verdict.served == 0
+    assert "/metrics prompt_tokens_cached 0" in (verdict.problem or "")
+    warm = judge_warm(16384, {"usage_cached_prompt_tokens": 16384.0}, cache, 1.0)
+    assert warm.problem is None and warm.served == 16384
+    coarse = ServerCache.from_labels({**LABELS, "cache_hit_alignment_tokens": "1536"})
+    aligned = judge_warm(16384, {"prefix_cache_hits": 15360.0}, coarse, 1.0)
+    assert aligned.problem is None  # 15,360 is all a 1536-token alignment can serve
+    short = judge_warm(16384, {"prefix_cache_hits": 13824.0}, coarse, 1.0)
+    assert "at least 15,360 needed: the prefix rounded down to the cache's 1536-token" in (
+        short.problem or ""
+    )
+
+
+def test_a_miss_on_a_server_that_never_saw_the_prefix_is_not_called_an_eviction() -> None:
+    verdict = judge_warm(4096, {"prefix_cache_hits": 0.0}, ServerCache.from_labels(LABELS), None)
+    assert "never sent to this server before" in (verdict.problem or "")
+    assert "evicted" not in (verdict.problem or "")
+
+
+def test_nothing_to_check_is_no_verdict() -> None:
+    verdict = judge_warm(4096, {}, ServerCache.from_labels(None), 1.0)
+    assert verdict.problem is None and verdict.served is None
+
+
+# -- the plugin against the fake ---------------------------------------------------------
+
+
+@dataclass
+class _HitsPerItem:
+    """The cache hits each item's request reports: ``warm`` for follow-ups, none for cold."""
+
+    fake: FakeVLLM
+    warm: int
+    changes: dict
+
+    def pytest_runtest_call(self, item: pytest.Item) -> None:
+        cached = self.warm if "-warm=" in item.name else 0
+        self.fake.configure(cached_prompt_tokens=cached, **self.changes)
+
+
+@pytest.fixture
+def session(pytester: pytest.Pytester, fake_vllm: FakeVLLM):  # noqa: ANN201
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    output = pytester.path / "reports"
+
+    def run(*args: str, warm: int = 0, **changes):  # noqa: ANN202
+        # decoded at a pace the stream check can tell from the client's own overhead
+        changes.setdefault("token_delay_s", 0.004)
+        result = pytester.runpytest(
+            "-p",
+            "no:cacheprovider",
+            f"--longctx-url={fake_vllm.url}",
+            f"--longctx-output={output}",
+            "--longctx-decode-tokens=8",
+            "--longctx-progress=off",
+            *args,
+            plugins=[_HitsPerItem(fake_vllm, warm, changes)],
+        )
+        return result, records_of(output)
+
+    return run
+
+
+def _prompts(fake: FakeVLLM) -> list[list[int]]:
+    return [
+        r.payload["prompt"]
+        for r in fake.requests
+        if r.path == "/v1/completions" and isinstance(r.payload, dict)
+    ]
+
+
+def test_follow_ups_reuse_the_cold_prompt_exactly_and_pass_when_it_was_served(
+    session, fake_vllm: FakeVLLM
+) -> None:  # noqa: ANN001
+    result, records = session("-m", "len==1Ki", WARM, "--longctx-warm-questions=2", warm=1024)
+    result.assert_outcomes(passed=3)
+    assert [(r.cache_state, r.question, r.prompt_tokens) for r in records] == [
+        ("cold", 0, 1024),
+        ("warm", 1, 1280),
+        ("warm", 2, 1280),
+    ]
+    assert records[1].nodeid.endswith("[len=1Ki-rep=0-warm=1]")
+    assert records[1].cache["served"] == records[1].cache["required"] == 1024
+    assert records[1].cache["sources"] == {
+        "usage": 1024,
+        "/metrics prompt_tokens_cached": 1024,
+        "/metrics prefix_cache_hits": 1024,
+    }
+    cold, first, second = _prompts(fake_vllm)[-3:]
+    assert first[:1024] == cold and second[:1024] == cold  # the prefix, token for token
+    assert first[1024] != second[1024]  # each question opens with its own nonce
+    assert first[1024:] != second[1024:]
+
+
+def test_a_follow_up_the_cache_served_in_part_fails_with_the_numbers(session) -> None:  # noqa: ANN001
+    result, records = session("-m", "len==1Ki", WARM, "--longctx-warm-questions=1", warm=768)
+    result.assert_outcomes(passed=1, failed=1)
+    reason = records[1].reason
+    assert "not warm: the cache served 768 of 1,024 prefix tokens" in reason
+    assert "partly evicted (256 tokens) between the cold point and this follow-up" in reason
+    assert records[1].figures["ttft"] > 0  # what was measured is kept with the failure
+    assert records[1].cache["served"] == 768
+
+
+def test_a_hit_that_only_usage_reports_is_not_proven(session) -> None:  # noqa: ANN001
+    result, records = session(
+        "-m", "len==1Ki", WARM, "--longctx-warm-questions=1", warm=1024,
+        cached_tokens_in_metrics=False,
+    )  # fmt: skip
+    result.assert_outcomes(passed=1, failed=1)
+    assert "/metrics prompt_tokens_cached 0" in records[1].reason
+
+
+def test_a_server_with_prefix_caching_off_refuses_the_follow_ups(session) -> None:  # noqa: ANN001
+    result, records = session(
+        "-m", "len==1Ki", WARM, "--longctx-warm-questions=2", prefix_caching=False
+    )
+    result.assert_outcomes(passed=1, failed=2)
+    for record in records[1:]:
+        assert "not warm: the server's prefix caching is off" in record.reason
+        assert "enable_prefix_caching=False" in record.reason
+
+
+def test_follow_ups_selected_alone_send_their_prefix_first(session, fake_vllm) -> None:  # noqa: ANN001
+    result, records = session("-m", "len==1Ki", "-k", "warm", WARM, warm=1024)
+    result.assert_outcomes(passed=3, deselected=18)  # the other lengths, and cold 1Ki
+    assert [r.question for r in records] == [1, 2, 3]
+    assert records[0].cache["prefix_sent_by"] == "follow-up"
+    assert "prefix_sent_by" not in records[1].cache  # sent once, for the first
+    prompts = _prompts(fake_vllm)
+    assert [len(p) for p in prompts[-4:]] == [1024, 1280, 1280, 1280]
+    assert prompts[-3][:1024] == prompts[-4]
+
+
+def test_resume_measures_the_cold_point_again_before_its_missing_follow_ups(
+    session,  # noqa: ANN001
+) -> None:
+    result, records = session("-m", "len==1Ki", WARM, "--longctx-warm-questions=1", warm=0)
+    result.assert_outcomes(passed=1, failed=1)
+    result, records = session(
+        "-m", "len==1Ki", WARM, "--longctx-warm-questions=1", "--longctx-resume", warm=1024
+    )
+    result.assert_outcomes(passed=2)
+    assert [(r.question, r.outcome) for r in records] == [
+        (0, "passed"),
+        (1, "failed"),
+        (0, "passed"),  # measured again: the new server's cache needs its prefix
+        (1, "passed"),
+    ]
+    assert "prefix_sent_by" not in records[-1].cache
+
+
+def test_options_of_the_workload_are_checked(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    for args, expected in (
+        (["--longctx-workload=warm"], "*--longctx-workload=warm: expected 'cold' or 'cold,warm'*"),
+        (["--longctx-workload=hot"], "*--longctx-workload=hot: expected 'cold' or 'cold,warm'*"),
+        ([WARM, "--longctx-prompt-format=text"], "*needs --longctx-prompt-format=ids*"),
+        ([WARM, "--longctx-warm-suffix=8"], "*--longctx-warm-suffix=8: expected a size of at*"),
+        ([WARM, "--longctx-warm-questions=0"], "*--longctx-warm-questions=0: expected a whole*"),
+    ):
+        result = pytester.runpytest("-p", "no:cacheprovider", "--longctx-plan", *args)
+        assert result.ret == pytest.ExitCode.USAGE_ERROR, args
+        result.stderr.fnmatch_lines([expected])
+
+
+def test_the_plan_shows_the_warm_items_and_a_cold_run_is_unchanged(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    cold = pytester.runpytest("-p", "no:cacheprovider", "--longctx-plan", "--longctx-to=2Ki")
+    assert cold.ret == 0
+    text = cold.stdout.str()
+    assert "--max-model-len 2080 " in text  # 2Ki + 32 decode, as before
+    assert "--enable-prompt-tokens-details" not in text
+    assert "-warm=" not in text and "workload" not in text
+    warm = pytester.runpytest(
+        "-p", "no:cacheprovider", "--longctx-plan", "--longctx-to=2Ki", WARM,
+        "--longctx-warm-questions=2", "--longctx-warm-suffix=512", "-m", "len<=1Ki or rep==0",
+    )  # fmt: skip
+    assert warm.ret == 0
+    warm.stdout.fnmatch_lines(
+        [
+            "6 item(s)*",
+            "workload cold,warm: 2 follow-up(s) after each cold point, each its prompt exactly "
+            "+ 512 new tokens*",
+            "  len=1Ki-rep=0",
+            "  len=1Ki-rep=0-warm=1",
+            "  len=1Ki-rep=0-warm=2",
+            "  len=2Ki-rep=0",
+            "  len=2Ki-rep=0-warm=1",
+            "  len=2Ki-rep=0-warm=2",
+            "*--max-model-len 2592 *--enable-prompt-tokens-details*",  # 2Ki + 512 + 32
+            "2Ki * 2,592 *",  # the capacity plan counts the suffix
+        ]
+    )
+    only_warm = pytester.runpytest(
+        "-p", "no:cacheprovider", "--longctx-plan", "--longctx-to=2Ki", WARM, "-k", "not warm"
+    )
+    only_warm.stdout.fnmatch_lines(["2 item(s)*"])
+
+
+def test_a_cold_point_and_its_follow_ups_go_to_one_worker_together(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    config = pytester.parseconfigure("--tx=2*popen", "--longctx-to=4Ki", WARM)
+    from pytest_longctx.session.scheduling import LongestFirstScheduling
+    from pytest_longctx.session.sweep_session import PREPARED_KEY
+
+    run = config.stash[PREPARED_KEY].run
+    collection = [f"test_sweep.py::test_prefill_decode[{p.id}]" for p in run.plan.points]
+    scheduler = LongestFirstScheduling(config, None, run)
+    handed_out: list[int] = []
+    a, b = FakeNode("gw0", handed_out), FakeNode("gw1", handed_out)
+    for node in (a, b):
+        scheduler.add_node(node)
+        scheduler.add_node_collection(node, collection)
+    scheduler.schedule()
+
+    def names(indices: list[int]) -> list[str]:
+        return [collection[i].split("[")[-1].rstrip("]") for i in indices]
+
+    four = ["len=4Ki-rep=0", *(f"len=4Ki-rep=0-warm={q}" for q in (1, 2, 3))]
+    assert names(a.sent) == four + [
+        "len=1Ki-rep=0",
+        *(f"len=1Ki-rep=0-warm={q}" for q in (1, 2, 3)),
+    ]
+    assert names(b.sent) == ["len=2Ki-rep=0", *(f"len=2Ki-rep=0-warm={q}" for q in (1, 2, 3))]
+    while scheduler.has_pending or any(scheduler.node2pending.values()):
+        for node in (a, b):
+            if scheduler.node2pending[node]:
+                scheduler.mark_test_complete(node, scheduler.node2pending[node][0])
+    assert sorted(handed_out) == list(range(len(collection)))
