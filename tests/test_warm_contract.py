@@ -14,6 +14,7 @@ from fake_vllm import FakeVLLM
 from longctx_testing import SWEEP_TEST, records_of
 from test_distributed import FakeNode
 
+from pytest_longctx.core.records import Record
 from pytest_longctx.measure.cache_state import ServerCache, judge_warm, required_tokens
 
 WARM = "--longctx-workload=cold,warm"
@@ -300,3 +301,46 @@ def test_a_cold_point_and_its_follow_ups_go_to_one_worker_together(
             if scheduler.node2pending[node]:
                 scheduler.mark_test_complete(node, scheduler.node2pending[node][0])
     assert sorted(handed_out) == list(range(len(collection)))
+
+
+# -- the gate ----------------------------------------------------------------------------
+
+
+def _record(run_id: str, repeat: int, ttft: float, question: int = 0) -> Record:
+    warm = {"cache_state": "warm", "cache": {"question": question, "suffix_tokens": 256}}
+    return Record(
+        run_id=run_id,
+        nodeid=f"t[len=4Ki-rep={repeat}" + (f"-warm={question}]" if question else "]"),
+        length=4096,
+        repeat=repeat,
+        outcome="passed",
+        figures={"ttft": ttft},
+        **(warm if question else {}),
+    )
+
+
+def _session(run_id: str, cold: float, warm: float) -> list[Record]:
+    records = []
+    for repeat, jitter in enumerate((0.99, 1.01)):
+        records.append(_record(run_id, repeat, cold * jitter))
+        records += [_record(run_id, repeat, warm * jitter, q) for q in (1, 2)]
+    return records
+
+
+def test_the_gate_compares_warm_points_with_warm_baseline_points_only() -> None:
+    from pytest_longctx.gate import compare
+
+    baseline = _session("base", cold=1.0, warm=0.1)
+    slower_warm = compare(baseline, _session("now", cold=1.0, warm=0.2)).for_length(4096)
+    assert slower_warm is not None and slower_warm.status == "regressed"
+    verdicts = {v.metric: v for v in slower_warm.verdicts}
+    assert verdicts["ttft"].status == "ok"  # the cold figure alone: warm ones never mix in
+    assert verdicts["ttft"].current is not None and verdicts["ttft"].current.n == 2
+    assert verdicts["warm_ttft"].status == "regressed"
+    assert verdicts["warm_ttft"].message.startswith("warm TTFT at 4Ki regressed")
+    assert verdicts["warm_ttft"].current is not None and verdicts["warm_ttft"].current.n == 4
+    # a warm run against a cold-only baseline gates its cold points, and no warm against cold
+    cold_only = [r for r in baseline if not r.warm]
+    against_cold = compare(cold_only, _session("now", cold=1.0, warm=0.9)).for_length(4096)
+    assert against_cold is not None and against_cold.status == "ok"
+    assert {v.metric for v in against_cold.verdicts} == {"ttft"}

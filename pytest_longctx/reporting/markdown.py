@@ -25,6 +25,7 @@ from pytest_longctx.reporting.kv_plot import kv_plot_note
 from pytest_longctx.reporting.predictions import markdown_lines as progress_lines
 from pytest_longctx.reporting.reuse import markdown_lines as reuse_lines
 from pytest_longctx.reporting.streaming import stream_items
+from pytest_longctx.reporting.text_table import aligned_table
 
 DEFAULT_TITLE = "Long-context sweep"
 
@@ -420,16 +421,4 @@ def write_markdown(
 
 def render_terminal_table(records: Iterable[Record]) -> str:
     """The results table with aligned plain-text columns, for the end-of-session summary."""
-    rows = summary_rows(records)
-    table = [list(TABLE_COLUMNS), *rows]
-    widths = [max(len(row[index]) for row in table) for index in range(len(TABLE_COLUMNS))]
-
-    def line(cells: Sequence[str]) -> str:
-        padded = [
-            cell.ljust(width) if column in _TEXT_COLUMNS else cell.rjust(width)
-            for cell, width, column in zip(cells, widths, TABLE_COLUMNS, strict=True)
-        ]
-        return "  ".join(padded).rstrip()
-
-    rule = "  ".join("-" * width for width in widths)
-    return "\n".join([line(TABLE_COLUMNS), rule, *(line(row) for row in rows)])
+    return aligned_table(TABLE_COLUMNS, summary_rows(records), text_names=_TEXT_COLUMNS)

@@ -20,6 +20,7 @@ from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.core.stats import FigureSummary, latest_records, summarize
+from pytest_longctx.reporting.text_table import aligned_table
 
 REUSE_PLOT = "reuse.png"
 _MISSING = "–"
@@ -174,6 +175,14 @@ def markdown_lines(records: Sequence[Record]) -> list[str]:
     lines += _markdown_table(PAYBACK_COLUMNS, [c for row in rows for c in payback_cells(row)])
     lines.append("")
     return lines
+
+
+def terminal_table(records: Sequence[Record]) -> str | None:
+    """The reuse table for the end-of-session summary; None without warm points."""
+    rows = reuse_rows(records)
+    if not rows:
+        return None
+    return aligned_table(COLUMNS, [row_cells(row) for row in rows])
 
 
 def _markdown_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
