@@ -7,11 +7,12 @@ counts a server reports (real prefix caching: test_e2e_warm.py).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import pytest
 from fake_vllm import FakeVLLM
-from longctx_testing import SWEEP_TEST, records_of
+from longctx_testing import SWEEP_TEST, records_of, run_folder
 from test_distributed import FakeNode
 
 from pytest_longctx.core.records import Record
@@ -139,7 +140,7 @@ def _prompts(fake: FakeVLLM) -> list[list[int]]:
 
 
 def test_follow_ups_reuse_the_cold_prompt_exactly_and_pass_when_it_was_served(
-    session, fake_vllm: FakeVLLM
+    session, fake_vllm: FakeVLLM, pytester: pytest.Pytester
 ) -> None:  # noqa: ANN001
     result, records = session("-m", "len==1Ki", WARM, "--longctx-warm-questions=2", warm=1024)
     result.assert_outcomes(passed=3)
@@ -159,6 +160,16 @@ def test_follow_ups_reuse_the_cold_prompt_exactly_and_pass_when_it_was_served(
     assert first[:1024] == cold and second[:1024] == cold  # the prefix, token for token
     assert first[1024] != second[1024]  # each question opens with its own nonce
     assert first[1024:] != second[1024:]
+    folder = run_folder(pytester.path / "reports")
+    report = (folder / "report.md").read_text()
+    assert "## Reuse: questions on a cached prefix" in report
+    assert "| 1Ki | 256 | 2 |" in report  # the warm row: its suffix and follow-ups
+    assert "| 1Ki | 2 |" in report  # the TTFT per question over 1..2 questions
+    assert "Reuse: questions on a cached prefix" in (folder / "report.html").read_text()
+    assert (folder / "reuse.png").is_file()
+    groups = [b["group"] for b in json.loads((folder / "benchmark.json").read_text())["benchmarks"]]
+    assert groups == ["longctx", "longctx-warm", "longctx-warm"]
+    assert "reuse: questions on a cached prefix" in result.stdout.str()
 
 
 def test_a_follow_up_the_cache_served_in_part_fails_with_the_numbers(session) -> None:  # noqa: ANN001
@@ -344,3 +355,18 @@ def test_the_gate_compares_warm_points_with_warm_baseline_points_only() -> None:
     against_cold = compare(cold_only, _session("now", cold=1.0, warm=0.9)).for_length(4096)
     assert against_cold is not None and against_cold.status == "ok"
     assert {v.metric for v in against_cold.verdicts} == {"ttft"}
+
+
+def test_the_gate_section_shows_warm_ttft_only_for_runs_with_warm_points() -> None:
+    from pytest_longctx.reporting import gate_report
+
+    baseline = _session("base", cold=1.0, warm=0.1)
+    view = gate_report.build_view(baseline, _session("now", cold=1.0, warm=0.2))
+    assert view.metric_names == ("ttft", "decode", "itl", "warm_ttft")
+    row = view.rows[0]
+    assert row.metrics["ttft"].current is not None and row.metrics["ttft"].current.n == 2
+    assert row.metrics["warm_ttft"].current is not None
+    assert row.metrics["warm_ttft"].current.mean == pytest.approx(0.2)
+    assert "Warm TTFT now (s)" in gate_report.table_header(view)
+    cold = [r for r in baseline if not r.warm]
+    assert gate_report.build_view(cold, cold).metric_names == ("ttft", "decode", "itl")
