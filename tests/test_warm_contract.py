@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import pytest
 from fake_vllm import FakeVLLM
 from longctx_testing import SWEEP_TEST, records_of, run_folder
-from test_distributed import FakeNode
+from test_distributed import schedule_on_two
 
 from pytest_longctx.core.records import Record
 from pytest_longctx.measure.cache_state import ServerCache, judge_warm, required_tokens
@@ -285,18 +285,11 @@ def test_a_cold_point_and_its_follow_ups_go_to_one_worker_together(
 ) -> None:
     pytester.makepyfile(test_sweep=SWEEP_TEST)
     config = pytester.parseconfigure("--tx=2*popen", "--longctx-to=4Ki", WARM)
-    from pytest_longctx.session.scheduling import LongestFirstScheduling
     from pytest_longctx.session.sweep_session import PREPARED_KEY
 
     run = config.stash[PREPARED_KEY].run
     collection = [f"test_sweep.py::test_prefill_decode[{p.id}]" for p in run.plan.points]
-    scheduler = LongestFirstScheduling(config, None, run)
-    handed_out: list[int] = []
-    a, b = FakeNode("gw0", handed_out), FakeNode("gw1", handed_out)
-    for node in (a, b):
-        scheduler.add_node(node)
-        scheduler.add_node_collection(node, collection)
-    scheduler.schedule()
+    scheduler, a, b, handed_out = schedule_on_two(config, run, collection)
 
     def names(indices: list[int]) -> list[str]:
         return [collection[i].split("[")[-1].rstrip("]") for i in indices]
