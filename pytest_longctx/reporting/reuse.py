@@ -253,7 +253,7 @@ def draw_reuse_plot(records: Sequence[Record], run_dir: Path) -> Path | None:
         axes.errorbar(
             [r.length for r in cold],
             [r.cold.mean for r in cold if r.cold],
-            yerr=[r.cold.std for r in cold if r.cold],
+            yerr=[(r.cold.std or 0.0) for r in cold if r.cold],
             marker="o",
             markersize=4,
             capsize=3,
@@ -263,7 +263,7 @@ def draw_reuse_plot(records: Sequence[Record], run_dir: Path) -> Path | None:
     axes.errorbar(
         [r.length for r in rows],
         [r.warm.mean for r in rows],
-        yerr=[r.warm.std for r in rows],
+        yerr=[r.warm.std or 0.0 for r in rows],
         marker="s",
         markersize=4,
         capsize=3,
