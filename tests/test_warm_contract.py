@@ -363,3 +363,27 @@ def test_the_gate_section_shows_warm_ttft_only_for_runs_with_warm_points() -> No
     assert "Warm TTFT now (s)" in gate_report.table_header(view)
     cold = [r for r in baseline if not r.warm]
     assert gate_report.build_view(cold, cold).metric_names == ("ttft", "decode", "itl")
+
+
+def test_an_attached_servers_limit_counts_the_suffix(session, fake_vllm) -> None:  # noqa: ANN001
+    fake_vllm.configure(max_model_len=1100)  # /v1/models says so from the start
+    result, records = session("-m", "len==1Ki", WARM, "--longctx-warm-questions=1", warm=1024)
+    result.assert_outcomes(passed=1, failed=1)
+    assert (
+        "serves at most 1100 tokens (max_model_len); this point needs 1024 + 256 suffix + 8 "
+        "decode" in records[1].reason
+    )
+
+
+def test_the_progress_line_says_a_point_is_warm() -> None:
+    from pytest_longctx.progress.state import PREFILL, ProgressState
+
+    state = ProgressState(
+        "run", PREFILL, length=16384, repeat=0, question=2, index=7, of=8, elapsed_s=0.2
+    )
+    line = state.line()
+    assert line.startswith("longctx 16Ki rep 0 warm 2 [7/8] | ")
+    assert "warm: prefix cached, prefilling the new tokens" in line
+    assert "prefilled" not in line  # the cold point's KV-gauge count does not apply
+    cold = ProgressState("run", PREFILL, length=16384, repeat=0, prefilled=4096, elapsed_s=1.0)
+    assert "warm" not in cold.line() and "4,096/16,384 prefilled" in cold.line()
