@@ -387,3 +387,30 @@ def test_the_progress_line_says_a_point_is_warm() -> None:
     assert "prefilled" not in line  # the cold point's KV-gauge count does not apply
     cold = ProgressState("run", PREFILL, length=16384, repeat=0, prefilled=4096, elapsed_s=1.0)
     assert "warm" not in cold.line() and "4,096/16,384 prefilled" in cold.line()
+
+
+def test_under_xdist_each_follow_up_runs_on_its_cold_points_server(
+    pytester: pytest.Pytester,
+) -> None:
+    """Two servers that cache prefixes as vLLM does: a follow-up sent to the other server
+    would find nothing cached there and have to send its prefix itself."""
+    from fake_vllm import Behaviour
+
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    output = pytester.path / "reports"
+    behaviour = Behaviour(prefix_cache=True, token_delay_s=0.004)
+    with FakeVLLM(behaviour) as one, FakeVLLM(behaviour) as two:
+        result = pytester.runpytest_subprocess(
+            "-p", "no:cacheprovider", "-n", "2", f"--longctx-url={one.url},{two.url}",
+            f"--longctx-output={output}", "--longctx-decode-tokens=8", "--longctx-to=4Ki",
+            WARM, "--longctx-warm-questions=2", "--longctx-progress=off",
+        )  # fmt: skip
+    result.assert_outcomes(passed=9)
+    records = records_of(output)
+    server = {(r.length, r.question): r.fingerprint["server"]["endpoint"] for r in records}
+    assert len(set(server.values())) == 2  # both servers measured
+    for record in records:
+        assert server[(record.length, record.question)] == server[(record.length, 0)]
+        if record.warm:
+            assert "prefix_sent_by" not in record.cache  # its cold point's prefix was there
+            assert record.cache["served"] == record.length
