@@ -323,6 +323,12 @@ def _header_lines(records: Sequence[Record]) -> list[str]:
     return lines
 
 
+def point_words(record: Record) -> str:
+    """``16Ki repeat 0``, or ``16Ki repeat 0 warm 2`` for a warm follow-up."""
+    warm = f" warm {record.question}" if record.warm else ""
+    return f"{format_size(record.length)} repeat {record.repeat}{warm}"
+
+
 def non_passed_records(records: Iterable[Record]) -> list[Record]:
     """The current non-passed points (re-measured ones excluded), by length then repeat."""
     return sorted(
@@ -336,9 +342,7 @@ def _non_passed_lines(records: Sequence[Record]) -> list[str]:
     if not failures:
         return ["Every recorded point passed."]
     return [
-        f"- {format_size(record.length)} repeat {record.repeat}"
-        + (f" warm {record.question}" if record.warm else "")
-        + f" (run `{record.run_id}`): "
+        f"- {point_words(record)} (run `{record.run_id}`): "
         f"**{record.outcome}**: {one_line(record.reason)}"
         for record in failures
     ]
