@@ -167,7 +167,7 @@ def test_follow_ups_reuse_the_cold_prompt_exactly_and_pass_when_it_was_served(
     assert "| 1Ki | 2 |" in report  # the TTFT per question over 1..2 questions
     page = (folder / "report.html").read_text()
     assert "Reuse: questions on a cached prefix" in page
-X
+    assert "--&gt;0 warm 1&lt;" in page  # pytest-html's row of the follow-up says it is warm
     assert (folder / "reuse.png").is_file()
     groups = [b["group"] for b in json.loads((folder / "benchmark.json").read_text())["benchmarks"]]
     assert groups == ["longctx", "longctx-warm", "longctx-warm"]
