@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 from fake_vllm import FakeVLLM
-from longctx_testing import SWEEP_TEST, records_of, run_folder
+from longctx_testing import SWEEP_TEST, fake_session_args, records_of, run_folder
 from test_distributed import schedule_on_two
 
 from pytest_longctx.core.records import Record
@@ -117,11 +117,7 @@ def session(pytester: pytest.Pytester, fake_vllm: FakeVLLM):  # noqa: ANN201
         # decoded at a pace the stream check can tell from the client's own overhead
         changes.setdefault("token_delay_s", 0.004)
         result = pytester.runpytest(
-            "-p",
-            "no:cacheprovider",
-            f"--longctx-url={fake_vllm.url}",
-            f"--longctx-output={output}",
-            "--longctx-decode-tokens=8",
+            *fake_session_args(fake_vllm.url, output),
             "--longctx-progress=off",
             *args,
             plugins=[_HitsPerItem(fake_vllm, warm, changes)],
