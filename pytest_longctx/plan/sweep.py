@@ -71,11 +71,6 @@ class Point:
         """The point a record is of."""
         return cls(record.length, record.repeat, record.question, record.suffix_tokens)
 
-    def describe(self) -> str:
-        """How progress lines name it: ``16Ki rep 0`` or ``16Ki rep 0 warm 1/3``."""
-        text = f"{format_size(self.length)} rep {self.repeat}"
-        return f"{text} warm {self.question}" if self.warm else text
-
 
 @dataclass(frozen=True)
 class SweepPlan:
