@@ -65,7 +65,10 @@ def pytest_load_initial_conftests(
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "longctx(len, rep): a sweep point (prompt length, pass)")
+    config.addinivalue_line(
+        "markers",
+        "longctx(len, rep[, warm]): a sweep point (prompt length, pass, follow-up question)",
+    )
     config.addinivalue_line(
         "markers", f"{WARM_MARK}: a warm follow-up on a cold point's cached prefix"
     )
