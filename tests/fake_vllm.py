@@ -90,6 +90,14 @@ class Behaviour:
     token_text: str = " tok"
     block_size: int = 128
     num_gpu_blocks: int = 16_384
+    #: ``enable_prefix_caching`` in ``vllm:cache_config_info``.
+    prefix_caching: bool = True
+    #: ``cache_hit_alignment_tokens`` in ``vllm:cache_config_info`` (None: the label absent).
+    cache_hit_alignment_tokens: int | None = None
+    #: Serve id prompts from a prefix cache as vLLM does: the longest prefix shared with an
+    #: earlier prompt, in whole blocks, short of the last token (``cached_prompt_tokens``
+    #: then comes from it).
+    prefix_cache: bool = False
     #: Prompt tokens prefilled per step: during ``first_token_delay_s`` the KV usage gauge
     #: rises chunk by chunk, as vLLM's does with chunked prefill.
     prefill_chunk_tokens: int = 2048
@@ -168,6 +176,8 @@ class FakeVLLM:
         self.behaviour = behaviour or Behaviour()
         self.requests: list[ReceivedRequest] = []
         self.streams: list[StreamTimes] = []
+        #: Id prompts seen, for ``Behaviour.prefix_cache``.
+        self.cached_prompts: list[list[int]] = []
         self.totals = _Totals()
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -216,6 +226,20 @@ class FakeVLLM:
     def record(self, request: ReceivedRequest) -> None:
         with self._lock:
             self.requests.append(request)
+
+    def prefix_hit(self, prompt: list[int], block: int) -> int:
+        """Tokens of ``prompt`` an earlier prompt's whole blocks cover; then remember it."""
+        with self._lock:
+            best = 0
+            for earlier in self.cached_prompts:
+                shared = 0
+                for a, b in zip(earlier, prompt, strict=False):
+                    if a != b:
+                        break
+                    shared += 1
+                best = max(best, shared)
+            self.cached_prompts.append(list(prompt))
+        return min(best, len(prompt) - 1) // block * block
 
     def record_stream(self, times: StreamTimes) -> None:
         with self._lock:
@@ -462,6 +486,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             self.close_connection = True
             return
+        if behaviour.prefix_cache and isinstance(prompt, list):
+            hit = self.fake.prefix_hit(prompt, behaviour.block_size)
+            behaviour = replace(behaviour, cached_prompt_tokens=hit)
         total = behaviour.tokens
         if total is None:
             total = max(0, min(max_tokens, behaviour.max_model_len - prompt_tokens))
@@ -808,10 +835,12 @@ def _exposition(behaviour: Behaviour, totals: _Totals, kv_usage: float = 0.0) ->
     lines.append("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig")
     lines.append("# TYPE vllm:cache_config_info gauge")
     size_tokens = behaviour.block_size * behaviour.num_gpu_blocks
+    alignment = behaviour.cache_hit_alignment_tokens
     lines.append(
         f'vllm:cache_config_info{{block_size="{behaviour.block_size}",cache_dtype="auto",'
-        f'enable_prefix_caching="True",engine="0",kv_cache_size_tokens="{size_tokens}",'
-        f'num_gpu_blocks="{behaviour.num_gpu_blocks}"}} 1.0'
+        + (f'cache_hit_alignment_tokens="{alignment}",' if alignment is not None else "")
+        + f'enable_prefix_caching="{behaviour.prefix_caching}",engine="0",'
+        f'kv_cache_size_tokens="{size_tokens}",num_gpu_blocks="{behaviour.num_gpu_blocks}"}} 1.0'
     )
     return "\n".join(lines) + "\n"
 

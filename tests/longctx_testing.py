@@ -74,6 +74,17 @@ def raw_lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def fake_session_args(url: str, output: Path) -> list[str]:
+    """A sub-session attached to a fake server, writing under ``output``, with a short decode."""
+    return [
+        "-p",
+        "no:cacheprovider",
+        f"--longctx-url={url}",
+        f"--longctx-output={output}",
+        "--longctx-decode-tokens=8",
+    ]
+
+
 def run_session(pytester, *args: str, url: str | None = None, timeout: float = 600):  # noqa: ANN001, ANN201
     """A pytest session in its own process, as a user runs one, writing under ``reports/``.
 

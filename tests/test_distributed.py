@@ -135,15 +135,11 @@ class FakeNode:
         self.shutting_down = True
 
 
-def test_the_longest_points_go_first_to_every_worker(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(test_sweep=SWEEP_TEST)
-    config = pytester.parseconfigure("--tx=2*popen", "--longctx-repeats=2")
+def schedule_on_two(config, run, collection: list[str]):  # noqa: ANN001, ANN201
+    """The sweep's scheduler over two fake workers that collected ``collection``, scheduled:
+    (scheduler, worker a, worker b, every index handed out in order)."""
     from pytest_longctx.session.scheduling import LongestFirstScheduling
-    from pytest_longctx.session.sweep_session import PREPARED_KEY
 
-    run = config.stash[PREPARED_KEY].run
-    collection = ["test_sweep.py::test_regression[len=1Ki]", "test_other.py::test_unrelated"]
-    collection += [f"test_sweep.py::test_prefill_decode[{p.id}]" for p in run.plan.points]
     scheduler = LongestFirstScheduling(config, None, run)
     handed_out: list[int] = []
     a, b = FakeNode("gw0", handed_out), FakeNode("gw1", handed_out)
@@ -151,6 +147,18 @@ def test_the_longest_points_go_first_to_every_worker(pytester: pytest.Pytester) 
         scheduler.add_node(node)
         scheduler.add_node_collection(node, collection)
     scheduler.schedule()
+    return scheduler, a, b, handed_out
+
+
+def test_the_longest_points_go_first_to_every_worker(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    config = pytester.parseconfigure("--tx=2*popen", "--longctx-repeats=2")
+    from pytest_longctx.session.sweep_session import PREPARED_KEY
+
+    run = config.stash[PREPARED_KEY].run
+    collection = ["test_sweep.py::test_regression[len=1Ki]", "test_other.py::test_unrelated"]
+    collection += [f"test_sweep.py::test_prefill_decode[{p.id}]" for p in run.plan.points]
+    scheduler, a, b, handed_out = schedule_on_two(config, run, collection)
 
     def names(indices: list[int]) -> list[str]:
         return [collection[i].split("[")[-1].rstrip("]") for i in indices]

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from fake_vllm import FakeVLLM
-from longctx_testing import SWEEP_TEST, records_of, run_folder
+from longctx_testing import SWEEP_TEST, fake_session_args, records_of, run_folder
 
 
 @pytest.fixture
@@ -24,13 +24,7 @@ def session(pytester: pytest.Pytester, fake_vllm: FakeVLLM):  # noqa: ANN201
         # the warm-up prompts (sent after "ready") see the faultless server
         plugin = _WarmUpFirst(fake_vllm, changes)
         result = pytester.runpytest(
-            "-p",
-            "no:cacheprovider",
-            f"--longctx-url={fake_vllm.url}",
-            f"--longctx-output={output}",
-            "--longctx-decode-tokens=8",
-            *args,
-            plugins=[plugin],
+            *fake_session_args(fake_vllm.url, output), *args, plugins=[plugin]
         )
         return result, records_of(output)
 

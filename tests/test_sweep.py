@@ -1,13 +1,17 @@
 """The long-context sweep: one item per (length, repeat): ``test_prefill_decode[len=1Ki-rep=0]``.
 
-Select lengths like any tests: ``pytest -m "len<=1Mi"``, ``pytest --longctx-to=64Mi
---longctx-repeats=3``. Each item measures one cold prefill (TTFT) and a fixed-length decode.
+Shipped with the plugin, so any project runs it with no copied file:
+``pytest --pyargs pytest_longctx.suite --longctx-url=http://127.0.0.1:8000`` against your own
+server, or with no URL against the embedded default. Select lengths like any tests:
+``-m "len<=1Mi"``, ``--longctx-to=64Mi --longctx-repeats=3``. Each item measures one cold
+prefill (TTFT) and a fixed-length decode; with ``--longctx-workload=cold,warm`` each cold point
+is followed by questions on its prefix (``[len=1Ki-rep=0-warm=1]``), served from the cache.
 """
 
 
 def test_prefill_decode(longctx_point, longctx_prompt, longctx_measure):
     """What makes a point's figures true: the whole contract, in one place."""
-    length = longctx_point.length
+    length = longctx_point.prompt_tokens  # a warm point's: its cold prefix and new suffix
     result = longctx_measure(longctx_prompt)
 
     # Exact: the server read exactly the point's prompt ...
@@ -16,11 +20,16 @@ def test_prefill_decode(longctx_point, longctx_prompt, longctx_measure):
     )
     # ... and generated exactly the decode length (vLLM clamps it silently at max_model_len).
     assert result.completion_tokens == result.requested_tokens, result.completion_problem()
-    # Cold: its prefix cache served none of the prompt (usage and /metrics both say so).
-    assert not result.cached_prompt_tokens, (
-        f"the server's prefix cache served {result.cached_prompt_tokens} of {length} prompt "
-        "tokens: this is not a cold prefill"
-    )
+    if longctx_point.warm:
+        # Warm: the cache served the cold point's whole prefix (to the cache's alignment, by
+        # usage and /metrics alike), or the message says how much and why not (evicted).
+        assert result.cache_problem is None, result.cache_problem
+    else:
+        # Cold: its prefix cache served none of the prompt (usage and /metrics both say so).
+        assert not result.cached_prompt_tokens, (
+            f"the server's prefix cache served {result.cached_prompt_tokens} of {length} prompt "
+            "tokens: this is not a cold prefill"
+        )
     # Alone: nobody else's request ran on the server while this one was timed (None only
     # with --longctx-allow-unverified, when the server's counters cannot be read).
     assert result.server_requests in (1, None), (

@@ -92,12 +92,30 @@ class Record:
     #: How the stream was chunked (tokens per chunk, their source, the stream interval) and
     #: whether it agreed with the server's decode (measure/agreement.py).
     stream: Mapping[str, Any] = field(default_factory=dict)
+    #: ``cold`` (a prefill no cache served) or ``warm`` (a follow-up on a cold point's prefix).
+    cache_state: str = "cold"
+    #: What the server served from its prefix cache; for a warm point also which question it
+    #: is, its prefix and suffix tokens, the tokens the contract required and the alignment.
+    cache: Mapping[str, Any] = field(default_factory=dict)
     started_at: float | None = None  # unix seconds
     finished_at: float | None = None
     schema_version: int = SCHEMA_VERSION
 
     def figure(self, name: str) -> float | None:
         return self.figures.get(name)
+
+    @property
+    def question(self) -> int:
+        """0 for a cold point, 1..Q for its warm follow-ups."""
+        return int(self.cache.get("question") or 0)
+
+    @property
+    def suffix_tokens(self) -> int:
+        return int(self.cache.get("suffix_tokens") or 0)
+
+    @property
+    def warm(self) -> bool:
+        return self.cache_state == "warm"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -117,6 +135,8 @@ class Record:
             "server_metrics": dict(self.server_metrics),
             "fingerprint": dict(self.fingerprint),
             "stream": dict(self.stream),
+            "cache_state": self.cache_state,
+            "cache": dict(self.cache),
             "started_at": self.started_at,
             "finished_at": self.finished_at,
         }
@@ -141,6 +161,8 @@ class Record:
             server_metrics=dict(data.get("server_metrics") or {}),
             fingerprint=dict(data.get("fingerprint") or {}),
             stream=dict(data.get("stream") or {}),
+            cache_state=str(data.get("cache_state") or "cold"),
+            cache=dict(data.get("cache") or {}),
             started_at=data.get("started_at"),
             finished_at=data.get("finished_at"),
         )

@@ -115,24 +115,28 @@ def summarize_values(name: str, values: Sequence[float]) -> FigureSummary:
 
 
 def latest_records(records: Iterable[Record]) -> list[Record]:
-    """One record per (run_id, length, repeat): the last one written.
+    """One record per (run_id, length, repeat, question): the last one written.
 
     A resumed run re-measures a point that failed or never finished; its newer line is the
-    answer for that point, the older one is history.
+    answer for that point, the older one is history. A warm follow-up is a point of its own.
     """
-    latest: dict[tuple[str, int, int], tuple[int, Record]] = {}
+    latest: dict[tuple[str, int, int, int], tuple[int, Record]] = {}
     for position, record in enumerate(records):
-        latest[(record.run_id, record.length, record.repeat)] = (position, record)
+        key = (record.run_id, record.length, record.repeat, record.question)
+        latest[key] = (position, record)
     return [record for _, record in sorted(latest.values(), key=lambda item: item[0])]
 
 
 def summarize(
-    records: Iterable[Record], figures: Sequence[str] = DEFAULT_FIGURES
+    records: Iterable[Record], figures: Sequence[str] = DEFAULT_FIGURES, cache_state: str = "cold"
 ) -> list[LengthSummary]:
-    """Per-length summaries sorted by length; repeats of every run count as one sample."""
+    """Per-length summaries sorted by length; repeats of every run count as one sample.
+
+    Only points of one ``cache_state``: a warm follow-up's TTFT is not a cold prefill's."""
     by_length: dict[int, list[Record]] = {}
     for record in latest_records(records):
-        by_length.setdefault(record.length, []).append(record)
+        if record.cache_state == cache_state:
+            by_length.setdefault(record.length, []).append(record)
 
     summaries = []
     for length in sorted(by_length):

@@ -112,7 +112,8 @@ def calibrate(records: Iterable[Record], level: float = DEFAULT_LEVEL) -> Calibr
     rows = []
     for length, group in sorted(_passed_by_length(passed).items()):
         for metric in METRICS.values():
-            groups = _session_values(group, metric.figure)
+            state = [r for r in group if r.cache_state == metric.cache_state]
+            groups = _session_values(state, metric.figure)
             if len(groups) < 2:
                 continue
             means = [_mean(values) for values in groups]

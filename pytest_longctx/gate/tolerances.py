@@ -23,6 +23,11 @@ class Metric:
     default_tolerance_pct: float
     worse_verb: str
     better_verb: str
+    #: Which points it reads: cold prefills, or warm follow-ups (gated only against the
+    #: baseline's warm points, never against cold ones).
+    cache_state: str = "cold"
+    #: The metric whose tolerance it takes unless a spec sets its own (warm TTFT: TTFT's).
+    falls_back_to: str | None = None
 
     @property
     def unit(self) -> str:
@@ -37,11 +42,16 @@ METRICS: Mapping[str, Metric] = {
         Metric("ttft", "ttft", "TTFT", True, 10.0, "regressed", "improved"),
         Metric("decode", "decode_throughput", "decode throughput", False, 5.0, "fell", "rose"),
         Metric("itl", "itl_median", "median inter-token latency", True, 10.0, "rose", "fell"),
+        Metric(
+            "warm_ttft", "ttft", "warm TTFT", True, 10.0, "regressed", "improved", "warm", "ttft"
+        ),
     )
 }
 
 DEFAULT_TOLERANCES: Mapping[str, float] = {
-    name: metric.default_tolerance_pct for name, metric in METRICS.items()
+    name: metric.default_tolerance_pct
+    for name, metric in METRICS.items()
+    if metric.falls_back_to is None
 }
 
 
@@ -80,11 +90,18 @@ class Tolerances:
         override = self.per_length.get(length, {})
         if metric in override:
             return override[metric]
+        fallback = METRICS[metric].falls_back_to if metric in METRICS else None
+        if metric not in self.default and fallback is not None:
+            return self.for_metric(fallback, length)
         return self.default.get(metric)
 
     def describe(self) -> str:
         """The spec back as text (parses to an equal value), for report headers."""
-        parts = [f"{name}={_format_tolerance(self.default.get(name))}" for name in METRICS]
+        parts = [
+            f"{name}={_format_tolerance(self.default.get(name))}"
+            for name in METRICS
+            if name in self.default
+        ]
         for length in sorted(self.per_length):
             for name, value in self.per_length[length].items():
                 parts.append(f"{format_size(length)}:{name}={_format_tolerance(value)}")

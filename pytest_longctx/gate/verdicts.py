@@ -317,6 +317,10 @@ def _judge_metric(
     tolerance: float,
     level: float = DEFAULT_LEVEL,
 ) -> MetricVerdict | None:
+    baseline_records = [r for r in baseline_records if r.cache_state == metric.cache_state]
+    current_records = [r for r in current_records if r.cache_state == metric.cache_state]
+    if metric.cache_state != "cold" and not (baseline_records and current_records):
+        return None  # warm points are gated only where both sides measured them
     before_groups = _session_values(baseline_records, metric.figure)
     after_values = _figure_values(current_records, metric.figure)
     if not before_groups and not after_values:

@@ -23,7 +23,9 @@ from pytest_longctx.client import (
 )
 from pytest_longctx.core.records import Record
 from pytest_longctx.measure.agreement import DEFAULT_STREAM_TOLERANCE, judge_stream
+from pytest_longctx.measure.cache_state import ServerCache, caching_off_reason, judge_warm
 from pytest_longctx.measure.server_metrics import (
+    CACHE_CONFIG_INFO,
     ExpositionError,
     MetricsSnapshot,
     ServerSideView,
@@ -76,6 +78,12 @@ class PointMeasurement:
     #: the server's own); None when they agree, cannot be checked, or the point was kept
     #: with the server's figure (--longctx-allow-bursts).
     stream_problem: str | None = None
+    #: What the prefix cache served (the record's ``cache``): for a warm point the prefix, the
+    #: tokens required and each source's figure (cache_state.py).
+    cache: dict[str, Any] = field(default_factory=dict)
+    #: Why a warm point is not warm ("not warm: the cache served 12,288 of 16,384 prefix
+    #: tokens ..."); None for a cold point, a warm one that is, or one that cannot be checked.
+    cache_problem: str | None = None
 
     def completion_problem(self) -> str:
         """Why the completion count is off, in the words a user can act on."""
@@ -126,6 +134,7 @@ class PointMeasurement:
             cached_prompt_tokens=_cached_tokens(dict(record.server_metrics)),
             server_requests=_whole(record.server_metrics.get("requests")),
             stream=dict(record.stream),
+            cache=dict(record.cache),
         )
 
 
@@ -178,6 +187,10 @@ class PointSettings:
     stream_tolerance: float = DEFAULT_STREAM_TOLERANCE
     #: Keep a point whose stream disagrees, with the server's decode figure.
     allow_bursts: bool = False
+    #: A warm follow-up's prefix: its cold point's length (0: a cold point).
+    prefix_tokens: int = 0
+    #: Seconds since this server last computed that prefix; None when it never did.
+    prefix_sent_s_ago: float | None = None
 
 
 def measure_point(
@@ -203,10 +216,12 @@ def measure_point(
     except ServerError as exc:
         raise PointFailure(str(exc)) from None
     decode_tokens = settings.decode_tokens
-    if server.max_model_len is not None and point.length + decode_tokens > server.max_model_len:
+    needed = point.prompt_tokens + decode_tokens
+    if server.max_model_len is not None and needed > server.max_model_len:
+        suffix = f" + {point.suffix} suffix" if point.suffix else ""
         raise PointFailure(
             f"the server at {server.base_url} serves at most {server.max_model_len} tokens "
-            f"(max_model_len); this point needs {point.length} + {decode_tokens} decode"
+            f"(max_model_len); this point needs {point.length}{suffix} + {decode_tokens} decode"
         )
     request = CompletionRequest(
         model=server.model_name,
@@ -214,6 +229,13 @@ def measure_point(
         decode_tokens=decode_tokens,
     )
     before, why_not = _snapshot(client)
+    server_cache = ServerCache.from_labels(
+        before.labels_of(CACHE_CONFIG_INFO) if before is not None else None
+    )
+    if settings.prefix_tokens:
+        refused = caching_off_reason(server_cache)
+        if refused is not None:
+            raise PointFailure(refused)
     if watch is not None:
         watch.start()
     try:
@@ -245,6 +267,13 @@ def measure_point(
     cached = _cached_tokens(server_view)
     requests = _whole(view.requests) if view is not None else None
     stream_figures, stream_info, stream_problem = _stream_check(stream, server_view, settings)
+    cache_problem = None
+    cache_entries: dict[str, Any] = {"served": cached}
+    if settings.prefix_tokens:
+        verdict = judge_warm(
+            settings.prefix_tokens, server_view, server_cache, settings.prefix_sent_s_ago
+        )
+        cache_entries, cache_problem = verdict.record(server_cache), verdict.problem
     result = PointMeasurement(
         length=point.length,
         requested_tokens=decode_tokens,
@@ -262,6 +291,8 @@ def measure_point(
         ),
         stream=stream_info,
         stream_problem=stream_problem,
+        cache=cache_entries,
+        cache_problem=cache_problem,
     )
     if not settings.allow_unverified:
         problem = why_not or why_not_after

@@ -176,7 +176,7 @@ def check_points(plan: SweepPlan, lengths: Sequence[int]) -> dict[int, capacity.
     return {
         fit.length: fit
         for fit in capacity.capacity_table(
-            layout, hardware, lengths, plan.decode_tokens, overhead_bytes_per_rank=reserve
+            layout, hardware, lengths, plan.tokens_after_prefix, overhead_bytes_per_rank=reserve
         )
     }
 
@@ -189,7 +189,7 @@ def render_table(plan: SweepPlan, lengths: Sequence[int]) -> str:
     hardware = hardware_for(profile)
     reserve = profile.hardware.reserve_per_device
     rows = capacity.capacity_table(
-        layout, hardware, lengths, plan.decode_tokens, overhead_bytes_per_rank=reserve
+        layout, hardware, lengths, plan.tokens_after_prefix, overhead_bytes_per_rank=reserve
     )
     lines = ["capacity plan:", capacity.render_capacity_table(rows, layout)]
     if reserve:
@@ -198,7 +198,7 @@ def render_table(plan: SweepPlan, lengths: Sequence[int]) -> str:
             "and workspaces ([hardware] reserve_per_device), counted in every point's need"
         )
     if lengths:
-        tokens = max(lengths) + plan.decode_tokens
+        tokens = max(lengths) + plan.tokens_after_prefix
         lines.append(predicted_capacity(layout, hardware, tokens))
         lines.append(oracle_line(layout, tokens))
     return "\n".join(line for line in lines if line)

@@ -43,6 +43,11 @@ class Settings:
     stream_tolerance: float = 0.5
     #: Keep points whose stream disagrees, with the server's decode figure.
     allow_bursts: bool = False
+    #: What each length measures: ("cold",) or ("cold", "warm") (--longctx-workload).
+    workload: tuple[str, ...] = ("cold",)
+    #: Warm follow-ups per cold point, and the new tokens each appends.
+    warm_questions: int = 3
+    warm_suffix: int = 256
 
     @property
     def url(self) -> str | None:

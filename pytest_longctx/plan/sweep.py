@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size, powers_of_two_between
 from pytest_longctx.plan.settings import Settings
 from pytest_longctx.profiles import Profile
@@ -16,6 +17,15 @@ class PlanError(ValueError):
     """Options that select nothing to measure."""
 
 
+#: The workloads a sweep can measure (``--longctx-workload``): every point's cold prefill, and
+#: follow-up questions on its prefix while the server still caches it.
+COLD, WARM = "cold", "warm"
+WORKLOADS = (COLD, WARM)
+WARM_MARK = "longctx_warm"
+DEFAULT_WARM_QUESTIONS = 3
+DEFAULT_WARM_SUFFIX = 256
+
+
 def max_model_len_for(largest_prompt: int, decode_tokens: int) -> int:
     """vLLM silently clamps prompt + max_tokens beyond the limit, so make room for both."""
     return largest_prompt + decode_tokens
@@ -23,14 +33,43 @@ def max_model_len_for(largest_prompt: int, decode_tokens: int) -> int:
 
 @dataclass(frozen=True, order=True)
 class Point:
-    """One sweep item: a prompt length and which pass over the sweep it belongs to."""
+    """One sweep item: a prompt length and which pass over the sweep it belongs to.
+
+    A warm point (``question`` 1..Q) is a follow-up to the cold point of the same length and
+    repeat: its prompt is that point's ``length`` tokens exactly, then ``suffix`` new ones.
+    """
 
     length: int
     repeat: int
+    question: int = 0
+    suffix: int = 0
+
+    @property
+    def warm(self) -> bool:
+        return self.question > 0
+
+    @property
+    def cache_state(self) -> str:
+        return WARM if self.warm else COLD
+
+    @property
+    def cold(self) -> Point:
+        """The cold point whose prefix a warm point reuses (itself for a cold one)."""
+        return Point(self.length, self.repeat)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.length + self.suffix
 
     @property
     def id(self) -> str:
-        return f"len={format_size(self.length)}-rep={self.repeat}"
+        base = f"len={format_size(self.length)}-rep={self.repeat}"
+        return f"{base}-warm={self.question}" if self.warm else base
+
+    @classmethod
+    def of_record(cls, record: Record) -> Point:
+        """The point a record is of."""
+        return cls(record.length, record.repeat, record.question, record.suffix_tokens)
 
 
 @dataclass(frozen=True)
@@ -40,12 +79,34 @@ class SweepPlan:
     order: str
     profile: Profile
     decode_tokens: int
+    #: Follow-up questions after each cold point (0: the cold workload alone).
+    warm_questions: int = 0
+    #: New tokens each follow-up appends to its cold point's prompt.
+    suffix_tokens: int = 0
+
+    @property
+    def warm(self) -> bool:
+        return self.warm_questions > 0
 
     @property
     def points(self) -> tuple[Point, ...]:
+        """Run order: each cold point, then its warm follow-ups while its prefix is cached."""
         if self.order == "length":
-            return tuple(Point(n, r) for n in self.lengths for r in range(self.repeats))
-        return tuple(Point(n, r) for r in range(self.repeats) for n in self.lengths)
+            cold = [Point(n, r) for n in self.lengths for r in range(self.repeats)]
+        else:
+            cold = [Point(n, r) for r in range(self.repeats) for n in self.lengths]
+        return tuple(p for point in cold for p in (point, *self.follow_ups(point)))
+
+    def follow_ups(self, point: Point) -> tuple[Point, ...]:
+        return tuple(
+            Point(point.length, point.repeat, q, self.suffix_tokens)
+            for q in range(1, self.warm_questions + 1)
+        )
+
+    @property
+    def tokens_after_prefix(self) -> int:
+        """What a request adds to its length-L prefix: a warm suffix, then the decode."""
+        return self.suffix_tokens + self.decode_tokens if self.warm else self.decode_tokens
 
     def band_marks(self, length: int) -> tuple[str, ...]:
         sweep = self.profile.sweep
@@ -58,7 +119,7 @@ class SweepPlan:
     def max_model_len(self, lengths: tuple[int, ...] | None = None) -> int:
         """Sized for the largest point actually selected, not the whole range."""
         largest = max(lengths or self.lengths or (1024,))
-        return max_model_len_for(largest, self.decode_tokens)
+        return max_model_len_for(largest, self.tokens_after_prefix)
 
 
 def build_plan(settings: Settings, profile: Profile) -> SweepPlan:
@@ -78,4 +139,6 @@ def build_plan(settings: Settings, profile: Profile) -> SweepPlan:
         order=settings.order,
         profile=profile,
         decode_tokens=settings.decode_tokens or profile.sweep.decode_tokens,
+        warm_questions=settings.warm_questions if WARM in settings.workload else 0,
+        suffix_tokens=settings.warm_suffix if WARM in settings.workload else 0,
     )

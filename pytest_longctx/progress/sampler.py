@@ -83,6 +83,7 @@ class PointWatch:
         samples_path: Path | None = None,
         clock: Callable[[], float] = time.perf_counter,
         tokens_for_blocks: Callable[[int, int], int] | None = None,
+        question: int = 0,
     ) -> None:
         if interval_s is not None and not interval_s > 0:
             raise ValueError(f"interval_s={interval_s!r}: expected > 0 (None: no sampling)")
@@ -103,7 +104,10 @@ class PointWatch:
         self.stream = StreamProgress()
         self.samples: list[dict[str, Any]] = []
         self.problems: list[str] = []
-        self.predicted_ttft_s = outlook.model.predicted_ttft(length)
+        #: A warm follow-up (1..Q): its prefix is cached, only its suffix is prefilled, so
+        #: the cold TTFT model does not price it.
+        self.question = question
+        self.predicted_ttft_s = None if question else outlook.model.predicted_ttft(length)
         self._baseline_usage: float | None = None
         self._capacity: int | None = None
         self._block: int | None = None
@@ -319,7 +323,11 @@ class PointWatch:
             phase = PREFILL
             prefilled = last.get("prefilled") if last.get("phase") != "before" else 0
             rate = self._prefill_rate(now)
-            to_first = first_token_eta(model.ttft, self.length, elapsed, prefilled, rate)
+            to_first = (
+                None
+                if self.question
+                else first_token_eta(model.ttft, self.length, elapsed, prefilled, rate)
+            )
             decode = model.decode_time(self.length)
             point_eta = None if to_first is None or decode is None else to_first + decode
             decode_rate = None
@@ -340,6 +348,7 @@ class PointWatch:
             phase=phase,
             length=self.length,
             repeat=self.repeat,
+            question=self.question or None,
             index=self.outlook.index,
             of=self.outlook.of,
             elapsed_s=elapsed,

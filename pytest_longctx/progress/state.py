@@ -43,6 +43,8 @@ class ProgressState:
     #: The point being measured (None between points).
     length: int | None = None
     repeat: int | None = None
+    #: A warm follow-up's question (1..Q) on its cold point's cached prefix; None: cold.
+    question: int | None = None
     #: Its 1-based position among the points this session measures, and their count.
     index: int | None = None
     of: int | None = None
@@ -87,7 +89,8 @@ class ProgressState:
         if self.length is None:
             return ""
         where = f" [{self.index}/{self.of}]" if self.index and self.of else ""
-        return f"{format_size(self.length)} rep {self.repeat}{where}"
+        warm = f" warm {self.question}" if self.question else ""
+        return f"{format_size(self.length)} rep {self.repeat}{warm}{where}"
 
     def sweep_words(self) -> str:
         left = len(self.remaining)
@@ -100,14 +103,17 @@ class ProgressState:
             return [self.phase, self.sweep_words()]
         parts = [self.point_label, format_duration(self.elapsed_s)]
         if self.phase == PREFILL:
-            if self.prefilled is not None and self.length:
+            if self.question:
+                parts.append("warm: prefix cached, prefilling the new tokens")
+            elif self.prefilled is not None and self.length:
                 share = 100 * self.prefilled / self.length
                 parts.append(f"~{self.prefilled:,}/{self.length:,} prefilled ({share:.0f}%)")
             else:
                 parts.append("prefilling")
             if self.prefill_rate:
                 parts.append(f"{self.prefill_rate:,.0f} tok/s")
-            parts.append(f"first token in ~{format_duration(self.first_token_eta_s)}")
+            if not self.question:
+                parts.append(f"first token in ~{format_duration(self.first_token_eta_s)}")
         else:
             of = f"/{self.decode_tokens}" if self.decode_tokens else ""
             rate = f" at {self.decode_rate:,.1f} tok/s" if self.decode_rate else ""

@@ -215,6 +215,32 @@ class PromptBuilder:
             self.source.count_as_server(prompt_text) if prompt_text is not None else None,
         )
 
+    def extend(self, prompt: Prompt, suffix_tokens: int, tag: str, nonce: Sequence[int]) -> Prompt:
+        """``prompt``'s ids exactly, then ``suffix_tokens`` new ones: ``nonce``, ``tag``, text.
+
+        A warm follow-up: its prefix is token for token the cold prompt (ids, never text,
+        so nothing re-tokenizes across the join), and its suffix opens with its own nonce, so
+        two follow-ups of one prefix share nothing after it.
+        """
+        if prompt.text is not None:
+            raise PromptError("a follow-up extends token ids; text prompts would re-tokenize")
+        started = time.perf_counter()
+        header = array("I", nonce) + array("I", self.source.encode(f"\n{tag}\n"))
+        if len(header) >= suffix_tokens:
+            raise PromptError(
+                f"the suffix's header alone is {len(header)} tokens, at least {suffix_tokens}"
+            )
+        suffix = self.body(suffix_tokens)[:]
+        suffix[: len(header)] = header
+        ids = prompt.ids + suffix
+        self.verify(ids, prompt.length + suffix_tokens)
+        return Prompt(
+            prompt.length + suffix_tokens,
+            ids,
+            prompt.header_tokens,
+            prompt.build_s + time.perf_counter() - started,
+        )
+
     def verify(self, ids: Sequence[int], length: int) -> None:
         """Before timing: exactly ``length`` ids, all inside the tokenizer's vocabulary."""
         if len(ids) != length:

@@ -30,6 +30,9 @@ from pytest_longctx.core.stats import latest_records
 from pytest_longctx.reporting.markdown import reference_fingerprint
 
 BENCHMARK_GROUP = "longctx"
+#: Warm follow-ups are groups of their own: pytest-benchmark compares within a group, and a
+#: warm TTFT must never be compared with a cold one.
+WARM_GROUP = "longctx-warm"
 DEFAULT_TEST_NAME = "test_prefill_decode"
 
 
@@ -97,6 +100,9 @@ def _round(record: Record, metric: BenchmarkMetric) -> dict[str, Any]:
     return {
         "run_id": record.run_id,
         "repeat": record.repeat,
+        "question": record.question,
+        "cache_state": record.cache_state,
+        "cache": dict(record.cache),
         "nodeid": record.nodeid,
         "seconds": metric.seconds(record.figures[metric.figure]),
         "figures": dict(record.figures),
@@ -109,35 +115,43 @@ def _round(record: Record, metric: BenchmarkMetric) -> dict[str, Any]:
 
 
 def sweep_benchmarks(records: Iterable[Record]) -> list[SweepBenchmark]:
-    """One benchmark per length and metric over the passed repeats, ordered by length.
+    """One benchmark per length, cache state and metric over the passed points, by length.
 
     Repeats of every run count, as in every report: a merged campaign's length has the rounds
     of all its runs. A record superseded by a later one of the same point (a resume) does not.
+    The warm follow-ups of a length (every question of every repeat) are its warm rounds.
     """
     passed = [record for record in latest_records(records) if record.outcome == "passed"]
-    by_length: dict[int, list[Record]] = {}
+    by_length: dict[tuple[int, bool], list[Record]] = {}
     # rounds in the order they were measured
     for record in sorted(passed, key=lambda r: (r.length, r.started_at or 0.0, r.run_id, r.repeat)):
-        by_length.setdefault(record.length, []).append(record)
+        by_length.setdefault((record.length, record.warm), []).append(record)
     benchmarks = []
-    for length, group in by_length.items():
+    for (length, warm), group in sorted(by_length.items()):
         label = format_size(length)
         path = _test_path(group[0])
         for metric in METRICS:
             measured = [r for r in group if r.figures.get(metric.figure, 0) > 0]
             if not measured:
                 continue
-            param = f"len={label}-{metric.name}"
+            state = "-warm" if warm else ""
+            param = f"len={label}{state}-{metric.name}"
+            family = WARM_GROUP if warm else BENCHMARK_GROUP
             benchmarks.append(
                 SweepBenchmark(
                     name=f"{path.rsplit('::', 1)[-1]}[{param}]",
                     fullname=f"{path}[{param}]",
-                    group=f"{BENCHMARK_GROUP} {metric.name} ({metric.unit})",
+                    group=f"{family} {metric.name} ({metric.unit})",
                     param=param,
-                    params={"length": length, "metric": metric.name},
+                    params={
+                        "length": length,
+                        "metric": metric.name,
+                        **({"warm": True} if warm else {}),
+                    },
                     extra_info={
                         "length": length,
                         "length_label": label,
+                        "cache_state": "warm" if warm else "cold",
                         "metric": metric.name,
                         "unit": metric.unit,
                         "figure": metric.figure,

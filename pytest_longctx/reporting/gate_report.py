@@ -90,6 +90,16 @@ class GateView:
     def failing(self) -> tuple[GateRow, ...]:
         return tuple(row for row in self.rows if row.failing)
 
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        """The metrics its table shows: warm TTFT only where a side measured warm points."""
+        return tuple(
+            name
+            for name, metric in gate.METRICS.items()
+            if metric.cache_state == "cold"
+            or any(r.metrics[name].baseline or r.metrics[name].current for r in self.rows)
+        )
+
     def with_plot(self, plot: Path | None) -> GateView:
         return dataclasses.replace(self, plot=plot)
 
@@ -147,8 +157,16 @@ def build_view(
                 MetricRow(judged[name].baseline, judged[name].current, judged[name].status)
                 if name in judged
                 else MetricRow(
-                    _baseline_stats(baseline, length, metric.figure),
-                    _current_stats(current, length, metric.figure),
+                    _baseline_stats(
+                        [r for r in baseline if r.cache_state == metric.cache_state],
+                        length,
+                        metric.figure,
+                    ),
+                    _current_stats(
+                        [r for r in current if r.cache_state == metric.cache_state],
+                        length,
+                        metric.figure,
+                    ),
                     None,
                 )
             )
@@ -223,12 +241,13 @@ def format_change(row: MetricRow) -> str:
 
 
 #: Short column names of the gated metrics.
-_COLUMN_NAMES = {"ttft": "TTFT", "decode": "Decode", "itl": "ITL"}
+_COLUMN_NAMES = {"ttft": "TTFT", "decode": "Decode", "itl": "ITL", "warm_ttft": "Warm TTFT"}
 
 
-def table_header() -> list[str]:
+def table_header(view: GateView) -> list[str]:
     header = ["Length", "Gate"]
-    for name, metric in gate.METRICS.items():
+    for name in view.metric_names:
+        metric = gate.METRICS[name]
         short = _COLUMN_NAMES.get(name, metric.label)
         header += [
             f"{short} baseline ({metric.unit})",
@@ -242,7 +261,7 @@ def table_rows(view: GateView) -> list[list[str]]:
     rows = []
     for row in view.rows:
         cells = [format_size(row.length), STATUS_WORDS.get(row.status, row.status)]
-        for name in gate.METRICS:
+        for name in view.metric_names:
             metric = row.metrics[name]
             cells += [
                 format_stats(metric.baseline, name),
@@ -266,7 +285,7 @@ def markdown_section(view: GateView, report_path: Path | None = None) -> str:
     The chart is linked relative to ``report_path``, the Markdown file it goes into.
     """
     plot_link = markdown_plot_link(view, report_path) if report_path is not None else None
-    header = table_header()
+    header = table_header(view)
     lines = ["## Regression gate", "", f"**{_md(view.headline())}**", ""]
     lines += [_md(view.settings()), ""]
     lines.append("| " + " | ".join(header) + " |")
@@ -328,7 +347,7 @@ _STYLE = """
 
 def html_fragment(view: GateView) -> str:
     """The gate section for pytest-html's summary or the standalone page; self-contained."""
-    head = "".join(f"<th>{html.escape(cell)}</th>" for cell in table_header())
+    head = "".join(f"<th>{html.escape(cell)}</th>" for cell in table_header(view))
     body = []
     for row, cells in zip(view.rows, table_rows(view), strict=True):
         css = ' class="longctx-gate-failing"' if row.failing else ""

@@ -36,12 +36,14 @@ from pytest_longctx.reporting.markdown import (
     header_items,
     non_passed_records,
     one_line,
+    point_words,
     reproduce_items,
     setup_variations,
     summary_rows,
     ttft_decimals,
 )
 from pytest_longctx.reporting.predictions import html_fragment as progress_fragment
+from pytest_longctx.reporting.reuse import html_fragment as reuse_fragment
 
 #: (sort key, header label) of the columns added to pytest-html's results table.
 RESULTS_TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -98,7 +100,11 @@ def table_row_cells(record: Record | None) -> list[str]:
     tokens = record.prompt_tokens
     return [
         _sortable_cell("longctx_length", record.length, format_size(record.length)),
-        _sortable_cell("longctx_repeat", record.repeat, str(record.repeat)),
+        _sortable_cell(
+            "longctx_repeat",
+            record.repeat,
+            f"{record.repeat} warm {record.question}" if record.warm else str(record.repeat),
+        ),
         _sortable_cell("longctx_ttft", ttft, _ttft_text(ttft)),
         _sortable_cell("longctx_decode", decode, f"{decode:,.1f}" if decode is not None else ""),
         _sortable_cell(
@@ -144,7 +150,8 @@ def summary_fragment(records: Iterable[Record], plot_paths: Iterable[Path | None
     return (
         f'<section class="longctx-summary"><style>{_SUMMARY_STYLE}</style>'
         "<h3>Long-context sweep (mean ± sample std over passed repeats)</h3>"
-        f"{table}{''.join(images)}{progress_fragment(records)}</section>"
+        f"{table}{''.join(images)}{reuse_fragment(records)}{progress_fragment(records)}"
+        "</section>"
     )
 
 
@@ -227,7 +234,7 @@ def _non_passed_html(records: Sequence[Record]) -> str:
     if not failures:
         return "<p>Every recorded point passed.</p>"
     items = "".join(
-        f"<li>{html.escape(format_size(r.length))} repeat {r.repeat} "
+        f"<li>{html.escape(point_words(r))} "
         f"(run <code>{html.escape(r.run_id)}</code>): <b>{html.escape(r.outcome)}</b>: "
         f"{html.escape(one_line(r.reason))}</li>"
         for r in failures
@@ -270,7 +277,9 @@ def standalone_page(
     records = list(records)
     escaped_title = html.escape(title)
     if records:
-        points = sorted(latest_records(records), key=lambda r: (r.length, r.run_id, r.repeat))
+        points = sorted(
+            latest_records(records), key=lambda r: (r.length, r.run_id, r.repeat, r.question)
+        )
         body = (
             _header_html(records)
             + summary_fragment(records, plot_paths)

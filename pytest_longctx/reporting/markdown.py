@@ -29,7 +29,9 @@ from pytest_longctx.core.stats import (
 from pytest_longctx.gate.fingerprint import hardware_identity
 from pytest_longctx.reporting.kv_plot import kv_plot_note
 from pytest_longctx.reporting.predictions import markdown_lines as progress_lines
+from pytest_longctx.reporting.reuse import markdown_lines as reuse_lines
 from pytest_longctx.reporting.streaming import stream_items
+from pytest_longctx.reporting.text_table import aligned_table
 
 DEFAULT_TITLE = "Long-context sweep"
 
@@ -325,11 +327,17 @@ def _header_lines(records: Sequence[Record]) -> list[str]:
     return lines
 
 
+def point_words(record: Record) -> str:
+    """``16Ki repeat 0``, or ``16Ki repeat 0 warm 2`` for a warm follow-up."""
+    warm = f" warm {record.question}" if record.warm else ""
+    return f"{format_size(record.length)} repeat {record.repeat}{warm}"
+
+
 def non_passed_records(records: Iterable[Record]) -> list[Record]:
     """The current non-passed points (re-measured ones excluded), by length then repeat."""
     return sorted(
         (record for record in latest_records(records) if record.outcome != "passed"),
-        key=lambda record: (record.length, record.run_id, record.repeat),
+        key=lambda record: (record.length, record.run_id, record.repeat, record.question),
     )
 
 
@@ -338,7 +346,7 @@ def _non_passed_lines(records: Sequence[Record]) -> list[str]:
     if not failures:
         return ["Every recorded point passed."]
     return [
-        f"- {format_size(record.length)} repeat {record.repeat} (run `{record.run_id}`): "
+        f"- {point_words(record)} (run `{record.run_id}`): "
         f"**{record.outcome}**: {one_line(record.reason)}"
         for record in failures
     ]
@@ -386,6 +394,7 @@ def render_markdown(
     note = kv_plot_note(records)
     if note:
         lines += [note, ""]
+    lines += reuse_lines(records)
     for section in sections:
         lines += [section.rstrip("\n"), ""]
     lines += progress_lines(records)
@@ -420,16 +429,4 @@ def write_markdown(
 
 def render_terminal_table(records: Iterable[Record]) -> str:
     """The results table with aligned plain-text columns, for the end-of-session summary."""
-    rows = summary_rows(records)
-    table = [list(TABLE_COLUMNS), *rows]
-    widths = [max(len(row[index]) for row in table) for index in range(len(TABLE_COLUMNS))]
-
-    def line(cells: Sequence[str]) -> str:
-        padded = [
-            cell.ljust(width) if column in _TEXT_COLUMNS else cell.rjust(width)
-            for cell, width, column in zip(cells, widths, TABLE_COLUMNS, strict=True)
-        ]
-        return "  ".join(padded).rstrip()
-
-    rule = "  ".join("-" * width for width in widths)
-    return "\n".join([line(TABLE_COLUMNS), rule, *(line(row) for row in rows)])
+    return aligned_table(TABLE_COLUMNS, summary_rows(records), text_names=_TEXT_COLUMNS)

@@ -18,6 +18,7 @@ from pytest_longctx.reporting.kv_plot import draw_kv_cache_plot
 from pytest_longctx.reporting.markdown import DEFAULT_TITLE, write_markdown
 from pytest_longctx.reporting.plots import ExtraPlot, write_plots
 from pytest_longctx.reporting.prefill_plot import draw_prefill_rate_plot
+from pytest_longctx.reporting.reuse import draw_reuse_plot
 
 
 def write_reports(
@@ -45,7 +46,9 @@ def write_reports(
     records = list(records)
     out_dir = Path(out_dir)
     plots = write_plots(
-        out_dir, records, [draw_kv_cache_plot, draw_prefill_rate_plot, *extra_plots]
+        out_dir,
+        records,
+        [draw_kv_cache_plot, draw_prefill_rate_plot, draw_reuse_plot, *extra_plots],
     )
     markdown_path = out_dir / MARKDOWN_FILENAME
     if gate is not None:

@@ -93,12 +93,15 @@ def compare_runs(runs: Sequence[ComparedRun], level: float = DEFAULT_LEVEL) -> C
                 [
                     r.figures[metric.figure]
                     for r in run.records
-                    if r.length == length and metric.figure in r.figures
+                    if r.length == length
+                    and r.cache_state == metric.cache_state
+                    and metric.figure in r.figures
                 ]
                 for run in runs
             ]
             by_length[length] = tuple(_cell(values[0], v, metric.higher_is_worse) for v in values)
-        cells[name] = by_length
+        if metric.cache_state == "cold" or any(any(c) for c in by_length.values()):
+            cells[name] = by_length  # warm TTFT only where a run measured warm points
     return Comparison(tuple(runs), tuple(lengths), cells, _differences(runs), level)
 
 
@@ -182,6 +185,8 @@ def render_markdown(comparison: Comparison, plot_names: Sequence[str]) -> str:
     else:
         lines.append("Nothing in the fingerprints: the same setup, measured again.")
     for name, metric in METRICS.items():
+        if name not in comparison.cells:
+            continue
         header, rows = table_rows(comparison, name)
         lines += ["", f"## {metric.label} ({metric.unit})", ""]
         lines.append("| " + " | ".join(header) + " |")
@@ -213,6 +218,8 @@ def render_html(comparison: Comparison, plots: Sequence[Path]) -> str:
     else:
         parts.append("<p>Nothing in the fingerprints: the same setup, measured again.</p>")
     for name, metric in METRICS.items():
+        if name not in comparison.cells:
+            continue
         header, rows = table_rows(comparison, name)
         parts.append(f"<h2>{html.escape(metric.label)} ({html.escape(metric.unit)})</h2>")
         parts.append(f"<table class='longctx-compare-{name}'><tr>")

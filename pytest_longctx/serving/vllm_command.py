@@ -65,9 +65,12 @@ def build_server_command(
     host: str = "127.0.0.1",
     python: str = sys.executable,
     entry: tuple[str, ...] | None = None,
+    prompt_tokens_details: bool = False,
 ) -> ServerCommand:
     """The exact argv and environment that serve ``profile``; ``entry`` is how vLLM starts
-    (default: :func:`launcher`)."""
+    (default: :func:`launcher`). ``prompt_tokens_details``: every response's ``usage`` says
+    how many prompt tokens the prefix cache served (off by default in vLLM; warm points
+    check it)."""
     model, serving = profile.model, profile.serving
     cache_flags(serving, f"profile {profile.path}")  # refuses flags a profile key owns
     entry = entry or launcher(python)
@@ -108,6 +111,8 @@ def build_server_command(
         argv += ["--distributed-executor-backend", serving.executor]
     if serving.compilation_config:
         argv += ["--compilation-config", serving.compilation_config]
+    if prompt_tokens_details:
+        argv.append("--enable-prompt-tokens-details")
     argv += list(serving.extra_args)
     return ServerCommand(tuple(argv), dict(serving.env))
 

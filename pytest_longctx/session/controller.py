@@ -17,7 +17,7 @@ import pytest
 
 from pytest_longctx.core.records import Record
 from pytest_longctx.session import sweep_session
-from pytest_longctx.session.items import point_of_nodeid
+from pytest_longctx.session.items import point_of_nodeid, record_identity
 from pytest_longctx.session.outputs import REPORT_ATTRIBUTE, after_record
 from pytest_longctx.session.run import Run
 from pytest_longctx.session.workers import (
@@ -105,8 +105,7 @@ class Controller:
         record = Record(
             run_id=self.run.run_id,
             nodeid=crashitem,
-            length=point.length,
-            repeat=point.repeat,
+            **record_identity(point),
             outcome="error",
             reason=f"worker {name} died while measuring this point",
             finished_at=time.time(),

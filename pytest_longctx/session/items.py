@@ -7,8 +7,9 @@ import pytest
 from pytest_longctx.capacity import ParallelLayoutError
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.plan import capacity_check
-from pytest_longctx.plan.sweep import SLOW_MARK, VERY_SLOW_MARK, Point, SweepPlan
+from pytest_longctx.plan.sweep import SLOW_MARK, VERY_SLOW_MARK, WARM_MARK, Point, SweepPlan
 from pytest_longctx.profiles import ProfileError
+from pytest_longctx.session import resume
 from pytest_longctx.session.run import Run
 from pytest_longctx.session.selection import Comparison
 from pytest_longctx.session.stash import CAPACITY_KEY
@@ -18,7 +19,11 @@ REGRESSION_FIXTURE = "longctx_regression_length"
 
 
 def _marks(point: Point, bands: tuple[str, ...], comparisons: tuple[Comparison, ...]) -> list:
-    marks = [pytest.mark.longctx(len=point.length, rep=point.repeat)]
+    if point.warm:
+        marks = [pytest.mark.longctx(len=point.length, rep=point.repeat, warm=point.question)]
+        marks.append(getattr(pytest.mark, WARM_MARK))
+    else:
+        marks = [pytest.mark.longctx(len=point.length, rep=point.repeat)]
     marks += [getattr(pytest.mark, band) for band in bands]
     if VERY_SLOW_MARK in bands:  # very slow is also slow: -m "not longctx_slow" drops both
         marks.append(getattr(pytest.mark, SLOW_MARK))
@@ -65,6 +70,17 @@ def parametrize(metafunc: pytest.Metafunc, run: Run, comparisons: tuple[Comparis
         )
 
 
+def record_identity(point: Point) -> dict:
+    """The fields of a record that say which point it is (``Record(**..., outcome=...)``)."""
+    cache = {"question": point.question, "suffix_tokens": point.suffix} if point.warm else {}
+    return {
+        "length": point.length,
+        "repeat": point.repeat,
+        "cache_state": point.cache_state,
+        "cache": cache,
+    }
+
+
 def point_of(item: pytest.Item) -> Point | None:
     callspec = getattr(item, "callspec", None)
     if callspec is None:
@@ -79,16 +95,19 @@ def regression_length_of(item: pytest.Item) -> int | None:
 
 
 def point_of_nodeid(plan: SweepPlan, nodeid: str) -> Point | None:
-    """The sweep point a test id names: its ``[len=..-rep=..]`` parameter id."""
+    """The sweep point a test id names: its ``[len=..-rep=..]`` parameter id (a warm one's
+    ``[len=..-rep=..-warm=..]``, which a cold point's id is the start of: exact ids first)."""
     if "[" not in nodeid:
         return None
     params = nodeid[nodeid.index("[") + 1 : nodeid.rindex("]")]
-    for point in plan.points:
-        if (
-            point.id == params
-            or params.startswith(point.id + "-")
-            or (params.endswith("-" + point.id))
-        ):
+    points = sorted(plan.points, key=lambda p: -len(p.id))
+    for point in points:
+        if point.id == params:
+            return point
+    parts = params.split("-")
+    for point in points:
+        width = len(point.id.split("-"))
+        if "-".join(parts[:width]) == point.id or "-".join(parts[-width:]) == point.id:
             return point
     return None
 
@@ -116,6 +135,7 @@ def arrange(
         verdicts = {} if run.settings.url else capacity_check.check_points(run.plan, lengths)
     except (ParallelLayoutError, ProfileError) as exc:
         raise pytest.UsageError(f"profile {run.plan.profile.name}: {exc}") from None
+    resume.redo_cold_points(run, points)
     run.unfit_lengths = {length for length, fit in verdicts.items() if not fit.fits}
     for item in items:
         point = point_of(item)

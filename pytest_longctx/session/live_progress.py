@@ -193,7 +193,7 @@ class SessionProgress:
         if self.run.worker is not None:  # the campaign's: every worker appends to the file
             since = self.run.started_at or 0.0
             written = [r for r in self.run.all_records() if (r.finished_at or 0) >= since]
-        done = {Point(r.length, r.repeat) for r in written} | set(self.run.resumed)
+        done = {Point.of_record(r) for r in written} | set(self.run.resumed)
         return [point for point in self.run.selected_points if point not in done]
 
     def outlook(self, point: Point) -> Outlook:
@@ -203,7 +203,7 @@ class SessionProgress:
         measured = [p for p in run.selected_points if p not in run.resumed]
         index = measured.index(point) + 1 if point in measured else len(measured) + 1
         remaining = tuple(
-            RemainingPoint(p.length, p.repeat, model.point_cost(p.length))
+            RemainingPoint(p.length, p.repeat, point_cost(model, p))
             for p in self._todo()
             if p != point
         )
@@ -222,6 +222,7 @@ class SessionProgress:
             client=client,
             length=point.length,
             repeat=point.repeat,
+            question=point.question,
             decode_tokens=self.run.plan.decode_tokens,
             interval_s=interval,
             outlook=self.outlook(point),
@@ -291,9 +292,7 @@ class SessionProgress:
         if not self.run.run_dir.is_dir() or self.run.settings.plan_only:
             return
         model = CostModel.fit(self.run.all_records(), self.run.plan.decode_tokens)
-        left = tuple(
-            RemainingPoint(p.length, p.repeat, model.point_cost(p.length)) for p in self._todo()
-        )
+        left = tuple(RemainingPoint(p.length, p.repeat, point_cost(model, p)) for p in self._todo())
         costs = [point.predicted_s for point in left]
         eta = None if any(cost is None for cost in costs) else sum(costs)  # type: ignore[misc]
         self._write(ProgressState(self.run.run_id, FINISHED, remaining=left, sweep_eta_s=eta))
@@ -360,6 +359,11 @@ def _energy_line(records: list[Record], telemetry: dict[str, Any]) -> str:
     return (
         f"energy: {total:,.1f} J over {len(with_energy)} points ({telemetry.get('tool')}){detail}"
     )
+
+
+def point_cost(model: CostModel, point: Point) -> float | None:
+    """A cold point's cost at its length; a warm one's prefills only its suffix."""
+    return model.point_cost(point.suffix if point.warm else point.length)
 
 
 class _SessionWatch(PointWatch):

@@ -18,11 +18,20 @@ from pytest_longctx.core.sizes import ACCEPTED_FORM, SizeError, parse_size
 from pytest_longctx.gate.tolerances import parse_percent
 from pytest_longctx.measure.agreement import DEFAULT_STREAM_TOLERANCE
 from pytest_longctx.plan.settings import Settings
+from pytest_longctx.plan.sweep import (
+    COLD,
+    DEFAULT_WARM_QUESTIONS,
+    DEFAULT_WARM_SUFFIX,
+    WARM,
+    WORKLOADS,
+)
 from pytest_longctx.profiles import DEFAULT_PROFILE
 
 ORDERS = ("pass", "length")
 PROMPT_FORMATS = ("ids", "text")
 PROGRESS_MODES = ("auto", "line", "plain", "off")
+#: A follow-up's suffix opens with its own nonce and a readable tag: room for both and text.
+MIN_WARM_SUFFIX = 32
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*(ms|s|min|m|h)?\s*$", re.IGNORECASE)
 _DURATION_UNITS = {"": 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 
@@ -139,6 +148,24 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "the server's), with the server's decode throughput (recorded in the fingerprint and "
         "the reports)",
         flag=True,
+    ),
+    OptionSpec(
+        "longctx-workload",
+        "what each length measures: 'cold' (a cold prefill per point; default) or "
+        "'cold,warm' (then follow-up questions on the same prefix, served from the cache)",
+        "cold|cold,warm",
+    ),
+    OptionSpec(
+        "longctx-warm-questions",
+        "with --longctx-workload=cold,warm: follow-up questions after each cold point "
+        f"(default {DEFAULT_WARM_QUESTIONS})",
+        "Q",
+    ),
+    OptionSpec(
+        "longctx-warm-suffix",
+        "with --longctx-workload=cold,warm: new tokens each follow-up appends to the cold "
+        f"point's prompt (default {DEFAULT_WARM_SUFFIX}; 256, 1Ki)",
+        "SIZE",
     ),
     OptionSpec(
         "longctx-gate-level",
@@ -338,6 +365,28 @@ class _RawOptions:
             raise _fail(name, self.values[name], f"a duration {floor} such as 1s, 500ms or 2m")
         return value
 
+    def workload(self, prompt_format: str) -> tuple[str, ...]:
+        """``cold`` or ``cold,warm``: a warm follow-up needs its cold point's prefix."""
+        name = "longctx-workload"
+        if not self.given(name):
+            return (COLD,)
+        parts = [part.strip() for part in str(self.values[name]).split(",") if part.strip()]
+        accepted = "'cold' or 'cold,warm'"
+        if not parts or any(part not in WORKLOADS for part in parts) or COLD not in parts:
+            extra = (
+                " (warm follow-ups reuse their cold point's prefix; select only them with -k warm)"
+                if parts == [WARM]
+                else ""
+            )
+            raise _fail(name, self.values[name], accepted + extra)
+        chosen = tuple(w for w in WORKLOADS if w in parts)
+        if WARM in chosen and prompt_format != "ids":
+            raise pytest.UsageError(
+                f"--{name}={self.values[name]} needs --longctx-prompt-format=ids: a follow-up "
+                "appends token ids to its cold point's exact ids, which text would re-tokenize"
+            )
+        return chosen
+
     def lengths(self) -> tuple[int | None, int | None]:
         low, high = self.size("longctx-from"), self.size("longctx-to")
         if low is not None and high is not None and low > high:
@@ -353,6 +402,14 @@ def read_settings(config: pytest.Config) -> Settings:
     raw = _RawOptions({spec.name: _raw(config, spec) for spec in OPTIONS})
     from_length, to_length = raw.lengths()
     baseline, resume = raw.text("longctx-baseline"), config.getoption("longctx_resume", None)
+    prompt_format = raw.choice("longctx-prompt-format", PROMPT_FORMATS, "ids")
+    suffix = raw.size("longctx-warm-suffix")
+    if suffix is not None and suffix < MIN_WARM_SUFFIX:
+        raise _fail(
+            "longctx-warm-suffix",
+            raw.values["longctx-warm-suffix"],
+            f"a size of at least {MIN_WARM_SUFFIX} tokens (a question's nonce and tag come first)",
+        )
     return Settings(
         from_length=from_length,
         to_length=to_length,
@@ -364,7 +421,7 @@ def read_settings(config: pytest.Config) -> Settings:
         output=Path(raw.text("longctx-output", "reports") or "reports"),
         decode_tokens=raw.whole("longctx-decode-tokens", None, minimum=2),
         ttft_timeout_s=raw.seconds("longctx-ttft-timeout"),
-        prompt_format=raw.choice("longctx-prompt-format", PROMPT_FORMATS, "ids"),
+        prompt_format=prompt_format,
         seed=raw.whole("longctx-seed", 0, minimum=0) or 0,
         baseline=Path(baseline) if baseline else None,
         tolerance=raw.text("longctx-tolerance"),
@@ -380,4 +437,8 @@ def read_settings(config: pytest.Config) -> Settings:
         progress_throttle_s=raw.duration("longctx-progress-throttle", 60.0, zero=True),
         stream_tolerance=raw.percent("longctx-stream-tolerance", DEFAULT_STREAM_TOLERANCE),
         allow_bursts=raw.flag("longctx-allow-bursts"),
+        workload=raw.workload(prompt_format),
+        warm_questions=raw.whole("longctx-warm-questions", DEFAULT_WARM_QUESTIONS)
+        or DEFAULT_WARM_QUESTIONS,
+        warm_suffix=DEFAULT_WARM_SUFFIX if suffix is None else suffix,
     )

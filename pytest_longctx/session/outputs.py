@@ -23,6 +23,7 @@ from pytest_longctx.reporting.file_names import GATE_PLOT, HTML, MARKDOWN
 from pytest_longctx.reporting.index import write_index as write_run_index
 from pytest_longctx.reporting.markdown import render_terminal_table, write_markdown
 from pytest_longctx.reporting.pipeline import write_reports
+from pytest_longctx.reporting.reuse import terminal_table as reuse_terminal_table
 from pytest_longctx.session import gate_items
 from pytest_longctx.session.run import Run
 from pytest_longctx.session.stash import RUN_KEY
@@ -197,7 +198,13 @@ def terminal_summary(terminalreporter, config: pytest.Config) -> None:  # noqa: 
     if not run.written and not run.resumed:
         return
     terminalreporter.section("long-context sweep")
-    terminalreporter.write_line(render_terminal_table(run.all_records()))
+    records = run.all_records()
+    terminalreporter.write_line(render_terminal_table(records))
+    reuse = reuse_terminal_table(records)
+    if reuse is not None:
+        terminalreporter.write_line("")
+        terminalreporter.write_line("reuse: questions on a cached prefix (warm follow-ups)")
+        terminalreporter.write_line(reuse)
     terminalreporter.write_line(f"results: {run.results_path}")
     terminalreporter.write_line(
         f"reports: {run.run_dir} (report.md, report.html, benchmark.json, plots)"

@@ -6,6 +6,8 @@ measures.
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from typing import Any
 
 from pytest_longctx.client import (
@@ -14,7 +16,14 @@ from pytest_longctx.client import (
     MeasurementError,
     StreamMeasurement,
 )
-from pytest_longctx.measure.point import PointMeasurement, PointSettings, client_for, measure_point
+from pytest_longctx.measure.point import (
+    PointFailure,
+    PointMeasurement,
+    PointSettings,
+    UnverifiedPoint,
+    client_for,
+    measure_point,
+)
 from pytest_longctx.measure.target import ServerError, ServerInfo
 from pytest_longctx.measure.timeouts import FirstTokenBudget
 from pytest_longctx.plan.sweep import Point
@@ -70,10 +79,17 @@ def prompt_builder(run: Run, server: ServerInfo) -> PromptBuilder:
 
 
 def build_prompt(run: Run, builder: PromptBuilder, point: Point) -> Prompt:
-    """The point's own nonce first (its index in the plan), then a readable tag."""
-    tag = f"Run {run.run_id}, prompt of {point.length} tokens, pass {point.repeat}."
+    """The point's own nonce first (its index in the plan), then a readable tag. A warm
+    follow-up is its cold point's prompt exactly, then a suffix opening with its own nonce."""
     index = run.plan.points.index(point) if point in run.plan.points else len(run.plan.points)
     nonce = builder.nonce(run.run_id, index)
+    if point.warm:
+        tag = (
+            f"Question {point.question} on the prompt of {point.length} tokens, pass "
+            f"{point.repeat}, run {run.run_id}."
+        )
+        return builder.extend(build_prompt(run, builder, point.cold), point.suffix, tag, nonce)
+    tag = f"Run {run.run_id}, prompt of {point.length} tokens, pass {point.repeat}."
     return builder.build(point.length, tag, text=run.settings.prompt_format == "text", nonce=nonce)
 
 
@@ -130,6 +146,12 @@ def measure(
     budget_s, source = budget.for_length(point.length, run.measured_ttft)
     if run.settings.ttft_timeout_s is not None:
         source += " (--longctx-ttft-timeout)"
+    primed = False
+    if point.warm and point.cold not in run.prefix_sent:
+        send_prefix(server, client, point, prompt, run.plan.decode_tokens, budget_s, source)
+        run.prefix_sent[point.cold] = time.monotonic()
+        primed = True
+    sent = run.prefix_sent.get(point.cold) if point.warm else None
     settings = PointSettings(
         decode_tokens=run.plan.decode_tokens,
         first_token_budget_s=budget_s,
@@ -137,14 +159,52 @@ def measure(
         allow_unverified=run.settings.allow_unverified,
         stream_tolerance=run.settings.stream_tolerance,
         allow_bursts=run.settings.allow_bursts,
+        prefix_tokens=point.length if point.warm else 0,
+        prefix_sent_s_ago=None if sent is None else time.monotonic() - sent,
     )
-    return measure_point(
-        client,
-        server,
-        point,
-        prompt,
-        settings,
-        check_alive=lambda grace_s: serving.check_alive(run, grace_s=grace_s),
-        refusal=lambda exc: str(serving.refused(run, server.base_url, exc)),
-        watch=live_progress.watch(run, server, point),
+    try:
+        result = measure_point(
+            client,
+            server,
+            point,
+            prompt,
+            settings,
+            check_alive=lambda grace_s: serving.check_alive(run, grace_s=grace_s),
+            refusal=lambda exc: str(serving.refused(run, server.base_url, exc)),
+            watch=live_progress.watch(run, server, point),
+        )
+    except UnverifiedPoint:
+        if not point.warm:
+            run.prefix_sent[point] = time.monotonic()
+        raise
+    if not point.warm:
+        run.prefix_sent[point] = time.monotonic()
+    elif primed:  # its cold point was not measured by this server: the follow-up sent it
+        result = dataclasses.replace(result, cache={**result.cache, "prefix_sent_by": "follow-up"})
+    return result
+
+
+def send_prefix(
+    server: ServerInfo,
+    client: CompletionClient,
+    point: Point,
+    prompt: Prompt,
+    decode_tokens: int,
+    budget_s: float,
+    source: str,
+) -> None:
+    """A follow-up whose cold point this server did not measure (resumed elsewhere, or not
+    selected: ``-k warm``) first sends that prompt itself, unmeasured, as its cold point would
+    have: the cache then holds what it would hold after the cold point."""
+    request = CompletionRequest(
+        model=server.model_name, prompt=prompt.ids[: point.length], decode_tokens=decode_tokens
     )
+    try:
+        client.measure(
+            request, first_token_budget_s=budget_s, budget_source=source, check_count=False
+        )
+    except MeasurementError as exc:
+        raise PointFailure(
+            f"the {point.cold.id} prompt this follow-up reuses could not be sent first: "
+            f"{type(exc).__name__}: {exc}"
+        ) from None

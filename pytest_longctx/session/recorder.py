@@ -8,7 +8,7 @@ import pytest
 
 from pytest_longctx.core.records import Record
 from pytest_longctx.session import outputs as reporting
-from pytest_longctx.session.items import point_of
+from pytest_longctx.session.items import point_of, record_identity
 from pytest_longctx.session.outputs import REPORT_ATTRIBUTE
 from pytest_longctx.session.stash import MEASUREMENT_KEY, RUN_KEY
 
@@ -76,8 +76,7 @@ def record_interrupted(config: pytest.Config) -> None:
     record = Record(
         run_id=run.run_id,
         nodeid=nodeid,
-        length=point.length,
-        repeat=point.repeat,
+        **record_identity(point),
         outcome="interrupted",
         reason="the session was stopped during this point" + (f" ({received})" if received else ""),
         fingerprint=run.fingerprint,
@@ -106,11 +105,13 @@ def on_report(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.Tes
     else:
         return
     measurement = item.stash.get(MEASUREMENT_KEY, None)
+    identity = record_identity(point)
+    if measurement is not None:
+        identity["cache"] = {**identity["cache"], **measurement.cache}
     record = Record(
         run_id=run.run_id,
         nodeid=item.nodeid,
-        length=point.length,
-        repeat=point.repeat,
+        **identity,
         outcome=outcome,
         reason=_reason(call, report),
         figures=measurement.figures() if measurement else {},
@@ -125,7 +126,7 @@ def on_report(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.Tes
     run.append(record)
     setattr(report, REPORT_ATTRIBUTE, record.to_json())
     record_properties(item, record)
-    if outcome == "passed" and measurement is not None:
+    if outcome == "passed" and measurement is not None and not point.warm:
         slowest = max(measurement.ttft_s, run.measured_ttft.get(point.length, 0.0))
         run.measured_ttft[point.length] = slowest
     config.hook.pytest_longctx_record(config=config, record=record)

@@ -120,6 +120,9 @@ class Run:
     started_at: float | None = None
     #: Progress inside points: display, progress.json, the ETA model (progress.py).
     progress: WatchFactory | None = None
+    #: When this session's server last computed each cold point's prompt (monotonic clock):
+    #: the prefix its warm follow-ups find cached.
+    prefix_sent: dict[Point, float] = field(default_factory=dict)
 
     @classmethod
     def create(
@@ -160,7 +163,7 @@ class Run:
         if records is None:
             records = list(read_records(self.results_path).records)
         for record in records:
-            point = Point(record.length, record.repeat)
+            point = Point.of_record(record)
             if record.outcome == "passed":
                 self.resumed[point] = record
             else:

@@ -6,9 +6,11 @@ that grows with the prompt length (the study's, a fitted a + bL + cL^2, the prof
 orders points the same way, so the order is by length, longest first, and a point's repeats
 spread over the servers. Gate items and other tests run after every point has been handed out.
 
-Each worker holds at most two items: the one it runs and the next (an xdist worker only
-starts an item once it knows the one after it, or is told to finish). The next item is given
-when one completes, so a long point never waits behind a queue on a busy server.
+Each worker holds at most two units: the one it runs and the next (an xdist worker only
+starts an item once it knows the one after it, or is told to finish). The next unit is given
+when one completes, so a long point never waits behind a queue on a busy server. A unit is a
+cold point with its warm follow-ups (they reuse the prefix it leaves in its server's cache, so
+they go to that server, right after it), or any other item alone.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ from typing import Any
 import pytest
 from xdist.scheduler import LoadScheduling
 
+from pytest_longctx.plan.sweep import Point
 from pytest_longctx.session.items import point_of_nodeid
 from pytest_longctx.session.run import Run
 
-#: Items a worker holds: the one it runs and the one after it.
+#: Units a worker holds: the one it runs and the one after it.
 ITEMS_PER_WORKER = 2
 
 
@@ -34,15 +37,52 @@ class LongestFirstScheduling(LoadScheduling):
         self.run = run
         #: False for a session without sweep points: then it is xdist's load scheduling.
         self.sweep = True
+        self._points: dict[str, Point | None] = {}
+
+    def _point(self, nodeid: str) -> Point | None:
+        if nodeid not in self._points:
+            self._points[nodeid] = point_of_nodeid(self.run.plan, nodeid)
+        return self._points[nodeid]
 
     def _order(self, collection: Sequence[str]) -> list[int]:
-        def key(index: int) -> tuple[int, int, int, int]:
-            point = point_of_nodeid(self.run.plan, collection[index])
+        def key(index: int) -> tuple[int, int, int, int, int]:
+            point = self._point(collection[index])
             if point is None:
-                return (1, 0, 0, index)  # gate items and other tests: after every point
-            return (0, -point.length, point.repeat, index)
+                return (1, 0, 0, 0, index)  # gate items and other tests: after every point
+            return (0, -point.length, point.repeat, point.question, index)
 
         return sorted(range(len(collection)), key=key)
+
+    def _unit(self, index: int) -> Point | None:
+        """The cold point an item belongs with (None: an item alone)."""
+        assert self.collection is not None
+        point = self._point(self.collection[index])
+        return None if point is None else point.cold
+
+    def _units_in(self, indices: Sequence[int]) -> int:
+        units, last = 0, None
+        for index in indices:
+            unit = self._unit(index)
+            if unit is None or unit != last:
+                units += 1
+            last = unit
+        return units
+
+    def _send_tests(self, node: Any, num: int) -> None:
+        """Send ``num`` units: a cold point and its follow-ups always together."""
+        if not self.sweep or self.collection is None:
+            super()._send_tests(node, num)
+            return
+        take, units, last = 0, 0, None
+        while take < len(self.pending):
+            unit = self._unit(self.pending[take])
+            if unit is None or unit != last:
+                if units == num:
+                    break
+                units += 1
+            last = unit
+            take += 1
+        super()._send_tests(node, take)
 
     def schedule(self) -> None:
         assert self.collection_is_completed
@@ -74,7 +114,7 @@ class LongestFirstScheduling(LoadScheduling):
             return
         if node.shutting_down:
             return
-        wanted = ITEMS_PER_WORKER - len(self.node2pending[node])
+        wanted = ITEMS_PER_WORKER - self._units_in(self.node2pending[node])
         if wanted > 0:
             self._send_tests(node, wanted)
         if not self.pending:

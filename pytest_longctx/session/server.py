@@ -104,6 +104,7 @@ def server_command(config: pytest.Config, run: Run, port: int, build: bool) -> S
         max_model_len=selected_max_model_len(run),
         port=port,
         python=sys.executable,
+        prompt_tokens_details=run.plan.warm,
     )
     key = api_key(run)
     if key:
@@ -323,6 +324,12 @@ def fingerprint(config: pytest.Config, run: Run, info: ServerInfo) -> dict[str, 
         "hardware": _server_hardware(run) if launched or _is_local(info.base_url) else {},
         "server": _server_identity(run, info),
     }
+    if plan.warm:  # a cold-only run's fingerprint stays as it was
+        result["workload"] = {
+            "cache_states": ["cold", "warm"],
+            "warm_questions": plan.warm_questions,
+            "suffix_tokens": plan.suffix_tokens,
+        }
     config.hook.pytest_longctx_fingerprint(config=config, fingerprint=result)
     return result
 

@@ -252,6 +252,13 @@ def print_plan(session: pytest.Session, run: Run) -> None:
         f"{len(session.items)} item(s), decode {run.plan.decode_tokens} tokens per request, "
         f"order {run.plan.order}"
     )
+    if run.plan.warm:
+        write(
+            f"workload cold,warm: {run.plan.warm_questions} follow-up(s) after each cold point, "
+            f"each its prompt exactly + {run.plan.suffix_tokens} new tokens, the prefix served "
+            f"from the cache; --max-model-len and the capacity plan count length + "
+            f"{run.plan.suffix_tokens} + {run.plan.decode_tokens} decode"
+        )
     for item in session.items:
         point = sweep_items.point_of(item)
         length = point.length if point else sweep_items.regression_length_of(item)

@@ -139,7 +139,7 @@ def wait_for_length(
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         done = {
-            Point(r.length, r.repeat)
+            Point.of_record(r)
             for r in run.all_records()
             if r.length == length and (r.finished_at or 0) >= started_at
         }

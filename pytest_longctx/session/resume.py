@@ -1,0 +1,26 @@
+"""What a resumed run measures again: a warm follow-up needs its prefix in the server's cache.
+
+A passed cold point is normally reported from its record. Its follow-ups reuse the prefix the
+cold point left in the cache of the server that measured it, which a new session's server
+does not hold: so when any of them is still to be measured, the cold point is measured again
+first (its new record is the answer for it, as any re-measured point's is).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pytest_longctx.plan.sweep import Point
+from pytest_longctx.session.run import Run
+
+
+def redo_cold_points(run: Run, selected: Sequence[Point]) -> list[Point]:
+    """Drop from ``run.resumed`` each cold point with a selected follow-up left to measure;
+    returns them."""
+    redo = []
+    for point in selected:
+        cold = point.cold
+        if point.warm and point not in run.resumed and cold in run.resumed and cold in selected:
+            del run.resumed[cold]
+            redo.append(cold)
+    return redo
