@@ -394,7 +394,8 @@ class CompletionClient:
                 f"the server reported an error inside the stream after "
                 f"{state.chunk_tokens_total} tokens ({context.describe_request()}): "
                 f"{error.get('type', 'error')} (code {error.get('code', '?')}): "
-                f"{self._redact(str(message))}"
+                f"{self._redact(str(message))}",
+                server_message=self._redact(str(message)),
             )
         tokens = 0
         for choice in chunk.get("choices") or ():

@@ -65,6 +65,10 @@ class StreamError(MeasurementError):
 class ErrorFrameError(StreamError):
     """The server reported an error inside the stream (``data: {"error": ...}``)."""
 
+    def __init__(self, message: str, server_message: str | None = None) -> None:
+        super().__init__(message)
+        self.server_message = server_message
+
 
 class TruncatedStreamError(StreamError):
     """The connection ended before ``data: [DONE]``."""

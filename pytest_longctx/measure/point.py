@@ -15,11 +15,16 @@ from pytest_longctx.client import (
     ClientConfig,
     CompletionClient,
     CompletionRequest,
+    ErrorFrameError,
     MeasurementError,
+    MeasurementTimeoutError,
     RequestRejectedError,
+    ServerUnavailableError,
     StreamProgress,
+    TruncatedStreamError,
 )
 from pytest_longctx.core.records import Record
+from pytest_longctx.measure import outcomes
 from pytest_longctx.measure.server_metrics import (
     ExpositionError,
     MetricsSnapshot,
@@ -34,14 +39,30 @@ from pytest_longctx.prompts import (
 
 
 class PointFailure(AssertionError):
-    """A measurement that did not happen or cannot be checked; the item fails with this."""
+    """A measurement that did not happen or cannot be checked; the item fails with this.
+
+    ``failure_class`` (``core.records.FAILURE_CLASSES``) and ``evidence`` say why, from what
+    the server said and did; ``sent`` is False when the request never left (the server was
+    already gone)."""
+
+    def __init__(
+        self,
+        message: str,
+        failure_class: str = "error",
+        evidence: tuple[str, ...] = (),
+        sent: bool = True,
+    ) -> None:
+        super().__init__(message)
+        self.failure_class = failure_class
+        self.evidence = evidence
+        self.sent = sent
 
 
 class UnverifiedPoint(PointFailure):
     """Measured, but the server's counters to check it against could not be read."""
 
     def __init__(self, message: str, measurement: PointMeasurement) -> None:
-        super().__init__(message)
+        super().__init__(message, "error")
         self.measurement = measurement
 
 
@@ -186,12 +207,14 @@ def measure_point(
     try:
         check_alive(0.0)
     except ServerError as exc:
-        raise PointFailure(str(exc)) from None
+        raise PointFailure(str(exc), exc.failure_class, exc.evidence, sent=False) from None
     decode_tokens = settings.decode_tokens
     if server.max_model_len is not None and point.length + decode_tokens > server.max_model_len:
         raise PointFailure(
             f"the server at {server.base_url} serves at most {server.max_model_len} tokens "
-            f"(max_model_len); this point needs {point.length} + {decode_tokens} decode"
+            f"(max_model_len); this point needs {point.length} + {decode_tokens} decode",
+            "refused",
+            sent=False,
         )
     request = CompletionRequest(
         model=server.model_name,
@@ -211,14 +234,12 @@ def measure_point(
         )
     except RequestRejectedError as exc:
         if exc.status_code in (401, 403):
-            raise PointFailure(refusal(exc)) from None
-        raise PointFailure(f"{type(exc).__name__}: {exc}") from None
+            raise PointFailure(refusal(exc), "refused") from None
+        if exc.status_code is not None and exc.status_code < 500:
+            raise PointFailure(f"{type(exc).__name__}: {exc}", "refused") from None
+        raise _failure(exc, server, check_alive) from None
     except MeasurementError as exc:
-        try:
-            check_alive(5.0)
-        except ServerError as gone:
-            raise PointFailure(f"{type(exc).__name__}: {exc}\n{gone}") from None
-        raise PointFailure(f"{type(exc).__name__}: {exc}") from None
+        raise _failure(exc, server, check_alive) from None
     finally:
         if watch is not None:
             watch.stop()
@@ -256,6 +277,69 @@ def measure_point(
                 result,
             )
     return result
+
+
+#: How long a server may take to answer ``/health`` after a failed point before it counts as
+#: not answering (a hung server, or an attached one that is gone).
+PROBE_TIMEOUT_S = 10.0
+
+
+def _answers(server: ServerInfo) -> bool:
+    config = ClientConfig(
+        base_url=server.base_url,
+        api_key=server.api_key,
+        connect_timeout_s=PROBE_TIMEOUT_S,
+        control_timeout_s=PROBE_TIMEOUT_S,
+    )
+    with CompletionClient(config) as client:
+        return client.health_status() is not None
+
+
+def _failure(
+    exc: MeasurementError, server: ServerInfo, check_alive: Callable[[float], None]
+) -> PointFailure:
+    """The failed request's class, from the error and from the server's state after it.
+
+    A dead launched server is classed by its death (its log and the OOM killer); a budget
+    that ran out is a ``timeout`` while the server still answers and a ``hang`` when it does
+    not; a broken connection to a server that still answers was cut between the two.
+    """
+    text = f"{type(exc).__name__}: {exc}"
+    said = getattr(exc, "server_message", None) or str(exc)
+    frame = (
+        (outcomes.classify_server_message(said),)
+        if isinstance(exc, (ErrorFrameError, RequestRejectedError))
+        else ()
+    )
+    try:
+        check_alive(5.0)
+    except ServerError as gone:
+        evidence = (*([said] if frame else []), *gone.evidence)
+        return PointFailure(f"{text}\n{gone}", gone.failure_class, evidence)
+    if frame:
+        return PointFailure(text, frame[0], (said,))
+    if isinstance(exc, MeasurementTimeoutError):
+        if _answers(server):
+            return PointFailure(text, "timeout")
+        return PointFailure(
+            text,
+            "hang",
+            (
+                f"{server.base_url} did not answer /health within {PROBE_TIMEOUT_S:g} s after the "
+                "budget ran out",
+            ),
+        )
+    if isinstance(exc, (TruncatedStreamError, ServerUnavailableError)) and _answers(server):
+        return PointFailure(
+            text,
+            "connection_cut",
+            (
+                f"the connection broke while the server at {server.base_url} stayed up and still "
+                "answers /health: something between the two (a NAT, proxy or load balancer) cut "
+                "it",
+            ),
+        )
+    return PointFailure(text, "error")
 
 
 def _cached_tokens(view: dict[str, float]) -> int | None:

@@ -110,6 +110,7 @@ class Controller:
             outcome="error",
             reason=f"worker {name} died while measuring this point",
             finished_at=time.time(),
+            failure_class="error",
         )
         self.run.append(record)
         setattr(report, REPORT_ATTRIBUTE, record.to_json())

@@ -13,7 +13,7 @@ from pytest_longctx.measure import point as measure
 from pytest_longctx.measure.target import ServerError, ServerInfo
 from pytest_longctx.plan.sweep import Point
 from pytest_longctx.prompts import Prompt, PromptBuilder, PromptError
-from pytest_longctx.session import gate_items, points
+from pytest_longctx.session import gate_items, points, restarts
 from pytest_longctx.session import server as serving
 from pytest_longctx.session.run import Run
 from pytest_longctx.session.stash import MEASUREMENT_KEY, RUN_KEY
@@ -33,7 +33,7 @@ def longctx_server(pytestconfig: pytest.Config, longctx_run: Run) -> Iterator[Se
         points.warm_up(longctx_run, info)
     except ServerError as exc:
         serving.stop(pytestconfig)
-        pytest.fail(str(exc), pytrace=False)
+        raise restarts.failed(exc) from None
     yield info
     serving.stop(pytestconfig)
 
@@ -80,6 +80,7 @@ def longctx_prompt(
     if recorded is not None:
         return RecordedPrompt(recorded.length, recorded.prompt_tokens or 0)
     builder: PromptBuilder = request.getfixturevalue("longctx_prompts")
+    restarts.before_point(request.config, longctx_run, longctx_point)  # the server may build it
     return points.build_prompt(longctx_run, builder, longctx_point)
 
 
@@ -98,12 +99,16 @@ def longctx_measure(
         return lambda prompt: measure.PointMeasurement.from_record(recorded)
     server: ServerInfo = request.getfixturevalue("longctx_server")
     client = request.getfixturevalue("longctx_client")
+    restarts.before_point(request.config, longctx_run, longctx_point)
 
     def run_measurement(prompt: Prompt) -> measure.PointMeasurement:
         try:
             result = points.measure(longctx_run, server, client, longctx_point, prompt)
         except measure.UnverifiedPoint as exc:
             request.node.stash[MEASUREMENT_KEY] = exc.measurement  # its figures stay recorded
+            raise
+        except measure.PointFailure as exc:
+            restarts.after_failure(longctx_run, longctx_point, exc)
             raise
         request.node.stash[MEASUREMENT_KEY] = result
         return result

@@ -10,6 +10,7 @@ from pytest_longctx.core.records import Record
 from pytest_longctx.session import outputs as reporting
 from pytest_longctx.session.items import point_of
 from pytest_longctx.session.outputs import REPORT_ATTRIBUTE
+from pytest_longctx.session.run import Run
 from pytest_longctx.session.stash import MEASUREMENT_KEY, RUN_KEY
 
 
@@ -21,6 +22,32 @@ def _reason(call: pytest.CallInfo[None], report: pytest.TestReport) -> str | Non
     if call.excinfo is not None:
         return call.excinfo.exconly().strip()
     return report.longreprtext.strip().splitlines()[-1] if report.longreprtext else None
+
+
+def _classify(
+    call: pytest.CallInfo[None], report: pytest.TestReport, outcome: str
+) -> tuple[str | None, tuple[str, ...]]:
+    """The record's failure class and its evidence, from what the item raised.
+
+    The measurement and the server lifecycle raise with a class attached; an assertion of the
+    sweep test's own (exact, cold, alone) is a ``contract`` failure; a skip carries a class
+    only when a failure caused it (a length vLLM refused, or one that crashed too often).
+    """
+    if outcome == "passed":
+        return None, ()
+    value = call.excinfo.value if call.excinfo is not None else None
+    failure_class = getattr(value, "failure_class", None)
+    if failure_class is not None:
+        return failure_class, tuple(getattr(value, "evidence", ()) or ())
+    if outcome == "skipped":
+        return None, ()
+    if report.when == "call" and isinstance(value, AssertionError):
+        return "contract", ()
+    return "error", ()
+
+
+def _server_start(run: Run) -> dict:
+    return dict(run.starts[-1]) if run.starts else {}
 
 
 def on_item_start(item: pytest.Item) -> None:
@@ -57,6 +84,8 @@ def record_interrupted(config: pytest.Config) -> None:
         fingerprint=run.fingerprint,
         started_at=started,
         finished_at=time.time(),
+        failure_class="interrupted",
+        server_start=_server_start(run),
     )
     run.append(record)
     config.hook.pytest_longctx_record(config=config, record=record)
@@ -79,6 +108,7 @@ def on_report(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.Tes
     else:
         return
     measurement = item.stash.get(MEASUREMENT_KEY, None)
+    failure_class, evidence = _classify(call, report, outcome)
     record = Record(
         run_id=run.run_id,
         nodeid=item.nodeid,
@@ -93,6 +123,9 @@ def on_report(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.Tes
         fingerprint=run.fingerprint,
         started_at=call.start,
         finished_at=time.time(),
+        failure_class=failure_class,
+        evidence=evidence,
+        server_start=_server_start(run),
     )
     run.append(record)
     setattr(report, REPORT_ATTRIBUTE, record.to_json())

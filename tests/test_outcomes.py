@@ -1,0 +1,293 @@
+"""Outcome classes: every point that did not pass says why, from evidence.
+
+The fake server is right here: these tests are about what the plugin makes of a server's
+words, its silence and its death, with vLLM 0.32's own error wording (``fake_vllm``'s
+``ENGINE_DEAD_MESSAGE`` is ``vllm.v1.engine.exceptions.EngineDeadError``'s). A launched
+stand-in (``fake_server_main.py``) dies like a launched vLLM does, with a log to read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fake_vllm import ENGINE_DEAD_MESSAGE, FakeVLLM
+from longctx_testing import SWEEP_TEST, records_of, run_folder, run_session
+
+from pytest_longctx.core.records import FAILURE_CLASSES, Record
+from pytest_longctx.measure import outcomes
+
+FAKE_MAIN = Path(__file__).parent / "fake_server_main.py"
+
+
+@dataclass
+class _FaultAfterWarmUp:
+    """Switches the fault on as the first item runs, after the warm-up prompts."""
+
+    fake: FakeVLLM
+    changes: dict[str, Any]
+    stop_server: bool = False
+
+    def pytest_runtest_call(self, item: pytest.Item) -> None:
+        if self.stop_server:
+            self.fake.stop()
+        else:
+            self.fake.configure(**self.changes)
+
+
+@pytest.fixture
+def attached(pytester: pytest.Pytester, fake_vllm: FakeVLLM):  # noqa: ANN201
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    output = pytester.path / "reports"
+
+    def run(*args: str, stop_server: bool = False, **changes: Any) -> tuple[Any, list[Record]]:
+        plugin = _FaultAfterWarmUp(fake_vllm, changes, stop_server)
+        result = pytester.runpytest(
+            "-p",
+            "no:cacheprovider",
+            f"--longctx-url={fake_vllm.url}",
+            f"--longctx-output={output}",
+            "--longctx-decode-tokens=8",
+            *args,
+            plugins=[plugin],
+        )
+        return result, records_of(output)
+
+    return run
+
+
+def _classes(records: list[Record]) -> list[str | None]:
+    return [r.failure_class for r in records]
+
+
+def test_a_broken_contract_is_classed_contract(attached) -> None:  # noqa: ANN001
+    result, records = attached("-m", "len==1Ki", cached_prompt_tokens=512)
+    result.assert_outcomes(failed=1)
+    assert _classes(records) == ["contract"]
+    assert "prefix cache served 512" in records[0].reason
+
+
+def test_a_first_token_budget_that_runs_out_is_a_timeout(attached) -> None:  # noqa: ANN001
+    result, records = attached(
+        "-m", "len==1Ki", "--longctx-ttft-timeout=0.5", fault="hang_after_headers"
+    )
+    result.assert_outcomes(failed=1)
+    assert _classes(records) == ["timeout"]  # the server still answers /health
+
+
+def test_a_server_that_stops_answering_is_a_hang(attached) -> None:  # noqa: ANN001
+    """Nothing moves and /health gets no answer though the port accepts: hung, not slow."""
+    result, records = attached(
+        "-m",
+        "len==1Ki",
+        "--longctx-ttft-timeout=0.5",
+        "--longctx-reattach-timeout=0",
+        fault="freeze",
+    )
+    result.assert_outcomes(failed=1)
+    assert _classes(records) == ["hang"]
+    assert any("connected, no answer" in line for line in records[0].evidence)
+
+
+def test_vllms_engine_death_frame_is_engine_died(attached) -> None:  # noqa: ANN001
+    """An attached server's log is not readable here: the generic frame is engine_died."""
+    result, records = attached(
+        "-m",
+        "len==1Ki",
+        fault="error_frame",
+        fault_after_tokens=2,
+        error_message=ENGINE_DEAD_MESSAGE,
+    )
+    result.assert_outcomes(failed=1)
+    assert _classes(records) == ["engine_died"]
+    assert records[0].evidence == (ENGINE_DEAD_MESSAGE,)
+
+
+def test_vllms_engine_death_500_is_engine_died(attached) -> None:  # noqa: ANN001
+    result, records = attached("-m", "len==1Ki", fault="http_500")
+    result.assert_outcomes(failed=1)
+    assert _classes(records) == ["engine_died"]
+
+
+def test_a_generation_error_frame_is_an_error(attached) -> None:  # noqa: ANN001
+    """vLLM's GenerationError frame ("Internal server error") names no death and no memory."""
+    result, records = attached("-m", "len==1Ki", fault="error_frame", fault_after_tokens=2)
+    result.assert_outcomes(failed=1)
+    assert _classes(records) == ["error"]
+
+
+def test_a_cut_connection_to_a_live_server_is_apart_from_a_crash(attached) -> None:  # noqa: ANN001
+    """The stream breaks, the server still answers: a middlebox cut it, not a crash."""
+    result, records = attached("--longctx-to=2Ki", fault="truncate", fault_after_tokens=3)
+    result.assert_outcomes(failed=2)
+    assert _classes(records) == ["connection_cut", "connection_cut"]
+    assert "NAT, proxy or load balancer" in records[0].evidence[0]
+
+
+def test_a_reset_connection_to_a_live_server_is_cut(attached) -> None:  # noqa: ANN001
+    result, records = attached("-m", "len==1Ki", fault="reset")
+    result.assert_outcomes(failed=1)
+    assert _classes(records) == ["connection_cut"]
+
+
+def test_a_prompt_longer_than_the_server_serves_is_refused(attached) -> None:  # noqa: ANN001
+    result, records = attached("-m", "len==1Ki", max_model_len=512)
+    result.assert_outcomes(failed=1)
+    assert _classes(records) == ["refused"]
+
+
+def test_an_attached_server_that_is_gone_fails_fast_as_server_gone(attached) -> None:  # noqa: ANN001
+    result, records = attached("--longctx-to=2Ki", "--longctx-reattach-timeout=0", stop_server=True)
+    result.assert_outcomes(failed=1, errors=1)  # the second point is never sent
+    assert _classes(records) == ["server_gone", "server_gone"]
+    assert "did not answer again within 0 s" in records[1].reason
+
+
+def test_a_malformed_stream_is_an_error(attached) -> None:  # noqa: ANN001
+    result, records = attached("-m", "len==1Ki", fault="malformed_chunk")
+    result.assert_outcomes(failed=1)
+    assert _classes(records) == ["error"]
+
+
+def test_an_interrupted_point_is_classed_interrupted(
+    pytester: pytest.Pytester, fake_vllm: FakeVLLM
+) -> None:
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    pytester.makeconftest("def pytest_runtest_call(item):\n    raise KeyboardInterrupt\n")
+    output = pytester.path / "reports"
+    pytester.runpytest_subprocess(  # in its own process: the interrupt must not reach this one
+        f"--longctx-url={fake_vllm.url}", f"--longctx-output={output}", "-m", "len==1Ki"
+    )
+    records = records_of(output)
+    assert [(r.outcome, r.failure_class) for r in records] == [("interrupted", "interrupted")]
+
+
+def test_the_report_counts_classes_per_length(attached, pytester: pytest.Pytester) -> None:  # noqa: ANN001
+    result, _ = attached("--longctx-to=2Ki", fault="truncate", fault_after_tokens=3)
+    report = (run_folder(pytester.path / "reports") / "report.md").read_text()
+    assert "1 connection_cut |" in report
+    assert "**failed (connection_cut)**" in report
+    result.stdout.fnmatch_lines(["*1Ki*1 connection_cut*"])
+
+
+# -- a launched server's death, read from its log and exit ---------------------------------
+
+LAUNCH_FAKE = """
+import sys
+from pytest_longctx.serving.vllm_command import ServerCommand
+
+def pytest_longctx_server_command(config, plan, command):
+    argv = list(command.argv)
+    port = argv[argv.index("--port") + 1]
+    extra = {extra!r}
+    return ServerCommand(
+        (sys.executable, {main!r}, "--host", "127.0.0.1", "--port", port,
+         "--served-model-name", "tiny-llama", *extra),
+        {{}},
+    )
+"""
+
+
+def launched(pytester: pytest.Pytester, *extra: str) -> None:
+    """Sessions here launch the stand-in with ``extra`` arguments."""
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    pytester.makeconftest(LAUNCH_FAKE.format(extra=list(extra), main=str(FAKE_MAIN)))
+
+
+def test_an_oom_named_in_the_log_is_oom_and_the_session_relaunches(
+    pytester: pytest.Pytester,
+) -> None:
+    """The server prints torch's out-of-memory and exits during the 2Ki point: that point is
+    oom with the log line kept, the server is started again and 4Ki passes on start #1."""
+    line = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
+        "total capacity of 139.72 GiB of which 1.06 GiB is free."
+    )
+    once = pytester.path / "died"
+    launched(pytester, "--die-at=5", f"--die-line={line}", f"--once={once}")
+    result, output = run_session(pytester, "--longctx-to=4Ki")
+    result.assert_outcomes(passed=2, failed=1)
+    records = records_of(output)
+    assert [(r.length, r.outcome, r.failure_class) for r in records] == [
+        (1024, "passed", None),
+        (2048, "failed", "oom"),
+        (4096, "passed", None),
+    ]
+    assert line in records[1].evidence
+    assert [r.server_start["index"] for r in records] == [0, 0, 1]
+    assert records[2].server_start["cause"].startswith("oom: the server died (exit code 1)")
+    assert records[2].server_start["startup_s"] > 0
+    report = (run_folder(output) / "report.md").read_text()
+    assert "Server starts" in report and "#1 up in" in report
+    assert "1 oom" in report
+
+
+def test_a_bare_sigkill_is_engine_died_not_oom(pytester: pytest.Pytester) -> None:
+    """Exit -9 without a line naming memory, and no OOM kill in memory.events: engine_died."""
+    once = pytester.path / "died"
+    launched(pytester, "--die-at=4", "--exit-code=-9", f"--once={once}")
+    result, output = run_session(pytester, "--longctx-to=2Ki")
+    result.assert_outcomes(passed=1, failed=1)
+    records = records_of(output)
+    assert [(r.outcome, r.failure_class) for r in records] == [
+        ("failed", "engine_died"),
+        ("passed", None),
+    ]
+    assert "the server exited with code -9" in records[0].evidence
+
+
+#: A "server" that fails as vLLM does when it cannot fetch a model: thirty traceback frames,
+#: the cause, then vLLM's wrapper around it.
+FAILING_SERVER = """
+import sys
+for n in range(30):
+    print(f'  File "engine.py", line {n}, in start')
+print("OSError: We could not connect to huggingface.co to load the files")
+print("RuntimeError: Engine core initialization failed. See root cause above.")
+sys.exit(1)
+"""
+
+FAIL_TO_START = """
+import sys
+from pytest_longctx.serving.vllm_command import ServerCommand
+
+def pytest_longctx_server_command(config, plan, command):
+    argv = (sys.executable, "failing_server.py", "--host", "127.0.0.1", "--port", "1")
+    return ServerCommand(argv, {})
+"""
+
+
+def test_a_server_that_cannot_start_names_its_cause_in_one_line(pytester: pytest.Pytester) -> None:
+    """Thirty traceback frames, the cause, vLLM's wrapper: the reason names the cause."""
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    pytester.makeconftest(FAIL_TO_START)
+    (pytester.path / "failing_server.py").write_text(FAILING_SERVER)
+    result, output = run_session(pytester, "--longctx-to=2Ki")
+    result.assert_outcomes(errors=2)
+    records = records_of(output)
+    assert _classes(records) == ["start_failed", "start_failed"]
+    (line,) = records[0].reason.splitlines()
+    assert line.endswith(": OSError: We could not connect to huggingface.co to load the files")
+
+
+def test_every_class_is_documented() -> None:
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    for name in FAILURE_CLASSES:
+        assert f"`{name}`" in readme, name
+
+
+def test_the_exception_ending_a_log_is_the_root_cause_not_the_wrapper() -> None:
+    log = [
+        "(EngineCore pid=7) ERROR 12-01 09:18:46 [core.py:1510] ValueError: To serve at least one "
+        "request with the model's max seq len (16416), (0.01 GiB KV cache is needed, which is "
+        "larger than the available KV cache memory (0.0 GiB). Based on the available memory, the "
+        "estimated maximum model length is 10112. Try increasing `gpu_memory_utilization`",
+        "RuntimeError: Engine core initialization failed. See root cause above.",
+    ]
+    assert outcomes.final_exception(log).startswith("ValueError: To serve at least one request")
+    assert outcomes.estimated_max_model_len("\n".join(log)) == 10112
+    assert outcomes.death(log, 1).failure_class == "oom"
+    assert outcomes.death(["Killed"], -9).failure_class == "engine_died"
+    assert outcomes.death(["Killed"], -9, oom_kills=1).failure_class == "oom"
