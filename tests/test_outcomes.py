@@ -291,3 +291,54 @@ def test_the_exception_ending_a_log_is_the_root_cause_not_the_wrapper() -> None:
     assert outcomes.death(log, 1).failure_class == "oom"
     assert outcomes.death(["Killed"], -9).failure_class == "engine_died"
     assert outcomes.death(["Killed"], -9, oom_kills=1).failure_class == "oom"
+
+
+def test_resume_measures_the_points_a_crash_cost(pytester: pytest.Pytester) -> None:
+    """No relaunches: the crash fails 2Ki as engine_died and 4Ki is never sent; a resume
+    measures both, like any failure."""
+    once = pytester.path / "died"
+    launched(pytester, "--die-at=5", "--exit-code=-9", f"--once={once}")
+    result, output = run_session(pytester, "--longctx-to=4Ki", "--longctx-max-relaunches=0")
+    result.assert_outcomes(passed=1, failed=1, errors=1)
+    assert _classes(records_of(output)) == [None, "engine_died", "engine_died"]
+    assert "relaunches are spent (0 of --longctx-max-relaunches=0)" in records_of(output)[2].reason
+    result, output = run_session(pytester, "--longctx-to=4Ki", "--longctx-resume")
+    result.assert_outcomes(passed=3)
+    records = records_of(output)
+    assert [(r.length, r.outcome) for r in records[3:]] == [(2048, "passed"), (4096, "passed")]
+
+
+def test_under_xdist_a_worker_relaunches_its_own_server(pytester: pytest.Pytester) -> None:
+    """One of two workers' servers dies during a point: that worker starts its own again, the
+    other's server is untouched, and every other point passes."""
+    once = pytester.path / "died"
+    launched(pytester, "--die-at=4", "--exit-code=-9", f"--once={once}")
+    result, output = run_session(pytester, "-n", "2", "--longctx-to=4Ki", "--longctx-repeats=2")
+    result.assert_outcomes(passed=5, failed=1)
+    records = records_of(output)
+    (crashed,) = [r for r in records if r.outcome == "failed"]
+    assert crashed.failure_class == "engine_died"
+    worker = crashed.fingerprint["server"]["worker"]
+    starts = {(r.fingerprint["server"]["worker"], r.server_start["index"]) for r in records}
+    assert (worker, 1) in starts
+    assert all(index == 0 for name, index in starts if name != worker)
+
+
+def test_a_profile_whose_devices_are_absent_is_refused_before_a_launch(
+    pytester: pytest.Pytester,
+) -> None:
+    """MI355X profile, no ROCm device here: refused at once, in one line, nothing started;
+    its plan stays available."""
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    args = ("--longctx-profile=kimi-linear-mi355x", "--longctx-to=2Ki")
+    result, output = run_session(pytester, *args, timeout=120)
+    result.assert_outcomes(errors=2)
+    records = records_of(output)
+    assert _classes(records) == ["start_failed", "start_failed"]
+    (line,) = records[0].reason.splitlines()
+    assert line.startswith("Failed: profile kimi-linear-mi355x cannot be launched here: it serves")
+    assert "8 ROCM device(s) and rocm-smi finds none on this machine" in line
+    assert not list(run_folder(output).glob("server*.log"))
+    result, _ = run_session(pytester, *args, "--longctx-plan", timeout=120)
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["*server command*"])

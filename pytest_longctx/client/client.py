@@ -68,6 +68,8 @@ class ClientConfig:
     #: /health, /v1/models, /metrics, /tokenize (which may tokenize megabytes: see tokenize()).
     control_timeout_s: float = 60.0
     upload_chunk_bytes: int = UPLOAD_CHUNK_BYTES
+    #: TCP keepalive probe interval on every connection, the measured one included; 0: off.
+    tcp_keepalive_s: float = 15.0
 
     def __post_init__(self) -> None:
         for name in ("connect_timeout_s", "inter_token_timeout_s", "control_timeout_s"):
@@ -99,7 +101,7 @@ class CompletionClient:
         headers = {"Accept-Encoding": "identity"}
         if config.api_key:
             headers["Authorization"] = f"Bearer {config.api_key}"
-        transport, self._backend = _preopening_transport()
+        transport, self._backend = _preopening_transport(config.tcp_keepalive_s)
         self._http = httpx.Client(
             headers=headers,
             timeout=httpx.Timeout(config.control_timeout_s, connect=config.connect_timeout_s),

@@ -143,8 +143,13 @@ def _whole(value: float | None) -> int | None:
     return None if value is None else int(value)
 
 
-def client_for(server: ServerInfo) -> CompletionClient:
-    return CompletionClient(ClientConfig(base_url=server.base_url, api_key=server.api_key))
+def client_for(server: ServerInfo, tcp_keepalive_s: float = 15.0) -> CompletionClient:
+    """The measuring client; its connections probe with TCP keepalive every ``tcp_keepalive_s``."""
+    return CompletionClient(
+        ClientConfig(
+            base_url=server.base_url, api_key=server.api_key, tcp_keepalive_s=tcp_keepalive_s
+        )
+    )
 
 
 def _snapshot(client: CompletionClient) -> tuple[MetricsSnapshot | None, str | None]:

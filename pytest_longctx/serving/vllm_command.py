@@ -64,9 +64,12 @@ def build_server_command(
     host: str = "127.0.0.1",
     python: str = sys.executable,
     entry: tuple[str, ...] | None = None,
+    sse_keep_alive_s: int = 0,
 ) -> ServerCommand:
     """The exact argv and environment that serve ``profile``; ``entry`` is how vLLM starts
-    (default: :func:`launcher`)."""
+    (default: :func:`launcher`). ``sse_keep_alive_s`` > 0 has vLLM send a keep-alive comment
+    on a stream idle that long (``--sse-keep-alive-interval``, vLLM 0.32; off by default),
+    which keeps HTTP proxies' idle timers from cutting a long prefill."""
     model, serving = profile.model, profile.serving
     entry = entry or launcher(python)
     serve = entry[-1] == "serve"
@@ -104,6 +107,8 @@ def build_server_command(
         argv += ["--distributed-executor-backend", serving.executor]
     if serving.compilation_config:
         argv += ["--compilation-config", serving.compilation_config]
+    if sse_keep_alive_s > 0:
+        argv += ["--sse-keep-alive-interval", str(sse_keep_alive_s)]
     argv += list(serving.extra_args)
     return ServerCommand(tuple(argv), dict(serving.env))
 

@@ -39,9 +39,9 @@ def longctx_server(pytestconfig: pytest.Config, longctx_run: Run) -> Iterator[Se
 
 
 @pytest.fixture(scope="session")
-def longctx_client(longctx_server: ServerInfo) -> Iterator[CompletionClient]:
+def longctx_client(longctx_server: ServerInfo, longctx_run: Run) -> Iterator[CompletionClient]:
     """A streaming client bound to the session's server."""
-    with measure.client_for(longctx_server) as client:
+    with measure.client_for(longctx_server, longctx_run.settings.tcp_keepalive_s) as client:
         yield client
 
 

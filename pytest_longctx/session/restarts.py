@@ -83,11 +83,12 @@ def check_skips(run: Run, point: Point) -> None:
     crashes = run.crashes.get(point.length, [])
     limit = run.settings.max_crashes_per_length
     if len(crashes) >= limit:
-        raise skip(
+        # A consequence, not a failure of its own: the crashes carry the classes.
+        raise pytest.skip.Exception(
             f"{format_size(point.length)} took the server down {len(crashes)} times in this "
             f"session ({', '.join(crashes)}); its remaining repeats are skipped "
             f"(--longctx-max-crashes-per-length={limit})",
-            crashes[-1],
+            _use_item_location=True,
         )
 
 

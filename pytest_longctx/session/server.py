@@ -108,6 +108,7 @@ def server_command(config: pytest.Config, run: Run, port: int, build: bool) -> S
         max_model_len=selected_max_model_len(run),
         port=port,
         python=sys.executable,
+        sse_keep_alive_s=run.settings.sse_keep_alive_s,
     )
     key = api_key(run)
     if key:
@@ -314,7 +315,11 @@ def bring_up(run: Run, command: ServerCommand, cause: str | None = None) -> Serv
     run.launched = launched
     started = time.monotonic()
     launched.start()
-    launched.wait_ready()
+    try:
+        launched.wait_ready()
+    except ServerError:
+        launched.stop()  # its guard and files released; a failed start leaves nothing behind
+        raise
     key = api_key(run)
     served, version = _describe_server(run, launched.base_url, key)
     note_start(run, time.monotonic() - started, cause, pid=launched.process.pid)
