@@ -128,13 +128,9 @@ def test_a_kv_budget_too_small_for_the_largest_length_measures_the_shorter_ones(
     refuses 16Ki's --max-model-len and says what it can hold; the session starts it again for
     8Ki, measures 1Ki..8Ki, and records 16Ki as oom in vLLM's words."""
     pytester.makepyfile(test_sweep=SWEEP_TEST)
-    profile = profile_copy(
-        pytester.path,
-        "cpu-tiny",
-        **{
-            'extra_args = ["--seed", "0"]': 'extra_args = ["--seed", "0", "--kv-cache-memory-bytes", "5242880"]'
-        },
-    )
+    seed = 'extra_args = ["--seed", "0"]'
+    small = 'extra_args = ["--seed", "0", "--kv-cache-memory-bytes", "5242880"]'
+    profile = profile_copy(pytester.path, "cpu-tiny", **{seed: small})
     result, output = run_session(pytester, f"--longctx-profile={profile}")
     result.assert_outcomes(passed=4, skipped=1)
     records = records_of(output)

@@ -8,13 +8,11 @@ stand-in (``fake_server_main.py``) dies like a launched vLLM does, with a log to
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 from fake_vllm import ENGINE_DEAD_MESSAGE, FakeVLLM
-from longctx_testing import SWEEP_TEST, records_of, run_folder, run_session
+from longctx_testing import SWEEP_TEST, fault_session, records_of, run_folder, run_session
 
 from pytest_longctx.core.records import FAILURE_CLASSES, Record
 from pytest_longctx.measure import outcomes
@@ -22,40 +20,9 @@ from pytest_longctx.measure import outcomes
 FAKE_MAIN = Path(__file__).parent / "fake_server_main.py"
 
 
-@dataclass
-class _FaultAfterWarmUp:
-    """Switches the fault on as the first item runs, after the warm-up prompts."""
-
-    fake: FakeVLLM
-    changes: dict[str, Any]
-    stop_server: bool = False
-
-    def pytest_runtest_call(self, item: pytest.Item) -> None:
-        if self.stop_server:
-            self.fake.stop()
-        else:
-            self.fake.configure(**self.changes)
-
-
 @pytest.fixture
 def attached(pytester: pytest.Pytester, fake_vllm: FakeVLLM):  # noqa: ANN201
-    pytester.makepyfile(test_sweep=SWEEP_TEST)
-    output = pytester.path / "reports"
-
-    def run(*args: str, stop_server: bool = False, **changes: Any) -> tuple[Any, list[Record]]:
-        plugin = _FaultAfterWarmUp(fake_vllm, changes, stop_server)
-        result = pytester.runpytest(
-            "-p",
-            "no:cacheprovider",
-            f"--longctx-url={fake_vllm.url}",
-            f"--longctx-output={output}",
-            "--longctx-decode-tokens=8",
-            *args,
-            plugins=[plugin],
-        )
-        return result, records_of(output)
-
-    return run
+    return fault_session(pytester, fake_vllm)
 
 
 def _classes(records: list[Record]) -> list[str | None]:

@@ -307,7 +307,7 @@ def leftover_servers(output_root: Path, this_run: Path) -> list[str]:
         if data.get("stopped_at") or not _is_server_process(pid):
             continue
         session = data.get("session_pid")
-        if isinstance(session, int) and _is_alive(session):
+        if isinstance(session, int) and is_alive(session):
             found.append(
                 f"run {path.parent.name} (session pid {session}) is serving vLLM on this "
                 f"machine at the same time (pid {pid}): the two share its cores and memory"
@@ -321,9 +321,10 @@ def leftover_servers(output_root: Path, this_run: Path) -> list[str]:
     return found
 
 
-def _is_alive(pid: int) -> bool:
+def is_alive(pid: int, group: bool = False) -> bool:
+    """Whether the process (or, with ``group``, any process of its group) still exists."""
     try:
-        os.kill(pid, 0)
+        (os.killpg if group else os.kill)(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:

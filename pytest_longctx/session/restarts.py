@@ -12,7 +12,6 @@ after which that length's remaining repeats are skipped with the reason.
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 import time
 
@@ -23,7 +22,7 @@ from pytest_longctx.gate import fingerprint_mismatch
 from pytest_longctx.measure.point import PointFailure
 from pytest_longctx.measure.target import ServerError, ServerInfo
 from pytest_longctx.plan.sweep import Point
-from pytest_longctx.serving.process import check_attached, control_client
+from pytest_longctx.serving.process import check_attached, control_client, is_alive
 from pytest_longctx.session import points
 from pytest_longctx.session import server as serving
 from pytest_longctx.session.run import Run
@@ -152,7 +151,7 @@ def _relaunch(config: pytest.Config, run: Run, cause: ServerError) -> None:
 def _wait_released(pgid: int | None, argv: tuple[str, ...]) -> None:
     """The dead server's process group gone and its port free, or a ServerError."""
     deadline = time.monotonic() + RELEASE_TIMEOUT_S
-    while pgid is not None and _group_alive(pgid):
+    while pgid is not None and is_alive(pgid, group=True):
         if time.monotonic() > deadline:
             raise ServerError(
                 f"the dead server's process group {pgid} is still alive after "
@@ -167,16 +166,6 @@ def _wait_released(pgid: int | None, argv: tuple[str, ...]) -> None:
                 f"port {port} is still taken after {RELEASE_TIMEOUT_S:g} s", "start_failed"
             )
         time.sleep(0.2)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _port_free(host: str, port: int) -> bool:
