@@ -309,3 +309,41 @@ def test_a_profile_whose_devices_are_absent_is_refused_before_a_launch(
     result, _ = run_session(pytester, *args, "--longctx-plan", timeout=120)
     assert result.ret == 0
     result.stdout.fnmatch_lines(["*server command*"])
+
+
+@pytest.mark.parametrize(
+    ("version", "name"), [("v2", "memory.events"), ("v1", "memory.oom_control")]
+)
+def test_the_oom_killers_count_is_read_from_the_servers_cgroup(
+    tmp_path: Path, version: str, name: str
+) -> None:
+    """The kernel counts OOM kills per cgroup; a kill during the server's life is oom."""
+    import os
+
+    from pytest_longctx.serving.process import memory_events_path, oom_kill_count
+
+    line, folder = {
+        "v2": ("0::/session", tmp_path / "session"),
+        "v1": ("4:memory:/session", tmp_path / "memory" / "session"),
+    }[version]
+    folder.mkdir(parents=True)
+    events = folder / name
+    events.write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 0\n")
+    proc = tmp_path / "cgroup"
+    proc.write_text(line + "\n")
+    real = Path.read_text
+
+    def read(path: Path, *args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        return (
+            real(proc)
+            if str(path) == f"/proc/{os.getpid()}/cgroup"
+            else real(path, *args, **kwargs)
+        )
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Path, "read_text", read)
+        found = memory_events_path(os.getpid(), root=tmp_path)
+    assert found is not None and found.name == name
+    assert oom_kill_count(found) == 0
+    events.write_text("low 0\nhigh 0\nmax 3\noom 2\noom_kill 1\n")
+    assert oom_kill_count(found) == 1
