@@ -347,3 +347,27 @@ def test_the_oom_killers_count_is_read_from_the_servers_cgroup(
     assert oom_kill_count(found) == 0
     events.write_text("low 0\nhigh 0\nmax 3\noom 2\noom_kill 1\n")
     assert oom_kill_count(found) == 1
+
+
+def test_a_relaunch_rewrites_server_json_as_running(tmp_path: Path) -> None:
+    """The next session names a server left running by its ``server.json``; a relaunch must
+    not leave the earlier start's ``stopped_at`` on the running one."""
+    import json
+    import sys
+
+    from pytest_longctx.serving.process import LaunchedServer
+    from pytest_longctx.serving.vllm_command import ServerCommand
+
+    argv = (sys.executable, "-c", "import time; time.sleep(60)", "--host", "127.0.0.1")
+    command = ServerCommand((*argv, "--port", "1"))
+    first = LaunchedServer(command, tmp_path / "server.log", 5, grace_s=1)
+    first.start()
+    first.stop()
+    assert json.loads((tmp_path / "server.json").read_text())["stopped_at"]
+    second = LaunchedServer(command, tmp_path / "server.log", 5, grace_s=1)
+    second.start()
+    try:
+        data = json.loads((tmp_path / "server.json").read_text())
+        assert (data["pid"], data["stopped_at"]) == (second.process.pid, None)
+    finally:
+        second.stop()

@@ -180,7 +180,8 @@ class LaunchedServer:
         )
         self.memory_events = memory_events_path(self.process.pid)
         self.oom_kills_at_start = oom_kill_count(self.memory_events)
-        self._write_server_file(started_at=time.time())
+        # A relaunch rewrites the same file: the earlier start's stop no longer holds.
+        self._write_server_file(started_at=time.time(), stopped_at=None)
 
     def _write_server_file(self, **fields: object) -> None:
         """The server's pid and group in the run folder, for whoever finds it still running."""
