@@ -8,10 +8,12 @@ stand-in (``fake_server_main.py``) dies like a launched vLLM does, with a log to
 
 from __future__ import annotations
 
+import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from fake_vllm import ENGINE_DEAD_MESSAGE, FakeVLLM
+from fake_vllm import ENGINE_DEAD_MESSAGE, Behaviour, FakeVLLM
 from longctx_testing import SWEEP_TEST, fault_session, records_of, run_folder, run_session
 
 from pytest_longctx.core.records import FAILURE_CLASSES, Record
@@ -371,3 +373,59 @@ def test_a_relaunch_rewrites_server_json_as_running(tmp_path: Path) -> None:
         assert (data["pid"], data["stopped_at"]) == (second.process.pid, None)
     finally:
         second.stop()
+
+
+@dataclass
+class _ComesBack:
+    """Stops the fake server as the first point runs, and starts one on the same port a
+    second later, as a supervisor restarting it would."""
+
+    fake: FakeVLLM
+    model: str
+    started: list[FakeVLLM]
+
+    def pytest_runtest_call(self, item: pytest.Item) -> None:
+        if self.started:
+            return
+        port = int(self.fake.url.rsplit(":", 1)[1])
+        self.fake.stop()
+        again = FakeVLLM(Behaviour(model=self.model), port=port)
+        self.started.append(again)
+        threading.Timer(1.0, again.start).start()
+
+
+@pytest.mark.parametrize("model", ["fake-model", "another-model"])
+def test_an_attached_server_that_answers_again_is_checked_and_measured(
+    pytester: pytest.Pytester, fake_vllm: FakeVLLM, model: str
+) -> None:
+    """The same server back within the wait: the next point is measured; another model on
+    that port is not the server this run measured, and its points fail as server_gone."""
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    output = pytester.path / "reports"
+    started: list[FakeVLLM] = []
+    try:
+        result = pytester.runpytest(
+            "-p",
+            "no:cacheprovider",
+            f"--longctx-url={fake_vllm.url}",
+            f"--longctx-output={output}",
+            "--longctx-decode-tokens=8",
+            "--longctx-to=2Ki",
+            "--longctx-reattach-timeout=30s",
+            plugins=[_ComesBack(fake_vllm, model, started)],
+        )
+    finally:
+        for server in started:
+            server.stop()
+    records = records_of(output)
+    assert records[0].failure_class == "server_gone"
+    if model == "fake-model":
+        result.assert_outcomes(passed=1, failed=1)
+        assert records[1].outcome == "passed"
+        assert records[1].server_start["index"] == 1
+        assert "answered again after" in records[1].server_start["cause"]
+    else:
+        result.assert_outcomes(failed=1, errors=1)
+        assert records[1].failure_class == "server_gone"
+        assert "not the server this run measured" in records[1].reason
+        assert "'another-model' != 'fake-model'" in records[1].reason
