@@ -96,7 +96,7 @@ def test_killed_between_and_during_points_the_session_relaunches_and_carries_on(
     assert "the server exited with code -9" in records[1].evidence
     assert "took the server down 2 times" in records[7].reason
     starts = {r.server_start["index"]: r.server_start for r in records}
-    assert starts[1]["cause"].startswith("engine_died: the server died (exit code -9)")
+    assert starts[1]["cause"].startswith("engine_died: the vLLM server is gone (exit code -9;")
     assert all(starts[i]["startup_s"] > 1 for i in starts)
     fingerprint = records[0].fingerprint
     assert all(r.fingerprint["server_command"] == fingerprint["server_command"] for r in records)

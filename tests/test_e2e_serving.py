@@ -34,6 +34,7 @@ def pytest_runtest_teardown(item):
         with open("server.pgid", "w") as handle:
             handle.write(str(pid))
         os.killpg(pid, signal.SIGKILL)
+        run.launched.process.wait()
 """
 
 CAPACITY_CHECK_TEST = """

@@ -186,7 +186,7 @@ def test_an_oom_named_in_the_log_is_oom_and_the_session_relaunches(
     ]
     assert line in records[1].evidence
     assert [r.server_start["index"] for r in records] == [0, 0, 1]
-    assert records[2].server_start["cause"].startswith("oom: the server died (exit code 1)")
+    assert records[2].server_start["cause"].startswith("oom: the vLLM server is gone (exit code 1;")
     assert records[2].server_start["startup_s"] > 0
     report = (run_folder(output) / "report.md").read_text()
     assert "Server starts" in report and "#1 up in" in report
@@ -429,3 +429,35 @@ def test_an_attached_server_that_answers_again_is_checked_and_measured(
         assert records[1].failure_class == "server_gone"
         assert "not the server this run measured" in records[1].reason
         assert "'another-model' != 'fake-model'" in records[1].reason
+
+
+KILL_AS_2KI_RUNS = """
+import os, signal
+from pytest_longctx.session.stash import RUN_KEY
+
+def pytest_runtest_call(item):
+    run = item.config.stash[RUN_KEY]
+    if "len=2Ki" in item.name and run.launched is not None and len(run.starts) == 1:
+        os.killpg(run.launched.process.pid, signal.SIGKILL)
+        run.launched.process.wait()
+"""
+
+
+def test_a_point_never_sent_because_the_server_died_is_measured_after_the_relaunch(
+    pytester: pytest.Pytester,
+) -> None:
+    """The server dies after 2Ki's setup found it alive, before its request: not a failure,
+    the point is measured on the relaunched server."""
+    launched(pytester)
+    (pytester.path / "conftest.py").write_text(
+        (pytester.path / "conftest.py").read_text() + KILL_AS_2KI_RUNS
+    )
+    result, output = run_session(pytester, "--longctx-to=4Ki")
+    result.assert_outcomes(passed=3)
+    records = records_of(output)
+    assert [(r.length, r.server_start["index"]) for r in records] == [
+        (1024, 0),
+        (2048, 1),
+        (4096, 1),
+    ]
+    assert records[1].server_start["cause"].startswith("engine_died: the vLLM server is gone")

@@ -25,6 +25,7 @@ from .errors import (
     MeasurementError,
     MeasurementTimeoutError,
     MissingUsageError,
+    NotConnectedError,
     NoTokensError,
     ServerUnavailableError,
     StreamError,
@@ -488,9 +489,9 @@ class CompletionClient:
         key = self.config.api_key
         return text.replace(key, REDACTED) if key else text
 
-    def _unavailable(self, exc: Exception) -> ServerUnavailableError:
+    def _unavailable(self, exc: Exception) -> NotConnectedError:
         reason = self._redact(str(exc)) or type(exc).__name__
-        return ServerUnavailableError(
+        return NotConnectedError(
             f"cannot connect to {self.base_url} within {self.config.connect_timeout_s:g} s "
             f"({reason}): is the server running and listening there?"
         )

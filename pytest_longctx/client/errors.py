@@ -21,6 +21,10 @@ class ServerUnavailableError(MeasurementError):
     """Nothing answered: connection refused, reset or closed before a response."""
 
 
+class NotConnectedError(ServerUnavailableError):
+    """No connection could be made: the request was never sent."""
+
+
 class MalformedResponseError(MeasurementError):
     """A non-streaming endpoint answered with something that is not the documented JSON."""
 

@@ -18,6 +18,7 @@ from pytest_longctx.client import (
     ErrorFrameError,
     MeasurementError,
     MeasurementTimeoutError,
+    NotConnectedError,
     RequestRejectedError,
     ServerUnavailableError,
     StreamProgress,
@@ -310,6 +311,7 @@ def _failure(
     not; a broken connection to a server that still answers was cut between the two.
     """
     text = f"{type(exc).__name__}: {exc}"
+    sent = not isinstance(exc, NotConnectedError)
     said = getattr(exc, "server_message", None) or str(exc)
     frame = (
         (outcomes.classify_server_message(said),)
@@ -320,7 +322,7 @@ def _failure(
         check_alive(5.0)
     except ServerError as gone:
         evidence = (*([said] if frame else []), *gone.evidence)
-        return PointFailure(f"{text}\n{gone}", gone.failure_class, evidence)
+        return PointFailure(f"{text}\n{gone}", gone.failure_class, evidence, sent)
     if frame:
         return PointFailure(text, frame[0], (said,))
     if isinstance(exc, MeasurementTimeoutError):

@@ -253,9 +253,8 @@ class LaunchedServer:
             if cause:
                 raise ServerError(f"{where}: {cause}", klass, evidence)
             raise ServerError(f"{where}; last lines:\n{self.tail()}", klass, evidence)
-        named = f"; {failure.failure_class}: {failure.evidence[-1]}" if failure.evidence else ""
         raise ServerError(
-            f"{where}{named}; last lines:\n{self.tail()}",
+            f"{where}; last lines:\n{self.tail()}",
             failure.failure_class,
             failure.evidence,
         )

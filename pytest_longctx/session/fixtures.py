@@ -108,8 +108,12 @@ def longctx_measure(
             request.node.stash[MEASUREMENT_KEY] = exc.measurement  # its figures stay recorded
             raise
         except measure.PointFailure as exc:
-            restarts.after_failure(longctx_run, longctx_point, exc)
-            raise
+            if exc.sent or not restarts.server_down(longctx_run):
+                restarts.after_failure(longctx_run, longctx_point, exc)
+                raise
+            # Never sent: the server died just before it. Measured after the relaunch.
+            restarts.before_point(request.config, longctx_run, longctx_point)
+            return run_measurement(prompt)
         request.node.stash[MEASUREMENT_KEY] = result
         return result
 

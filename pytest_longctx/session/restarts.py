@@ -61,14 +61,11 @@ def before_point(config: pytest.Config, run: Run, point: Point) -> None:
     if run.launched is not None:
         cause = run.restart_cause
         if cause is None:
-            death = run.launched.death()
-            if death is None:
+            try:
+                run.launched.check_alive()
                 return
-            cause = ServerError(
-                f"the server died (exit code {run.launched.process.returncode})",
-                death.failure_class,
-                death.evidence,
-            )
+            except ServerError as exc:
+                cause = exc
         _relaunch(config, run, cause)
     elif run.settings.url:
         _reattach(run, run.server)
@@ -89,6 +86,13 @@ def check_skips(run: Run, point: Point) -> None:
             f"(--longctx-max-crashes-per-length={limit})",
             _use_item_location=True,
         )
+
+
+def server_down(run: Run) -> bool:
+    """Whether the launched server has died (or must be started again)."""
+    if run.launched is None or not isinstance(run.server, ServerInfo):
+        return False
+    return run.restart_cause is not None or run.launched.death() is not None
 
 
 def after_failure(run: Run, point: Point, failure: PointFailure) -> None:
