@@ -3,7 +3,9 @@
 It stands in for a launched vLLM where a test is about what the session makes of a server's
 death (its log, its exit), not about vLLM: ``--die-at N`` ends the process during its N-th
 completion request, after printing ``--die-line`` to its log, by ``os._exit(--exit-code)`` or,
-with ``--exit-code=-9``, by SIGKILL. ``--once FILE`` dies only while FILE does not exist.
+with ``--exit-code=-9``, by SIGKILL; ``--freeze-at N`` freezes the whole server there (no
+answer to anything, ``/health`` included). ``--once FILE`` does either only while FILE does
+not exist.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ def main() -> None:
     parser.add_argument("--die-at", type=int, default=0)
     parser.add_argument("--die-line", default="")
     parser.add_argument("--exit-code", type=int, default=1)
+    parser.add_argument("--freeze-at", type=int, default=0)
     parser.add_argument("--once", default="")
     args, _ = parser.parse_known_args()
     completions = [0]
@@ -40,6 +43,10 @@ def main() -> None:
             completions[0] += 1
             count = completions[0]
         once = Path(args.once) if args.once else None
+        if count == args.freeze_at and not (once and once.exists()):
+            if once:
+                once.touch()
+            behaviour = fake.configure(fault="freeze").behaviour
         if count == args.die_at and not (once and once.exists()):
             if once:
                 once.touch()
@@ -50,9 +57,10 @@ def main() -> None:
             os._exit(args.exit_code)
         return complete(handler, payload, behaviour, t_body)
 
-    _Handler._complete = counting  # type: ignore[method-assign]
     behaviour = Behaviour(model=args.served_model_name, max_model_len=args.max_model_len)
-    fake = FakeVLLM(behaviour, port=args.port).start()
+    fake = FakeVLLM(behaviour, port=args.port)
+    _Handler._complete = counting  # type: ignore[method-assign]
+    fake.start()
     print(f"INFO fake vLLM serving {args.served_model_name} at {fake.url}", flush=True)
     print("INFO:     Application startup complete.", flush=True)
     threading.Event().wait()

@@ -461,3 +461,22 @@ def test_a_point_never_sent_because_the_server_died_is_measured_after_the_relaun
         (4096, 1),
     ]
     assert records[1].server_start["cause"].startswith("engine_died: the vLLM server is gone")
+
+
+def test_a_launched_server_that_hangs_is_classed_hang_stopped_and_relaunched(
+    pytester: pytest.Pytester,
+) -> None:
+    """The whole server freezes during 2Ki: the budget runs out, /health gets no answer, so
+    the point is a hang; the server is stopped and started again, and 4Ki passes."""
+    once = pytester.path / "froze"
+    launched(pytester, "--freeze-at=5", f"--once={once}")
+    result, output = run_session(pytester, "--longctx-to=4Ki", "--longctx-ttft-timeout=1")
+    result.assert_outcomes(passed=2, failed=1)
+    records = records_of(output)
+    assert [(r.outcome, r.failure_class, r.server_start["index"]) for r in records] == [
+        ("passed", None, 0),
+        ("failed", "hang", 0),
+        ("passed", None, 1),
+    ]
+    assert "FirstTokenTimeoutError" in records[1].reason
+    assert records[2].server_start["cause"].startswith("hang: the server hung during len=2Ki")
