@@ -480,3 +480,30 @@ def test_a_launched_server_that_hangs_is_classed_hang_stopped_and_relaunched(
     ]
     assert "FirstTokenTimeoutError" in records[1].reason
     assert records[2].server_start["cause"].startswith("hang: the server hung during len=2Ki")
+
+
+def test_under_xdist_a_worker_whose_server_is_lost_hands_its_points_to_the_others(
+    pytester: pytest.Pytester,
+) -> None:
+    """No relaunches: one worker's server dies during its first point; that worker takes no
+    more points, and the other worker measures every one it would have."""
+    from pytest_longctx.core.stats import latest_records
+
+    once = pytester.path / "died"
+    launched(pytester, "--die-at=4", "--exit-code=-9", f"--once={once}")
+    args = ("-n", "2", "--longctx-to=4Ki", "--longctx-repeats=2", "--longctx-max-relaunches=0")
+    result, output = run_session(pytester, *args)
+    records = records_of(output)
+    (crashed,) = [r for r in records if r.outcome == "failed"]
+    lost = crashed.fingerprint["server"]["worker"]
+    handed = [r for r in records if r.outcome == "skipped"]
+    assert handed and all("takes no more points" in r.reason for r in handed)
+    latest = latest_records(records)
+    assert sorted((r.length, r.repeat, r.outcome) for r in latest if r is not crashed) == sorted(
+        (length, repeat, "passed")
+        for length in (1024, 2048, 4096)
+        for repeat in (0, 1)
+        if (length, repeat) != (crashed.length, crashed.repeat)
+    )
+    assert all(r.fingerprint["server"]["worker"] != lost for r in latest if r.outcome == "passed")
+    assert result.ret == 1  # the crashed point failed the session

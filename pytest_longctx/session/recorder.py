@@ -10,6 +10,7 @@ from pytest_longctx.core.records import Record
 from pytest_longctx.session import outputs as reporting
 from pytest_longctx.session.items import point_of
 from pytest_longctx.session.outputs import REPORT_ATTRIBUTE
+from pytest_longctx.session.restarts import HANDED_BACK_ATTRIBUTE
 from pytest_longctx.session.run import Run
 from pytest_longctx.session.stash import MEASUREMENT_KEY, RUN_KEY
 
@@ -129,6 +130,8 @@ def on_report(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.Tes
     )
     run.append(record)
     setattr(report, REPORT_ATTRIBUTE, record.to_json())
+    if call.excinfo is not None and getattr(call.excinfo.value, "handed_back", False):
+        setattr(report, HANDED_BACK_ATTRIBUTE, run.worker)
     if outcome == "passed" and measurement is not None:
         slowest = max(measurement.ttft_s, run.measured_ttft.get(point.length, 0.0))
         run.measured_ttft[point.length] = slowest

@@ -29,6 +29,8 @@ from pytest_longctx.session.run import Run
 
 #: Classes that mean the point took the server down with it; they count against its length.
 CRASH_CLASSES = ("engine_died", "oom", "hang", "server_gone")
+#: On a worker's report of a point it hands back, for the controller (controller.py).
+HANDED_BACK_ATTRIBUTE = "longctx_handed_back"
 #: How long a dead server's process group and port may take to be released.
 RELEASE_TIMEOUT_S = 60.0
 REATTACH_POLL_S = 2.0
@@ -52,7 +54,24 @@ def failed(exc: ServerError) -> BaseException:
 
 def before_point(config: pytest.Config, run: Run, point: Point) -> None:
     """Make the point measurable, or say why it cannot be: skip a length vLLM refused or
-    that crashed the server too often, bring a dead server back, fail fast when it cannot."""
+    that crashed the server too often, bring a dead server back, fail fast when it cannot.
+
+    Under pytest-xdist a worker whose launched server is lost for good hands its points back
+    (a skip saying so), and the controller gives them to the other workers."""
+    try:
+        _before_point(config, run, point)
+    except PointFailure as exc:
+        if exc.sent or run.worker is None or run.launched is None:
+            raise
+        handed = pytest.skip.Exception(
+            f"{exc}\n{run.worker} takes no more points: handed to the other workers",
+            _use_item_location=True,
+        )
+        handed.handed_back = True  # type: ignore[attr-defined]
+        raise handed from None
+
+
+def _before_point(config: pytest.Config, run: Run, point: Point) -> None:
     check_skips(run, point)
     if isinstance(run.server, ServerError):
         raise PointFailure(str(run.server), run.server.failure_class, run.server.evidence, False)
