@@ -79,7 +79,9 @@ def test_killed_between_and_during_points_the_session_relaunches_and_carries_on(
     repeat is skipped, so only 2Ki is lost."""
     pytester.makepyfile(test_sweep=SWEEP_TEST)
     pytester.makeconftest(killer(between=("len=1Ki-rep=0",), during=(2048,)))
-    result, output = run_session(pytester, "--longctx-to=4Ki", "--longctx-repeats=3")
+    # 512 tokens to decode: the request runs long enough for the killer to see it running
+    args = ("--longctx-to=4Ki", "--longctx-repeats=3", "--longctx-decode-tokens=512")
+    result, output = run_session(pytester, *args)
     result.assert_outcomes(passed=6, failed=2, skipped=1)
     records = records_of(output)
     assert _points(records) == [
