@@ -30,10 +30,11 @@ def _kill(run):
 
 def _kill_once_running(run, url, done):
     while not done.is_set():
-        try:
-            text = httpx.get(url + "/metrics", timeout=5).text
+        try:  # a busy single-process server answers late: keep asking
+            text = httpx.get(url + "/metrics", timeout=30).text
         except httpx.HTTPError:
-            return
+            time.sleep(0.05)
+            continue
         if re.search(r"^vllm:num_requests_running\\{{.*\\}} [1-9]", text, re.M):
             _kill(run)
             return

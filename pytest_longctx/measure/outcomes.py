@@ -11,8 +11,21 @@ attached server whose log is not readable here) the class is ``engine_died``.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+
+from pytest_longctx.client import (
+    ClientConfig,
+    CompletionClient,
+    ErrorFrameError,
+    MeasurementError,
+    MeasurementTimeoutError,
+    NotConnectedError,
+    RequestRejectedError,
+    ServerUnavailableError,
+    TruncatedStreamError,
+)
+from pytest_longctx.measure.target import ServerError, ServerInfo
 
 #: ``vllm.v1.engine.exceptions.EngineDeadError``'s message, inside error frames and bodies.
 ENGINE_DEAD_WORDS = "EngineCore encountered an issue"
@@ -120,3 +133,70 @@ def death(log_lines: Iterable[str], exit_code: int | None, oom_kills: int = 0) -
         return Failure("oom", (*evidence, *named))
     cause = final_exception(lines)
     return Failure("engine_died", (*evidence, *([cause] if cause else [])))
+
+
+#: How long a server may take to answer ``/health`` after a failed point before it counts as
+#: not answering (a hung server, or an attached one that is gone).
+PROBE_TIMEOUT_S = 10.0
+
+
+def _answers(server: ServerInfo) -> bool:
+    config = ClientConfig(
+        base_url=server.base_url,
+        api_key=server.api_key,
+        connect_timeout_s=PROBE_TIMEOUT_S,
+        control_timeout_s=PROBE_TIMEOUT_S,
+    )
+    with CompletionClient(config) as client:
+        return client.health_status() is not None
+
+
+def failed_request(
+    exc: MeasurementError, server: ServerInfo, check_alive: Callable[[float], None]
+) -> tuple[str, str, tuple[str, ...], bool]:
+    """A failed request's (message, class, evidence, sent), from the error and from the
+    server's state after it.
+
+    A dead launched server is classed by its death (its log and the OOM killer); a budget
+    that ran out is a ``timeout`` while the server still answers and a ``hang`` when it does
+    not; a broken connection to a server that still answers was cut between the two.
+    """
+    text = f"{type(exc).__name__}: {exc}"
+    sent = not isinstance(exc, NotConnectedError)
+    said = getattr(exc, "server_message", None) or str(exc)
+    frame = (
+        (classify_server_message(said),)
+        if isinstance(exc, (ErrorFrameError, RequestRejectedError))
+        else ()
+    )
+    try:
+        check_alive(5.0)
+    except ServerError as gone:
+        evidence = (*([said] if frame else []), *gone.evidence)
+        return f"{text}\n{gone}", gone.failure_class, evidence, sent
+    if frame:
+        return text, frame[0], (said,), sent
+    if isinstance(exc, MeasurementTimeoutError):
+        if _answers(server):
+            return text, "timeout", (), sent
+        return (
+            text,
+            "hang",
+            (
+                f"{server.base_url} did not answer /health within {PROBE_TIMEOUT_S:g} s after the "
+                "budget ran out",
+            ),
+            sent,
+        )
+    if isinstance(exc, (TruncatedStreamError, ServerUnavailableError)) and _answers(server):
+        return (
+            text,
+            "connection_cut",
+            (
+                f"the connection broke while the server at {server.base_url} stayed up and still "
+                "answers /health: something between the two (a NAT, proxy or load balancer) cut "
+                "it",
+            ),
+            sent,
+        )
+    return text, "error", (), sent

@@ -15,14 +15,9 @@ from pytest_longctx.client import (
     ClientConfig,
     CompletionClient,
     CompletionRequest,
-    ErrorFrameError,
     MeasurementError,
-    MeasurementTimeoutError,
-    NotConnectedError,
     RequestRejectedError,
-    ServerUnavailableError,
     StreamProgress,
-    TruncatedStreamError,
 )
 from pytest_longctx.core.records import Record
 from pytest_longctx.measure import outcomes
@@ -243,9 +238,9 @@ def measure_point(
             raise PointFailure(refusal(exc), "refused") from None
         if exc.status_code is not None and exc.status_code < 500:
             raise PointFailure(f"{type(exc).__name__}: {exc}", "refused") from None
-        raise _failure(exc, server, check_alive) from None
+        raise PointFailure(*outcomes.failed_request(exc, server, check_alive)) from None
     except MeasurementError as exc:
-        raise _failure(exc, server, check_alive) from None
+        raise PointFailure(*outcomes.failed_request(exc, server, check_alive)) from None
     finally:
         if watch is not None:
             watch.stop()
@@ -283,70 +278,6 @@ def measure_point(
                 result,
             )
     return result
-
-
-#: How long a server may take to answer ``/health`` after a failed point before it counts as
-#: not answering (a hung server, or an attached one that is gone).
-PROBE_TIMEOUT_S = 10.0
-
-
-def _answers(server: ServerInfo) -> bool:
-    config = ClientConfig(
-        base_url=server.base_url,
-        api_key=server.api_key,
-        connect_timeout_s=PROBE_TIMEOUT_S,
-        control_timeout_s=PROBE_TIMEOUT_S,
-    )
-    with CompletionClient(config) as client:
-        return client.health_status() is not None
-
-
-def _failure(
-    exc: MeasurementError, server: ServerInfo, check_alive: Callable[[float], None]
-) -> PointFailure:
-    """The failed request's class, from the error and from the server's state after it.
-
-    A dead launched server is classed by its death (its log and the OOM killer); a budget
-    that ran out is a ``timeout`` while the server still answers and a ``hang`` when it does
-    not; a broken connection to a server that still answers was cut between the two.
-    """
-    text = f"{type(exc).__name__}: {exc}"
-    sent = not isinstance(exc, NotConnectedError)
-    said = getattr(exc, "server_message", None) or str(exc)
-    frame = (
-        (outcomes.classify_server_message(said),)
-        if isinstance(exc, (ErrorFrameError, RequestRejectedError))
-        else ()
-    )
-    try:
-        check_alive(5.0)
-    except ServerError as gone:
-        evidence = (*([said] if frame else []), *gone.evidence)
-        return PointFailure(f"{text}\n{gone}", gone.failure_class, evidence, sent)
-    if frame:
-        return PointFailure(text, frame[0], (said,))
-    if isinstance(exc, MeasurementTimeoutError):
-        if _answers(server):
-            return PointFailure(text, "timeout")
-        return PointFailure(
-            text,
-            "hang",
-            (
-                f"{server.base_url} did not answer /health within {PROBE_TIMEOUT_S:g} s after the "
-                "budget ran out",
-            ),
-        )
-    if isinstance(exc, (TruncatedStreamError, ServerUnavailableError)) and _answers(server):
-        return PointFailure(
-            text,
-            "connection_cut",
-            (
-                f"the connection broke while the server at {server.base_url} stayed up and still "
-                "answers /health: something between the two (a NAT, proxy or load balancer) cut "
-                "it",
-            ),
-        )
-    return PointFailure(text, "error")
 
 
 def _cached_tokens(view: dict[str, float]) -> int | None:

@@ -23,7 +23,7 @@ from pytest_longctx.core.files import exclusive_lock, write_atomically
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.gate import fingerprint_mismatch
 from pytest_longctx.measure import outcomes
-from pytest_longctx.measure.point import PROBE_TIMEOUT_S
+from pytest_longctx.measure.outcomes import PROBE_TIMEOUT_S
 from pytest_longctx.measure.server_metrics import cache_config_labels
 from pytest_longctx.measure.target import ServerError, ServerInfo
 from pytest_longctx.plan import capacity_table
