@@ -138,6 +138,8 @@ def test_the_report_counts_classes_per_length(attached, pytester: pytest.Pyteste
     report = (run_folder(pytester.path / "reports") / "report.md").read_text()
     assert "1 connection_cut |" in report
     assert "**failed (connection_cut)**" in report
+    page = (run_folder(pytester.path / "reports") / "report.html").read_text()
+    assert "1 connection_cut" in page  # pytest-html's page: the same summary
     result.stdout.fnmatch_lines(["*1Ki*1 connection_cut*"])
 
 
