@@ -167,6 +167,17 @@ def launched(pytester: pytest.Pytester, *extra: str) -> None:
     pytester.makeconftest(LAUNCH_FAKE.format(extra=list(extra), main=str(FAKE_MAIN)))
 
 
+#: Notes which SIGTERM handler is installed as each point runs.
+NOTE_SIGTERM_HANDLER = """
+import signal
+
+def pytest_runtest_call(item):
+    handler = signal.getsignal(signal.SIGTERM)
+    with open("handlers", "a") as out:
+        out.write(getattr(handler, "__qualname__", repr(handler)) + "\\n")
+"""
+
+
 def test_an_oom_named_in_the_log_is_oom_and_the_session_relaunches(
     pytester: pytest.Pytester,
 ) -> None:
@@ -178,8 +189,14 @@ def test_an_oom_named_in_the_log_is_oom_and_the_session_relaunches(
     )
     once = pytester.path / "died"
     launched(pytester, "--die-at=5", f"--die-line={line}", f"--once={once}")
+    (pytester.path / "conftest.py").write_text(
+        (pytester.path / "conftest.py").read_text() + NOTE_SIGTERM_HANDLER
+    )
     result, output = run_session(pytester, "--longctx-to=4Ki")
     result.assert_outcomes(passed=2, failed=1)
+    # SIGTERM still ends the session the way Ctrl-C does, before and after the relaunch
+    handlers = (pytester.path / "handlers").read_text().split()
+    assert handlers == ["SessionSignals._interrupt"] * 3
     records = records_of(output)
     assert [(r.length, r.outcome, r.failure_class) for r in records] == [
         (1024, "passed", None),
