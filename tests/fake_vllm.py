@@ -44,7 +44,13 @@ FAULTS = (
     "hang_after_headers",  # answer 200 headers, never send a chunk
     "reset",  # read the request, then reset the connection (RST)
     "reject_echoing_auth",  # HTTP 401 whose message repeats the Authorization header
+    "freeze",  # read the request, never answer; /health and /metrics stop answering too
 )
+
+#: vLLM 0.32's words: ``GenerationError`` in a stream, and ``EngineDeadError`` (the same for
+#: every engine death) in a stream or a 500 body.
+GENERATION_ERROR_MESSAGE = "Internal server error"
+ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 
 TOO_LONG_MESSAGE = (
     "This model's maximum context length is {limit} tokens. However, your prompt contains "
@@ -109,6 +115,12 @@ class Behaviour:
     deliver_at_once: bool = False
     #: False: /metrics has no decode-time histogram, as an engine that does not time decodes.
     decode_metric: bool = True
+    #: The error frame's message and type (fault ``error_frame``).
+    error_message: str = GENERATION_ERROR_MESSAGE
+    error_type: str = "InternalServerError"
+    #: Seconds between SSE keep-alive comments while the stream is idle, as vLLM's
+    #: ``--sse-keep-alive-interval`` sends them; 0: none.
+    keep_alive_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.fault is not None and self.fault not in FAULTS:
@@ -172,8 +184,9 @@ class _Totals:
 class FakeVLLM:
     """The server; ``start()``/``stop()`` or a ``with`` block."""
 
-    def __init__(self, behaviour: Behaviour | None = None) -> None:
+    def __init__(self, behaviour: Behaviour | None = None, port: int = 0) -> None:
         self.behaviour = behaviour or Behaviour()
+        self.port = port
         self.requests: list[ReceivedRequest] = []
         self.streams: list[StreamTimes] = []
         #: Id prompts seen, for ``Behaviour.prefix_cache``.
@@ -198,7 +211,7 @@ class FakeVLLM:
         return self
 
     def start(self) -> FakeVLLM:
-        server = _PrestartedServer(("127.0.0.1", 0), _Handler)
+        server = _PrestartedServer(("127.0.0.1", self.port), _Handler)
         server.fake = self  # type: ignore[attr-defined]
         self._server = server
         self._thread = threading.Thread(
@@ -361,6 +374,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802 - stdlib naming
         self.fake.record(ReceivedRequest("GET", self.path, dict(self.headers), 0))
+        if self.fake.behaviour.fault == "freeze":
+            self.fake.hang()
+            return
         if not self._authorized():
             return
         if self.path == "/health":
@@ -478,7 +494,7 @@ class _Handler(BaseHTTPRequestHandler):
                 "EngineCore encountered an issue. See stack trace (above) for the root cause.",
             )
             return
-        if fault == "hang_before_headers":
+        if fault in ("hang_before_headers", "freeze"):
             self.fake.hang()
             self.close_connection = True
             return
@@ -540,6 +556,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.fake.track(active)
         try:
             if fault == "hang_after_headers":
+                self._idle_until(behaviour, time.perf_counter() + _HANG_LIMIT_S)
                 self.fake.hang()
                 return
             for _ in range(behaviour.empty_chunks_first):
@@ -561,8 +578,9 @@ class _Handler(BaseHTTPRequestHandler):
                     return
                 count = min(behaviour.tokens_per_chunk, total - sent)
                 last_index = sent + count - 1
-                _sleep_until(
-                    t_body + behaviour.first_token_delay_s + last_index * behaviour.token_delay_s
+                self._idle_until(
+                    behaviour,
+                    t_body + behaviour.first_token_delay_s + last_index * behaviour.token_delay_s,
                 )
                 text = "".join(
                     "" if sent + n in empty else behaviour.token_text for n in range(count)
@@ -641,10 +659,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _inject(self, fault: str) -> None:
         if fault == "error_frame":
+            behaviour = self.fake.behaviour
             error = {
                 "error": {
-                    "message": "Internal server error",
-                    "type": "InternalServerError",
+                    "message": behaviour.error_message,
+                    "type": behaviour.error_type,
                     "param": None,
                     "code": 500,
                 }
@@ -661,6 +680,16 @@ class _Handler(BaseHTTPRequestHandler):
         # "truncate": return without the terminating chunk; the socket closes
 
     # -- plumbing ----------------------------------------------------------------------------
+
+    def _idle_until(self, behaviour: Behaviour, target: float) -> None:
+        """Wait for ``target``, sending vLLM's keep-alive comment every ``keep_alive_s``."""
+        interval = behaviour.keep_alive_s
+        while interval > 0 and time.perf_counter() + interval < target:
+            if self.fake._stopping.wait(interval):
+                return
+            self._write(b": keep-alive\n\n")
+        if not self.fake._stopping.is_set() and target - time.perf_counter() < _HANG_LIMIT_S / 2:
+            _sleep_until(target)
 
     def _read_body(self, keep: bool) -> tuple[bytes, int, bytes]:
         """The body (or, when not kept, its comma count and first kilobyte)."""

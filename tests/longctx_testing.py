@@ -10,6 +10,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pytest_longctx.core.records import Record, read_records
 
@@ -96,6 +97,39 @@ def run_session(pytester, *args: str, url: str | None = None, timeout: float = 6
         "-p", "no:cacheprovider", f"--longctx-output={output}", *attach, *args, timeout=timeout
     )
     return result, output
+
+
+@dataclass
+class FaultAfterWarmUp:
+    """Switches a fake server's fault on as the first item runs, after the warm-up prompts
+    (the first three completions); or stops the server there."""
+
+    fake: Any
+    changes: dict[str, Any]
+    stop_server: bool = False
+
+    def pytest_runtest_call(self, item: Any) -> None:
+        if self.stop_server:
+            self.fake.stop()
+        else:
+            self.fake.configure(**self.changes)
+
+
+def fault_session(pytester, fake):  # noqa: ANN001, ANN201
+    """Runs the sweep in-process attached to the fake server; ``run(*args, **changes)``
+    returns the result and the records, the changes made after the warm-up."""
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    output = pytester.path / "reports"
+
+    def run(*args: str, stop_server: bool = False, **changes: Any):  # noqa: ANN202
+        result = pytester.runpytest(
+            *fake_session_args(fake.url, output),
+            *args,
+            plugins=[FaultAfterWarmUp(fake, changes, stop_server)],
+        )
+        return result, records_of(output)
+
+    return run
 
 
 def fine_grained_qwen_spec():  # noqa: ANN201 - an EmbeddedModelSpec

@@ -467,7 +467,7 @@ def test_a_dead_server_fails_its_points_and_resume_completes_the_run(
     pytester.makepyfile(test_sweep=SWEEP_TEST)
     pytester.makeconftest(KILL_GW1_SERVER)
     args = ("-n", "2", "--longctx-to=8Ki", "--longctx-repeats=2", BURSTS_KEPT)
-    result, output = run_session(pytester, *args)
+    result, output = run_session(pytester, *args, "--longctx-max-relaunches=0")
     assert (pytester.path / "killed").exists()
     records = records_of(output)
     assert Counter(Point(r.length, r.repeat) for r in records) == Counter(POINTS_1KI_TO_8KI_X2)

@@ -34,6 +34,7 @@ def pytest_runtest_teardown(item):
         with open("server.pgid", "w") as handle:
             handle.write(str(pid))
         os.killpg(pid, signal.SIGKILL)
+        run.launched.process.wait()
 """
 
 CAPACITY_CHECK_TEST = """
@@ -87,7 +88,8 @@ def test_launch_with_api_key_then_the_server_dies(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Launch cpu-tiny (API key required), warm up, measure one point; then kill the server:
-    the remaining items fail at once with the log tail, and nothing is left running."""
+    with relaunches off the remaining items fail at once with the log tail, and nothing is
+    left running."""
     pytester.makepyfile(test_sweep=SWEEP_TEST)
     pytester.makeconftest(KILL_AFTER_FIRST)
     profile = profile_copy(
@@ -96,13 +98,16 @@ def test_launch_with_api_key_then_the_server_dies(
         **{"[serving]\n": '[serving]\napi_key_env = "LONGCTX_TEST_KEY"\n'},
     )
     monkeypatch.setenv("LONGCTX_TEST_KEY", SECRET)
-    result, output = run_session(pytester, f"--longctx-profile={profile}", "--longctx-to=4Ki")
-    result.assert_outcomes(passed=1, failed=2)
+    result, output = run_session(
+        pytester, f"--longctx-profile={profile}", "--longctx-to=4Ki", "--longctx-max-relaunches=0"
+    )
+    result.assert_outcomes(passed=1, errors=2)
     result.stdout.fnmatch_lines(
         ["*the vLLM server is gone (exit code -9; log *server.log); last lines:*"]
     )
     records = records_of(output)
-    assert [r.outcome for r in records] == ["passed", "failed", "failed"]
+    assert [r.outcome for r in records] == ["passed", "error", "error"]  # never sent
+    assert [r.failure_class for r in records] == [None, "engine_died", "engine_died"]
     assert records[0].prompt_tokens == 1024 and records[0].completion_tokens == 32
     assert all("the vLLM server is gone" in r.reason for r in records[1:])
     fingerprint = records[0].fingerprint
@@ -133,9 +138,10 @@ def test_bad_model_path_fails_every_item_fast(pytester: pytest.Pytester) -> None
     result.assert_outcomes(errors=3)
     records = records_of(output)
     assert [r.outcome for r in records] == ["error"] * 3
-    for record in records:  # each item: the reason, then the server log's last lines
+    for record in records:  # each item: the reason, in one line naming the cause
         assert "the vLLM server exited while starting" in record.reason
-        assert "last lines:" in record.reason and "no-such-model" in record.reason
+        assert "no-such-model" in record.reason.splitlines()[0], record.reason
+        assert record.failure_class == "start_failed"
 
 
 #: Notes the launched server's process group through the plugin's own hook.

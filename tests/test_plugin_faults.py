@@ -7,39 +7,14 @@ fault is switched on when the first item runs, after the session's warm-up promp
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 import pytest
 from fake_vllm import FakeVLLM
-from longctx_testing import SWEEP_TEST, fake_session_args, records_of, run_folder
+from longctx_testing import SWEEP_TEST, fault_session, run_folder
 
 
 @pytest.fixture
 def session(pytester: pytest.Pytester, fake_vllm: FakeVLLM):  # noqa: ANN201
-    pytester.makepyfile(test_sweep=SWEEP_TEST)
-    output = pytester.path / "reports"
-
-    def run(*args: str, **changes: Any):  # noqa: ANN202
-        # the warm-up prompts (sent after "ready") see the faultless server
-        plugin = _WarmUpFirst(fake_vllm, changes)
-        result = pytester.runpytest(
-            *fake_session_args(fake_vllm.url, output), *args, plugins=[plugin]
-        )
-        return result, records_of(output)
-
-    return run
-
-
-@dataclass
-class _WarmUpFirst:
-    """Switches the fault on after the warm-up requests (the first three completions)."""
-
-    fake: FakeVLLM
-    changes: dict[str, Any]
-
-    def pytest_runtest_call(self, item: pytest.Item) -> None:
-        self.fake.configure(**self.changes)
+    return fault_session(pytester, fake_vllm)
 
 
 def test_reported_figures_match_the_injected_timing(session) -> None:  # noqa: ANN001

@@ -430,7 +430,9 @@ def test_every_profiles_command_parses_with_vllms_own_parser() -> None:
             max_model_len=4096,
             port=8123,
             entry=("vllm", "serve"),
+            sse_keep_alive_s=30,  # vLLM 0.32's --sse-keep-alive-interval
         )
+        assert "--sse-keep-alive-interval" in served.argv
         commands.append(("serve", list(served.argv[1:])))  # after the script
     done = subprocess.run(
         [sys.executable, "-c", VLLM_PARSES],

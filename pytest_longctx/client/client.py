@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -14,15 +13,8 @@ import httpcore
 import httpx
 
 from pytest_longctx.core.files import REDACTED
-from pytest_longctx.core.sizes import format_size
-
-try:  # transformers depends on numpy; the pure-Python path only guards odd installs
-    import numpy as np
-except ImportError:  # pragma: no cover - exercised via _encode_ids_python in tests
-    np = None  # type: ignore[assignment]
 
 from .errors import (
-    ERROR_BODY_LIMIT,
     UPLOAD_CHUNK_BYTES,
     CompletionCountError,
     ErrorFrameError,
@@ -33,14 +25,14 @@ from .errors import (
     MeasurementError,
     MeasurementTimeoutError,
     MissingUsageError,
+    NotConnectedError,
     NoTokensError,
-    PromptTooLongError,
-    RequestRejectedError,
     ServerUnavailableError,
     StreamError,
     TruncatedStreamError,
 )
 from .events import _choice_tokens, _ChunkCounter, _running_count, _SSEDecoder
+from .rejections import count_message, describe, int_or_none, read_limited, rejection
 from .request import CompletionRequest, RequestBody, encode_request
 from .result import StreamMeasurement, inter_token_gaps, quantile, summarize_stream
 from .stream_progress import StreamProgress
@@ -68,6 +60,8 @@ class ClientConfig:
     #: /health, /v1/models, /metrics, /tokenize (which may tokenize megabytes: see tokenize()).
     control_timeout_s: float = 60.0
     upload_chunk_bytes: int = UPLOAD_CHUNK_BYTES
+    #: TCP keepalive probe interval on every connection, the measured one included; 0: off.
+    tcp_keepalive_s: float = 15.0
 
     def __post_init__(self) -> None:
         for name in ("connect_timeout_s", "inter_token_timeout_s", "control_timeout_s"):
@@ -76,10 +70,6 @@ class ClientConfig:
                 raise ValueError(f"{name}={value!r}: expected a positive number of seconds")
         if self.upload_chunk_bytes < 1:
             raise ValueError(f"upload_chunk_bytes={self.upload_chunk_bytes}: expected >= 1")
-
-
-_MAX_LEN_RE = re.compile(r"maximum context length is (\d+) tokens")
-_PROMPT_TOKENS_RE = re.compile(r"contains (?:at least )?(\d+) input tokens")
 
 
 class CompletionClient:
@@ -99,7 +89,7 @@ class CompletionClient:
         headers = {"Accept-Encoding": "identity"}
         if config.api_key:
             headers["Authorization"] = f"Bearer {config.api_key}"
-        transport, self._backend = _preopening_transport()
+        transport, self._backend = _preopening_transport(config.tcp_keepalive_s)
         self._http = httpx.Client(
             headers=headers,
             timeout=httpx.Timeout(config.control_timeout_s, connect=config.connect_timeout_s),
@@ -145,7 +135,7 @@ class CompletionClient:
         root = entries[0].get("root")
         return ServedModel(
             id=str(entries[0]["id"]),
-            max_model_len=_int_or_none(max_len),
+            max_model_len=int_or_none(max_len),
             root=str(root) if root else None,
         )
 
@@ -224,7 +214,7 @@ class CompletionClient:
                 f"{method} {url} failed: {self._redact(str(exc)) or type(exc).__name__}"
             ) from None
         if response.status_code >= 400:
-            raise self._rejection(response.status_code, response.content, url, None)
+            raise rejection(response.status_code, response.content, url, None, self._redact)
         return response
 
     # -- the measurement ---------------------------------------------------------------------
@@ -325,11 +315,11 @@ class CompletionClient:
     ) -> StreamMeasurement:
         url = str(response.request.url)
         if response.status_code >= 400:
-            content = _read_limited(response)
-            raise self._rejection(response.status_code, content, url, context.request)
+            content = read_limited(response)
+            raise rejection(response.status_code, content, url, context.request, self._redact)
         content_type = response.headers.get("content-type", "")
         if "json" in content_type and "event-stream" not in content_type:
-            content = _read_limited(response)
+            content = read_limited(response)
             raise StreamError(
                 f"{url} answered 200 with {content_type} instead of an event stream; "
                 f"it ignored stream=true: {self._redact(content[:300].decode('utf-8', 'replace'))}"
@@ -394,7 +384,8 @@ class CompletionClient:
                 f"the server reported an error inside the stream after "
                 f"{state.chunk_tokens_total} tokens ({context.describe_request()}): "
                 f"{error.get('type', 'error')} (code {error.get('code', '?')}): "
-                f"{self._redact(str(message))}"
+                f"{self._redact(str(message))}",
+                server_message=self._redact(str(message)),
             )
         counted, source = 0, "text"
         for choice in chunk.get("choices") or ():
@@ -434,7 +425,7 @@ class CompletionClient:
                 "stream_options.include_usage, which this server ignored"
                 + ("" if request.include_usage else " (include_usage is off in the request)")
             )
-        completion_tokens = _int_or_none(state.usage.get("completion_tokens"))
+        completion_tokens = int_or_none(state.usage.get("completion_tokens"))
         if completion_tokens is None:
             raise MalformedChunkError(
                 f"usage.completion_tokens is not an int: {state.usage.get('completion_tokens')!r}"
@@ -461,8 +452,8 @@ class CompletionClient:
             itl_s=gaps,
             completion_tokens=completion_tokens,
             requested_tokens=request.decode_tokens,
-            prompt_tokens=_int_or_none(state.usage.get("prompt_tokens")),
-            cached_prompt_tokens=_int_or_none(cached),
+            prompt_tokens=int_or_none(state.usage.get("prompt_tokens")),
+            cached_prompt_tokens=int_or_none(cached),
             token_count_source=count_source,
             finish_reason=state.finish_reason,
             decode_throughput=throughput,
@@ -486,7 +477,7 @@ class CompletionClient:
         )
         if check_count and completion_tokens != request.decode_tokens:
             raise CompletionCountError(
-                _count_message(request, measurement),
+                count_message(request, measurement),
                 requested=request.decode_tokens,
                 received=completion_tokens,
                 measurement=measurement,
@@ -499,9 +490,9 @@ class CompletionClient:
         key = self.config.api_key
         return text.replace(key, REDACTED) if key else text
 
-    def _unavailable(self, exc: Exception) -> ServerUnavailableError:
+    def _unavailable(self, exc: Exception) -> NotConnectedError:
         reason = self._redact(str(exc)) or type(exc).__name__
-        return ServerUnavailableError(
+        return NotConnectedError(
             f"cannot connect to {self.base_url} within {self.config.connect_timeout_s:g} s "
             f"({reason}): is the server running and listening there?"
         )
@@ -560,49 +551,6 @@ class CompletionClient:
             budget_source=context.budget_source,
         )
 
-    def _rejection(
-        self, status: int, content: bytes, url: str, request: CompletionRequest | None
-    ) -> RequestRejectedError:
-        text = content.decode("utf-8", "replace")
-        server_message, error_type = _server_error(text)
-        server_message = self._redact(server_message)
-        max_len = _MAX_LEN_RE.search(server_message)
-        if status == 400 and max_len:
-            prompt = _PROMPT_TOKENS_RE.search(server_message)
-            prompt_tokens = int(prompt.group(1)) if prompt else None
-            limit = int(max_len.group(1))
-            wanted = request.prompt_length if request is not None else None
-            needed = ""
-            if request is not None and (prompt_tokens or wanted):
-                total = (prompt_tokens or wanted or 0) + request.decode_tokens
-                needed = f"; serve with --max-model-len >= {total} (prompt + decode)"
-            size = (
-                f"the prompt has {prompt_tokens} tokens"
-                if prompt_tokens is not None
-                else "the prompt (with the decode length) does not fit"
-            )
-            return PromptTooLongError(
-                f"prompt too long for the server: it accepts at most {limit} tokens, {size}"
-                f"{needed}. Server said: {server_message}",
-                status_code=status,
-                server_message=server_message,
-                error_type=error_type,
-                max_model_len=limit,
-                prompt_tokens=prompt_tokens,
-            )
-        hint = {
-            401: " (check the API key)",
-            403: " (check the API key)",
-            404: " (check the URL and the served model name)",
-        }.get(status, "")
-        what = f" for {_describe(request)}" if request is not None else ""
-        return RequestRejectedError(
-            f"{url} answered HTTP {status}{what}{hint}: {server_message or '(empty body)'}",
-            status_code=status,
-            server_message=server_message,
-            error_type=error_type,
-        )
-
 
 @dataclass
 class _StreamState:
@@ -632,7 +580,7 @@ class _MeasureContext:
     progress_counter: StreamProgress | None = None
 
     def describe_request(self) -> str:
-        return _describe(self.request)
+        return describe(self.request)
 
     def progress(self) -> str:
         times = self.exchange.times
@@ -647,72 +595,3 @@ class _MeasureContext:
         if "connection.connect_tcp.complete" in times:
             return f"the upload of the {self.body.size} B body did not finish"
         return "no connection was established"
-
-
-def _describe(request: CompletionRequest) -> str:
-    length = request.prompt_length
-    prompt = "a text prompt" if length is None else f"a {format_size(length)}-token prompt"
-    return f"{prompt}, {request.decode_tokens} tokens to decode"
-
-
-def _count_message(request: CompletionRequest, measurement: StreamMeasurement) -> str:
-    asked, got = request.decode_tokens, measurement.completion_tokens
-    prompt = measurement.prompt_tokens or request.prompt_length
-    if got > asked:
-        return f"asked for {asked} completion tokens, got {got}: the server ignored max_tokens"
-    if measurement.finish_reason == "stop":
-        return (
-            f"asked for {asked} completion tokens, got {got}: the model stopped at an end "
-            "token (finish_reason 'stop'), so the server ignored ignore_eos/min_tokens"
-        )
-    total = f" ({prompt} + {asked} = {prompt + asked})" if prompt is not None else ""
-    return (
-        f"asked for {asked} completion tokens, got {got}: the server clamped the request, "
-        f"likely prompt + max_tokens > max_model_len{total}; serve with a --max-model-len of "
-        "at least the prompt plus the decode length"
-    )
-
-
-def _server_error(text: str) -> tuple[str, str | None]:
-    """The human part of an error body: OpenAI/vLLM ``error.message``, FastAPI ``detail``."""
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return text.strip()[:1000], None
-    if isinstance(data, Mapping):
-        error = data.get("error")
-        if isinstance(error, Mapping) and "message" in error:
-            return str(error["message"]), _str_or_none(error.get("type"))
-        if isinstance(error, str):
-            return error, None
-        if "message" in data:
-            return str(data["message"]), _str_or_none(data.get("type"))
-        if "detail" in data:
-            return json.dumps(data["detail"])[:1000], None
-    return text.strip()[:1000], None
-
-
-def _read_limited(response: httpx.Response) -> bytes:
-    collected = bytearray()
-    try:
-        for piece in response.iter_bytes():
-            collected += piece
-            if len(collected) >= ERROR_BODY_LIMIT:
-                break
-    except httpx.HTTPError:
-        pass  # an error body cut short still says something
-    return bytes(collected[:ERROR_BODY_LIMIT])
-
-
-def _int_or_none(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return None
-
-
-def _str_or_none(value: Any) -> str | None:
-    return None if value is None else str(value)

@@ -21,6 +21,10 @@ class ServerUnavailableError(MeasurementError):
     """Nothing answered: connection refused, reset or closed before a response."""
 
 
+class NotConnectedError(ServerUnavailableError):
+    """No connection could be made: the request was never sent."""
+
+
 class MalformedResponseError(MeasurementError):
     """A non-streaming endpoint answered with something that is not the documented JSON."""
 
@@ -64,6 +68,10 @@ class StreamError(MeasurementError):
 
 class ErrorFrameError(StreamError):
     """The server reported an error inside the stream (``data: {"error": ...}``)."""
+
+    def __init__(self, message: str, server_message: str | None = None) -> None:
+        super().__init__(message)
+        self.server_message = server_message
 
 
 class TruncatedStreamError(StreamError):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import socket
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import httpcore
@@ -14,6 +16,31 @@ except ImportError:  # pragma: no cover - exercised via _encode_ids_python in te
     np = None  # type: ignore[assignment]
 
 
+#: Unanswered keepalive probes after which the kernel gives up on the peer.
+KEEPALIVE_PROBES = 4
+
+
+def keepalive_options(interval_s: float) -> list[tuple[int, int, int]]:
+    """Socket options for TCP keepalive probes every ``interval_s`` seconds of silence.
+
+    A prefill of hours keeps its connection silent; a NAT or an L4 load balancer between
+    client and server drops an idle connection after minutes. Probes are answered by the
+    server's kernel, so they keep the path's state alive without a byte in the stream.
+    """
+    if not interval_s > 0:
+        return []
+    seconds = max(1, round(interval_s))
+    options = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
+    idle = getattr(socket, "TCP_KEEPIDLE", None) or getattr(socket, "TCP_KEEPALIVE", None)
+    if idle is not None:  # Linux: TCP_KEEPIDLE; macOS: TCP_KEEPALIVE
+        options.append((socket.IPPROTO_TCP, idle, seconds))
+    if hasattr(socket, "TCP_KEEPINTVL"):
+        options.append((socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, seconds))
+    if hasattr(socket, "TCP_KEEPCNT"):
+        options.append((socket.IPPROTO_TCP, socket.TCP_KEEPCNT, KEEPALIVE_PROBES))
+    return options
+
+
 class _PreopenedBackend(httpcore.NetworkBackend):
     """httpcore's network backend, able to hand over a TCP connection opened in advance.
 
@@ -23,13 +50,19 @@ class _PreopenedBackend(httpcore.NetworkBackend):
     opened as usual.
     """
 
-    def __init__(self, inner: httpcore.NetworkBackend) -> None:
+    def __init__(
+        self, inner: httpcore.NetworkBackend, socket_options: Sequence[tuple[int, int, int]] = ()
+    ) -> None:
         self._inner = inner
         self._lock = threading.Lock()
         self._staged: tuple[str, int, httpcore.NetworkStream] | None = None
+        #: The options every connection gets (keepalive), staged ones included.
+        self.socket_options = list(socket_options)
 
     def open(self, host: str, port: int, timeout: float) -> httpcore.NetworkStream:
-        stream = self._inner.connect_tcp(host, port, timeout=timeout)
+        stream = self._inner.connect_tcp(
+            host, port, timeout=timeout, socket_options=self.socket_options or None
+        )
         with self._lock:
             staged, self._staged = self._staged, (host, port, stream)
         if staged is not None:
@@ -54,7 +87,8 @@ class _PreopenedBackend(httpcore.NetworkBackend):
         with self._lock:
             staged, self._staged = self._staged, None
         if staged is not None:
-            if staged[:2] == (host, port) and local_address is None and not socket_options:
+            same_options = list(socket_options or ()) == self.socket_options
+            if staged[:2] == (host, port) and local_address is None and same_options:
                 return staged[2]
             staged[2].close()
         return self._inner.connect_tcp(host, port, timeout, local_address, socket_options)
@@ -68,13 +102,19 @@ class _PreopenedBackend(httpcore.NetworkBackend):
         self._inner.sleep(seconds)
 
 
-def _preopening_transport() -> tuple[httpx.HTTPTransport, _PreopenedBackend | None]:
-    """httpx's transport with :class:`_PreopenedBackend` under its pool (None if httpx changed)."""
-    transport = httpx.HTTPTransport(limits=httpx.Limits(max_keepalive_connections=0))
+def _preopening_transport(
+    keepalive_s: float = 0.0,
+) -> tuple[httpx.HTTPTransport, _PreopenedBackend | None]:
+    """httpx's transport with :class:`_PreopenedBackend` under its pool (None if httpx changed);
+    every connection probes with TCP keepalive every ``keepalive_s`` seconds (0: none)."""
+    options = keepalive_options(keepalive_s)
+    transport = httpx.HTTPTransport(
+        limits=httpx.Limits(max_keepalive_connections=0), socket_options=options or None
+    )
     pool = getattr(transport, "_pool", None)
     inner = getattr(pool, "_network_backend", None)
     if not isinstance(inner, httpcore.NetworkBackend):
         return transport, None
-    backend = _PreopenedBackend(inner)
+    backend = _PreopenedBackend(inner, options)
     pool._network_backend = backend  # type: ignore[union-attr]
     return transport, backend

@@ -71,6 +71,23 @@ BASELINE_HEADER_KEY = "longctx_baseline"
 
 OUTCOMES = ("passed", "failed", "skipped", "error", "interrupted")
 
+#: Why a point did not pass, from evidence (status codes, error frames, the server's log and
+#: exit status, the cgroup's OOM kills); every failed, error and interrupted record has one.
+FAILURE_CLASSES: Mapping[str, str] = {
+    "contract": "measured, but not exact, not cold or not alone",
+    "timeout": "the first-token or inter-token budget ran out while the server kept answering",
+    "hang": "the budget ran out and the server no longer answered",
+    "oom": "out of memory, named by the server's log, vLLM's KV check or the OOM killer",
+    "engine_died": "the engine or the server process died during the point",
+    "server_gone": "the attached server stopped answering",
+    "connection_cut": "the connection broke while the server stayed up (a proxy, NAT or "
+    "load balancer between them)",
+    "refused": "the server rejected the request (too long, bad request, no key)",
+    "start_failed": "the server could not start",
+    "interrupted": "the session was stopped during the point",
+    "error": "anything else, with its text",
+}
+
 
 @dataclass(frozen=True)
 class Record:
@@ -100,6 +117,13 @@ class Record:
     started_at: float | None = None  # unix seconds
     finished_at: float | None = None
     schema_version: int = SCHEMA_VERSION
+    #: One of :data:`FAILURE_CLASSES` for a point that did not pass (None when it passed).
+    failure_class: str | None = None
+    #: The lines that show the class: the server log's, the error frame, memory.events.
+    evidence: tuple[str, ...] = ()
+    #: The server start that measured the point: its number in the session (0 the first),
+    #: when it started, its start-up time and, for a relaunch, its cause.
+    server_start: Mapping[str, Any] = field(default_factory=dict)
 
     def figure(self, name: str) -> float | None:
         return self.figures.get(name)
@@ -139,6 +163,9 @@ class Record:
             "cache": dict(self.cache),
             "started_at": self.started_at,
             "finished_at": self.finished_at,
+            "failure_class": self.failure_class,
+            "evidence": list(self.evidence),
+            "server_start": dict(self.server_start),
         }
 
     @classmethod
@@ -148,6 +175,11 @@ class Record:
             raise ValueError(f"schema_version {version!r}, this reader knows {SCHEMA_VERSION}")
         if data.get("outcome") not in OUTCOMES:
             raise ValueError(f"outcome {data.get('outcome')!r} is not one of {OUTCOMES}")
+        failure_class = data.get("failure_class")
+        if failure_class is not None and failure_class not in FAILURE_CLASSES:
+            raise ValueError(
+                f"failure_class {failure_class!r} is not one of {tuple(FAILURE_CLASSES)}"
+            )
         return cls(
             run_id=str(data["run_id"]),
             nodeid=str(data["nodeid"]),
@@ -165,6 +197,9 @@ class Record:
             cache=dict(data.get("cache") or {}),
             started_at=data.get("started_at"),
             finished_at=data.get("finished_at"),
+            failure_class=failure_class,
+            evidence=tuple(str(line) for line in data.get("evidence") or ()),
+            server_start=dict(data.get("server_start") or {}),
         )
 
 

@@ -10,7 +10,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from pytest_longctx.core.records import FIGURE_UNITS, OUTCOMES, Record
+from pytest_longctx.core.records import FAILURE_CLASSES, FIGURE_UNITS, OUTCOMES, Record
 
 DEFAULT_FIGURES: tuple[str, ...] = ("ttft", "decode_throughput")
 
@@ -52,6 +52,9 @@ class LengthSummary:
     #: Distinct prompt token counts the server reported for passed records.
     prompt_tokens: tuple[int, ...] = ()
     run_ids: tuple[str, ...] = ()
+    #: Points by what they came to: ``passed`` or their failure class (their outcome when
+    #: they carry none: a skip the plan decided), in :func:`label_counts` order.
+    labels: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def n(self) -> int:
@@ -114,6 +117,23 @@ def summarize_values(name: str, values: Sequence[float]) -> FigureSummary:
     )
 
 
+def outcome_label(record: Record) -> str:
+    """``passed``, or why not: the failure class, else the outcome."""
+    if record.outcome == "passed":
+        return "passed"
+    return record.failure_class or record.outcome
+
+
+def label_counts(records: Iterable[Record]) -> dict[str, int]:
+    """Points per :func:`outcome_label`, passed first, then the classes in their order."""
+    counts: dict[str, int] = {}
+    for record in records:
+        label = outcome_label(record)
+        counts[label] = counts.get(label, 0) + 1
+    order = ["passed", *FAILURE_CLASSES, *OUTCOMES]
+    return {label: counts[label] for label in sorted(counts, key=order.index)}
+
+
 def latest_records(records: Iterable[Record]) -> list[Record]:
     """One record per (run_id, length, repeat, question): the last one written.
 
@@ -160,6 +180,7 @@ def summarize(
                     sorted({r.prompt_tokens for r in passed if r.prompt_tokens is not None})
                 ),
                 run_ids=tuple(dict.fromkeys(record.run_id for record in group)),
+                labels=label_counts(group),
             )
         )
     return summaries

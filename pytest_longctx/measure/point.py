@@ -22,6 +22,7 @@ from pytest_longctx.client import (
     StreamProgress,
 )
 from pytest_longctx.core.records import Record
+from pytest_longctx.measure import outcomes
 from pytest_longctx.measure.agreement import DEFAULT_STREAM_TOLERANCE, judge_stream
 from pytest_longctx.measure.cache_state import ServerCache, caching_off_reason, judge_warm
 from pytest_longctx.measure.server_metrics import (
@@ -39,14 +40,30 @@ from pytest_longctx.prompts import (
 
 
 class PointFailure(AssertionError):
-    """A measurement that did not happen or cannot be checked; the item fails with this."""
+    """A measurement that did not happen or cannot be checked; the item fails with this.
+
+    ``failure_class`` (``core.records.FAILURE_CLASSES``) and ``evidence`` say why, from what
+    the server said and did; ``sent`` is False when the request never left (the server was
+    already gone)."""
+
+    def __init__(
+        self,
+        message: str,
+        failure_class: str = "error",
+        evidence: tuple[str, ...] = (),
+        sent: bool = True,
+    ) -> None:
+        super().__init__(message)
+        self.failure_class = failure_class
+        self.evidence = evidence
+        self.sent = sent
 
 
 class UnverifiedPoint(PointFailure):
     """Measured, but the server's counters to check it against could not be read."""
 
     def __init__(self, message: str, measurement: PointMeasurement) -> None:
-        super().__init__(message)
+        super().__init__(message, "error")
         self.measurement = measurement
 
 
@@ -142,8 +159,13 @@ def _whole(value: float | None) -> int | None:
     return None if value is None else int(value)
 
 
-def client_for(server: ServerInfo) -> CompletionClient:
-    return CompletionClient(ClientConfig(base_url=server.base_url, api_key=server.api_key))
+def client_for(server: ServerInfo, tcp_keepalive_s: float = 15.0) -> CompletionClient:
+    """The measuring client; its connections probe with TCP keepalive every ``tcp_keepalive_s``."""
+    return CompletionClient(
+        ClientConfig(
+            base_url=server.base_url, api_key=server.api_key, tcp_keepalive_s=tcp_keepalive_s
+        )
+    )
 
 
 def _snapshot(client: CompletionClient) -> tuple[MetricsSnapshot | None, str | None]:
@@ -214,14 +236,16 @@ def measure_point(
     try:
         check_alive(0.0)
     except ServerError as exc:
-        raise PointFailure(str(exc)) from None
+        raise PointFailure(str(exc), exc.failure_class, exc.evidence, sent=False) from None
     decode_tokens = settings.decode_tokens
     needed = point.prompt_tokens + decode_tokens
     if server.max_model_len is not None and needed > server.max_model_len:
         suffix = f" + {point.suffix} suffix" if point.suffix else ""
         raise PointFailure(
             f"the server at {server.base_url} serves at most {server.max_model_len} tokens "
-            f"(max_model_len); this point needs {point.length}{suffix} + {decode_tokens} decode"
+            f"(max_model_len); this point needs {point.length}{suffix} + {decode_tokens} decode",
+            "refused",
+            sent=False,
         )
     request = CompletionRequest(
         model=server.model_name,
@@ -248,14 +272,12 @@ def measure_point(
         )
     except RequestRejectedError as exc:
         if exc.status_code in (401, 403):
-            raise PointFailure(refusal(exc)) from None
-        raise PointFailure(f"{type(exc).__name__}: {exc}") from None
+            raise PointFailure(refusal(exc), "refused") from None
+        if exc.status_code is not None and exc.status_code < 500:
+            raise PointFailure(f"{type(exc).__name__}: {exc}", "refused") from None
+        raise PointFailure(*outcomes.failed_request(exc, server, check_alive)) from None
     except MeasurementError as exc:
-        try:
-            check_alive(5.0)
-        except ServerError as gone:
-            raise PointFailure(f"{type(exc).__name__}: {exc}\n{gone}") from None
-        raise PointFailure(f"{type(exc).__name__}: {exc}") from None
+        raise PointFailure(*outcomes.failed_request(exc, server, check_alive)) from None
     finally:
         if watch is not None:
             watch.stop()

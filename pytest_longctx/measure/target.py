@@ -19,7 +19,15 @@ class LaunchCommand(Protocol):
 
 
 class ServerError(RuntimeError):
-    """The server could not start, or went away."""
+    """The server could not start, or went away; ``failure_class`` says how, from evidence
+    (``core.records.FAILURE_CLASSES``), and ``evidence`` holds the lines that show it."""
+
+    def __init__(
+        self, message: str, failure_class: str = "error", evidence: tuple[str, ...] = ()
+    ) -> None:
+        super().__init__(message)
+        self.failure_class = failure_class
+        self.evidence = evidence
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,16 @@ class Settings:
     #: Warm follow-ups per cold point, and the new tokens each appends.
     warm_questions: int = 3
     warm_suffix: int = 256
+    #: Times a session may start its launched server again after it died or hung.
+    max_relaunches: int = 3
+    #: Crashes one length may cause before its remaining repeats are skipped.
+    max_crashes_per_length: int = 2
+    #: Seconds to wait for an attached server that stopped answering to answer again.
+    reattach_timeout_s: float = 60.0
+    #: TCP keepalive probe interval on the measured connection; 0: none.
+    tcp_keepalive_s: float = 15.0
+    #: vLLM's ``--sse-keep-alive-interval`` for launched servers (whole seconds); 0: off.
+    sse_keep_alive_s: int = 30
 
     @property
     def url(self) -> str | None:

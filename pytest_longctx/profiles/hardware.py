@@ -129,3 +129,33 @@ def _cpu_list(text: str) -> list[int]:
         low, _, high = part.partition("-")
         out.extend(range(int(low), int(high or low) + 1))
     return out
+
+
+#: The vendor ``gpus()`` reports for a profile's device kind.
+_VENDORS = {"cuda": "nvidia", "rocm": "amd"}
+
+
+def missing_devices(profile: Any, found: list[dict[str, Any]] | None = None) -> str | None:
+    """Why this machine cannot serve ``profile`` (its device kind or count is absent), known
+    before anything starts; None when it can, or when the profile serves on the CPU."""
+    serving = profile.serving
+    vendor = _VENDORS.get(serving.device)
+    if vendor is None:
+        return None
+    found = gpus() if found is None else found
+    have = sum(1 for gpu in found if gpu.get("vendor") == vendor)
+    ranks = serving.tensor_parallel_size * serving.pipeline_parallel_size
+    needed = max(1, ranks * serving.data_parallel_size // max(1, profile.hardware.nodes))
+    tool = "nvidia-smi" if vendor == "nvidia" else "rocm-smi"
+    if have == 0:
+        return (
+            f"it serves on {needed} {serving.device.upper()} device(s) and {tool} finds none on "
+            "this machine; run it where the devices are, or attach to such a server with "
+            "--longctx-url (--longctx-plan prints what it would run)"
+        )
+    if have < needed:
+        return (
+            f"it needs {needed} {serving.device.upper()} devices and {tool} finds {have} on this "
+            "machine"
+        )
+    return None

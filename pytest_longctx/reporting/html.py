@@ -36,6 +36,7 @@ from pytest_longctx.reporting.markdown import (
     header_items,
     non_passed_records,
     one_line,
+    outcome_words,
     point_words,
     reproduce_items,
     setup_variations,
@@ -199,7 +200,7 @@ def _point_row(record: Record) -> list[str]:
         record.run_id,
         format_size(record.length),
         str(record.repeat),
-        record.outcome,
+        outcome_words(record),
         _ttft_text(ttft),
         f"{decode:,.1f}" if decode is not None else "",
         f"{record.prompt_tokens:,}" if record.prompt_tokens is not None else "",
@@ -235,7 +236,7 @@ def _non_passed_html(records: Sequence[Record]) -> str:
         return "<p>Every recorded point passed.</p>"
     items = "".join(
         f"<li>{html.escape(point_words(r))} "
-        f"(run <code>{html.escape(r.run_id)}</code>): <b>{html.escape(r.outcome)}</b>: "
+        f"(run <code>{html.escape(r.run_id)}</code>): <b>{html.escape(outcome_words(r))}</b>: "
         f"{html.escape(one_line(r.reason))}</li>"
         for r in failures
     )

@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from pytest_longctx.core.files import write_atomically
-from pytest_longctx.core.records import OUTCOMES, Record
+from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.core.stats import (
     FigureSummary,
     LengthSummary,
     format_mean_std,
+    label_counts,
     latest_records,
     summarize,
 )
@@ -121,8 +122,37 @@ def format_tokens(summary: LengthSummary) -> str:
 
 
 def format_outcomes(outcomes: Mapping[str, int]) -> str:
-    parts = [f"{outcomes[name]} {name}" for name in OUTCOMES if outcomes.get(name)]
+    """``2 passed, 1 oom``: counts of outcomes or of :func:`~core.stats.label_counts` labels."""
+    parts = [f"{count} {name}" for name, count in outcomes.items() if count]
     return ", ".join(parts) or _MISSING
+
+
+def outcome_words(record: Record) -> str:
+    """``failed (oom)``: the outcome, and the failure class when it says more."""
+    if record.failure_class and record.failure_class != record.outcome:
+        return f"{record.outcome} ({record.failure_class})"
+    return record.outcome
+
+
+def starts_text(records: Iterable[Record]) -> str | None:
+    """The server starts behind the records, when there was more than one in a run: each
+    relaunch with its cause and start-up time."""
+    starts: dict[tuple[str, int], Mapping[str, Any]] = {}
+    for record in records:
+        start = record.server_start
+        if start and isinstance(start.get("index"), int):
+            starts.setdefault((record.run_id, start["index"]), start)
+    if not any(start.get("cause") for start in starts.values()):
+        return None
+    parts = []
+    for (_, index), start in sorted(starts.items()):
+        text = f"#{index}"
+        if start.get("startup_s") is not None:
+            text += f" up in {start['startup_s']:.1f} s"
+        if start.get("cause"):
+            text += f" after {one_line(str(start['cause']))}"
+        parts.append(text)
+    return f"{len(starts)}: " + "; ".join(parts)
 
 
 def summary_row(summary: LengthSummary) -> list[str]:
@@ -137,7 +167,7 @@ def summary_row(summary: LengthSummary) -> list[str]:
         format_cv(ttft),
         format_decode(decode),
         format_cv(decode),
-        format_outcomes(summary.outcomes),
+        format_outcomes(summary.labels),
     ]
 
 
@@ -250,7 +280,7 @@ def header_items(records: Sequence[Record]) -> list[tuple[str, str]]:
     """``(label, text)`` pairs saying what was measured, shared by every report format."""
     fingerprint = reference_fingerprint(records)
     latest = latest_records(records)
-    counts = {outcome: sum(r.outcome == outcome for r in latest) for outcome in OUTCOMES}
+    counts = label_counts(latest)
     items = [("Runs", ", ".join(run_ids_of(records)))]
     for key, label in _HEADER_KEYS:
         if fingerprint.get(key) is not None:
@@ -263,6 +293,9 @@ def header_items(records: Sequence[Record]) -> list[tuple[str, str]]:
     if span:
         items.append(("Measured", span))
     items.append(("Points", f"{len(latest)} recorded ({format_outcomes(counts)})"))
+    starts = starts_text(latest)
+    if starts:
+        items.append(("Server starts", starts))
     servers = server_counts(latest)
     if len(servers) > 1:
         listed = ", ".join(f"{name} ({n} points)" for name, n in servers.items())
@@ -347,7 +380,7 @@ def _non_passed_lines(records: Sequence[Record]) -> list[str]:
         return ["Every recorded point passed."]
     return [
         f"- {point_words(record)} (run `{record.run_id}`): "
-        f"**{record.outcome}**: {one_line(record.reason)}"
+        f"**{outcome_words(record)}**: {one_line(record.reason)}"
         for record in failures
     ]
 

@@ -22,8 +22,11 @@ import time
 from collections import deque
 from pathlib import Path
 
+import httpx
+
 from pytest_longctx.client import ClientConfig, CompletionClient
 from pytest_longctx.core.files import write_atomically
+from pytest_longctx.measure import outcomes
 from pytest_longctx.measure.target import ServerError
 from pytest_longctx.serving.vllm_command import ServerCommand
 
@@ -60,11 +63,56 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def log_tail(path: Path | None, lines: int = LOG_TAIL_LINES) -> str:
+def log_tail(path: Path | None, lines: int = LOG_TAIL_LINES, since: int = 0) -> str:
+    """The log's last lines (from byte ``since``: one server start's own part of the log)."""
     if path is None or not path.exists():
         return "(no server log)"
-    with open(path, encoding="utf-8", errors="replace") as handle:
-        return "".join(deque(handle, maxlen=lines)).rstrip()
+    return "".join(log_lines(path, since, lines)).rstrip()
+
+
+def log_lines(path: Path | None, since: int = 0, limit: int | None = None) -> list[str]:
+    """Lines of the log from byte ``since``, the last ``limit`` of them."""
+    if path is None or not path.exists():
+        return []
+    with open(path, "rb") as handle:
+        handle.seek(since)
+        text = handle.read().decode("utf-8", "replace")
+    return list(deque(text.splitlines(keepends=True), maxlen=limit))
+
+
+def memory_events_path(pid: int, root: Path = Path("/sys/fs/cgroup")) -> Path | None:
+    """Where the kernel counts a process's OOM kills: cgroup v2's ``memory.events``, or v1's
+    ``memory.oom_control`` (both have an ``oom_kill`` line). Inside a cgroup namespace the
+    process's own cgroup is the root of the mount, so the root's file is tried last."""
+    try:
+        entries = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    candidates: list[Path] = []
+    for entry in entries:
+        _, controllers, path = entry.split(":", 2)
+        relative = path.lstrip("/")
+        if controllers == "":
+            for base in (root, root / "unified"):
+                candidates += [base / relative / "memory.events", base / "memory.events"]
+        elif "memory" in controllers.split(","):
+            base = root / "memory"
+            candidates += [base / relative / "memory.oom_control", base / "memory.oom_control"]
+    return next((path for path in candidates if oom_kill_count(path) is not None), None)
+
+
+def oom_kill_count(path: Path | None) -> int | None:
+    """The ``oom_kill`` line of ``memory.events`` or ``memory.oom_control`` (None: unreadable)."""
+    if path is None:
+        return None
+    try:
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == "oom_kill":
+                return int(value)
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def control_client(
@@ -101,12 +149,18 @@ class LaunchedServer:
         self.process: subprocess.Popen[bytes] | None = None
         self.guard: subprocess.Popen[bytes] | None = None
         self.base_url = ""
+        #: Where this start's part of the log begins: a relaunch appends to the same log.
+        self.log_offset = 0
+        #: The cgroup's OOM-kill count when the server started (``memory.events``).
+        self.memory_events: Path | None = None
+        self.oom_kills_at_start: int | None = None
 
     def start(self) -> None:
         port = self.command.argv[self.command.argv.index("--port") + 1]
         host = self.command.argv[self.command.argv.index("--host") + 1]
         self.base_url = f"http://{host}:{port}"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 list(self.command.argv),
@@ -124,7 +178,10 @@ class LaunchedServer:
             stderr=subprocess.DEVNULL,
             start_new_session=True,  # a closed terminal's SIGHUP must not reach it
         )
-        self._write_server_file(started_at=time.time())
+        self.memory_events = memory_events_path(self.process.pid)
+        self.oom_kills_at_start = oom_kill_count(self.memory_events)
+        # A relaunch rewrites the same file: the earlier start's stop no longer holds.
+        self._write_server_file(started_at=time.time(), stopped_at=None)
 
     def _write_server_file(self, **fields: object) -> None:
         """The server's pid and group in the run folder, for whoever finds it still running."""
@@ -148,19 +205,59 @@ class LaunchedServer:
                     self.stop()
                     raise ServerError(
                         f"vLLM did not become healthy within {self.startup_timeout_s:.0f} s "
-                        f"(log {self.log_path}); last lines:\n{log_tail(self.log_path)}"
+                        f"(log {self.log_path}); last lines:\n{self.tail()}",
+                        "start_failed",
                     )
                 time.sleep(0.5)
 
+    def tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        """This start's last log lines."""
+        return log_tail(self.log_path, lines, since=self.log_offset)
+
+    def oom_kills(self) -> int:
+        """OOM kills in the server's cgroup since it started (0 when unknown)."""
+        now = oom_kill_count(self.memory_events)
+        if now is None or self.oom_kills_at_start is None:
+            return 0
+        return max(0, now - self.oom_kills_at_start)
+
+    def death(self) -> outcomes.Failure | None:
+        """How the server ended, from its exit status, its log and the OOM killer; None while
+        it runs."""
+        if self.process is None or self.process.poll() is None:
+            return None
+        lines = log_lines(self.log_path, self.log_offset)
+        return outcomes.death(lines, self.process.returncode, self.oom_kills())
+
     def check_alive(self, what: str = "is gone") -> None:
+        """Raise a classed :class:`ServerError` when the server has exited.
+
+        While starting, the class is ``start_failed`` (``oom`` when vLLM's words name the
+        memory) and the message names the exception that ends vLLM's log in one line.
+        """
         if self.process is None:
-            raise ServerError("the vLLM server was never started")
-        code = self.process.poll()
-        if code is not None:
-            raise ServerError(
-                f"the vLLM server {what} (exit code {code}; log {self.log_path}); "
-                f"last lines:\n{log_tail(self.log_path)}"
+            raise ServerError("the vLLM server was never started", "start_failed")
+        failure = self.death()
+        if failure is None:
+            return
+        code = self.process.returncode
+        starting = what != "is gone"
+        lines = log_lines(self.log_path, self.log_offset)
+        cause = outcomes.final_exception(lines)
+        where = f"the vLLM server {what} (exit code {code}; log {self.log_path})"
+        if starting:
+            klass = "oom" if failure.failure_class == "oom" else "start_failed"
+            evidence = failure.evidence + (
+                (cause,) if cause and cause not in failure.evidence else ()
             )
+            if cause:
+                raise ServerError(f"{where}: {cause}", klass, evidence)
+            raise ServerError(f"{where}; last lines:\n{self.tail()}", klass, evidence)
+        raise ServerError(
+            f"{where}; last lines:\n{self.tail()}",
+            failure.failure_class,
+            failure.evidence,
+        )
 
     def stop(self) -> None:
         """TERM the whole process group, then KILL whatever is left after the grace period."""
@@ -210,7 +307,7 @@ def leftover_servers(output_root: Path, this_run: Path) -> list[str]:
         if data.get("stopped_at") or not _is_server_process(pid):
             continue
         session = data.get("session_pid")
-        if isinstance(session, int) and _is_alive(session):
+        if isinstance(session, int) and is_alive(session):
             found.append(
                 f"run {path.parent.name} (session pid {session}) is serving vLLM on this "
                 f"machine at the same time (pid {pid}): the two share its cores and memory"
@@ -224,9 +321,10 @@ def leftover_servers(output_root: Path, this_run: Path) -> list[str]:
     return found
 
 
-def _is_alive(pid: int) -> bool:
+def is_alive(pid: int, group: bool = False) -> bool:
+    """Whether the process (or, with ``group``, any process of its group) still exists."""
     try:
-        os.kill(pid, 0)
+        (os.killpg if group else os.kill)(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
@@ -242,18 +340,46 @@ def _is_server_process(pid: int) -> bool:
     return b"vllm" in cmdline
 
 
-def check_attached(base_url: str, api_key: str | None, key_env: str | None = None) -> None:
-    """The attached server answers ``/health``; a refusal names where the key comes from."""
-    with control_client(base_url, api_key) as client:
+def check_attached(
+    base_url: str, api_key: str | None, key_env: str | None = None, timeout_s: float | None = None
+) -> None:
+    """The attached server answers ``/health``; a refusal names where the key comes from.
+
+    One that does not answer is ``server_gone`` when nothing accepts its connections, and
+    ``hang`` when something still does (the process is there, stuck).
+    """
+    with control_client(base_url, api_key, timeout_s) as client:
         status = client.health_status()
     if status == 200:
         return
     if status is None:
+        if accepts_connections(base_url):
+            raise ServerError(
+                f"the server at {base_url} accepts connections but does not answer /health"
+                + (f" within {timeout_s:g} s" if timeout_s else ""),
+                "hang",
+                (f"{base_url}/health: connected, no answer",),
+            )
         raise ServerError(
-            f"the server at {base_url} does not answer /health: is it running and listening there?"
+            f"the server at {base_url} does not answer /health: is it running and listening there?",
+            "server_gone",
+            (f"{base_url}: connection refused",),
         )
     if status in (401, 403):
         source = f"the API key from ${key_env}" if key_env else "the request (no API key sent)"
         hint = f"check the key in {key_env}" if key_env else "set --longctx-api-key-env=VAR"
-        raise ServerError(f"the server at {base_url} refused {source} (HTTP {status}): {hint}")
+        raise ServerError(
+            f"the server at {base_url} refused {source} (HTTP {status}): {hint}", "refused"
+        )
     raise ServerError(f"the server at {base_url} is unhealthy (HTTP {status} from /health)")
+
+
+def accepts_connections(base_url: str, timeout_s: float = 5.0) -> bool:
+    """Whether anything accepts a TCP connection at the URL's host and port."""
+    url = httpx.URL(base_url)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False

@@ -66,11 +66,14 @@ def build_server_command(
     python: str = sys.executable,
     entry: tuple[str, ...] | None = None,
     prompt_tokens_details: bool = False,
+    sse_keep_alive_s: int = 0,
 ) -> ServerCommand:
     """The exact argv and environment that serve ``profile``; ``entry`` is how vLLM starts
     (default: :func:`launcher`). ``prompt_tokens_details``: every response's ``usage`` says
     how many prompt tokens the prefix cache served (off by default in vLLM; warm points
-    check it)."""
+    check it). ``sse_keep_alive_s`` > 0 has vLLM send a keep-alive comment on a stream idle
+    that long (``--sse-keep-alive-interval``, vLLM 0.32; off by default), which keeps HTTP
+    proxies' idle timers from cutting a long prefill."""
     model, serving = profile.model, profile.serving
     cache_flags(serving, f"profile {profile.path}")  # refuses flags a profile key owns
     entry = entry or launcher(python)
@@ -113,6 +116,8 @@ def build_server_command(
         argv += ["--compilation-config", serving.compilation_config]
     if prompt_tokens_details:
         argv.append("--enable-prompt-tokens-details")
+    if sse_keep_alive_s > 0:
+        argv += ["--sse-keep-alive-interval", str(sse_keep_alive_s)]
     argv += list(serving.extra_args)
     return ServerCommand(tuple(argv), dict(serving.env))
 

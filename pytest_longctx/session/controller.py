@@ -19,6 +19,7 @@ from pytest_longctx.core.records import Record
 from pytest_longctx.session import sweep_session
 from pytest_longctx.session.items import point_of_nodeid, record_identity
 from pytest_longctx.session.outputs import REPORT_ATTRIBUTE, after_record
+from pytest_longctx.session.restarts import HANDED_BACK_ATTRIBUTE
 from pytest_longctx.session.run import Run
 from pytest_longctx.session.workers import (
     RESUMED_KEY,
@@ -38,6 +39,7 @@ class Controller:
         self.slot_of: dict[str, int] = {}
         self.started_at = time.time()
         self.session: pytest.Session | None = None
+        self.scheduler: Any = None
 
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         self.session = session
@@ -50,12 +52,17 @@ class Controller:
         # pytest-xdist is an optional dependency: its scheduler base class only loads here.
         from pytest_longctx.session.scheduling import LongestFirstScheduling
 
-        return LongestFirstScheduling(config, log, self.run)
+        self.scheduler = LongestFirstScheduling(config, log, self.run)
+        return self.scheduler
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        """Keep the records the workers appended (they travel on their reports)."""
+        """Keep the records the workers appended (they travel on their reports); a point a
+        worker handed back goes to the others."""
         if sweep_session.active(self.config) is None:
             return
+        node = getattr(report, "node", None)
+        if getattr(report, HANDED_BACK_ATTRIBUTE, None) and self.scheduler and node is not None:
+            self.scheduler.hand_back(node, report.nodeid)
         data = getattr(report, REPORT_ATTRIBUTE, None)
         if not data:
             return
@@ -109,6 +116,7 @@ class Controller:
             outcome="error",
             reason=f"worker {name} died while measuring this point",
             finished_at=time.time(),
+            failure_class="error",
         )
         self.run.append(record)
         setattr(report, REPORT_ATTRIBUTE, record.to_json())

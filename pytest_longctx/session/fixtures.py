@@ -13,7 +13,7 @@ from pytest_longctx.measure import point as measure
 from pytest_longctx.measure.target import ServerError, ServerInfo
 from pytest_longctx.plan.sweep import Point
 from pytest_longctx.prompts import Prompt, PromptBuilder, PromptError
-from pytest_longctx.session import gate_items, points
+from pytest_longctx.session import gate_items, points, restarts
 from pytest_longctx.session import server as serving
 from pytest_longctx.session.run import Run
 from pytest_longctx.session.stash import MEASUREMENT_KEY, RUN_KEY
@@ -33,15 +33,15 @@ def longctx_server(pytestconfig: pytest.Config, longctx_run: Run) -> Iterator[Se
         points.warm_up(longctx_run, info)
     except ServerError as exc:
         serving.stop(pytestconfig)
-        pytest.fail(str(exc), pytrace=False)
+        raise restarts.failed(exc) from None
     yield info
     serving.stop(pytestconfig)
 
 
 @pytest.fixture(scope="session")
-def longctx_client(longctx_server: ServerInfo) -> Iterator[CompletionClient]:
+def longctx_client(longctx_server: ServerInfo, longctx_run: Run) -> Iterator[CompletionClient]:
     """A streaming client bound to the session's server."""
-    with measure.client_for(longctx_server) as client:
+    with measure.client_for(longctx_server, longctx_run.settings.tcp_keepalive_s) as client:
         yield client
 
 
@@ -80,6 +80,7 @@ def longctx_prompt(
     if recorded is not None:
         return RecordedPrompt(recorded.length, recorded.prompt_tokens or 0)
     builder: PromptBuilder = request.getfixturevalue("longctx_prompts")
+    restarts.before_point(request.config, longctx_run, longctx_point)  # the server may build it
     return points.build_prompt(longctx_run, builder, longctx_point)
 
 
@@ -98,6 +99,7 @@ def longctx_measure(
         return lambda prompt: measure.PointMeasurement.from_record(recorded)
     server: ServerInfo = request.getfixturevalue("longctx_server")
     client = request.getfixturevalue("longctx_client")
+    restarts.before_point(request.config, longctx_run, longctx_point)
 
     def run_measurement(prompt: Prompt) -> measure.PointMeasurement:
         try:
@@ -105,6 +107,13 @@ def longctx_measure(
         except measure.UnverifiedPoint as exc:
             request.node.stash[MEASUREMENT_KEY] = exc.measurement  # its figures stay recorded
             raise
+        except measure.PointFailure as exc:
+            if exc.sent or not restarts.server_down(longctx_run):
+                restarts.after_failure(longctx_run, longctx_point, exc)
+                raise
+            # Never sent: the server died just before it. Measured after the relaunch.
+            restarts.before_point(request.config, longctx_run, longctx_point)
+            return run_measurement(prompt)
         request.node.stash[MEASUREMENT_KEY] = result
         return result
 

@@ -139,6 +139,13 @@ def summary_lines(run: Run) -> list[str]:
             "the baseline holds one session, so the noise estimate is within-session only; "
             "add sessions with `python -m pytest_longctx baseline RUN_DIR --output FILE --append`"
         )
+    if len(run.starts) > 1:
+        lines.append(
+            f"this session's points came from {len(run.starts)} server starts "
+            f"({len(run.starts) - 1} after a crash): the gate treats a session's repeats as "
+            "sharing one start, so repeats on different starts carry spread it does not "
+            "expect within a session (each record's server_start says which)"
+        )
     lines += state.improved  # each ends saying to refresh the baseline
     measured = {p.length for p in run.selected_points}
     unmeasured = sorted({r.length for r in state.baseline} - measured)

@@ -192,6 +192,35 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "DURATION",
     ),
     OptionSpec(
+        "longctx-max-relaunches",
+        "times a session starts its launched server again after it died or hung (default 3; "
+        "0 never)",
+        "N",
+    ),
+    OptionSpec(
+        "longctx-max-crashes-per-length",
+        "crashes one length may cause before its remaining repeats are skipped (default 2)",
+        "N",
+    ),
+    OptionSpec(
+        "longctx-reattach-timeout",
+        "how long to wait for an attached server that stopped answering to answer again, "
+        "e.g. 60s, 10m (default 60s; 0 fails its points at once)",
+        "DURATION",
+    ),
+    OptionSpec(
+        "longctx-tcp-keepalive",
+        "TCP keepalive probe interval on the measured connection, so a NAT or load balancer "
+        "keeps a silent prefill's connection (default 15s; 0 off)",
+        "DURATION",
+    ),
+    OptionSpec(
+        "longctx-sse-keep-alive",
+        "vLLM's --sse-keep-alive-interval for launched servers: a comment on an idle stream "
+        "every so often, for HTTP proxies' idle timers (whole seconds, default 30s; 0 off)",
+        "DURATION",
+    ),
+    OptionSpec(
         "longctx-plan",
         "print the points, capacity and server command, then exit",
         flag=True,
@@ -441,4 +470,17 @@ def read_settings(config: pytest.Config) -> Settings:
         warm_questions=raw.whole("longctx-warm-questions", DEFAULT_WARM_QUESTIONS)
         or DEFAULT_WARM_QUESTIONS,
         warm_suffix=DEFAULT_WARM_SUFFIX if suffix is None else suffix,
+        max_relaunches=raw.whole("longctx-max-relaunches", 3, minimum=0) or 0,
+        max_crashes_per_length=raw.whole("longctx-max-crashes-per-length", 2) or 2,
+        reattach_timeout_s=raw.duration("longctx-reattach-timeout", 60.0, zero=True),
+        tcp_keepalive_s=raw.duration("longctx-tcp-keepalive", 15.0, zero=True),
+        sse_keep_alive_s=_whole_seconds(raw, "longctx-sse-keep-alive", 30),
     )
+
+
+def _whole_seconds(raw: _RawOptions, name: str, default: int) -> int:
+    """A duration vLLM takes as whole seconds."""
+    value = raw.duration(name, float(default), zero=True)
+    if value != int(value):
+        raise _fail(name, raw.values[name], "a duration of whole seconds such as 30s or 2m")
+    return int(value)

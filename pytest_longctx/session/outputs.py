@@ -193,6 +193,16 @@ def terminal_summary(terminalreporter, config: pytest.Config) -> None:  # noqa: 
             f"pytest-longctx capacity: {run.capacity_check.describe()}",
             red=not run.capacity_check.agrees,
         )
+    if len(run.starts) > 1:
+        causes = "; ".join(
+            f"#{start['index']} after {start['cause']}"
+            for start in run.starts
+            if start.get("cause")
+        )
+        terminalreporter.write_line(
+            f"pytest-longctx: the server was started {len(run.starts)} times: {causes}",
+            yellow=True,
+        )
     for line in gate_items.summary_lines(run):
         terminalreporter.write_line(f"pytest-longctx gate: {line}", yellow=True)
     if not run.written and not run.resumed:

@@ -10,6 +10,8 @@ from pytest_longctx.core.records import Record
 from pytest_longctx.session import outputs as reporting
 from pytest_longctx.session.items import point_of, record_identity
 from pytest_longctx.session.outputs import REPORT_ATTRIBUTE
+from pytest_longctx.session.restarts import HANDED_BACK_ATTRIBUTE
+from pytest_longctx.session.run import Run
 from pytest_longctx.session.stash import MEASUREMENT_KEY, RUN_KEY
 
 
@@ -49,6 +51,32 @@ def record_properties(item: pytest.Item, record: Record) -> None:
     item.user_properties.extend(p for p in properties if p[0] not in known)
 
 
+def _classify(
+    call: pytest.CallInfo[None], report: pytest.TestReport, outcome: str
+) -> tuple[str | None, tuple[str, ...]]:
+    """The record's failure class and its evidence, from what the item raised.
+
+    The measurement and the server lifecycle raise with a class attached; an assertion of the
+    sweep test's own (exact, cold, alone) is a ``contract`` failure; a skip carries a class
+    only when a failure caused it (a length vLLM refused, or one that crashed too often).
+    """
+    if outcome == "passed":
+        return None, ()
+    value = call.excinfo.value if call.excinfo is not None else None
+    failure_class = getattr(value, "failure_class", None)
+    if failure_class is not None:
+        return failure_class, tuple(getattr(value, "evidence", ()) or ())
+    if outcome == "skipped":
+        return None, ()
+    if report.when == "call" and isinstance(value, AssertionError):
+        return "contract", ()
+    return "error", ()
+
+
+def _server_start(run: Run) -> dict:
+    return dict(run.starts[-1]) if run.starts else {}
+
+
 def on_item_start(item: pytest.Item) -> None:
     run = item.config.stash.get(RUN_KEY, None)
     point = point_of(item)
@@ -82,6 +110,8 @@ def record_interrupted(config: pytest.Config) -> None:
         fingerprint=run.fingerprint,
         started_at=started,
         finished_at=time.time(),
+        failure_class="interrupted",
+        server_start=_server_start(run),
     )
     run.append(record)
     config.hook.pytest_longctx_record(config=config, record=record)
@@ -108,6 +138,7 @@ def on_report(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.Tes
     identity = record_identity(point)
     if measurement is not None:
         identity["cache"] = {**identity["cache"], **measurement.cache}
+    failure_class, evidence = _classify(call, report, outcome)
     record = Record(
         run_id=run.run_id,
         nodeid=item.nodeid,
@@ -122,10 +153,15 @@ def on_report(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.Tes
         stream=measurement.stream if measurement else {},
         started_at=call.start,
         finished_at=time.time(),
+        failure_class=failure_class,
+        evidence=evidence,
+        server_start=_server_start(run),
     )
     run.append(record)
     setattr(report, REPORT_ATTRIBUTE, record.to_json())
     record_properties(item, record)
+    if call.excinfo is not None and getattr(call.excinfo.value, "handed_back", False):
+        setattr(report, HANDED_BACK_ATTRIBUTE, run.worker)
     if outcome == "passed" and measurement is not None and not point.warm:
         slowest = max(measurement.ttft_s, run.measured_ttft.get(point.length, 0.0))
         run.measured_ttft[point.length] = slowest

@@ -123,6 +123,15 @@ class Run:
     #: When this session's server last computed each cold point's prompt (monotonic clock):
     #: the prefix its warm follow-ups find cached.
     prefix_sent: dict[Point, float] = field(default_factory=dict)
+    #: This session's server starts, first to last (restarts.py): number, time, start-up
+    #: seconds and, for a relaunch, its cause; each record names the one that measured it.
+    starts: list[dict[str, Any]] = field(default_factory=list)
+    #: Classes of the crashes each length caused (restarts.py counts them against the limit).
+    crashes: dict[int, list[str]] = field(default_factory=dict)
+    #: Why the server must be started again before the next point (a hang), when it must.
+    restart_cause: ServerError | None = None
+    #: Lengths vLLM refused at start-up (its KV cache cannot hold them), with its words.
+    start_refused: dict[int, ServerError] = field(default_factory=dict)
 
     @classmethod
     def create(

@@ -43,6 +43,8 @@ class LongestFirstScheduling(LoadScheduling):
         if nodeid not in self._points:
             self._points[nodeid] = point_of_nodeid(self.run.plan, nodeid)
         return self._points[nodeid]
+        #: Workers whose server is lost for good: they take no more points.
+        self.lost: set[Any] = set()
 
     def _order(self, collection: Sequence[str]) -> list[int]:
         def key(index: int) -> tuple[int, int, int, int, int]:
@@ -114,6 +116,9 @@ class LongestFirstScheduling(LoadScheduling):
             return
         if node.shutting_down:
             return
+        if node in self.lost:
+            node.shutdown()  # it finishes what it holds, handing those points back too
+            return
         wanted = ITEMS_PER_WORKER - self._units_in(self.node2pending[node])
         if wanted > 0:
             self._send_tests(node, wanted)
@@ -127,6 +132,20 @@ class LongestFirstScheduling(LoadScheduling):
             order = {index: rank for rank, index in enumerate(self._order(self.collection))}
             self.pending.sort(key=order.__getitem__)
         return crashitem
+
+    def hand_back(self, node: Any, nodeid: str) -> bool:
+        """A point the worker could not measure (its server is lost for good) goes to the
+        other workers; False when none is left to take it."""
+        self.lost.add(node)
+        others = [n for n in self.nodes if n not in self.lost and not n.shutting_down]
+        if not others or self.collection is None or nodeid not in self.collection:
+            return False
+        order = {index: rank for rank, index in enumerate(self._order(self.collection))}
+        self.pending.append(self.collection.index(nodeid))
+        self.pending.sort(key=order.__getitem__)
+        for other in others:
+            self.check_schedule(other)
+        return True
 
     def mark_test_pending(self, item: str) -> None:
         assert self.collection is not None

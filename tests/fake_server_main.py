@@ -1,0 +1,70 @@
+"""The fake server as a launched process: ``python fake_server_main.py --host H --port P``.
+
+It stands in for a launched vLLM where a test is about what the session makes of a server's
+death (its log, its exit), not about vLLM: ``--die-at N`` ends the process during its N-th
+completion request, after printing ``--die-line`` to its log, by ``os._exit(--exit-code)`` or,
+with ``--exit-code=-9``, by SIGKILL; ``--freeze-at N`` freezes the whole server there (no
+answer to anything, ``/health`` included). ``--once FILE`` does either only while FILE does
+not exist.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from fake_vllm import Behaviour, FakeVLLM, _Handler  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--served-model-name", default="fake-model")
+    parser.add_argument("--max-model-len", type=int, default=32_768)
+    parser.add_argument("--die-at", type=int, default=0)
+    parser.add_argument("--die-line", default="")
+    parser.add_argument("--exit-code", type=int, default=1)
+    parser.add_argument("--freeze-at", type=int, default=0)
+    parser.add_argument("--once", default="")
+    args, _ = parser.parse_known_args()
+    completions = [0]
+    lock = threading.Lock()
+    complete = _Handler._complete
+
+    def counting(handler, payload, behaviour, t_body):  # noqa: ANN001, ANN202
+        with lock:
+            completions[0] += 1
+            count = completions[0]
+        once = Path(args.once) if args.once else None
+        if count == args.freeze_at and not (once and once.exists()):
+            if once:
+                once.touch()
+            behaviour = fake.configure(fault="freeze").behaviour
+        if count == args.die_at and not (once and once.exists()):
+            if once:
+                once.touch()
+            if args.die_line:
+                print(args.die_line, file=sys.stderr, flush=True)
+            if args.exit_code == -9:
+                os.kill(os.getpid(), signal.SIGKILL)
+            os._exit(args.exit_code)
+        return complete(handler, payload, behaviour, t_body)
+
+    behaviour = Behaviour(model=args.served_model_name, max_model_len=args.max_model_len)
+    fake = FakeVLLM(behaviour, port=args.port)
+    _Handler._complete = counting  # type: ignore[method-assign]
+    fake.start()
+    print(f"INFO fake vLLM serving {args.served_model_name} at {fake.url}", flush=True)
+    print("INFO:     Application startup complete.", flush=True)
+    threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""A campaign that outlives its server, on real vLLM: killed, relaunched, classed, carried on.
+
+Each session launches cpu-tiny itself; a conftest kills the server's process group (SIGKILL)
+between points or while a point's request is running (once ``vllm:num_requests_running``
+says the engine has it), as an out-of-memory kill or a crash would.
+"""
+
+from __future__ import annotations
+
+import pytest
+from longctx_testing import SWEEP_TEST, records_of, run_folder, run_session
+from test_e2e_serving import profile_copy
+
+pytestmark = pytest.mark.vllm
+
+#: ``KILL_BETWEEN`` ids are killed after they finish; ``KILL_DURING`` lengths while their
+#: request runs, every time they are measured.
+KILLER = """
+import os, re, signal, threading, time
+import httpx
+from pytest_longctx.session.stash import RUN_KEY
+
+KILL_BETWEEN = {between!r}
+KILL_DURING = {during!r}
+
+def _kill(run):
+    pid = run.launched.process.pid
+    os.killpg(pid, signal.SIGKILL)
+    run.launched.process.wait()
+
+def _kill_once_running(run, url, done):
+    while not done.is_set():
+        try:  # a busy single-process server answers late: keep asking
+            text = httpx.get(url + "/metrics", timeout=30).text
+        except httpx.HTTPError:
+            time.sleep(0.05)
+            continue
+        if re.search(r"^vllm:num_requests_running\\{{.*\\}} [1-9]", text, re.M):
+            _kill(run)
+            return
+        time.sleep(0.01)
+
+def pytest_runtest_call(item):
+    run = item.config.stash[RUN_KEY]
+    point = item.callspec.params.get("longctx_point") if hasattr(item, "callspec") else None
+    if point is None or point.length not in KILL_DURING or run.launched is None:
+        return
+    done = threading.Event()
+    item._killer_done = done
+    threading.Thread(
+        target=_kill_once_running, args=(run, run.launched.base_url, done), daemon=True
+    ).start()
+
+def pytest_runtest_teardown(item):
+    done = getattr(item, "_killer_done", None)
+    if done is not None:
+        done.set()
+    run = item.config.stash[RUN_KEY]
+    if any(item.name.endswith(f"[{{name}}]") for name in KILL_BETWEEN) and run.launched:
+        _kill(run)
+"""
+
+
+def killer(between: tuple[str, ...] = (), during: tuple[int, ...] = ()) -> str:
+    return KILLER.format(between=set(between), during=set(during))
+
+
+def _points(records):  # noqa: ANN001, ANN202
+    return [
+        (r.length, r.repeat, r.outcome, r.failure_class, r.server_start.get("index"))
+        for r in records
+    ]
+
+
+def test_killed_between_and_during_points_the_session_relaunches_and_carries_on(
+    pytester: pytest.Pytester,
+) -> None:
+    """Killed after 1Ki rep 0, and whenever 2Ki's request runs: each later point passes on a
+    fresh start of the same server; 2Ki's crashes are classed, and after two of them its last
+    repeat is skipped, so only 2Ki is lost."""
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    pytester.makeconftest(killer(between=("len=1Ki-rep=0",), during=(2048,)))
+    # 512 tokens to decode: the request runs long enough for the killer to see it running
+    args = ("--longctx-to=4Ki", "--longctx-repeats=3", "--longctx-decode-tokens=512")
+    result, output = run_session(pytester, *args)
+    result.assert_outcomes(passed=6, failed=2, skipped=1)
+    records = records_of(output)
+    assert _points(records) == [
+        (1024, 0, "passed", None, 0),
+        (2048, 0, "failed", "engine_died", 1),  # start 1: after the kill between points
+        (4096, 0, "passed", None, 2),
+        (1024, 1, "passed", None, 2),
+        (2048, 1, "failed", "engine_died", 2),
+        (4096, 1, "passed", None, 3),
+        (1024, 2, "passed", None, 3),
+        (2048, 2, "skipped", None, 3),  # a consequence: the crashes carry the class
+        (4096, 2, "passed", None, 3),
+    ]
+    assert "the server exited with code -9" in records[1].evidence
+    assert "took the server down 2 times" in records[7].reason
+    starts = {r.server_start["index"]: r.server_start for r in records}
+    assert starts[1]["cause"].startswith("engine_died: the vLLM server is gone (exit code -9;")
+    assert all(starts[i]["startup_s"] > 1 for i in starts)
+    fingerprint = records[0].fingerprint
+    assert all(r.fingerprint["server_command"] == fingerprint["server_command"] for r in records)
+    report = (run_folder(output) / "report.md").read_text()
+    assert "Server starts" in report and "#3 up in" in report
+    assert "2 engine_died, 1 skipped |" in report
+    result.stdout.fnmatch_lines(["2Ki *2 engine_died, 1 skipped"])
+
+
+def test_the_relaunch_limit_holds(pytester: pytest.Pytester) -> None:
+    """One relaunch allowed: the second death fails the rest at once, saying why."""
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    pytester.makeconftest(killer(between=("len=1Ki-rep=0", "len=2Ki-rep=0")))
+    result, output = run_session(pytester, "--longctx-to=4Ki", "--longctx-max-relaunches=1")
+    result.assert_outcomes(passed=2, errors=1)
+    records = records_of(output)
+    assert _points(records) == [
+        (1024, 0, "passed", None, 0),
+        (2048, 0, "passed", None, 1),
+        (4096, 0, "error", "engine_died", 1),
+    ]
+    assert "relaunches are spent (1 of --longctx-max-relaunches=1)" in records[2].reason
+
+
+def test_a_kv_budget_too_small_for_the_largest_length_measures_the_shorter_ones(
+    pytester: pytest.Pytester,
+) -> None:
+    """5 MiB of KV cache given to vLLM behind the plan's back holds about 10k tokens: vLLM
+    refuses 16Ki's --max-model-len and says what it can hold; the session starts it again for
+    8Ki, measures 1Ki..8Ki, and records 16Ki as oom in vLLM's words."""
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    seed = 'extra_args = ["--seed", "0"]'
+    small = 'extra_args = ["--seed", "0", "--kv-cache-memory-bytes", "5242880"]'
+    profile = profile_copy(pytester.path, "cpu-tiny", **{seed: small})
+    result, output = run_session(pytester, f"--longctx-profile={profile}")
+    result.assert_outcomes(passed=4, skipped=1)
+    records = records_of(output)
+    assert [(r.length, r.outcome, r.failure_class) for r in records] == [
+        (1024, "passed", None),
+        (2048, "passed", None),
+        (4096, "passed", None),
+        (8192, "passed", None),
+        (16384, "skipped", "oom"),
+    ]
+    refused = records[-1]
+    assert "the estimated maximum model length is" in refused.reason
+    assert any(
+        "KV cache is needed, which is larger than the available" in e for e in refused.evidence
+    )
+    assert records[0].fingerprint["max_model_len"] == 8192 + 32
+    cause = records[0].server_start["cause"]
+    assert cause.startswith("vLLM refused --max-model-len 16416 (estimated maximum ")
