@@ -38,13 +38,13 @@ class LongestFirstScheduling(LoadScheduling):
         #: False for a session without sweep points: then it is xdist's load scheduling.
         self.sweep = True
         self._points: dict[str, Point | None] = {}
+        #: Workers whose server is lost for good: they take no more points.
+        self.lost: set[Any] = set()
 
     def _point(self, nodeid: str) -> Point | None:
         if nodeid not in self._points:
             self._points[nodeid] = point_of_nodeid(self.run.plan, nodeid)
         return self._points[nodeid]
-        #: Workers whose server is lost for good: they take no more points.
-        self.lost: set[Any] = set()
 
     def _order(self, collection: Sequence[str]) -> list[int]:
         def key(index: int) -> tuple[int, int, int, int, int]:
