@@ -17,8 +17,8 @@ from pytest_longctx.core.records import RESULTS_FILE, Record, read_runs, results
 from pytest_longctx.reporting import gate_report
 from pytest_longctx.reporting.gate_report import GateView
 from pytest_longctx.reporting.index import write_index
-from pytest_longctx.reporting.markdown import DEFAULT_TITLE
 from pytest_longctx.reporting.pipeline import write_reports as rebuild_reports
+from pytest_longctx.reporting.view import DEFAULT_TITLE
 
 PROG = "python -m pytest_longctx"
 #: The sweep inside the package: what ``calibrate`` runs unless told another test file.

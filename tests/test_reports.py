@@ -34,14 +34,9 @@ from pytest_longctx.reporting.html import (
     table_header_cells,
     table_row_cells,
 )
-from pytest_longctx.reporting.markdown import (
-    TABLE_COLUMNS,
-    render_markdown,
-    render_terminal_table,
-    summary_rows,
-    write_markdown,
-)
+from pytest_longctx.reporting.markdown import render_markdown, render_terminal_table, write_markdown
 from pytest_longctx.reporting.plots import plot_decode, plot_ttft, write_plots
+from pytest_longctx.reporting.view import TABLE_COLUMNS, summary_rows
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 FINGERPRINT = {

@@ -27,7 +27,7 @@ from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import FIGURE_UNITS, Record
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.core.stats import latest_records
-from pytest_longctx.reporting.markdown import reference_fingerprint
+from pytest_longctx.reporting.view import reference_fingerprint
 
 BENCHMARK_GROUP = "longctx"
 #: Warm follow-ups are groups of their own: pytest-benchmark compares within a group, and a

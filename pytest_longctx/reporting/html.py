@@ -27,7 +27,9 @@ from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.core.stats import latest_records
 from pytest_longctx.reporting.kv_plot import kv_plot_note
-from pytest_longctx.reporting.markdown import (
+from pytest_longctx.reporting.predictions import html_fragment as progress_fragment
+from pytest_longctx.reporting.reuse import html_fragment as reuse_fragment
+from pytest_longctx.reporting.view import (
     COMMAND_KEYS,
     DEFAULT_TITLE,
     REPRODUCE_LABELS,
@@ -43,8 +45,6 @@ from pytest_longctx.reporting.markdown import (
     summary_rows,
     ttft_decimals,
 )
-from pytest_longctx.reporting.predictions import html_fragment as progress_fragment
-from pytest_longctx.reporting.reuse import html_fragment as reuse_fragment
 
 #: (sort key, header label) of the columns added to pytest-html's results table.
 RESULTS_TABLE_COLUMNS: tuple[tuple[str, str], ...] = (

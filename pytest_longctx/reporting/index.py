@@ -18,7 +18,7 @@ from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import OUTCOMES, RESULTS_FILE, read_records
 from pytest_longctx.core.stats import latest_records
 from pytest_longctx.reporting.file_names import HTML, INDEX, MARKDOWN
-from pytest_longctx.reporting.markdown import format_fingerprint_value
+from pytest_longctx.reporting.view import format_fingerprint_value
 
 #: The symlink a session points at its run (session/run.py's LATEST).
 LATEST = "latest"

@@ -15,10 +15,11 @@ from pytest_longctx.reporting.file_names import MARKDOWN as MARKDOWN_FILENAME
 from pytest_longctx.reporting.gate_report import GateView
 from pytest_longctx.reporting.html import write_standalone_html
 from pytest_longctx.reporting.kv_plot import draw_kv_cache_plot
-from pytest_longctx.reporting.markdown import DEFAULT_TITLE, write_markdown
+from pytest_longctx.reporting.markdown import write_markdown
 from pytest_longctx.reporting.plots import ExtraPlot, write_plots
 from pytest_longctx.reporting.prefill_plot import draw_prefill_rate_plot
 from pytest_longctx.reporting.reuse import draw_reuse_plot
+from pytest_longctx.reporting.view import DEFAULT_TITLE
 
 
 def write_reports(
