@@ -26,6 +26,7 @@ from pytest_longctx.gate import (
     parse_level,
     parse_tolerances,
     regularized_beta,
+    session_count,
     session_test,
     student_t_isf,
     student_t_sf,
@@ -712,6 +713,33 @@ DRIFTING = {
     "s3": ([0.120, 0.120], [318.0, 322.0]),
     "s4": ([0.120, 0.120], [326.0, 330.0]),
 }
+
+
+def test_repeats_from_several_server_starts_of_one_session_count_as_starts():
+    """A session whose server was relaunched measured its repeats on different starts: the
+    gate counts each start as a session of its own, as it would separate sessions."""
+    import dataclasses
+
+    relaunched = [
+        dataclasses.replace(
+            record,
+            run_id="one",
+            repeat=2 * index + record.repeat,
+            nodeid=f"{record.nodeid}-start{index}",
+            server_start={"index": index},
+        )
+        for index, run_id in enumerate(DRIFTING)
+        for record in points(run_id, 2 * KI, *DRIFTING[run_id])
+    ]
+    now = points("now", 2 * KI, [0.120, 0.120], [298.0, 302.0])
+    decode = by_metric(
+        compare_length(relaunched, now, 2 * KI, parse_tolerances("ttft=off,itl=off"))
+    )["decode"]
+    assert session_count(relaunched) == 4
+    assert decode.noise == "between-session"
+    assert decode.test.t == pytest.approx(1.3213, abs=1e-3)  # as four separate sessions
+    one_start = [dataclasses.replace(record, server_start={}) for record in relaunched]
+    assert session_count(one_start) == 1
 
 
 def test_a_history_of_sessions_absorbs_drift_that_one_session_calls_a_regression():

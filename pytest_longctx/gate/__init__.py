@@ -108,6 +108,7 @@ from .verdicts import (
     compare_length,
     noise_model_words,
     session_count,
+    session_key,
 )
 
 __all__ = [
@@ -156,6 +157,7 @@ __all__ = [
     "parse_tolerances",
     "regularized_beta",
     "session_count",
+    "session_key",
     "session_test",
     "sessions_of",
     "student_t_isf",

@@ -179,9 +179,19 @@ def noise_model_words(sessions: int) -> str:
     return WITHIN_ONLY
 
 
+def session_key(record: Record) -> tuple[str, int]:
+    """The server start a record was measured on: (run id, start number).
+
+    Repeats measured on one server start share its state; a relaunch after a crash is a new
+    start, so its repeats spread like another session's, and the noise model counts it as one.
+    """
+    index = record.server_start.get("index") if record.server_start else None
+    return record.run_id, index if isinstance(index, int) else 0
+
+
 def session_count(records: Iterable[Record]) -> int:
-    """Distinct sessions (run ids) among passed records."""
-    return len({record.run_id for record in records if record.outcome == "passed"})
+    """Distinct server starts (sessions, and relaunches within them) among passed records."""
+    return len({session_key(record) for record in records if record.outcome == "passed"})
 
 
 def compare(
@@ -301,10 +311,11 @@ def _figure_values(records: list[Record], figure: str) -> list[float]:
 
 
 def _session_values(records: list[Record], figure: str) -> list[list[float]]:
-    """The figure's values grouped by session (run id), in the order sessions first appear."""
-    by_session: dict[str, list[Record]] = {}
+    """The figure's values grouped by server start (:func:`session_key`), in the order they
+    first appear."""
+    by_session: dict[tuple[str, int], list[Record]] = {}
     for record in records:
-        by_session.setdefault(record.run_id, []).append(record)
+        by_session.setdefault(session_key(record), []).append(record)
     groups = [_figure_values(group, figure) for group in by_session.values()]
     return [values for values in groups if values]
 

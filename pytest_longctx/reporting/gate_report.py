@@ -200,10 +200,10 @@ def _values(records: Iterable[Record], figure: str) -> list[float]:
 
 def _baseline_stats(records: Sequence[Record], length: int, figure: str) -> gate.Stats | None:
     """As the gate sees the baseline: over its repeats, or the spread of session means."""
-    by_session: dict[str, list[Record]] = {}
+    by_session: dict[tuple[str, int], list[Record]] = {}
     for record in records:
         if record.length == length:
-            by_session.setdefault(record.run_id, []).append(record)
+            by_session.setdefault(gate.session_key(record), []).append(record)
     groups = [values for group in by_session.values() if (values := _values(group, figure))]
     return gate.Stats.of_sessions(groups) if groups else None
 

@@ -142,9 +142,9 @@ def summary_lines(run: Run) -> list[str]:
     if len(run.starts) > 1:
         lines.append(
             f"this session's points came from {len(run.starts)} server starts "
-            f"({len(run.starts) - 1} after a crash): the gate treats a session's repeats as "
-            "sharing one start, so repeats on different starts carry spread it does not "
-            "expect within a session (each record's server_start says which)"
+            f"({len(run.starts) - 1} after a crash): a baseline made from it counts each "
+            "start as a session of its own, since repeats on different starts spread like "
+            "separate sessions (each record's server_start says which)"
         )
     lines += state.improved  # each ends saying to refresh the baseline
     measured = {p.length for p in run.selected_points}
