@@ -14,7 +14,7 @@ from pytest_longctx.measure.target import ServerError, ServerInfo
 from pytest_longctx.plan.sweep import Point
 from pytest_longctx.prompts import Prompt, PromptBuilder, PromptError
 from pytest_longctx.session import gate_items, points, restarts
-from pytest_longctx.session import server as serving
+from pytest_longctx.session import server as session_server
 from pytest_longctx.session.run import Run
 from pytest_longctx.session.stash import MEASUREMENT_KEY, RUN_KEY
 
@@ -29,13 +29,13 @@ def longctx_run(pytestconfig: pytest.Config) -> Run:
 def longctx_server(pytestconfig: pytest.Config, longctx_run: Run) -> Iterator[ServerInfo]:
     """The server, launched from the profile or attached by URL, once per session, warmed up."""
     try:
-        info = serving.start(pytestconfig)
+        info = session_server.start(pytestconfig)
         points.warm_up(longctx_run, info)
     except ServerError as exc:
-        serving.stop(pytestconfig)
+        session_server.stop(pytestconfig)
         raise restarts.failed(exc) from None
     yield info
-    serving.stop(pytestconfig)
+    session_server.stop(pytestconfig)
 
 
 @pytest.fixture(scope="session")

@@ -35,7 +35,7 @@ from pytest_longctx.prompts import (
 )
 from pytest_longctx.serving import served_model
 from pytest_longctx.session import live_progress
-from pytest_longctx.session import server as serving
+from pytest_longctx.session import server as session_server
 from pytest_longctx.session.run import Run
 
 WARMUP_PROMPT_TOKENS = 1024
@@ -61,7 +61,7 @@ def prompt_builder(run: Run, server: ServerInfo) -> PromptBuilder:
     source: Any
     if described_by == served_model.BY_PROFILE:
         source = LocalTokenSource(
-            serving.tokenizer_location(profile, build=True),
+            session_server.tokenizer_location(profile, build=True),
             revision=None if profile.model.embedded_name else profile.model.revision,
             trust_remote_code=profile.model.trust_remote_code,
         )
@@ -169,8 +169,8 @@ def measure(
             point,
             prompt,
             settings,
-            check_alive=lambda grace_s: serving.check_alive(run, grace_s=grace_s),
-            refusal=lambda exc: str(serving.refused(run, server.base_url, exc)),
+            check_alive=lambda grace_s: session_server.check_alive(run, grace_s=grace_s),
+            refusal=lambda exc: str(session_server.refused(run, server.base_url, exc)),
             watch=live_progress.watch(run, server, point),
         )
     except UnverifiedPoint:

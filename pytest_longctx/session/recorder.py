@@ -7,7 +7,7 @@ import time
 import pytest
 
 from pytest_longctx.core.records import Record
-from pytest_longctx.session import outputs as reporting
+from pytest_longctx.session import outputs
 from pytest_longctx.session.items import point_of, record_identity
 from pytest_longctx.session.outputs import REPORT_ATTRIBUTE
 from pytest_longctx.session.restarts import HANDED_BACK_ATTRIBUTE
@@ -166,4 +166,4 @@ def on_report(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.Tes
         slowest = max(measurement.ttft_s, run.measured_ttft.get(point.length, 0.0))
         run.measured_ttft[point.length] = slowest
     config.hook.pytest_longctx_record(config=config, record=record)
-    reporting.after_record(config, run)
+    outputs.after_record(config, run)

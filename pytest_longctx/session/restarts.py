@@ -24,7 +24,7 @@ from pytest_longctx.measure.target import ServerError, ServerInfo
 from pytest_longctx.plan.sweep import Point
 from pytest_longctx.serving.process import check_attached, control_client, is_alive
 from pytest_longctx.session import points
-from pytest_longctx.session import server as serving
+from pytest_longctx.session import server as session_server
 from pytest_longctx.session.run import Run
 
 #: Classes that mean the point took the server down with it; they count against its length.
@@ -151,8 +151,8 @@ def _relaunch(config: pytest.Config, run: Run, cause: ServerError) -> None:
     command = old.command
     try:
         _wait_released(old.process.pid if old.process else None, command.argv)
-        info = serving.bring_up(run, command, cause=_cause_line(cause))
-        fingerprint = serving.fingerprint(config, run, info)
+        info = session_server.bring_up(run, command, cause=_cause_line(cause))
+        fingerprint = session_server.fingerprint(config, run, info)
         differences = fingerprint_mismatch(run.fingerprint, fingerprint)
         if differences:
             raise ServerError(
@@ -205,7 +205,7 @@ def _port_free(host: str, port: int) -> bool:
 def _reattach(run: Run, server: ServerInfo) -> None:
     """An attached server that stopped answering: wait for it, and check it is the same."""
     try:
-        check_attached(server.base_url, server.api_key, serving.api_key_env_name(run))
+        check_attached(server.base_url, server.api_key, session_server.api_key_env_name(run))
         return
     except ServerError as exc:
         if exc.failure_class not in ("server_gone", "hang"):
@@ -215,7 +215,7 @@ def _reattach(run: Run, server: ServerInfo) -> None:
     deadline = waited + run.settings.reattach_timeout_s
     while True:
         try:
-            check_attached(server.base_url, server.api_key, serving.api_key_env_name(run))
+            check_attached(server.base_url, server.api_key, session_server.api_key_env_name(run))
             break
         except ServerError:
             if time.monotonic() > deadline:
@@ -245,7 +245,7 @@ def _reattach(run: Run, server: ServerInfo) -> None:
             "server_gone",
         )
         raise PointFailure(str(run.server), "server_gone", sent=False)
-    serving.note_start(
+    session_server.note_start(
         run,
         None,
         f"server_gone: {str(gone).splitlines()[0]}; answered again after "
