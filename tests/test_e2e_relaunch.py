@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pytest
 from longctx_testing import SWEEP_TEST, records_of, run_folder, run_session
-from test_e2e_serving import profile_copy
 
 pytestmark = pytest.mark.vllm
 
@@ -124,17 +123,29 @@ def test_the_relaunch_limit_holds(pytester: pytest.Pytester) -> None:
     assert "relaunches are spent (1 of --longctx-max-relaunches=1)" in records[2].reason
 
 
+#: Gives vLLM 5 MiB of KV cache whatever the profile says: the plan does not know.
+SMALL_KV_CACHE_CONFTEST = """
+from pytest_longctx.serving.vllm_command import ServerCommand
+
+
+def pytest_longctx_server_command(config, plan, command):
+    argv = list(command.argv)
+    argv[argv.index("--kv-cache-memory-bytes") + 1] = "5242880"
+    return ServerCommand(tuple(argv), command.env)
+"""
+
+
 def test_a_kv_budget_too_small_for_the_largest_length_measures_the_shorter_ones(
     pytester: pytest.Pytester,
 ) -> None:
-    """5 MiB of KV cache given to vLLM behind the plan's back holds about 10k tokens: vLLM
-    refuses 16Ki's --max-model-len and says what it can hold; the session starts it again for
-    8Ki, measures 1Ki..8Ki, and records 16Ki as oom in vLLM's words."""
+    """5 MiB of KV cache given to vLLM behind the plan's back (a plugin changes the launch
+    command through ``pytest_longctx_server_command``; a profile's own extra_args may not set
+    it) holds about 10k tokens: vLLM refuses 16Ki's --max-model-len and says what it can hold;
+    the session starts it again for 8Ki, measures 1Ki..8Ki, and records 16Ki as oom in vLLM's
+    words."""
     pytester.makepyfile(test_sweep=SWEEP_TEST)
-    seed = 'extra_args = ["--seed", "0"]'
-    small = 'extra_args = ["--seed", "0", "--kv-cache-memory-bytes", "5242880"]'
-    profile = profile_copy(pytester.path, "cpu-tiny", **{seed: small})
-    result, output = run_session(pytester, f"--longctx-profile={profile}")
+    pytester.makeconftest(SMALL_KV_CACHE_CONFTEST)
+    result, output = run_session(pytester)
     result.assert_outcomes(passed=4, skipped=1)
     records = records_of(output)
     assert [(r.length, r.outcome, r.failure_class) for r in records] == [

@@ -28,6 +28,7 @@ import pytest
 from longctx_testing import SWEEP_TEST, Session, raw_lines, run_folder, run_process
 
 from pytest_longctx.core.records import Record, read_records
+from pytest_longctx.core.stats import latest_records, outcome_label
 
 pytestmark = pytest.mark.vllm
 
@@ -281,7 +282,8 @@ def assert_summary_row(cells: list[str], records: list[Record]) -> None:
     for part in row["outcomes"].split(", "):
         count, outcome = part.split(" ")
         printed[outcome] = int(count)
-    assert printed == dict(Counter(r.outcome for r in records))
+    # passed points by outcome, the others by their failure class ("1 passed, 1 contract")
+    assert printed == dict(Counter(outcome_label(r) for r in latest_records(records)))
 
 
 def assert_summary_rows(rows: list[list[str]], records: Iterable[Record]) -> None:
@@ -531,9 +533,12 @@ def test_report_md_has_the_per_length_table_failures_and_how_to_reproduce(
     assert header == SUMMARY_HEADER
     records = readable_records(run_dir / "results.jsonl")
     assert_summary_rows(rows, records)
-    assert rows[1][SUMMARY_HEADER.index("outcomes")] == "1 passed, 1 failed"
+    assert rows[1][SUMMARY_HEADER.index("outcomes")] == "1 passed, 1 contract"
     not_passed = markdown_section(markdown, "Points that did not pass")
-    assert f"2Ki repeat 1 (run `{run_dir.name}`): **failed**: AssertionError: " in not_passed
+    assert (
+        f"2Ki repeat 1 (run `{run_dir.name}`): **failed (contract)**: AssertionError: "
+        in not_passed
+    )
     assert FAILURE_MESSAGE in not_passed and "1Ki" not in not_passed
     reproduce = markdown_section(markdown, "How to reproduce")
     command = re.search(r"```sh\n(.*?)\n```", reproduce, re.S)
@@ -743,7 +748,7 @@ def test_report_command_merges_two_real_runs(
     # repeats are counted across runs: 1Ki has 2 + 2, 2Ki 1 + 2 (and the failure), 4Ki 0 + 2
     assert [(row[0], row[2], row[7]) for row in rows] == [
         ("1Ki", "4", "4 passed"),
-        ("2Ki", "3", "3 passed, 1 failed"),
+        ("2Ki", "3", "3 passed, 1 contract"),
         ("4Ki", "2", "2 passed"),
     ]
     assert f"- Runs: {first.name}, {second.name}" in markdown

@@ -13,16 +13,19 @@ from pytest_longctx.measure import point as measure
 from pytest_longctx.measure.target import ServerError, ServerInfo
 from pytest_longctx.plan.sweep import Point
 from pytest_longctx.prompts import Prompt, PromptBuilder, PromptError
-from pytest_longctx.session import gate_items, points, restarts
+from pytest_longctx.session import gate_items, points, restarts, sweep_session
 from pytest_longctx.session import server as session_server
 from pytest_longctx.session.run import Run
-from pytest_longctx.session.stash import MEASUREMENT_KEY, RUN_KEY
+from pytest_longctx.session.stash import MEASUREMENT_KEY
 
 
 @pytest.fixture(scope="session")
 def longctx_run(pytestconfig: pytest.Config) -> Run:
-    """This session's plan, run folder and records so far (under xdist: the campaign's)."""
-    return pytestconfig.stash[RUN_KEY]
+    """This session's plan, run folder and records so far (under xdist: the campaign's).
+
+    Asking for it starts the sweep's part of the session, as collecting a sweep item does: a
+    test that only needs the server (``longctx_server``) gets the same run."""
+    return sweep_session.activate(pytestconfig).run
 
 
 @pytest.fixture(scope="session")
