@@ -20,6 +20,7 @@ from longctx_testing import (
     KEEP_BURSTS,
     SWEEP_TEST,
     assert_bursts_kept_with_the_servers_figure,
+    launch_fake_conftest,
     records_of,
     run_folder,
     run_session,
@@ -466,7 +467,8 @@ def test_a_dead_server_loses_only_its_worker_and_resume_completes_the_run(
     from pytest_longctx.core.stats import latest_records
 
     pytester.makepyfile(test_sweep=SWEEP_TEST)
-    pytester.makeconftest(KILL_GW1_SERVER)
+    # the session's own bookkeeping over two workers: the stand-in server is launched
+    pytester.makeconftest(KILL_GW1_SERVER + launch_fake_conftest())
     args = ("-n", "2", "--longctx-to=8Ki", "--longctx-repeats=2", KEEP_BURSTS)
     result, output = run_session(pytester, *args, "--longctx-max-relaunches=0")
     assert (pytester.path / "killed").exists()
