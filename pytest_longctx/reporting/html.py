@@ -44,6 +44,7 @@ from pytest_longctx.reporting.view import (
     setup_variations,
     summary_rows,
     ttft_decimals,
+    workload_words,
 )
 
 #: (sort key, header label) of the columns added to pytest-html's results table.
@@ -104,7 +105,7 @@ def table_row_cells(record: Record | None) -> list[str]:
         _sortable_cell(
             "longctx_repeat",
             record.repeat,
-            f"{record.repeat} warm {record.question}" if record.warm else str(record.repeat),
+            f"{record.repeat}{workload_words(record)}",
         ),
         _sortable_cell("longctx_ttft", ttft, _ttft_text(ttft)),
         _sortable_cell("longctx_decode", decode, f"{decode:,.1f}" if decode is not None else ""),

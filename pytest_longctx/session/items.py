@@ -7,7 +7,14 @@ import pytest
 from pytest_longctx.capacity import ParallelLayoutError
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.plan import capacity_check
-from pytest_longctx.plan.sweep import SLOW_MARK, VERY_SLOW_MARK, WARM_MARK, Point, SweepPlan
+from pytest_longctx.plan.sweep import (
+    INTERFERENCE_MARK,
+    SLOW_MARK,
+    VERY_SLOW_MARK,
+    WARM_MARK,
+    Point,
+    SweepPlan,
+)
 from pytest_longctx.profiles import ProfileError
 from pytest_longctx.session import resume
 from pytest_longctx.session.run import Run
@@ -22,6 +29,11 @@ def _marks(point: Point, bands: tuple[str, ...], comparisons: tuple[Comparison, 
     if point.warm:
         marks = [pytest.mark.longctx(len=point.length, rep=point.repeat, warm=point.question)]
         marks.append(getattr(pytest.mark, WARM_MARK))
+    elif point.interference:
+        marks = [
+            pytest.mark.longctx(len=point.length, rep=point.repeat, interference=point.background)
+        ]
+        marks.append(getattr(pytest.mark, INTERFERENCE_MARK))
     else:
         marks = [pytest.mark.longctx(len=point.length, rep=point.repeat)]
     marks += [getattr(pytest.mark, band) for band in bands]
@@ -73,12 +85,15 @@ def parametrize(metafunc: pytest.Metafunc, run: Run, comparisons: tuple[Comparis
 def record_identity(point: Point) -> dict:
     """The fields of a record that say which point it is (``Record(**..., outcome=...)``)."""
     cache = {"question": point.question, "suffix_tokens": point.suffix} if point.warm else {}
-    return {
+    identity: dict = {
         "length": point.length,
         "repeat": point.repeat,
         "cache_state": point.cache_state,
         "cache": cache,
     }
+    if point.interference:
+        identity["interference"] = {"background_streams": point.background}
+    return identity
 
 
 def point_of(item: pytest.Item) -> Point | None:

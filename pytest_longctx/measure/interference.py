@@ -1,0 +1,321 @@
+"""What one long prefill cost the background streams beside it: windows, gaps, stalls.
+
+Definitions (every time on the shared monotonic clock, see ``background.py``):
+
+* **Windows.** *Idle*: from the moment every background stream has received a token to the
+  long prompt's send (the reference). *Prefill*: the long prompt's send (its t0) to its first
+  token. *Decode*: its first token to its last.
+* **Gaps.** Each background request's wait between two chunks it received (a user's wait
+  for the next token; a request's own first token is not one). A gap belongs to the window
+  its midpoint lies in: a prefill that stalls every stream for seconds makes one gap that
+  starts a step after the send and ends with the first token, and it is the prefill's.
+* **Tokens during the prefill.** Background tokens that arrived inside the prefill window,
+  leaving out its first and last ``margin`` seconds (the longest idle gap: one decode step
+  at its slowest), which hold the step in flight when the prompt was sent and the step that
+  finished its prefill. Zero: the prefill stalled every stream.
+* **Rates.** Background tokens (all streams) that arrived in a window over its length.
+* **The server's own view.** vLLM's ``vllm:inter_token_latency_seconds`` between two
+  ``/metrics`` reads that enclose every request of the point: its sum against the sum of the
+  gaps every stream and the long request saw, its count against their tokens after each
+  request's first, and the bucket its p99 falls in against theirs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_longctx.client import quantile
+from pytest_longctx.measure.background import BackgroundRequest
+from pytest_longctx.measure.server_metrics import (
+    INTER_TOKEN,
+    ITERATION_TOKENS,
+    PREEMPTIONS,
+    MetricsSnapshot,
+    bucket_delta,
+)
+
+WINDOWS = ("idle", "prefill", "decode")
+
+
+@dataclass(frozen=True)
+class Windows:
+    """The point's windows: idle ``[idle_from, sent)``, prefill ``[sent, first_token)``,
+    decode ``[first_token, last_token]``."""
+
+    idle_from: float
+    sent: float
+    first_token: float
+    last_token: float
+
+    def window_of(self, start: float, end: float) -> str | None:
+        """The window a gap's midpoint lies in; None outside all three."""
+        middle = (start + end) / 2
+        if self.idle_from <= middle < self.sent:
+            return "idle"
+        if self.sent <= middle < self.first_token:
+            return "prefill"
+        if self.first_token <= middle <= self.last_token:
+            return "decode"
+        return None
+
+    def span(self, window: str) -> tuple[float, float]:
+        return {
+            "idle": (self.idle_from, self.sent),
+            "prefill": (self.sent, self.first_token),
+            "decode": (self.first_token, self.last_token),
+        }[window]
+
+    def seconds(self, window: str) -> float:
+        start, end = self.span(window)
+        return max(0.0, end - start)
+
+
+@dataclass(frozen=True)
+class GapStats:
+    """The gaps of one window over every stream."""
+
+    count: int
+    median: float
+    p99: float
+    max: float
+
+    @classmethod
+    def of(cls, gaps: Sequence[float]) -> GapStats | None:
+        if not gaps:
+            return None
+        ordered = sorted(gaps)
+        return cls(len(ordered), quantile(ordered, 0.5), quantile(ordered, 0.99), ordered[-1])
+
+
+@dataclass(frozen=True)
+class BackgroundView:
+    """The background streams' figures for one point."""
+
+    gaps: Mapping[str, GapStats | None]
+    tokens: Mapping[str, int]  # tokens that arrived in each window
+    tokens_during_prefill: int
+    margin_s: float
+    windows: Windows
+
+    def figures(self) -> dict[str, float]:
+        """The record's ``bg_*`` figures (core/records.py)."""
+        figures: dict[str, float] = {}
+        for window in WINDOWS:
+            stats = self.gaps.get(window)
+            if stats is not None:
+                figures[f"bg_itl_{window}_median"] = stats.median
+                figures[f"bg_itl_{window}_p99"] = stats.p99
+                figures[f"bg_itl_{window}_max"] = stats.max
+            seconds = self.windows.seconds(window)
+            if seconds > 0:
+                figures[f"bg_rate_{window}"] = self.tokens[window] / seconds
+        figures["bg_tokens_during_prefill"] = float(self.tokens_during_prefill)
+        return figures
+
+    def details(self) -> dict[str, Any]:
+        """For the record's ``interference``: the windows' lengths, gaps and tokens each."""
+        return {
+            "windows_s": {w: round(self.windows.seconds(w), 6) for w in WINDOWS},
+            "gaps": {w: (self.gaps[w].count if self.gaps.get(w) else 0) for w in WINDOWS},
+            "tokens": dict(self.tokens),
+            "stall_margin_s": round(self.margin_s, 6),
+        }
+
+
+def background_view(requests: Iterable[BackgroundRequest], windows: Windows) -> BackgroundView:
+    """Gaps per window, tokens per window and the tokens that came during the prefill."""
+    done = [r for r in requests if r.error is None]
+    by_window: dict[str, list[float]] = {w: [] for w in WINDOWS}
+    for request in done:
+        for start, end, _ in request.gaps:
+            window = windows.window_of(start, end)
+            if window is not None:
+                by_window[window].append(end - start)
+    gaps = {w: GapStats.of(values) for w, values in by_window.items()}
+    idle = gaps["idle"]
+    margin = idle.max if idle is not None else 0.0
+    tokens = {w: 0 for w in WINDOWS}
+    during = 0
+    for request in done:
+        for at, count in zip(request.token_times, request.tokens_per_chunk, strict=True):
+            for window in WINDOWS:
+                start, end = windows.span(window)
+                if start <= at < end or (window == "decode" and at == end):
+                    tokens[window] += count
+                    break
+            if windows.sent + margin < at < windows.first_token - margin:
+                during += count
+    return BackgroundView(gaps, tokens, during, margin, windows)
+
+
+@dataclass(frozen=True)
+class ServerItlCheck:
+    """vLLM's inter-token histogram against the gaps the clients saw."""
+
+    server_sum_s: float
+    server_count: int
+    client_sum_s: float
+    client_count: int
+    server_p99_bucket: tuple[float, float] | None
+    client_p99_s: float | None
+    problem: str | None
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "server_sum_s": round(self.server_sum_s, 6),
+            "server_count": self.server_count,
+            "client_sum_s": round(self.client_sum_s, 6),
+            "client_count": self.client_count,
+            "server_p99_bucket": list(self.server_p99_bucket) if self.server_p99_bucket else None,
+            "client_p99_s": self.client_p99_s,
+            "agreement": self.problem or "agrees",
+        }
+
+
+def _p99_bucket(buckets: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
+    """The (lower, upper] bucket holding the 99th percentile of a histogram's observations."""
+    total = sum(count for _, count in buckets)
+    if total <= 0:
+        return None
+    target, seen, lower = 0.99 * total, 0.0, 0.0
+    for bound, count in buckets:
+        seen += count
+        if seen >= target:
+            return (lower, bound)
+        lower = bound
+    return (lower, math.inf)
+
+
+def check_server_itl(
+    before: MetricsSnapshot,
+    after: MetricsSnapshot,
+    gaps: Sequence[float],
+    tokens_after_first: int,
+    tolerance: float,
+) -> ServerItlCheck | None:
+    """The server's inter-token histogram between ``before`` and ``after`` against the
+    clients' ``gaps`` (every request between the reads) and their ``tokens_after_first``.
+
+    They disagree when the sums differ by more than ``tolerance`` (a fraction), when the
+    server counted other requests' tokens, or when the clients' p99 lies outside the
+    server's p99 bucket widened by the tolerance. None when the server has no histogram."""
+    old_sum, new_sum = before.total(f"{INTER_TOKEN}_sum"), after.total(f"{INTER_TOKEN}_sum")
+    old_count, new_count = before.total(f"{INTER_TOKEN}_count"), after.total(f"{INTER_TOKEN}_count")
+    if new_sum is None or new_count is None:
+        return None
+    server_sum, server_count = new_sum - (old_sum or 0.0), int(new_count - (old_count or 0.0))
+    client_sum = math.fsum(gaps)
+    bucket = _p99_bucket(bucket_delta(before, after, INTER_TOKEN))
+    client_p99 = quantile(sorted(gaps), 0.99) if gaps else None
+    problems = []
+    if server_count != tokens_after_first:
+        problems.append(
+            f"the server counted {server_count:,} inter-token gaps, the streams "
+            f"{tokens_after_first:,} (another client's requests ran, or some of these were "
+            "lost)"
+        )
+    if server_sum > 0 and abs(client_sum - server_sum) > tolerance * server_sum:
+        problems.append(
+            f"the streams' gaps sum to {client_sum:.3f} s, the server's to {server_sum:.3f} s "
+            f"(more than {tolerance:.0%} apart)"
+        )
+    if bucket is not None and client_p99 is not None:
+        low, high = bucket
+        if not low / (1 + tolerance) <= client_p99 <= high * (1 + tolerance):
+            problems.append(
+                f"the streams' p99 gap is {client_p99 * 1000:.1f} ms, the server's lies in "
+                f"({low * 1000:g}, {high * 1000:g}] ms"
+            )
+    problem = (
+        "the background gaps disagree with the server's inter-token histogram "
+        "(vllm:inter_token_latency_seconds): " + "; ".join(problems)
+        if problems
+        else None
+    )
+    return ServerItlCheck(
+        server_sum, server_count, client_sum, len(gaps), bucket, client_p99, problem
+    )
+
+
+def preemptions(before: MetricsSnapshot, after: MetricsSnapshot) -> int | None:
+    """Requests vLLM preempted between the reads; None when it does not count them."""
+    old, new = before.total(PREEMPTIONS), after.total(PREEMPTIONS)
+    return None if new is None else int(new - (old or 0.0))
+
+
+def chunk_from_server_info(info: Any) -> dict[str, Any] | None:
+    """The scheduler's effective chunk and sequence limit from vLLM's ``/server_info``
+    (``config_format=json``; served with ``VLLM_SERVER_DEV_MODE=1``), None without them."""
+    config = info.get("vllm_config") if isinstance(info, Mapping) else None
+    scheduler = config.get("scheduler_config") if isinstance(config, Mapping) else None
+    if not isinstance(scheduler, Mapping) or scheduler.get("max_num_batched_tokens") is None:
+        return None
+    return {
+        "max_num_batched_tokens": int(scheduler["max_num_batched_tokens"]),
+        "max_num_seqs": scheduler.get("max_num_seqs"),
+        "enable_chunked_prefill": scheduler.get("enable_chunked_prefill"),
+        "source": "/server_info (vLLM's scheduler config as it runs)",
+    }
+
+
+def chunk_from_steps(before: MetricsSnapshot, after: MetricsSnapshot) -> dict[str, Any] | None:
+    """What the steps of the point show: the largest step's tokens lie in one bucket of
+    ``vllm:iteration_tokens_total``; with a prefill longer than a chunk, that bucket holds
+    the chunk."""
+    buckets = [(bound, count) for bound, count in bucket_delta(before, after, ITERATION_TOKENS)]
+    filled = [index for index, (_, count) in enumerate(buckets) if count > 0]
+    if not filled:
+        return None
+    top = filled[-1]
+    lower = buckets[top - 1][0] if top else 0.0
+    upper = buckets[top][0]
+    return {
+        "largest_step_tokens": [lower, None if math.isinf(upper) else upper],
+        "steps": int(sum(count for _, count in buckets)),
+        "source": "vllm:iteration_tokens_total (the largest step of the point)",
+    }
+
+
+@dataclass
+class SequenceProbe:
+    """Whether a server runs K + 1 requests at once, from its running and waiting gauges
+    sampled while K + 1 requests are in flight (vLLM does not export ``max_num_seqs``)."""
+
+    wanted: int
+    #: Seconds requests must keep waiting with fewer than ``wanted`` running to decide "no".
+    persist_s: float = 2.0
+    most_running: int = 0
+    most_waiting: int = 0
+    _waiting_since: float | None = None
+
+    def add(self, at: float, running: float | None, waiting: float | None) -> bool | None:
+        """One sample; True: ``wanted`` ran at once; False: requests kept waiting behind
+        fewer; None: not decided yet."""
+        if running is None:
+            return None
+        running_now, waiting_now = int(running), int(waiting or 0)
+        self.most_running = max(self.most_running, running_now)
+        self.most_waiting = max(self.most_waiting, waiting_now)
+        if running_now >= self.wanted:
+            return True
+        if waiting_now > 0 and running_now + waiting_now >= self.wanted:
+            if self._waiting_since is None:
+                self._waiting_since = at
+            return False if at - self._waiting_since >= self.persist_s else None
+        self._waiting_since = None
+        return None
+
+    def refusal(self, base_url: str, streams: int, seen: str | None = None) -> str:
+        seen = seen or (
+            f"at most {self.most_running} ran at once while {self.most_waiting} waited "
+            "(vllm:num_requests_running, vllm:num_requests_waiting)"
+        )
+        return (
+            f"the server at {base_url} cannot run {self.wanted} requests at once: with "
+            f"{self.wanted} in flight, {seen}. The interference workload needs {streams} "
+            f"background streams and the long prompt running together; serve it with "
+            f"--max-num-seqs {self.wanted} or more"
+        )
