@@ -112,8 +112,14 @@ class BackgroundView:
             seconds = self.windows.seconds(window)
             if seconds > 0:
                 figures[f"bg_rate_{window}"] = self.tokens[window] / seconds
-        figures["bg_tokens_during_prefill"] = float(self.tokens_during_prefill)
+        if self.counted_s > 0:  # a prefill shorter than two idle steps cannot show a stall
+            figures["bg_tokens_during_prefill"] = float(self.tokens_during_prefill)
         return figures
+
+    @property
+    def counted_s(self) -> float:
+        """The part of the prefill window whose tokens are counted (less both margins)."""
+        return self.windows.seconds("prefill") - 2 * self.margin_s
 
     def details(self) -> dict[str, Any]:
         """For the record's ``interference``: the windows' lengths, gaps and tokens each."""
@@ -122,6 +128,7 @@ class BackgroundView:
             "gaps": {w: (self.gaps[w].count if self.gaps.get(w) else 0) for w in WINDOWS},
             "tokens": dict(self.tokens),
             "stall_margin_s": round(self.margin_s, 6),
+            "stall_counted_s": round(max(0.0, self.counted_s), 6),
         }
 
 

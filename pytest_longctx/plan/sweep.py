@@ -152,6 +152,14 @@ class SweepPlan:
         )
 
     @property
+    def background_load(self) -> tuple[int, int]:
+        """What an interference point's background holds in the cache: (requests, tokens
+        each), their short prompt and its decode."""
+        if not self.interference:
+            return (0, 0)
+        return (self.background_streams, BACKGROUND_PROMPT_TOKENS + BACKGROUND_DECODE_TOKENS)
+
+    @property
     def tokens_after_prefix(self) -> int:
         """What a request adds to its length-L prefix: a warm suffix, then the decode."""
         return self.suffix_tokens + self.decode_tokens if self.warm else self.decode_tokens

@@ -14,6 +14,7 @@ from typing import Any
 
 from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import Record
+from pytest_longctx.reporting.interference import markdown_lines as interference_lines
 from pytest_longctx.reporting.kv_plot import kv_plot_note
 from pytest_longctx.reporting.predictions import markdown_lines as progress_lines
 from pytest_longctx.reporting.reuse import markdown_lines as reuse_lines
@@ -124,6 +125,7 @@ def render_markdown(
     if note:
         lines += [note, ""]
     lines += reuse_lines(records)
+    lines += interference_lines(records)
     for section in sections:
         lines += [section.rstrip("\n"), ""]
     lines += progress_lines(records)

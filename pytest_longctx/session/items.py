@@ -145,18 +145,27 @@ def arrange(
             f"{format_size(plan.lengths[-1])} (profile {plan.profile.name}); widen the range "
             "with --longctx-from/--longctx-to"
         )
-    lengths = sorted({p.length for p in points})
+    lengths = sorted({p.length for p in points if not p.interference})
+    loaded = sorted({p.length for p in points if p.interference})
     try:
         verdicts = {} if run.settings.url else capacity_check.check_points(run.plan, lengths)
+        under_load = (
+            {}
+            if run.settings.url
+            else capacity_check.check_points(run.plan, loaded, under_load=True)
+        )
     except (ParallelLayoutError, ProfileError) as exc:
         raise pytest.UsageError(f"profile {run.plan.profile.name}: {exc}") from None
     resume.redo_cold_points(run, points)
     run.unfit_lengths = {length for length, fit in verdicts.items() if not fit.fits}
+    # A length whose interference point cannot fit beside its background is left out of the
+    # server's --max-model-len only when no cold point of it is selected either.
+    run.unfit_lengths |= {n for n, fit in under_load.items() if not fit.fits and n not in verdicts}
     for item in items:
         point = point_of(item)
         if point is None:
             continue
-        verdict = verdicts.get(point.length)
+        verdict = (under_load if point.interference else verdicts).get(point.length)
         if verdict is not None:
             item.stash[CAPACITY_KEY] = verdict
             if not verdict.fits:
