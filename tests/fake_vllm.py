@@ -61,11 +61,9 @@ VOCAB_SIZE = 50_000
 _HANG_LIMIT_S = 3600.0
 #: What a long prompt's prefill does to the other requests (``Behaviour.prefill_interference``).
 PREFILL_INTERFERENCE = ("none", "stall", "slow")
-#: vLLM 0.32's bucket bounds of ``vllm:inter_token_latency_seconds`` and of
-#: ``vllm:iteration_tokens_total``.
+#: vLLM 0.32's bucket bounds of ``vllm:inter_token_latency_seconds``.
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
 ITL_BUCKETS += (7.5, 10.0, 20.0, 40.0, 80.0)
-STEP_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
 @dataclass(frozen=True)
@@ -185,6 +183,8 @@ class StreamTimes:
     chunks_written_at: tuple[float, ...]  # each token-carrying chunk, just before its write
     tokens_per_chunk: tuple[int, ...]
     tokens: int
+    #: The first ids of an id prompt (its nonce), to tell requests apart.
+    prompt_head: tuple[int, ...] = ()
 
     @property
     def first_token_at(self) -> float | None:
@@ -211,10 +211,8 @@ class _Totals:
     generation_tokens: int = 0
     cached_tokens: int = 0
     preemptions: int = 0
-    #: Observations per bucket (not cumulative) of the inter-token and step histograms.
+    #: Observations per bucket (not cumulative) of the inter-token histogram.
     itl_buckets: list[int] = field(default_factory=lambda: [0] * (len(ITL_BUCKETS) + 1))
-    step_buckets: list[int] = field(default_factory=lambda: [0] * (len(STEP_BUCKETS) + 1))
-    step_tokens: int = 0
     created: float = field(default_factory=time.time)
 
 
@@ -344,16 +342,12 @@ class FakeVLLM:
                     return previous + tokens * behaviour.interference_token_delay_s
         return target
 
-    def count_gaps(self, gaps: list[float], steps: list[int]) -> None:
-        """Observe inter-token gaps and engine steps in their histograms."""
+    def count_gaps(self, gaps: list[float]) -> None:
+        """Observe inter-token gaps in their histogram."""
         with self._lock:
             for gap in gaps:
                 index = next((i for i, b in enumerate(ITL_BUCKETS) if gap <= b), len(ITL_BUCKETS))
                 self.totals.itl_buckets[index] += 1
-            for step in steps:
-                index = next((i for i, b in enumerate(STEP_BUCKETS) if step <= b), -1)
-                self.totals.step_buckets[index] += 1
-                self.totals.step_tokens += step
 
     def hang(self) -> None:
         self._stopping.wait(_HANG_LIMIT_S)
@@ -744,18 +738,20 @@ class _Handler(BaseHTTPRequestHandler):
             # recorded before [DONE]: a client that has its figures can read the stamps, and
             # a /metrics read right after the stream counts this request, as vLLM's does
             self.fake.record_stream(
-                StreamTimes(self._request_at, t_body, tuple(written), tuple(counts), total)
+                StreamTimes(
+                    self._request_at,
+                    t_body,
+                    tuple(written),
+                    tuple(counts),
+                    total,
+                    tuple(prompt[:8]) if isinstance(prompt := payload.get("prompt"), list) else (),
+                )
             )
             end = time.perf_counter()
             first_at, last_at = (decoded[0], decoded[-1]) if decoded else (end, end)
             ttft = first_at - t_body
             decode = last_at - first_at
-            chunk = behaviour.prefill_chunk_tokens
-            self.fake.count_gaps(
-                [decoded[i] - decoded[i - 1] for i in range(1, len(decoded))],
-                [chunk] * (prompt_tokens // chunk)
-                + [prompt_tokens % chunk][: prompt_tokens % chunk],
-            )
+            self.fake.count_gaps([decoded[i] - decoded[i - 1] for i in range(1, len(decoded))])
             self.fake.account(
                 requests=1 + behaviour.other_requests,
                 ttft=ttft,
@@ -958,13 +954,6 @@ def _exposition(
         totals.inter_token,
         totals.inter_token_count,
         cumulative(ITL_BUCKETS, totals.itl_buckets),
-    )
-    histogram(
-        "vllm:iteration_tokens_total",
-        "Histogram of number of tokens per engine_step.",
-        float(totals.step_tokens),
-        sum(totals.step_buckets),
-        cumulative(tuple(float(b) for b in STEP_BUCKETS), totals.step_buckets),
     )
     histogram(
         "vllm:e2e_request_latency_seconds",

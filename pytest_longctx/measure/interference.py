@@ -31,7 +31,6 @@ from pytest_longctx.client import quantile
 from pytest_longctx.measure.background import BackgroundRequest
 from pytest_longctx.measure.server_metrics import (
     INTER_TOKEN,
-    ITERATION_TOKENS,
     PREEMPTIONS,
     MetricsSnapshot,
     bucket_delta,
@@ -268,21 +267,19 @@ def chunk_from_server_info(info: Any) -> dict[str, Any] | None:
     }
 
 
-def chunk_from_steps(before: MetricsSnapshot, after: MetricsSnapshot) -> dict[str, Any] | None:
-    """What the steps of the point show: the largest step's tokens lie in one bucket of
-    ``vllm:iteration_tokens_total``; with a prefill longer than a chunk, that bucket holds
-    the chunk."""
-    buckets = [(bound, count) for bound, count in bucket_delta(before, after, ITERATION_TOKENS)]
-    filled = [index for index, (_, count) in enumerate(buckets) if count > 0]
-    if not filled:
+def chunk_from_streams(view: BackgroundView, length: int, streams: int) -> dict[str, Any] | None:
+    """The chunk as the background streams saw it, where the server does not say it: each
+    prefill step gives every stream a token, so the steps inside the counted window are its
+    tokens over K, and one more step (the last) brings the first token. An estimate: a stream
+    between two of its requests misses a step. vLLM exports its chunk nowhere else
+    (``vllm:iteration_tokens_total`` counts a prompt's tokens at its first token's step)."""
+    if "bg_tokens_during_prefill" not in view.figures() or streams < 1:
         return None
-    top = filled[-1]
-    lower = buckets[top - 1][0] if top else 0.0
-    upper = buckets[top][0]
+    steps = view.tokens_during_prefill / streams + 1
     return {
-        "largest_step_tokens": [lower, None if math.isinf(upper) else upper],
-        "steps": int(sum(count for _, count in buckets)),
-        "source": "vllm:iteration_tokens_total (the largest step of the point)",
+        "prefill_steps_seen": round(steps, 2),
+        "estimated_chunk_tokens": round(length / steps),
+        "source": "estimated from the background tokens per prefill step",
     }
 
 

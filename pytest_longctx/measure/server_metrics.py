@@ -31,8 +31,6 @@ REQUESTS_RUNNING = "vllm:num_requests_running"
 REQUESTS_WAITING = "vllm:num_requests_waiting"
 #: Requests the scheduler preempted (their KV freed, recomputed later), a counter.
 PREEMPTIONS = "vllm:num_preemptions_total"
-#: Tokens per engine step (a histogram): a long prefill's steps hold a chunk each.
-ITERATION_TOKENS = "vllm:iteration_tokens_total"
 
 
 class ExpositionError(ValueError):

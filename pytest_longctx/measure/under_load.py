@@ -33,7 +33,7 @@ from pytest_longctx.measure.interference import (
     Windows,
     background_view,
     check_server_itl,
-    chunk_from_steps,
+    chunk_from_streams,
     preemptions,
 )
 from pytest_longctx.measure.point import (
@@ -62,6 +62,10 @@ STREAMING_TIMEOUT_S = 300.0
 #: How long the sequence probe waits for K + 1 requests to run at once before it gives up.
 PROBE_TIMEOUT_S = 60.0
 PROBE_INTERVAL_S = 0.1
+NO_SERVER_INFO = (
+    "the server does not say its chunk: vLLM reports its scheduler's config only at "
+    "/server_info, served with VLLM_SERVER_DEV_MODE=1"
+)
 
 
 @dataclass(frozen=True)
@@ -207,12 +211,11 @@ def measure_under_load(
             details["server_itl"] = itl.record()
             if itl.problem is not None and not counts["failed"]:
                 problems.append(itl.problem)
-        details["chunk"] = {
-            **(load.server_config or {}),
-            "observed": chunk_from_steps(before, after),
-        }
-    elif load.server_config:
-        details["chunk"] = dict(load.server_config)
+
+    details["chunk"] = {
+        **(load.server_config or {"unknown": NO_SERVER_INFO}),
+        "seen": chunk_from_streams(view, point.length, load.background.streams),
+    }
     stream_info = stream.chunking()
     stream_info["decode_source"] = "stream"
     stream_info["agreement"] = (

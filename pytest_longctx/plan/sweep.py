@@ -138,9 +138,7 @@ class SweepPlan:
             cold = [Point(n, r) for n in self.lengths for r in range(self.repeats)]
         else:
             cold = [Point(n, r) for r in range(self.repeats) for n in self.lengths]
-        points = [
-            p for point in cold for p in (point, *self.follow_ups(point)) if self.cold_points
-        ]
+        points = [p for point in cold for p in (point, *self.follow_ups(point)) if self.cold_points]
         if self.interference:
             points += [Point(p.length, p.repeat, background=self.background_streams) for p in cold]
         return tuple(points)

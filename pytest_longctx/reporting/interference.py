@@ -84,16 +84,14 @@ class InterferenceRow:
 
 
 def chunk_words(interference: Mapping[str, Any]) -> str:
-    """The server's effective chunk as a record says it: its config's, else what its steps
-    showed."""
+    """The server's effective chunk as a record says it: its config's, else the estimate
+    the background streams' tokens per prefill step give (marked ``~``)."""
     chunk = interference.get("chunk") or {}
     if chunk.get("max_num_batched_tokens") is not None:
         return f"{int(chunk['max_num_batched_tokens']):,}"
-    observed = chunk.get("observed") or {}
-    span = observed.get("largest_step_tokens")
-    if span:
-        low, high = span
-        return f"≤ {int(high):,} (steps {int(low):,}..)" if high else f"> {int(low):,}"
+    seen = chunk.get("seen") or {}
+    if seen.get("estimated_chunk_tokens"):
+        return f"~{int(seen['estimated_chunk_tokens']):,}"
     return _MISSING
 
 

@@ -118,7 +118,10 @@ def render_markdown(
         return "\n".join(lines + ["No records yet.", ""])
     lines += _header_lines(records)
     lines += ["", "## Results", "", "Mean ± sample std over the passed repeats of every run.", ""]
-    lines += [markdown_table(records), ""]
+    if summary_rows(records):
+        lines += [markdown_table(records), ""]
+    else:  # the interference points alone: their figures are in their own section
+        lines += ["No cold point in these records: see the interference section below.", ""]
     for link in plot_links:
         lines += [f"![{Path(link).stem}]({link})", ""]
     note = kv_plot_note(records)

@@ -141,9 +141,7 @@ def _fingerprint(run: ComparedRun) -> Mapping[str, object]:
 def run_words(run: ComparedRun) -> str:
     """``run (12 passed points)``, with the effective chunk its interference points ran on."""
     words = f"{len(run.records)} passed points"
-    chunks = {
-        chunk_words(r.interference) for r in run.records if r.cache_state == "interference"
-    }
+    chunks = {chunk_words(r.interference) for r in run.records if r.cache_state == "interference"}
     if chunks:
         words += f"; interference chunk {', '.join(sorted(chunks))} tokens"
     return words
@@ -252,7 +250,8 @@ def render_html(comparison: Comparison, plots: Sequence[Path]) -> str:
 
 
 def draw_plots(comparison: Comparison, out_dir: Path) -> list[Path]:
-    """TTFT and decode throughput of every run over each other, and their ratio to run 1."""
+    """TTFT and decode throughput of every run over each other, and their ratio to run 1
+    (where a run has cold points); with interference points, their trade."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -263,6 +262,8 @@ def draw_plots(comparison: Comparison, out_dir: Path) -> list[Path]:
         (PLOTS[2], "ttft", "Ratio to run 1 (TTFT solid, decode dashed)", False, True),
     )
     for filename, metric, ylabel, log_y, ratio in specs:
+        if not any(any(cells) for cells in comparison.cells[metric].values()):
+            continue  # no run has a cold point: runs of the interference points alone
         figure = Figure(figsize=(8, 4.5), dpi=100, layout="constrained")
         FigureCanvasAgg(figure)
         axes = figure.add_subplot()

@@ -210,7 +210,8 @@ def terminal_summary(terminalreporter, config: pytest.Config) -> None:  # noqa: 
         return
     terminalreporter.section("long-context sweep")
     records = run.all_records()
-    terminalreporter.write_line(render_terminal_table(records))
+    if any(record.cache_state == "cold" for record in records):
+        terminalreporter.write_line(render_terminal_table(records))
     reuse = reuse_terminal_table(records)
     if reuse is not None:
         terminalreporter.write_line("")

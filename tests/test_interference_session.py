@@ -1,0 +1,238 @@
+"""The interference workload in a session: its items and options, its own server in the plan,
+its records and reports, a server that cannot run the load refused with the reason, and runs
+of two chunk sizes compared. Against a fake server of exactly known timing (the real server:
+test_e2e_interference.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from fake_vllm import Behaviour, FakeVLLMProcess
+from longctx_testing import SWEEP_TEST, fake_session_args, records_of, run_folder
+
+from pytest_longctx.core.records import read_records
+from pytest_longctx.gate import Tolerances, compare_length
+
+LOAD = "--longctx-workload=cold,interference"
+PREFILL_S = 0.6
+
+
+def _behaviour(**changes) -> Behaviour:  # noqa: ANN003
+    settings = {
+        "long_prompt_from": 1000,
+        "first_token_delay_s": PREFILL_S,
+        "short_first_token_delay_s": 0.02,
+        "token_delay_s": 0.02,
+        "prompt_tokens_details": True,
+        "prefill_interference": "stall",
+        "scheduler_config": {"max_num_batched_tokens": 16384, "max_num_seqs": 5},
+    }
+    settings.update(changes)
+    return Behaviour(**settings)
+
+
+def _session(pytester: pytest.Pytester, url: str, *args: str, output: str = "reports"):  # noqa: ANN202
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    root = pytester.path / output
+    result = pytester.runpytest(
+        *fake_session_args(url, root), "--longctx-progress=off", "-p", "no:randomly", *args
+    )
+    return result, records_of(root)
+
+
+# -- the plan and the options (nothing started) -------------------------------------------
+
+
+def test_the_plan_shows_the_interference_items_and_their_own_server(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    result = pytester.runpytest(
+        "-p", "no:cacheprovider", "--longctx-plan", "--longctx-to=2Ki", LOAD,
+        "--longctx-max-num-batched-tokens=1Ki",
+    )  # fmt: skip
+    assert result.ret == 0, result.stdout.str()
+    text = result.stdout.str()
+    assert "len=1Ki-rep=0-interference" in text and "len=2Ki-rep=0-interference" in text
+    study, _, loaded = text.partition("then, for the interference points, a server of their own")
+    assert loaded, text
+    study_line = next(line for line in study.splitlines() if "--max-model-len" in line)
+    loaded_line = next(line for line in loaded.splitlines() if "--max-model-len" in line)
+    assert "--max-num-seqs 1 " in study_line and "VLLM_SERVER_DEV_MODE" not in study_line
+    assert "--max-num-batched-tokens" not in study_line
+    assert "--max-num-seqs 5 " in loaded_line  # four background streams and the long prompt
+    assert "--max-num-batched-tokens 1024" in loaded_line
+    assert "VLLM_SERVER_DEV_MODE=1" in loaded_line
+    assert "--enable-prompt-tokens-details" in loaded_line
+    assert "interference points: each length beside 4 background requests of 192 tokens" in text
+
+
+def test_interference_items_are_selected_like_any_other(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+
+    def items(*args: str) -> list[str]:
+        result = pytester.runpytest(
+            "-p", "no:cacheprovider", "--longctx-plan", "--longctx-to=4Ki", LOAD, *args
+        )
+        assert result.ret == 0, result.stdout.str()
+        return [line.strip() for line in result.stdout.lines if line.startswith("  len=")]
+
+    assert items("-k", "interference", "-m", "len<=2Ki") == [
+        "len=1Ki-rep=0-interference",
+        "len=2Ki-rep=0-interference",
+    ]
+    assert items("-m", "longctx_interference and len>2Ki") == ["len=4Ki-rep=0-interference"]
+    assert items("-k", "not interference") == ["len=1Ki-rep=0", "len=2Ki-rep=0", "len=4Ki-rep=0"]
+    only = pytester.runpytest(
+        "-p", "no:cacheprovider", "--longctx-plan", "--longctx-to=1Ki",
+        "--longctx-workload=interference",
+    )  # fmt: skip
+    text = only.stdout.str()
+    assert "len=1Ki-rep=0-interference" in text and "  len=1Ki-rep=0\n" not in text
+    # a run of the interference points alone starts their server first, and only it
+    assert "then, for the interference points" not in text and "--max-num-seqs 5 " in text
+
+
+def test_the_options_of_the_workload_are_checked(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    for args, expected in (
+        (
+            [LOAD, "--longctx-background-streams=0"],
+            "*--longctx-background-streams=0: expected a wh*",
+        ),
+        (
+            ["--longctx-background-streams=4"],
+            "*--longctx-background-streams=4 applies to the interference workload*",
+        ),
+        (
+            ["--longctx-max-num-batched-tokens=2Ki"],
+            "*--longctx-max-num-batched-tokens=2Ki applies to the interference workload*",
+        ),
+        ([LOAD, "--longctx-max-num-batched-tokens=lots"], "*=lots: expected a token count*"),
+        (
+            [LOAD, "--longctx-max-num-batched-tokens=2Ki", "--longctx-url=http://127.0.0.1:9"],
+            "*an attached server (--longctx-url) runs with its own*",
+        ),
+        (["--longctx-workload=interference,hot"], "*expected a comma-separated list of cold*"),
+    ):
+        result = pytester.runpytest("-p", "no:cacheprovider", "--longctx-plan", *args)
+        assert result.ret == pytest.ExitCode.USAGE_ERROR, args
+        result.stderr.fnmatch_lines([expected])
+
+
+# -- sessions attached to the fake ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def stalling_fake():  # noqa: ANN201
+    with FakeVLLMProcess(_behaviour()) as fake:
+        yield fake
+
+
+def test_a_session_records_and_reports_what_the_prefill_cost_the_streams(
+    pytester: pytest.Pytester, stalling_fake: FakeVLLMProcess
+) -> None:
+    result, records = _session(pytester, stalling_fake.url, "-m", "len==1Ki", LOAD)
+    result.assert_outcomes(passed=2)
+    cold, loaded = records
+    assert (cold.cache_state, loaded.cache_state) == ("cold", "interference")
+    assert loaded.nodeid.endswith("[len=1Ki-rep=0-interference]")
+    assert loaded.background_streams == 4 and cold.background_streams == 0
+    figures = loaded.figures
+    assert figures["bg_tokens_during_prefill"] == 0
+    assert figures["bg_itl_prefill_max"] > 0.8 * PREFILL_S > 10 * figures["bg_itl_idle_p99"]
+    assert loaded.interference["chunk"]["max_num_batched_tokens"] == 16384
+    assert loaded.interference["sequence_limit"]["ran_at_once"] is True
+    assert loaded.interference["server_itl"]["agreement"] == "agrees"
+    assert loaded.interference["long_cached_tokens"] == 0
+    folder = run_folder(pytester.path / "reports")
+    report = (folder / "report.md").read_text()
+    assert "## Interference: what one long prefill costs the streams beside it" in report
+    row = next(line for line in report.splitlines() if line.startswith("| 1Ki | 1 | 4 |"))
+    assert "16,384" in row and "0 (stalled)" in row
+    # one TTFT alone (the cold point's), one under load
+    assert f"{cold.figures['ttft']:,.3f}" in row and f"{figures['ttft']:,.3f}" in row
+    assert "1Ki repeat 0" not in report.split("## Points that did not pass")[1]
+    page = (folder / "report.html").read_text()
+    assert "longctx-interference-table" in page
+    assert "0 under 4 background streams" in page  # its row in pytest-html's table
+    assert (folder / "interference_itl.png").is_file()
+    assert (folder / "interference_ttft.png").is_file()
+    benchmarks = json.loads((folder / "benchmark.json").read_text())["benchmarks"]
+    groups = {b["group"].split()[0] for b in benchmarks}
+    assert groups == {"longctx", "longctx-interference"}
+    assert "interference: the prefill beside background streams" in result.stdout.str()
+    # the cold table is the cold point's alone
+    assert "| 1Ki | 1,024 | 1 |" in report
+
+
+def test_a_server_that_cannot_run_the_load_is_refused_with_the_reason(
+    pytester: pytest.Pytester,
+) -> None:
+    with FakeVLLMProcess(_behaviour(max_num_seqs=1, first_token_delay_s=0.1)) as fake:
+        result, records = _session(pytester, fake.url, "-m", "len==1Ki", LOAD)
+    result.assert_outcomes(passed=1, failed=1)
+    loaded = records[-1]
+    assert loaded.cache_state == "interference" and loaded.failure_class == "refused"
+    assert "cannot run 5 requests at once" in loaded.reason
+    assert "at most 1 ran at once" in loaded.reason and "--max-num-seqs 5" in loaded.reason
+
+
+def test_usage_without_cached_tokens_cannot_prove_the_prompt_cold(
+    pytester: pytest.Pytester,
+) -> None:
+    with FakeVLLMProcess(_behaviour(prompt_tokens_details=False)) as fake:
+        result, records = _session(pytester, fake.url, "-m", "len==1Ki", "-k", "interference", LOAD)
+    result.assert_outcomes(failed=1)
+    assert "--enable-prompt-tokens-details" in records[-1].reason
+    assert records[-1].figures["bg_itl_idle_median"] > 0  # its figures stay recorded
+
+
+def test_a_preemption_fails_the_point(pytester: pytest.Pytester) -> None:
+    with FakeVLLMProcess(_behaviour(preemptions_per_long_request=1)) as fake:
+        result, records = _session(pytester, fake.url, "-m", "len==1Ki", "-k", "interference", LOAD)
+    result.assert_outcomes(failed=1)
+    assert records[-1].failure_class == "contract"
+    assert "preempted 1 request(s)" in records[-1].reason
+
+
+def test_runs_of_two_chunk_sizes_compared_and_gated(
+    pytester: pytest.Pytester, stalling_fake: FakeVLLMProcess
+) -> None:
+    """The trade a chunk size makes: one chunk for the whole prompt stalls every stream; a
+    small chunk lets them through at a slower pace. compare lays the runs side by side."""
+    args = ("-m", "len==1Ki", "-k", "interference", LOAD)
+    _session(pytester, stalling_fake.url, *args, output="whole")
+    chunked = _behaviour(
+        prefill_interference="slow",
+        interference_token_delay_s=0.06,
+        scheduler_config={"max_num_batched_tokens": 256, "max_num_seqs": 5},
+    )
+    with FakeVLLMProcess(chunked) as fake:
+        _session(pytester, fake.url, *args, output="chunked")
+    runs = [run_folder(pytester.path / name) for name in ("whole", "chunked")]
+    out = pytester.path / "compared"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest_longctx", "compare", *map(str, runs), "--output", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    text = (out / "compare.md").read_text()
+    assert "interference chunk 16,384 tokens" in text and "interference chunk 256 tokens" in text
+    assert "## TTFT under load (s)" in text
+    assert "## background p99 inter-token gap during the prefill (s)" in text
+    assert (out / "compare_interference.png").is_file()
+    stall = text.split("## background p99 inter-token gap during the prefill (s)")[1]
+    row = next(line for line in stall.splitlines() if line.startswith("| 1Ki"))
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert float(cells[1].split()[0]) > 5 * float(cells[2].split()[0])  # whole prompt: stalls
+    baseline, current = (read_records(run / "results.jsonl").records for run in runs)
+    verdict = compare_length(list(baseline), list(current), 1024, Tolerances())
+    judged = {v.metric: v for v in verdict.verdicts}
+    assert judged["stall"].change_pct < -50  # the small chunk's streams waited far less
+    assert "ttft" not in judged  # no cold point on either side: nothing cold to judge
