@@ -214,12 +214,16 @@ class BackgroundStreams:
         self.ready_at = time.perf_counter()
         return True
 
-    def stop(self) -> list[BackgroundRequest]:
-        """Stop sending; the requests in flight finish (bounded), then the process ends."""
+    def stop(self, abandon: bool = False) -> list[BackgroundRequest]:
+        """Stop sending; the requests in flight finish (bounded), then the process ends.
+        ``abandon``: end it at once, its connections closed (the server aborts what they
+        asked; for a probe, whose requests measure nothing)."""
         if self._process is None:
             return self.requests
         self._stop.set()
-        deadline = time.monotonic() + STOP_TIMEOUT_S
+        if abandon:
+            self._process.kill()
+        deadline = time.monotonic() + (0 if abandon else STOP_TIMEOUT_S)
         done = False
         while not done and time.monotonic() < deadline:
             try:

@@ -109,7 +109,9 @@ def probe_sequences(
                 time.monotonic(), now.total(REQUESTS_RUNNING), now.total(REQUESTS_WAITING)
             )
             time.sleep(PROBE_INTERVAL_S)
-        streams.stop()
+        streams.stop(abandon=True)
+    if decided:
+        wait_idle(client, timeout_s)
     found = {
         "wanted": spec.streams,
         "most_running": probe.most_running,
@@ -122,6 +124,21 @@ def probe_sequences(
     if decided is None and probe.most_running == 0:
         seen = f"the gauges never showed a request running within {timeout_s:g} s"
     return {**found, "refused": probe.refusal(server.base_url, spec.streams - 1, seen)}
+
+
+def wait_idle(client: CompletionClient, timeout_s: float) -> bool:
+    """Wait until the scheduler runs and queues nothing (the probe's abandoned requests
+    aborted), so the point's counters count its own requests only; False on timeout."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            now = MetricsSnapshot.from_text(client.metrics_text())
+        except Exception:  # noqa: BLE001 - the point's own /metrics read will say why
+            return False
+        if not (now.total(REQUESTS_RUNNING) or 0) and not (now.total(REQUESTS_WAITING) or 0):
+            return True
+        time.sleep(PROBE_INTERVAL_S)
+    return False
 
 
 def measure_under_load(
@@ -142,6 +159,7 @@ def measure_under_load(
     if load.sequence_limit.get("refused"):
         raise PointFailure(load.sequence_limit["refused"], "refused", sent=False)
     request = point_request(server, point, prompt, settings, check_alive)
+    wait_idle(client, load.streaming_timeout_s)  # nothing of an earlier request in its counts
     before, why_not = snapshot(client)
     if before is None and not settings.allow_unverified:
         raise PointFailure(
