@@ -236,3 +236,52 @@ def test_runs_of_two_chunk_sizes_compared_and_gated(
     judged = {v.metric: v for v in verdict.verdicts}
     assert judged["stall"].change_pct < -50  # the small chunk's streams waited far less
     assert "ttft" not in judged  # no cold point on either side: nothing cold to judge
+
+
+def test_under_xdist_the_interference_points_follow_every_cold_one(
+    pytester: pytest.Pytester,
+) -> None:
+    """Longest first within each workload, the interference points after all cold ones: each
+    worker starts the interference points' server once."""
+    from test_distributed import schedule_on_two
+
+    from pytest_longctx.session.sweep_session import PREPARED_KEY
+
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    config = pytester.parseconfigure("--tx=2*popen", "--longctx-to=4Ki", LOAD)
+    run = config.stash[PREPARED_KEY].run
+    collection = [f"test_sweep.py::test_prefill_decode[{p.id}]" for p in run.plan.points]
+    scheduler, a, b, handed_out = schedule_on_two(config, run, collection)
+    while scheduler.has_pending:
+        for node in (a, b):
+            if scheduler.node2pending[node]:
+                scheduler.mark_test_complete(node, scheduler.node2pending[node][0])
+    names = [collection[i].split("[")[-1].rstrip("]") for i in handed_out]
+    assert names == [
+        "len=4Ki-rep=0",
+        "len=2Ki-rep=0",
+        "len=1Ki-rep=0",
+        "len=4Ki-rep=0-interference",
+        "len=2Ki-rep=0-interference",
+        "len=1Ki-rep=0-interference",
+    ]
+
+
+def test_gaps_the_servers_histogram_does_not_confirm_fail_unless_kept(
+    pytester: pytest.Pytester,
+) -> None:
+    """A stream held back and flushed at once (a starved host): its gaps are not the
+    server's. The point fails; --longctx-allow-bursts keeps it and the report says so."""
+    args = ("-m", "len==1Ki", "-k", "interference", LOAD)
+    with FakeVLLMProcess(_behaviour(deliver_at_once=True)) as fake:
+        result, records = _session(pytester, fake.url, *args, output="strict")
+        result.assert_outcomes(failed=1)
+        assert "disagree with the server's inter-token histogram" in records[-1].reason
+        assert "--longctx-allow-bursts keeps such points" in records[-1].reason
+        result, records = _session(
+            pytester, fake.url, *args, "--longctx-allow-bursts", output="kept"
+        )
+    result.assert_outcomes(passed=1)
+    assert records[-1].interference["server_itl"]["kept"] == "--longctx-allow-bursts"
+    report = (run_folder(pytester.path / "kept") / "report.md").read_text()
+    assert "Kept with --longctx-allow-bursts although the streams' gaps disagree" in report

@@ -76,6 +76,9 @@ class LoadSettings:
     idle_s: float = IDLE_REFERENCE_S
     #: How far the streams' gaps may stray from the server's inter-token histogram.
     tolerance: float = 0.5
+    #: Keep a point whose gaps disagree with the histogram (``--longctx-allow-bursts``: on a
+    #: starved host the streams see tokens late and in bursts), saying so in its record.
+    keep_disagreeing: bool = False
     #: The server's effective chunk and limits (``/server_info``), when it says them.
     server_config: dict[str, Any] | None = None
     #: The sequence probe's finding on this server start.
@@ -228,7 +231,12 @@ def measure_under_load(
         if itl is not None:
             details["server_itl"] = itl.record()
             if itl.problem is not None and not counts["failed"]:
-                problems.append(itl.problem)
+                if load.keep_disagreeing:
+                    details["server_itl"]["kept"] = "--longctx-allow-bursts"
+                else:
+                    problems.append(
+                        itl.problem + " (--longctx-allow-bursts keeps such points, saying so)"
+                    )
 
     details["chunk"] = {
         **(load.server_config or {"unknown": NO_SERVER_INFO}),

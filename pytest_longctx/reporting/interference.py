@@ -170,6 +170,28 @@ def gap_cells(row: InterferenceRow) -> list[str]:
     ]
 
 
+def kept_words(records: Iterable[Record]) -> str | None:
+    """The points kept although their streams' gaps disagree with the server's inter-token
+    histogram (``--longctx-allow-bursts``), or None."""
+    kept = [
+        r
+        for r in latest_records(records)
+        if r.cache_state == "interference"
+        and r.outcome == "passed"
+        and (r.interference.get("server_itl") or {}).get("kept")
+    ]
+    if not kept:
+        return None
+    points = "; ".join(
+        f"{format_size(r.length)} repeat {r.repeat} ({r.interference['server_itl']['agreement']})"
+        for r in kept
+    )
+    return (
+        f"Kept with --longctx-allow-bursts although the streams' gaps disagree with the "
+        f"server's inter-token histogram (tokens delivered late on a busy host): {points}"
+    )
+
+
 def markdown_lines(records: Sequence[Record]) -> list[str]:
     """The ``## Interference`` section; empty without interference points."""
     rows = interference_rows(records)
@@ -179,6 +201,8 @@ def markdown_lines(records: Sequence[Record]) -> list[str]:
     lines += markdown_table_lines(COLUMNS, [row_cells(row) for row in rows])
     lines += ["", "Background inter-token gaps in each window (means over the repeats):", ""]
     lines += markdown_table_lines(GAP_COLUMNS, [gap_cells(row) for row in rows])
+    kept = kept_words(records)
+    lines += ["", kept] if kept else []
     lines.append("")
     return lines
 
@@ -206,6 +230,7 @@ def html_fragment(records: Sequence[Record]) -> str:
         f"<p>{html.escape(INTRO)}</p>"
         + html_table(COLUMNS, [row_cells(row) for row in rows], css)
         + html_table(GAP_COLUMNS, [gap_cells(row) for row in rows], css)
+        + (f"<p>{html.escape(kept)}</p>" if (kept := kept_words(records)) else "")
     )
 
 

@@ -107,6 +107,16 @@ def describe_sweep(run: Run) -> dict[str, str]:
         "points": (
             f"{format_size(run.plan.lengths[0])}..{format_size(run.plan.lengths[-1])}, "
             f"{run.plan.repeats} repeat(s), {run.plan.decode_tokens} decode tokens"
+            + (
+                f"; workload {','.join(run.plan.workloads)}"
+                if run.plan.workloads != ("cold",)
+                else ""
+            )
+            + (
+                f" ({run.plan.background_streams} background streams)"
+                if run.plan.interference
+                else ""
+            )
         ),
     }
 

@@ -251,6 +251,7 @@ def measure_interference(
     load = LoadSettings(
         background=background_spec(run, server, point, point.background),
         tolerance=run.settings.stream_tolerance,
+        keep_disagreeing=run.settings.allow_bursts,
         server_config=known["server_config"],
         sequence_limit=known["sequence_limit"],
     )
