@@ -85,11 +85,12 @@ def test_a_stalled_prefill_has_no_background_token_inside_it() -> None:
 
 
 def test_a_chunked_prefill_lets_every_stream_through_each_step() -> None:
-    windows = Windows(idle_from=0.0, sent=1.0, first_token=3.0, last_token=3.2)
-    chunked = [1.0 + 0.25 * i for i in range(1, 9)]  # a token every step of 0.25 s
-    requests = [_request(stream, [0.8, 0.9, 1.0, *chunked]) for stream in range(3)]
+    windows = Windows(idle_from=0.0, sent=1.0, first_token=3.05, last_token=3.2)
+    # the step in flight at the send ends at 1.05; then a token every step of 0.25 s
+    chunked = [1.05 + 0.25 * i for i in range(0, 9)]
+    requests = [_request(stream, [0.85, 0.95, *chunked]) for stream in range(3)]
     view = background_view(requests, windows)
-    # 1.25 .. 2.75 lie more than one idle step (0.1 s) inside the window: 7 steps x 3 streams
+    # 1.3 .. 2.8 inside, less the last idle step (0.1 s) before the first token: 7 x 3 streams
     assert view.tokens_during_prefill == 7 * 3
     assert view.gaps["prefill"].median == pytest.approx(0.25)
     assert GapStats.of([]) is None
@@ -130,9 +131,9 @@ def test_the_chunk_comes_from_the_servers_config_or_the_streams() -> None:
     assert chunk_from_server_info(info)["max_num_batched_tokens"] == 2048
     assert chunk_from_server_info({"detail": "Not Found"}) is None
     # without it, the streams' tokens per prefill step: 7 steps inside, and the last one
-    windows = Windows(idle_from=0.0, sent=1.0, first_token=3.0, last_token=3.2)
-    chunked = [1.0 + 0.25 * i for i in range(1, 9)]
-    view = background_view([_request(s, [0.8, 0.9, 1.0, *chunked]) for s in range(3)], windows)
+    windows = Windows(idle_from=0.0, sent=1.0, first_token=3.05, last_token=3.2)
+    chunked = [1.05 + 0.25 * i for i in range(0, 9)]
+    view = background_view([_request(s, [0.85, 0.95, *chunked]) for s in range(3)], windows)
     seen = chunk_from_streams(view, 16384, 3)
     assert seen["prefill_steps_seen"] == 8 and seen["estimated_chunk_tokens"] == 2048
 

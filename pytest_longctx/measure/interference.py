@@ -9,10 +9,13 @@ Definitions (every time on the shared monotonic clock, see ``background.py``):
   for the next token; a request's own first token is not one). A gap belongs to the window
   its midpoint lies in: a prefill that stalls every stream for seconds makes one gap that
   starts a step after the send and ends with the first token, and it is the prefill's.
-* **Tokens during the prefill.** Background tokens that arrived inside the prefill window,
-  leaving out its first and last ``margin`` seconds (the longest idle gap: one decode step
-  at its slowest), which hold the step in flight when the prompt was sent and the step that
-  finished its prefill. Zero: the prefill stalled every stream.
+* **Tokens during the prefill.** Per stream, the tokens that arrived from the first step the
+  prefill slowed (its first gap longer than the longest idle gap, ``margin``, begun after the
+  send) until ``margin`` before the long prompt's first token (the step that brought it);
+  steps before the first slowed one are the step in flight at the send and those while the
+  server read the prompt, which waited for no prefill. A stream that no step slowed counts
+  its tokens after its first there (the step in flight). Zero: the prefill stalled every
+  stream.
 * **Rates.** Background tokens (all streams) that arrived in a window over its length.
 * **The server's own view.** vLLM's ``vllm:inter_token_latency_seconds`` between two
   ``/metrics`` reads that enclose every request of the point: its sum against the sum of the
@@ -111,14 +114,14 @@ class BackgroundView:
             seconds = self.windows.seconds(window)
             if seconds > 0:
                 figures[f"bg_rate_{window}"] = self.tokens[window] / seconds
-        if self.counted_s > 0:  # a prefill shorter than two idle steps cannot show a stall
+        if self.counted_s > 0:  # a prefill shorter than an idle step cannot show a stall
             figures["bg_tokens_during_prefill"] = float(self.tokens_during_prefill)
         return figures
 
     @property
     def counted_s(self) -> float:
-        """The part of the prefill window whose tokens are counted (less both margins)."""
-        return self.windows.seconds("prefill") - 2 * self.margin_s
+        """The part of the prefill window whose tokens are counted (less the last step)."""
+        return self.windows.seconds("prefill") - self.margin_s
 
     def details(self) -> dict[str, Any]:
         """For the record's ``interference``: the windows' lengths, gaps and tokens each."""
@@ -144,17 +147,41 @@ def background_view(requests: Iterable[BackgroundRequest], windows: Windows) -> 
     idle = gaps["idle"]
     margin = idle.max if idle is not None else 0.0
     tokens = {w: 0 for w in WINDOWS}
-    during = 0
+    #: per stream, every token: (arrival, tokens, when the gap before it began or None)
+    timeline: dict[int, list[tuple[float, int, float | None]]] = {}
     for request in done:
+        previous = None
         for at, count in zip(request.token_times, request.tokens_per_chunk, strict=True):
             for window in WINDOWS:
                 start, end = windows.span(window)
                 if start <= at < end or (window == "decode" and at == end):
                     tokens[window] += count
                     break
-            if windows.sent + margin < at < windows.first_token - margin:
-                during += count
+            timeline.setdefault(request.stream, []).append((at, count, previous))
+            previous = at
+    during = sum(_during(sorted(seen), windows, margin) for seen in timeline.values())
     return BackgroundView(gaps, tokens, during, margin, windows)
+
+
+def _during(seen: list[tuple[float, int, float | None]], windows: Windows, margin: float) -> int:
+    """One stream's tokens during the prefill (module docstring): from the first gap the
+    prefill slowed, or after the stream's first token in the window when none was."""
+    onset = min(
+        (
+            began
+            for at, _, began in seen
+            if began is not None
+            and windows.sent <= began < windows.first_token
+            and at - began > margin
+        ),
+        default=None,
+    )
+    inside = [
+        (at, count) for at, count, _ in seen if windows.sent < at < windows.first_token - margin
+    ]
+    if onset is None:
+        return sum(count for _, count in inside[1:])
+    return sum(count for at, count in inside if at > onset)
 
 
 @dataclass(frozen=True)
