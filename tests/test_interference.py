@@ -66,8 +66,12 @@ def test_a_stalled_prefill_has_no_background_token_inside_it() -> None:
     # last step, which brings a token to every stream with the long prompt's first
     stalled = [1.05, 3.0, 3.1, 3.2, 3.3, 3.4, 3.5]
     requests = [_request(stream, before + stalled) for stream in range(4)]
-    view = background_view(requests, windows)
+    # a request sent during the prefill: its first token waits for the end of it
+    arrived = BackgroundRequest(4, 1, 1.5, (3.02, 3.1), (1, 1), 2)
+    view = background_view([*requests, arrived], windows)
     assert view.tokens_during_prefill == 0
+    waited = view.waits["prefill"]
+    assert waited is not None and waited.count == 1 and waited.max == pytest.approx(1.52)
     prefill = view.gaps["prefill"]
     # two per stream: the step in flight (0.05 s), then the stall (1.95 s)
     assert prefill is not None and prefill.count == 8
@@ -114,7 +118,7 @@ def test_the_servers_inter_token_histogram_confirms_or_refutes_the_streams() -> 
     gaps = [0.02] * 95 + [0.3] * 5
     agrees = check_server_itl(before, _snapshot(gaps), gaps, 100, 0.5)
     assert agrees is not None and agrees.problem is None
-    assert agrees.server_count == 100 and agrees.server_p99_bucket == (0.1, 0.5)
+    assert agrees.server_count == 100 and agrees.server_max_bucket == (0.1, 0.5)
     # the streams saw half the time the server did: a stamp that lies
     lying = check_server_itl(before, _snapshot([g * 2.5 for g in gaps]), gaps, 100, 0.5)
     assert lying is not None and "gaps sum to" in lying.problem

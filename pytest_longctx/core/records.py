@@ -66,7 +66,7 @@ FIGURE_UNITS: Mapping[str, str] = {
     # the background streams' inter-token gaps in each window (idle reference before the long
     # prompt is sent; its prefill, send to first token; its decode, first to last token),
     # median, p99 and max over the gaps of every stream; their tokens per second there (all
-    # streams together); and the background tokens that arrived during the prefill (0: the
+    # streams together); the background tokens that arrived during the prefill (0: the
     # prefill stalled every stream).
     **{
         f"bg_itl_{window}_{statistic}": "s"
@@ -74,6 +74,12 @@ FIGURE_UNITS: Mapping[str, str] = {
         for statistic in ("median", "p99", "max")
     },
     **{f"bg_rate_{window}": "tok/s" for window in ("idle", "prefill", "decode")},
+    # each background request's own wait for its first token, in the window it lies in
+    **{
+        f"bg_ttft_{window}_{statistic}": "s"
+        for window in ("idle", "prefill", "decode")
+        for statistic in ("median", "max")
+    },
     "bg_tokens_during_prefill": "tok",
 }
 

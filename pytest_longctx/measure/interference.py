@@ -17,10 +17,14 @@ Definitions (every time on the shared monotonic clock, see ``background.py``):
   its tokens after its first there (the step in flight). Zero: the prefill stalled every
   stream.
 * **Rates.** Background tokens (all streams) that arrived in a window over its length.
+* **Waits.** Each background request's own time to its first token, in the window its middle
+  lies in: a request that arrives during a prefill may wait for all of it, chunked or not
+  (the chunks of a prefill already running take the step's budget before a waiting request).
 * **The server's own view.** vLLM's ``vllm:inter_token_latency_seconds`` between two
   ``/metrics`` reads that enclose every request of the point: its sum against the sum of the
   gaps every stream and the long request saw, its count against their tokens after each
-  request's first, and the bucket its p99 falls in against theirs.
+  request's first, and its highest filled bucket against their longest gap (a p99 would
+  flip between the two modes of a stall's gaps at the tail's edge; the longest is the stall).
 """
 
 from __future__ import annotations
@@ -97,6 +101,8 @@ class BackgroundView:
     """The background streams' figures for one point."""
 
     gaps: Mapping[str, GapStats | None]
+    #: The background requests' own waits for their first token, per window.
+    waits: Mapping[str, GapStats | None]
     tokens: Mapping[str, int]  # tokens that arrived in each window
     tokens_during_prefill: int
     margin_s: float
@@ -111,6 +117,10 @@ class BackgroundView:
                 figures[f"bg_itl_{window}_median"] = stats.median
                 figures[f"bg_itl_{window}_p99"] = stats.p99
                 figures[f"bg_itl_{window}_max"] = stats.max
+            wait = self.waits.get(window)
+            if wait is not None:
+                figures[f"bg_ttft_{window}_median"] = wait.median
+                figures[f"bg_ttft_{window}_max"] = wait.max
             seconds = self.windows.seconds(window)
             if seconds > 0:
                 figures[f"bg_rate_{window}"] = self.tokens[window] / seconds
@@ -128,6 +138,9 @@ class BackgroundView:
         return {
             "windows_s": {w: round(self.windows.seconds(w), 6) for w in WINDOWS},
             "gaps": {w: (self.gaps[w].count if self.gaps.get(w) else 0) for w in WINDOWS},
+            "requests_started": {
+                w: (self.waits[w].count if self.waits.get(w) else 0) for w in WINDOWS
+            },
             "tokens": dict(self.tokens),
             "stall_margin_s": round(self.margin_s, 6),
             "stall_counted_s": round(max(0.0, self.counted_s), 6),
@@ -144,6 +157,13 @@ def background_view(requests: Iterable[BackgroundRequest], windows: Windows) -> 
             if window is not None:
                 by_window[window].append(end - start)
     gaps = {w: GapStats.of(values) for w, values in by_window.items()}
+    waited: dict[str, list[float]] = {w: [] for w in WINDOWS}
+    for request in done:
+        if request.token_times:
+            window = windows.window_of(request.sent_at, request.token_times[0])
+            if window is not None:
+                waited[window].append(request.token_times[0] - request.sent_at)
+    waits = {w: GapStats.of(values) for w, values in waited.items()}
     idle = gaps["idle"]
     margin = idle.max if idle is not None else 0.0
     tokens = {w: 0 for w in WINDOWS}
@@ -160,7 +180,7 @@ def background_view(requests: Iterable[BackgroundRequest], windows: Windows) -> 
             timeline.setdefault(request.stream, []).append((at, count, previous))
             previous = at
     during = sum(_during(sorted(seen), windows, margin) for seen in timeline.values())
-    return BackgroundView(gaps, tokens, during, margin, windows)
+    return BackgroundView(gaps, waits, tokens, during, margin, windows)
 
 
 def _during(seen: list[tuple[float, int, float | None]], windows: Windows, margin: float) -> int:
@@ -192,8 +212,8 @@ class ServerItlCheck:
     server_count: int
     client_sum_s: float
     client_count: int
-    server_p99_bucket: tuple[float, float] | None
-    client_p99_s: float | None
+    server_max_bucket: tuple[float, float] | None
+    client_max_s: float | None
     problem: str | None
 
     def record(self) -> dict[str, Any]:
@@ -202,24 +222,19 @@ class ServerItlCheck:
             "server_count": self.server_count,
             "client_sum_s": round(self.client_sum_s, 6),
             "client_count": self.client_count,
-            "server_p99_bucket": list(self.server_p99_bucket) if self.server_p99_bucket else None,
-            "client_p99_s": self.client_p99_s,
+            "server_max_bucket": list(self.server_max_bucket) if self.server_max_bucket else None,
+            "client_max_s": self.client_max_s,
             "agreement": self.problem or "agrees",
         }
 
 
-def _p99_bucket(buckets: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
-    """The (lower, upper] bucket holding the 99th percentile of a histogram's observations."""
-    total = sum(count for _, count in buckets)
-    if total <= 0:
+def _top_bucket(buckets: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
+    """The (lower, upper] bucket of a histogram's largest observation; None when empty."""
+    filled = [index for index, (_, count) in enumerate(buckets) if count > 0]
+    if not filled:
         return None
-    target, seen, lower = 0.99 * total, 0.0, 0.0
-    for bound, count in buckets:
-        seen += count
-        if seen >= target:
-            return (lower, bound)
-        lower = bound
-    return (lower, math.inf)
+    top = filled[-1]
+    return (buckets[top - 1][0] if top else 0.0, buckets[top][0])
 
 
 def check_server_itl(
@@ -233,16 +248,17 @@ def check_server_itl(
     clients' ``gaps`` (every request between the reads) and their ``tokens_after_first``.
 
     They disagree when the sums differ by more than ``tolerance`` (a fraction), when the
-    server counted other requests' tokens, or when the clients' p99 lies outside the
-    server's p99 bucket widened by the tolerance. None when the server has no histogram."""
+    server counted other requests' tokens, or when the clients' longest gap lies outside the
+    server's highest filled bucket widened by the tolerance. None when the server has no
+    histogram."""
     old_sum, new_sum = before.total(f"{INTER_TOKEN}_sum"), after.total(f"{INTER_TOKEN}_sum")
     old_count, new_count = before.total(f"{INTER_TOKEN}_count"), after.total(f"{INTER_TOKEN}_count")
     if new_sum is None or new_count is None:
         return None
     server_sum, server_count = new_sum - (old_sum or 0.0), int(new_count - (old_count or 0.0))
     client_sum = math.fsum(gaps)
-    bucket = _p99_bucket(bucket_delta(before, after, INTER_TOKEN))
-    client_p99 = quantile(sorted(gaps), 0.99) if gaps else None
+    bucket = _top_bucket(bucket_delta(before, after, INTER_TOKEN))
+    longest = max(gaps) if gaps else None
     problems = []
     if server_count != tokens_after_first:
         problems.append(
@@ -255,12 +271,13 @@ def check_server_itl(
             f"the streams' gaps sum to {client_sum:.3f} s, the server's to {server_sum:.3f} s "
             f"(more than {tolerance:.0%} apart)"
         )
-    if bucket is not None and client_p99 is not None:
+    if bucket is not None and longest is not None:
         low, high = bucket
-        if not low / (1 + tolerance) <= client_p99 <= high * (1 + tolerance):
+        if not low / (1 + tolerance) <= longest <= high * (1 + tolerance):
+            upper = "inf" if math.isinf(high) else f"{high * 1000:g}"
             problems.append(
-                f"the streams' p99 gap is {client_p99 * 1000:.1f} ms, the server's lies in "
-                f"({low * 1000:g}, {high * 1000:g}] ms"
+                f"the streams' longest gap is {longest * 1000:.1f} ms, the server's lies in "
+                f"({low * 1000:g}, {upper}] ms"
             )
     problem = (
         "the background gaps disagree with the server's inter-token histogram "
@@ -268,9 +285,7 @@ def check_server_itl(
         if problems
         else None
     )
-    return ServerItlCheck(
-        server_sum, server_count, client_sum, len(gaps), bucket, client_p99, problem
-    )
+    return ServerItlCheck(server_sum, server_count, client_sum, len(gaps), bucket, longest, problem)
 
 
 def preemptions(before: MetricsSnapshot, after: MetricsSnapshot) -> int | None:

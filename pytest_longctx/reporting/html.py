@@ -26,7 +26,7 @@ from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.core.stats import latest_records
-from pytest_longctx.reporting.interference import html_fragment as interference_fragment
+from pytest_longctx.reporting.interference_report import html_fragment as interference_fragment
 from pytest_longctx.reporting.kv_plot import kv_plot_note
 from pytest_longctx.reporting.predictions import html_fragment as progress_fragment
 from pytest_longctx.reporting.reuse import html_fragment as reuse_fragment

@@ -14,7 +14,7 @@ from typing import Any
 
 from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import Record
-from pytest_longctx.reporting.interference import markdown_lines as interference_lines
+from pytest_longctx.reporting.interference_report import markdown_lines as interference_lines
 from pytest_longctx.reporting.kv_plot import kv_plot_note
 from pytest_longctx.reporting.predictions import markdown_lines as progress_lines
 from pytest_longctx.reporting.reuse import markdown_lines as reuse_lines

@@ -21,7 +21,7 @@ from pytest_longctx.core.sizes import format_size
 from pytest_longctx.core.stats import format_mean_std, latest_records, summarize_values
 from pytest_longctx.gate import DEFAULT_LEVEL, METRICS, welch_test
 from pytest_longctx.reporting.html import embedded_image
-from pytest_longctx.reporting.interference import chunk_words
+from pytest_longctx.reporting.interference_report import chunk_words
 from pytest_longctx.reporting.plots import length_axis
 from pytest_longctx.reporting.view import format_fingerprint_value
 

@@ -16,12 +16,11 @@ from pytest_benchmark.session import PerformanceRegression
 
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
-from pytest_longctx.reporting import gate_report
+from pytest_longctx.reporting import gate_report, interference_report
 from pytest_longctx.reporting import html as html_report
 from pytest_longctx.reporting.benchmark_json import sweep_benchmarks
 from pytest_longctx.reporting.file_names import GATE_PLOT, HTML, MARKDOWN
 from pytest_longctx.reporting.index import write_index as write_run_index
-from pytest_longctx.reporting.interference import terminal_table as interference_terminal_table
 from pytest_longctx.reporting.markdown import render_terminal_table, write_markdown
 from pytest_longctx.reporting.pipeline import write_reports
 from pytest_longctx.reporting.reuse import terminal_table as reuse_terminal_table
@@ -227,7 +226,7 @@ def terminal_summary(terminalreporter, config: pytest.Config) -> None:  # noqa: 
         terminalreporter.write_line("")
         terminalreporter.write_line("reuse: questions on a cached prefix (warm follow-ups)")
         terminalreporter.write_line(reuse)
-    interference = interference_terminal_table(records)
+    interference = interference_report.terminal_table(records)
     if interference is not None:
         terminalreporter.write_line("")
         terminalreporter.write_line(

@@ -40,6 +40,7 @@ COLUMNS = (
     "Under load / alone",
     "Background tokens during prefill",
     "Background tok/s idle → prefill",
+    "Background TTFT idle → prefill, max (s)",
 )
 GAP_COLUMNS = (
     "Prompt",
@@ -55,7 +56,8 @@ INTRO = (
     "prefilled (its send to its first token) and decoded. A gap is one stream's wait between "
     "two tokens, counted in the window its middle falls in; the tokens during the prefill "
     "are each stream's from the first step the prefill slowed to the step that finished it, so "
-    "zero means the prefill stalled every stream. "
+    "zero means the prefill stalled every stream. A background request's TTFT is its own wait "
+    "for its first token, in the window its middle falls in. "
     "TTFT alone is the cold points' of the same length. Each point passes only when nothing "
     "was preempted, no background request failed and the server's inter-token histogram "
     "confirms the gaps. On a small host the figures show the mechanism, not a gate's numbers."
@@ -151,6 +153,8 @@ def row_cells(row: InterferenceRow) -> list[str]:
     rates = (
         f"{idle:,.0f} → {prefill:,.0f}" if idle is not None and prefill is not None else _MISSING
     )
+    waited = [row.figures.get(f"bg_ttft_{w}_max") for w in ("idle", "prefill")]
+    waits = " → ".join(_MISSING if v is None else f"{v:,.2f}" for v in waited)
     return [
         format_size(row.length),
         str(row.n),
@@ -161,6 +165,7 @@ def row_cells(row: InterferenceRow) -> list[str]:
         _MISSING if ratio is None else f"{ratio:.2f}x",
         _MISSING if during is None else f"{during:,.0f}" + (" (stalled)" if during == 0 else ""),
         rates,
+        waits,
     ]
 
 
