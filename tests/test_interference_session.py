@@ -285,3 +285,68 @@ def test_gaps_the_servers_histogram_does_not_confirm_fail_unless_kept(
     assert records[-1].interference["server_itl"]["kept"] == "--longctx-allow-bursts"
     report = (run_folder(pytester.path / "kept") / "report.md").read_text()
     assert "Kept with --longctx-allow-bursts although the streams' gaps disagree" in report
+
+
+#: Launches the fake in place of vLLM, as the command asks: one sequence for the study's
+#: server, the interference points' room, chunk and config for theirs; notes each command.
+LAUNCH_FAKE_AS_ASKED = """
+import json
+import sys
+from pytest_longctx.serving.vllm_command import ServerCommand
+
+def pytest_longctx_server_command(config, plan, command):
+    argv = list(command.argv)
+    with open("commands.jsonl", "a") as out:
+        out.write(json.dumps({"argv": argv, "env": dict(command.env)}) + "\\n")
+    seqs = int(argv[argv.index("--max-num-seqs") + 1])
+    behaviour = {"max_num_seqs": seqs, "long_prompt_from": 1000, "first_token_delay_s": 0.3,
+                 "short_first_token_delay_s": 0.02, "token_delay_s": 0.02,
+                 "prompt_tokens_details": "--enable-prompt-tokens-details" in argv}
+    if "--max-num-batched-tokens" in argv:
+        chunk = int(argv[argv.index("--max-num-batched-tokens") + 1])
+        behaviour["scheduler_config"] = {"max_num_batched_tokens": chunk, "max_num_seqs": seqs}
+    port = argv[argv.index("--port") + 1]
+    return ServerCommand(
+        (sys.executable, MAIN, "--host", "127.0.0.1", "--port", port,
+         "--served-model-name", "tiny-llama", "--behaviour", json.dumps(behaviour)),
+        {},
+    )
+"""
+
+
+def test_the_cold_points_keep_the_study_server_and_the_interference_points_get_their_own(
+    pytester: pytest.Pytester,
+) -> None:
+    """One session, two server starts: the study's one-sequence server for the cold point,
+    then one with room for the load, the chunk asked for and its config readable. The
+    switch is no relaunch: it happens with relaunches spent."""
+    from test_outcomes import FAKE_MAIN
+
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    pytester.makeconftest(f"MAIN = {str(FAKE_MAIN)!r}\n" + LAUNCH_FAKE_AS_ASKED)
+    root = pytester.path / "reports"
+    result = pytester.runpytest(
+        "-p", "no:cacheprovider", f"--longctx-output={root}", "--longctx-progress=off",
+        "--longctx-decode-tokens=8", "-m", "len==1Ki", LOAD,
+        "--longctx-max-num-batched-tokens=1024", "--longctx-max-relaunches=0",
+    )  # fmt: skip
+    result.assert_outcomes(passed=2)
+    cold, loaded = records_of(root)
+    study, theirs = [
+        json.loads(line) for line in (pytester.path / "commands.jsonl").read_text().splitlines()
+    ]
+    argv = study["argv"]
+    assert argv[argv.index("--max-num-seqs") + 1] == "1"
+    assert "--max-num-batched-tokens" not in argv and "VLLM_SERVER_DEV_MODE" not in study["env"]
+    argv = theirs["argv"]
+    assert argv[argv.index("--max-num-seqs") + 1] == "5"
+    assert argv[argv.index("--max-num-batched-tokens") + 1] == "1024"
+    assert theirs["env"]["VLLM_SERVER_DEV_MODE"] == "1"
+    assert argv[argv.index("--port") + 1] == study["argv"][study["argv"].index("--port") + 1]
+    assert cold.server_start["index"] == 0 and "switched" not in cold.server_start
+    assert loaded.server_start["index"] == 1 and loaded.server_start["switched"] is True
+    assert loaded.server_start["cause"].startswith("the interference workload: room for 4")
+    assert loaded.interference["chunk"]["max_num_batched_tokens"] == 1024
+    assert cold.fingerprint["workload"] == loaded.fingerprint["workload"]
+    report = (run_folder(root) / "report.md").read_text()
+    assert "Server starts: 2: #0 up in" in report and "after the interference workload" in report

@@ -174,9 +174,7 @@ def measure(
             point,
             prompt,
             settings,
-            check_alive=lambda grace_s: session_server.check_alive(run, grace_s=grace_s),
-            refusal=lambda exc: str(session_server.refused(run, server.base_url, exc)),
-            watch=live_progress.watch(run, server, point),
+            **_hooks(run, server, point),
         )
     except UnverifiedPoint:
         if not point.warm:
@@ -262,10 +260,18 @@ def measure_interference(
         prompt,
         settings,
         load,
-        check_alive=lambda grace_s: session_server.check_alive(run, grace_s=grace_s),
-        refusal=lambda exc: str(session_server.refused(run, server.base_url, exc)),
-        watch=live_progress.watch(run, server, point),
+        **_hooks(run, server, point),
     )
+
+
+def _hooks(run: Run, server: ServerInfo, point: Point) -> dict[str, Any]:
+    """What a point's measurement calls back into the session: is the server alive, how a
+    401/403 reads, and the watch of its progress."""
+    return {
+        "check_alive": lambda grace_s: session_server.check_alive(run, grace_s=grace_s),
+        "refusal": lambda exc: str(session_server.refused(run, server.base_url, exc)),
+        "watch": live_progress.watch(run, server, point),
+    }
 
 
 def send_prefix(

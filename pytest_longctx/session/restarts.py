@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import time
+from typing import Any
 
 import pytest
 
@@ -153,27 +154,15 @@ def _relaunch(config: pytest.Config, run: Run, cause: ServerError) -> None:
         )
         raise PointFailure(str(run.server), cause.failure_class, cause.evidence, sent=False)
     old.stop()
-    command = old.command
-    try:
-        _wait_released(old.process.pid if old.process else None, command.argv)
-        info = session_server.bring_up(run, command, cause=_cause_line(cause))
-        fingerprint = session_server.fingerprint(config, run, info)
-        differences = fingerprint_mismatch(run.fingerprint, fingerprint)
-        if differences:
-            raise ServerError(
-                "the relaunched server differs from the one this run measured:\n  "
-                + "\n  ".join(differences),
-                "start_failed",
-            )
-        points.warm_up(run, info)
-    except ServerError as exc:
-        run.server = ServerError(
-            f"relaunching the server after {_cause_line(cause)} failed: {exc}",
-            "start_failed",
-            exc.evidence,
-        )
-        raise PointFailure(str(run.server), "start_failed", exc.evidence, sent=False) from None
-    run.server = info
+    _bring_up_again(
+        config,
+        run,
+        old,
+        old.command,
+        _cause_line(cause),
+        what="the relaunched server",
+        failed=f"relaunching the server after {_cause_line(cause)} failed",
+    )
 
 
 def _switch(config: pytest.Config, run: Run, serves: str) -> None:
@@ -191,27 +180,51 @@ def _switch(config: pytest.Config, run: Run, serves: str) -> None:
         if serves == INTERFERENCE
         else f"the {serves} workload: the study's server again"
     )
+    _bring_up_again(
+        config,
+        run,
+        old,
+        session_server.server_command(config, run, port, build=True, serves=serves),
+        cause,
+        what=f"the server for the {serves} workload",
+        failed=f"starting the server for the {serves} workload failed",
+        adopt=True,
+        switched=True,
+        workload=serves,
+    )
+
+
+def _bring_up_again(
+    config: pytest.Config,
+    run: Run,
+    old: Any,
+    command: Any,
+    cause: str,
+    *,
+    what: str,
+    failed: str,
+    adopt: bool = False,
+    **noted: Any,
+) -> None:
+    """Start ``command`` once the old server's process group and port are free, check that
+    it measures what the run measures and warm it up; ``adopt``: its fingerprint (command,
+    workload) is the run's from here on. A failure fails the point, never sent."""
     try:
-        command = session_server.server_command(config, run, port, build=True, serves=serves)
         _wait_released(old.process.pid if old.process else None, command.argv)
-        info = session_server.bring_up(run, command, cause=cause, switched=True, workload=serves)
+        info = session_server.bring_up(run, command, cause=cause, **noted)
         fingerprint = session_server.fingerprint(config, run, info)
         differences = fingerprint_mismatch(run.fingerprint, fingerprint)
         if differences:
             raise ServerError(
-                f"the server for the {serves} workload differs from the one this run measured:"
-                "\n  " + "\n  ".join(differences),
+                f"{what} differs from the one this run measured:\n  " + "\n  ".join(differences),
                 "start_failed",
             )
-        kept = {k: run.fingerprint[k] for k in ("kv_cache_check",) if k in run.fingerprint}
-        run.fingerprint = {**fingerprint, **kept}
+        if adopt:
+            kept = {k: run.fingerprint[k] for k in ("kv_cache_check",) if k in run.fingerprint}
+            run.fingerprint = {**fingerprint, **kept}
         points.warm_up(run, info)
     except ServerError as exc:
-        run.server = ServerError(
-            f"starting the server for the {serves} workload failed: {exc}",
-            "start_failed",
-            exc.evidence,
-        )
+        run.server = ServerError(f"{failed}: {exc}", "start_failed", exc.evidence)
         raise PointFailure(str(run.server), "start_failed", exc.evidence, sent=False) from None
     run.server = info
 
