@@ -350,3 +350,21 @@ def test_the_cold_points_keep_the_study_server_and_the_interference_points_get_t
     assert cold.fingerprint["workload"] == loaded.fingerprint["workload"]
     report = (run_folder(root) / "report.md").read_text()
     assert "Server starts: 2: #0 up in" in report and "after the interference workload" in report
+
+
+def test_the_ini_file_sets_the_workload_and_its_streams(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    pytester.makeini(
+        "[pytest]\nlongctx_workload = interference\nlongctx_background_streams = 2\n"
+        "longctx_max_num_batched_tokens = 4Ki\n"
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "--longctx-plan", "--longctx-to=1Ki")
+    assert result.ret == 0, result.stdout.str()
+    text = result.stdout.str()
+    assert "--max-num-seqs 3 " in text and "--max-num-batched-tokens 4096" in text
+    assert "beside 2 background streams" in text
+    bad = pytester.runpytest(
+        "-p", "no:cacheprovider", "--longctx-plan", "--longctx-background-streams=two"
+    )
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    bad.stderr.fnmatch_lines(["*--longctx-background-streams=two: expected a whole number >= 1*"])
