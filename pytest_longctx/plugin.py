@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_longctx.plan.sweep import SLOW_MARK, VERY_SLOW_MARK, WARM_MARK
+from pytest_longctx.plan.sweep import INTERFERENCE_MARK, SLOW_MARK, VERY_SLOW_MARK, WARM_MARK
 from pytest_longctx.session import hookspecs, outputs, sweep_session, workers
 from pytest_longctx.session import items as sweep_items
 from pytest_longctx.session.controller import Controller
@@ -74,10 +74,15 @@ def pytest_load_initial_conftests(
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "longctx(len, rep[, warm]): a sweep point (prompt length, pass, follow-up question)",
+        "longctx(len, rep[, warm][, interference]): a sweep point (prompt length, pass, "
+        "follow-up question, background streams)",
     )
     config.addinivalue_line(
         "markers", f"{WARM_MARK}: a warm follow-up on a cold point's cached prefix"
+    )
+    config.addinivalue_line(
+        "markers",
+        f"{INTERFERENCE_MARK}: a cold prefill on a server that also carries background streams",
     )
     config.addinivalue_line("markers", f"{SLOW_MARK}: a length the profile calls slow (minutes)")
     config.addinivalue_line("markers", f"{VERY_SLOW_MARK}: a length the profile calls very slow")

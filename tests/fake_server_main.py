@@ -5,12 +5,13 @@ death (its log, its exit), not about vLLM: ``--die-at N`` ends the process durin
 completion request, after printing ``--die-line`` to its log, by ``os._exit(--exit-code)`` or,
 with ``--exit-code=-9``, by SIGKILL; ``--freeze-at N`` freezes the whole server there (no
 answer to anything, ``/health`` included). ``--once FILE`` does either only while FILE does
-not exist.
+not exist. ``--behaviour JSON`` sets other fields of its :class:`Behaviour`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -33,6 +34,7 @@ def main() -> None:
     parser.add_argument("--exit-code", type=int, default=1)
     parser.add_argument("--freeze-at", type=int, default=0)
     parser.add_argument("--once", default="")
+    parser.add_argument("--behaviour", default="{}", help="Behaviour fields, as JSON")
     args, _ = parser.parse_known_args()
     completions = [0]
     lock = threading.Lock()
@@ -57,7 +59,11 @@ def main() -> None:
             os._exit(args.exit_code)
         return complete(handler, payload, behaviour, t_body)
 
-    behaviour = Behaviour(model=args.served_model_name, max_model_len=args.max_model_len)
+    behaviour = Behaviour(
+        model=args.served_model_name,
+        max_model_len=args.max_model_len,
+        **json.loads(args.behaviour),
+    )
     fake = FakeVLLM(behaviour, port=args.port)
     _Handler._complete = counting  # type: ignore[method-assign]
     fake.start()

@@ -59,6 +59,11 @@ TOO_LONG_MESSAGE = (
 )
 VOCAB_SIZE = 50_000
 _HANG_LIMIT_S = 3600.0
+#: What a long prompt's prefill does to the other requests (``Behaviour.prefill_interference``).
+PREFILL_INTERFERENCE = ("none", "stall", "slow")
+#: vLLM 0.32's bucket bounds of ``vllm:inter_token_latency_seconds``.
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
+ITL_BUCKETS += (7.5, 10.0, 20.0, 40.0, 80.0)
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,9 @@ class Behaviour:
     #: the body's last field and max_tokens must appear in its first kilobyte.
     read_prompt: bool = True
     cached_prompt_tokens: int = 0  # reported per request in usage (and /metrics, see below)
+    #: True: usage always carries ``prompt_tokens_details`` (``cached_tokens`` 0 included), as
+    #: vLLM started with --enable-prompt-tokens-details; False: only when some were cached.
+    prompt_tokens_details: bool = False
     #: False: the hit shows in ``usage`` only, as from a server whose counters lag or lack it.
     cached_tokens_in_metrics: bool = True
     #: Status of ``/metrics``: 404 is a server that does not expose it.
@@ -121,12 +129,34 @@ class Behaviour:
     #: Seconds between SSE keep-alive comments while the stream is idle, as vLLM's
     #: ``--sse-keep-alive-interval`` sends them; 0: none.
     keep_alive_s: float = 0.0
+    #: Requests served at once (vLLM's --max-num-seqs); the others wait, as the running and
+    #: waiting gauges show. None: any number.
+    max_num_seqs: int | None = None
+    #: Prompts at least this long are long: their first token waits ``first_token_delay_s``,
+    #: a shorter one's ``short_first_token_delay_s``. None: every prompt is long.
+    long_prompt_from: int | None = None
+    short_first_token_delay_s: float = 0.0
+    #: What a long prompt's prefill (its first-token delay) does to the other requests'
+    #: tokens: "none"; "stall" (none until it ends, as one unchunked prefill step); "slow"
+    #: (one every ``interference_token_delay_s``, as the steps of a chunked prefill).
+    prefill_interference: str = "none"
+    interference_token_delay_s: float = 0.05
+    #: Preemptions ``/metrics`` counts for each long request.
+    preemptions_per_long_request: int = 0
+    #: ``/server_info``'s ``vllm_config.scheduler_config``; None: 404, as a server without
+    #: VLLM_SERVER_DEV_MODE.
+    scheduler_config: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.fault is not None and self.fault not in FAULTS:
             raise ValueError(f"fault={self.fault!r}: expected one of {', '.join(FAULTS)}")
         if self.tokens_per_chunk < 1:
             raise ValueError("tokens_per_chunk must be >= 1")
+        if self.prefill_interference not in PREFILL_INTERFERENCE:
+            raise ValueError(f"prefill_interference must be one of {PREFILL_INTERFERENCE}")
+
+    def is_long(self, prompt_tokens: int) -> bool:
+        return self.long_prompt_from is None or prompt_tokens >= self.long_prompt_from
 
 
 @dataclass(frozen=True)
@@ -153,6 +183,8 @@ class StreamTimes:
     chunks_written_at: tuple[float, ...]  # each token-carrying chunk, just before its write
     tokens_per_chunk: tuple[int, ...]
     tokens: int
+    #: The first ids of an id prompt (its nonce), to tell requests apart.
+    prompt_head: tuple[int, ...] = ()
 
     @property
     def first_token_at(self) -> float | None:
@@ -178,6 +210,9 @@ class _Totals:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     cached_tokens: int = 0
+    preemptions: int = 0
+    #: Observations per bucket (not cumulative) of the inter-token histogram.
+    itl_buckets: list[int] = field(default_factory=lambda: [0] * (len(ITL_BUCKETS) + 1))
     created: float = field(default_factory=time.time)
 
 
@@ -198,6 +233,12 @@ class FakeVLLM:
         self._thread: threading.Thread | None = None
         #: The request in flight: [t_body, prompt tokens, tokens sent], for the KV gauge.
         self._active: list[float] | None = None
+        #: Requests streaming now, and those waiting for a slot (``max_num_seqs``).
+        self.running = 0
+        self.waiting = 0
+        self._slots = threading.Condition(self._lock)
+        #: Long prompts' prefills: (start, end) on perf_counter's clock.
+        self.prefills: list[tuple[float, float]] = []
 
     @property
     def url(self) -> str:
@@ -263,6 +304,51 @@ class FakeVLLM:
             for name, amount in amounts.items():
                 setattr(self.totals, name, getattr(self.totals, name) + amount)
 
+    def admit(self) -> float:
+        """Wait for a slot under ``max_num_seqs``; when the request got one."""
+        with self._slots:
+            self.waiting += 1
+            limit = self.behaviour.max_num_seqs
+            while limit is not None and self.running >= limit and not self._stopping.is_set():
+                self._slots.wait(0.05)
+            self.waiting -= 1
+            self.running += 1
+        return time.perf_counter()
+
+    def release(self) -> None:
+        with self._slots:
+            self.running -= 1
+            self._slots.notify_all()
+
+    def add_prefill(self, start: float, end: float) -> None:
+        with self._lock:
+            self.prefills.append((start, end))
+
+    def next_token_at(self, previous: float, target: float, tokens: int) -> float:
+        """When a short request's token leaves, given the long prefills around it."""
+        behaviour = self.behaviour
+        with self._lock:
+            windows = list(self.prefills)
+        if behaviour.prefill_interference == "stall":
+            moved = True
+            while moved:
+                moved = False
+                for start, end in windows:
+                    if start <= target < end:
+                        target, moved = end, True
+        elif behaviour.prefill_interference == "slow":
+            for start, end in windows:
+                if start <= previous < end:
+                    return previous + tokens * behaviour.interference_token_delay_s
+        return target
+
+    def count_gaps(self, gaps: list[float]) -> None:
+        """Observe inter-token gaps in their histogram."""
+        with self._lock:
+            for gap in gaps:
+                index = next((i for i, b in enumerate(ITL_BUCKETS) if gap <= b), len(ITL_BUCKETS))
+                self.totals.itl_buckets[index] += 1
+
     def hang(self) -> None:
         self._stopping.wait(_HANG_LIMIT_S)
 
@@ -270,7 +356,9 @@ class FakeVLLM:
         with self._lock:
             totals = replace(self.totals)
             active = list(self._active) if self._active else None
-        return _exposition(self.behaviour, totals, self._kv_usage(active))
+        return _exposition(
+            self.behaviour, totals, self._kv_usage(active), (self.running, self.waiting)
+        )
 
     def track(self, active: list[float] | None) -> None:
         """The request in flight (``[t_body, prompt tokens, tokens sent]``), or None."""
@@ -393,6 +481,13 @@ class _Handler(BaseHTTPRequestHandler):
                 "max_model_len": behaviour.max_model_len,
             }
             self._send_json(200, {"object": "list", "data": [model]})
+        elif self.path.split("?")[0] == "/server_info":
+            config = self.fake.behaviour.scheduler_config
+            if config is None:
+                self._error(404, "NotFoundError", f"Not Found: {self.path}")
+            else:
+                info = {"vllm_config": {"scheduler_config": dict(config)}, "vllm_env": {}}
+                self._send_json(200, info)
         elif self.path == "/metrics" and self.fake.behaviour.metrics_status != 200:
             self._send(self.fake.behaviour.metrics_status, b"Not Found", "text/plain")
         elif self.path == "/metrics":
@@ -516,9 +611,13 @@ class _Handler(BaseHTTPRequestHandler):
             and bool(stream_options.get("continuous_usage_stats"))
         )
         with_ids = bool(payload.get("return_token_ids"))
-        self._stream(
-            behaviour, t_body, total, prompt_tokens, (include_usage, running), with_ids, payload
-        )
+        t_body = max(t_body, self.fake.admit())
+        try:
+            self._stream(
+                behaviour, t_body, total, prompt_tokens, (include_usage, running), with_ids, payload
+            )
+        finally:
+            self.fake.release()
 
     def _stream(
         self,
@@ -554,6 +653,10 @@ class _Handler(BaseHTTPRequestHandler):
 
         active = [t_body, prompt_tokens, 0]
         self.fake.track(active)
+        long = behaviour.is_long(prompt_tokens)
+        first_delay = behaviour.first_token_delay_s if long else behaviour.short_first_token_delay_s
+        if long and behaviour.prefill_interference != "none":
+            self.fake.add_prefill(t_body, t_body + first_delay)
         try:
             if fault == "hang_after_headers":
                 self._idle_until(behaviour, time.perf_counter() + _HANG_LIMIT_S)
@@ -570,6 +673,7 @@ class _Handler(BaseHTTPRequestHandler):
             decoded: list[float] = []  # when each chunk's last token was ready
             held: list[bytes] = []  # chunks not yet written (deliver_at_once)
             counts: list[int] = []
+            due = t_body  # when the last token left; the schedule's origin before the first
             while sent < total:
                 if fault in ("error_frame", "truncate", "malformed_chunk", "stall") and (
                     sent >= behaviour.fault_after_tokens
@@ -578,10 +682,14 @@ class _Handler(BaseHTTPRequestHandler):
                     return
                 count = min(behaviour.tokens_per_chunk, total - sent)
                 last_index = sent + count - 1
-                self._idle_until(
-                    behaviour,
-                    t_body + behaviour.first_token_delay_s + last_index * behaviour.token_delay_s,
-                )
+                if long:
+                    target = t_body + first_delay + last_index * behaviour.token_delay_s
+                else:  # on an absolute schedule still: each token from the one before
+                    step = count * behaviour.token_delay_s
+                    nominal = due + (step if sent else first_delay + step - behaviour.token_delay_s)
+                    target = self.fake.next_token_at(due, nominal, count)
+                due = target
+                self._idle_until(behaviour, target)
                 text = "".join(
                     "" if sent + n in empty else behaviour.token_text for n in range(count)
                 )
@@ -622,7 +730,7 @@ class _Handler(BaseHTTPRequestHandler):
                     "total_tokens": prompt_tokens + total,
                     "completion_tokens": total,
                 }
-                if behaviour.cached_prompt_tokens:
+                if behaviour.cached_prompt_tokens or behaviour.prompt_tokens_details:
                     usage["prompt_tokens_details"] = {
                         "cached_tokens": behaviour.cached_prompt_tokens
                     }
@@ -630,12 +738,20 @@ class _Handler(BaseHTTPRequestHandler):
             # recorded before [DONE]: a client that has its figures can read the stamps, and
             # a /metrics read right after the stream counts this request, as vLLM's does
             self.fake.record_stream(
-                StreamTimes(self._request_at, t_body, tuple(written), tuple(counts), total)
+                StreamTimes(
+                    self._request_at,
+                    t_body,
+                    tuple(written),
+                    tuple(counts),
+                    total,
+                    tuple(prompt[:8]) if isinstance(prompt := payload.get("prompt"), list) else (),
+                )
             )
             end = time.perf_counter()
             first_at, last_at = (decoded[0], decoded[-1]) if decoded else (end, end)
             ttft = first_at - t_body
             decode = last_at - first_at
+            self.fake.count_gaps([decoded[i] - decoded[i - 1] for i in range(1, len(decoded))])
             self.fake.account(
                 requests=1 + behaviour.other_requests,
                 ttft=ttft,
@@ -649,6 +765,7 @@ class _Handler(BaseHTTPRequestHandler):
                 cached_tokens=(
                     behaviour.cached_prompt_tokens if behaviour.cached_tokens_in_metrics else 0
                 ),
+                preemptions=behaviour.preemptions_per_long_request if long else 0,
             )
             self._write(b"data: [DONE]\n\n")
             self.wfile.write(b"0\r\n\r\n")
@@ -763,17 +880,32 @@ def _sink_payload(head: bytes, commas: int) -> dict[str, Any]:
     }
 
 
-def _exposition(behaviour: Behaviour, totals: _Totals, kv_usage: float = 0.0) -> str:
+def _exposition(
+    behaviour: Behaviour,
+    totals: _Totals,
+    kv_usage: float = 0.0,
+    requests: tuple[int, int] = (0, 0),
+) -> str:
     """vLLM-shaped Prometheus text: HELP/TYPE, labels, histograms with +Inf, _created."""
     labels = f'engine="0",model_name="{behaviour.model}"'
     lines: list[str] = []
 
-    def histogram(name: str, help_text: str, total: float, count: int) -> None:
+    def histogram(
+        name: str,
+        help_text: str,
+        total: float,
+        count: int,
+        buckets: tuple[tuple[float, int], ...] | None = None,
+    ) -> None:
         lines.append(f"# HELP {name} {help_text}")
         lines.append(f"# TYPE {name} histogram")
-        for bound in ("0.001", "0.01", "0.1", "1.0", "10.0"):
-            below = count if count and total / count <= float(bound) else 0  # all at the mean
-            lines.append(f'{name}_bucket{{{labels},le="{bound}"}} {float(below)}')
+        if buckets is None:  # every observation at the mean
+            buckets = tuple(
+                (bound, count if count and total / count <= bound else 0)
+                for bound in (0.001, 0.01, 0.1, 1.0, 10.0)
+            )
+        for bound, below in buckets:
+            lines.append(f'{name}_bucket{{{labels},le="{float(bound)}"}} {float(below)}')
         lines.append(f'{name}_bucket{{{labels},le="+Inf"}} {float(count)}')
         lines.append(f"{name}_count{{{labels}}} {float(count)}")
         lines.append(f"{name}_sum{{{labels}}} {total!r}")
@@ -812,11 +944,16 @@ def _exposition(behaviour: Behaviour, totals: _Totals, kv_usage: float = 0.0) ->
             totals.decode,
             totals.requests,
         )
+
+    def cumulative(bounds: tuple[float, ...], counts: list[int]) -> tuple[tuple[float, int], ...]:
+        return tuple((bound, sum(counts[: index + 1])) for index, bound in enumerate(bounds))
+
     histogram(
         "vllm:inter_token_latency_seconds",
         "Histogram of inter-token latency in seconds.",
         totals.inter_token,
         totals.inter_token_count,
+        cumulative(ITL_BUCKETS, totals.itl_buckets),
     )
     histogram(
         "vllm:e2e_request_latency_seconds",
@@ -858,6 +995,10 @@ def _exposition(behaviour: Behaviour, totals: _Totals, kv_usage: float = 0.0) ->
         "Prefix cache hits, in terms of number of cached tokens.",
         totals.cached_tokens,
     )
+    counter("vllm:num_preemptions", "Cumulative number of preemption.", totals.preemptions)
+    for name, value in zip(("running", "waiting"), requests, strict=True):
+        lines.append(f"# TYPE vllm:num_requests_{name} gauge")
+        lines.append(f"vllm:num_requests_{name}{{{labels}}} {float(value)}")
     lines.append("# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.")
     lines.append("# TYPE vllm:kv_cache_usage_perc gauge")
     lines.append(f"vllm:kv_cache_usage_perc{{{labels}}} {kv_usage!r}")

@@ -152,13 +152,19 @@ def _needs(
     tokens: int,
     overhead: int,
     configured_tp: int,
+    background: tuple[int, int] = (0, 0),
 ) -> tuple[int, int, int, int, int]:
     """(kv, state, weights, need, available) per rank for ``layout`` on ``hardware``.
 
-    KV and state are what vLLM's allocator needs for one request of ``tokens``; the need adds
-    the null block vLLM holds back before it checks that the request fits.
+    KV and state are what vLLM's allocator needs for one request of ``tokens``, and for the
+    ``background`` (requests, tokens each) beside it; the need adds the null block vLLM holds
+    back before it checks that the request fits.
     """
     kv, state = layout.request_bytes(tokens)
+    requests, each = background
+    if requests:
+        extra_kv, extra_state = layout.request_bytes(each)
+        kv, state = kv + requests * extra_kv, state + requests * extra_state
     assert layout.allocation is not None
     null_block = layout.allocation.bytes_per_block()
     weights = hardware.weights_on_rank(layout.tensor_parallel, configured_tp)
@@ -325,11 +331,14 @@ def fit_point(
     decode_tokens: int = 0,
     *,
     overhead_bytes_per_rank: int = 0,
+    background: tuple[int, int] = (0, 0),
 ) -> PointFit:
     """Does a ``length``-token prompt plus ``decode_tokens`` fit one rank, and if not, what would.
 
     ``overhead_bytes_per_rank`` is memory vLLM holds outside weights and cache (activations,
     graphs, workspaces); it counts against the device budget, not an explicit cache size.
+    ``background`` is (requests, tokens each) that run beside it: an interference point's
+    background streams.
     """
     if length <= 0 or decode_tokens < 0:
         raise ValueError(
@@ -343,7 +352,7 @@ def fit_point(
     tokens = length + decode_tokens
     tp = layout.tensor_parallel
     kv, state, weights, need, available = _needs(
-        layout, hardware, tokens, overhead_bytes_per_rank, tp
+        layout, hardware, tokens, overhead_bytes_per_rank, tp, background
     )
     fits = need <= available
     assert layout.allocation is not None
@@ -351,6 +360,8 @@ def fit_point(
     max_tokens = layout.allocation.max_tokens(available - fixed) if available > fixed else 0
 
     what = format_size(length) + (f" + {decode_tokens} decode" if decode_tokens else "")
+    if background[0]:
+        what += f" beside {background[0]} background requests of {background[1]} tokens"
     budget, parts = _budget_words(hardware, kv, state, weights, available, overhead_bytes_per_rank)
     ranks = f"TP={tp}" + (
         f", DCP={layout.decode_context_parallel}" if layout.decode_context_parallel > 1 else ""
@@ -390,6 +401,7 @@ def capacity_table(
     decode_tokens: int = 0,
     *,
     overhead_bytes_per_rank: int = 0,
+    background: tuple[int, int] = (0, 0),
 ) -> list[PointFit]:
     """One :class:`PointFit` per sweep length, in the order given."""
     return [
@@ -399,6 +411,7 @@ def capacity_table(
             length,
             decode_tokens,
             overhead_bytes_per_rank=overhead_bytes_per_rank,
+            background=background,
         )
         for length in lengths
     ]

@@ -14,8 +14,8 @@ import httpx
 
 from pytest_longctx.core.files import REDACTED
 
+from .config import ClientConfig, ServedModel
 from .errors import (
-    UPLOAD_CHUNK_BYTES,
     CompletionCountError,
     ErrorFrameError,
     FirstTokenTimeoutError,
@@ -38,38 +38,6 @@ from .result import StreamMeasurement, inter_token_gaps, quantile, summarize_str
 from .stream_progress import StreamProgress
 from .transport import _preopening_transport
 from .watchdog import _BACKSTOP_S, _FIRST_TOKEN, _INTER_TOKEN, _Exchange, _Watchdog
-
-
-@dataclass(frozen=True)
-class ServedModel:
-    id: str
-    max_model_len: int | None
-    #: Where the server loaded it from (vLLM's ``root``: a hub id or a folder on its machine).
-    root: str | None = None
-
-
-@dataclass(frozen=True)
-class ClientConfig:
-    """Where the server is and how long to wait; the first-token budget comes per request."""
-
-    base_url: str
-    api_key: str | None = field(default=None, repr=False)
-    connect_timeout_s: float = 10.0
-    #: Longest silence between two token chunks; decode steps at 64Mi context are slow.
-    inter_token_timeout_s: float = 600.0
-    #: /health, /v1/models, /metrics, /tokenize (which may tokenize megabytes: see tokenize()).
-    control_timeout_s: float = 60.0
-    upload_chunk_bytes: int = UPLOAD_CHUNK_BYTES
-    #: TCP keepalive probe interval on every connection, the measured one included; 0: off.
-    tcp_keepalive_s: float = 15.0
-
-    def __post_init__(self) -> None:
-        for name in ("connect_timeout_s", "inter_token_timeout_s", "control_timeout_s"):
-            value = getattr(self, name)
-            if not value > 0:
-                raise ValueError(f"{name}={value!r}: expected a positive number of seconds")
-        if self.upload_chunk_bytes < 1:
-            raise ValueError(f"upload_chunk_bytes={self.upload_chunk_bytes}: expected >= 1")
 
 
 class CompletionClient:
@@ -141,12 +109,14 @@ class CompletionClient:
 
     def version(self) -> str | None:
         """The engine's version from ``/version``; None when the server has no such endpoint."""
-        try:
-            data = self._get_json("/version")
-        except MeasurementError:
-            return None
+        data = self._optional_json("/version")
         version = data.get("version") if isinstance(data, Mapping) else None
         return str(version) if version else None
+
+    def server_info(self) -> Any | None:
+        """vLLM's ``/server_info`` (the configuration it runs with, as its engine resolved it),
+        served only with ``VLLM_SERVER_DEV_MODE=1``; None elsewhere."""
+        return self._optional_json("/server_info?config_format=json")
 
     def detokenize(self, model: str, ids: Sequence[int]) -> str:
         """Text for token ids through the server's own tokenizer (``POST /detokenize``)."""
@@ -181,6 +151,12 @@ class CompletionClient:
 
     def _get_json(self, path: str) -> Any:
         return self._decode_json(self._call("GET", path), path)
+
+    def _optional_json(self, path: str) -> Any | None:
+        try:
+            return self._get_json(path)
+        except MeasurementError:
+            return None
 
     def _post_json(self, path: str, payload: Any, timeout_s: float | None) -> Any:
         return self._decode_json(self._call("POST", path, json=payload, timeout_s=timeout_s), path)

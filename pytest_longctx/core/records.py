@@ -62,6 +62,25 @@ FIGURE_UNITS: Mapping[str, str] = {
     "decode_energy": "J",
     "energy_per_prompt_token": "J/tok",
     "energy_per_generated_token": "J/tok",
+    # An interference point (its ttft is the long prompt's TTFT under the background load):
+    # the background streams' inter-token gaps in each window (idle reference before the long
+    # prompt is sent; its prefill, send to first token; its decode, first to last token),
+    # median, p99 and max over the gaps of every stream; their tokens per second there (all
+    # streams together); the background tokens that arrived during the prefill (0: the
+    # prefill stalled every stream).
+    **{
+        f"bg_itl_{window}_{statistic}": "s"
+        for window in ("idle", "prefill", "decode")
+        for statistic in ("median", "p99", "max")
+    },
+    **{f"bg_rate_{window}": "tok/s" for window in ("idle", "prefill", "decode")},
+    # each background request's own wait for its first token, in the window it lies in
+    **{
+        f"bg_ttft_{window}_{statistic}": "s"
+        for window in ("idle", "prefill", "decode")
+        for statistic in ("median", "max")
+    },
+    "bg_tokens_during_prefill": "tok",
 }
 
 #: ``interrupted``: the point was being measured when the session was stopped (Ctrl-C,
@@ -109,7 +128,9 @@ class Record:
     #: How the stream was chunked (tokens per chunk, their source, the stream interval) and
     #: whether it agreed with the server's decode (measure/agreement.py).
     stream: Mapping[str, Any] = field(default_factory=dict)
-    #: ``cold`` (a prefill no cache served) or ``warm`` (a follow-up on a cold point's prefix).
+    #: The point's workload, as the cache sees its prompt: ``cold`` (a prefill no cache
+    #: served), ``warm`` (a follow-up on a cold point's prefix) or ``interference`` (a cold
+    #: prefill measured while background streams ran on the server).
     cache_state: str = "cold"
     #: What the server served from its prefix cache; for a warm point also which question it
     #: is, its prefix and suffix tokens, the tokens the contract required and the alignment.
@@ -124,6 +145,11 @@ class Record:
     #: The server start that measured the point: its number in the session (0 the first),
     #: when it started, its start-up time and, for a relaunch, its cause.
     server_start: Mapping[str, Any] = field(default_factory=dict)
+    #: An interference point's load and what it did: the background streams and their
+    #: requests, the windows, the gaps per window, the server's own inter-token histogram
+    #: against them, its effective chunk size, sequence limit and preemptions
+    #: (measure/interference.py). Empty for other points.
+    interference: Mapping[str, Any] = field(default_factory=dict)
 
     def figure(self, name: str) -> float | None:
         return self.figures.get(name)
@@ -140,6 +166,13 @@ class Record:
     @property
     def warm(self) -> bool:
         return self.cache_state == "warm"
+
+    @property
+    def background_streams(self) -> int:
+        """K for an interference point (its background streams), 0 for any other."""
+        if self.cache_state != "interference":
+            return 0
+        return int(self.interference.get("background_streams") or 0)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -166,6 +199,7 @@ class Record:
             "failure_class": self.failure_class,
             "evidence": list(self.evidence),
             "server_start": dict(self.server_start),
+            "interference": dict(self.interference),
         }
 
     @classmethod
@@ -200,6 +234,7 @@ class Record:
             failure_class=failure_class,
             evidence=tuple(str(line) for line in data.get("evidence") or ()),
             server_start=dict(data.get("server_start") or {}),
+            interference=dict(data.get("interference") or {}),
         )
 
 

@@ -23,10 +23,11 @@ class Metric:
     default_tolerance_pct: float
     worse_verb: str
     better_verb: str
-    #: Which points it reads: cold prefills, or warm follow-ups (gated only against the
-    #: baseline's warm points, never against cold ones).
+    #: Which points it reads: cold prefills, warm follow-ups or interference points (each
+    #: gated only against the baseline's points of the same kind, never against cold ones).
     cache_state: str = "cold"
-    #: The metric whose tolerance it takes unless a spec sets its own (warm TTFT: TTFT's).
+    #: The metric whose tolerance it takes unless a spec sets its own (warm TTFT: TTFT's;
+    #: TTFT under load: TTFT's; the background's stall: ITL's).
     falls_back_to: str | None = None
 
     @property
@@ -44,6 +45,29 @@ METRICS: Mapping[str, Metric] = {
         Metric("itl", "itl_median", "median inter-token latency", True, 10.0, "rose", "fell"),
         Metric(
             "warm_ttft", "ttft", "warm TTFT", True, 10.0, "regressed", "improved", "warm", "ttft"
+        ),
+        # Interference points: gated only against the baseline's interference points.
+        Metric(
+            "load_ttft",
+            "ttft",
+            "TTFT under load",
+            True,
+            10.0,
+            "regressed",
+            "improved",
+            "interference",
+            "ttft",
+        ),
+        Metric(
+            "stall",
+            "bg_itl_prefill_p99",
+            "background p99 inter-token gap during the prefill",
+            True,
+            10.0,
+            "rose",
+            "fell",
+            "interference",
+            "itl",
         ),
     )
 }

@@ -101,6 +101,14 @@ class PointMeasurement:
     #: Why a warm point is not warm ("not warm: the cache served 12,288 of 16,384 prefix
     #: tokens ..."); None for a cold point, a warm one that is, or one that cannot be checked.
     cache_problem: str | None = None
+    #: An interference point's load, windows and checks (the record's ``interference``), and
+    #: the background streams' figures (``bg_*``).
+    interference: dict[str, Any] = field(default_factory=dict)
+    background_figures: dict[str, float] = field(default_factory=dict)
+    #: Why an interference point's figures are not what K streams beside it saw (a
+    #: preemption, a background request that failed, a disagreement with the server's
+    #: inter-token histogram); None when none.
+    interference_problem: str | None = None
 
     def completion_problem(self) -> str:
         """Why the completion count is off, in the words a user can act on."""
@@ -119,7 +127,7 @@ class PointMeasurement:
         )
 
     def figures(self) -> dict[str, float]:
-        figures = {**self.stream_figures, **self.watch_figures}
+        figures = {**self.stream_figures, **self.watch_figures, **self.background_figures}
         if self.prompt_build_s is not None:
             figures["prompt_build"] = self.prompt_build_s
         for name in ("server_ttft", "server_prefill", "server_queue", "server_decode"):
@@ -152,6 +160,7 @@ class PointMeasurement:
             server_requests=_whole(record.server_metrics.get("requests")),
             stream=dict(record.stream),
             cache=dict(record.cache),
+            interference=dict(record.interference),
         )
 
 
@@ -168,7 +177,7 @@ def client_for(server: ServerInfo, tcp_keepalive_s: float = 15.0) -> CompletionC
     )
 
 
-def _snapshot(client: CompletionClient) -> tuple[MetricsSnapshot | None, str | None]:
+def snapshot(client: CompletionClient) -> tuple[MetricsSnapshot | None, str | None]:
     """A /metrics read, or None and why it failed."""
     try:
         return MetricsSnapshot.from_text(client.metrics_text()), None
@@ -215,6 +224,69 @@ class PointSettings:
     prefix_sent_s_ago: float | None = None
 
 
+def point_request(
+    server: ServerInfo,
+    point: Point,
+    prompt: Prompt,
+    settings: PointSettings,
+    check_alive: Callable[[float], None],
+) -> CompletionRequest:
+    """The point's request, once the server is alive and its ``max_model_len`` holds it."""
+    try:
+        check_alive(0.0)
+    except ServerError as exc:
+        raise PointFailure(str(exc), exc.failure_class, exc.evidence, sent=False) from None
+    decode_tokens = settings.decode_tokens
+    needed = point.prompt_tokens + decode_tokens
+    if server.max_model_len is not None and needed > server.max_model_len:
+        suffix = f" + {point.suffix} suffix" if point.suffix else ""
+        raise PointFailure(
+            f"the server at {server.base_url} serves at most {server.max_model_len} tokens "
+            f"(max_model_len); this point needs {point.length}{suffix} + {decode_tokens} decode",
+            "refused",
+            sent=False,
+        )
+    return CompletionRequest(
+        model=server.model_name,
+        prompt=prompt.text if prompt.text is not None else prompt.ids,
+        decode_tokens=decode_tokens,
+    )
+
+
+def send_measured(
+    client: CompletionClient,
+    server: ServerInfo,
+    request: CompletionRequest,
+    settings: PointSettings,
+    check_alive: Callable[[float], None],
+    refusal: Callable[[RequestRejectedError], str],
+    watch: PointWatcher | None,
+) -> StreamMeasurement:
+    """Stream the point's request, watched; a failure is a :class:`PointFailure` with its
+    class."""
+    if watch is not None:
+        watch.start()
+    try:
+        return client.measure(
+            request,
+            first_token_budget_s=settings.first_token_budget_s,
+            budget_source=settings.budget_source,
+            check_count=False,
+            progress=watch.stream if watch is not None else None,
+        )
+    except RequestRejectedError as exc:
+        if exc.status_code in (401, 403):
+            raise PointFailure(refusal(exc), "refused") from None
+        if exc.status_code is not None and exc.status_code < 500:
+            raise PointFailure(f"{type(exc).__name__}: {exc}", "refused") from None
+        raise PointFailure(*outcomes.failed_request(exc, server, check_alive)) from None
+    except MeasurementError as exc:
+        raise PointFailure(*outcomes.failed_request(exc, server, check_alive)) from None
+    finally:
+        if watch is not None:
+            watch.stop()
+
+
 def measure_point(
     client: CompletionClient,
     server: ServerInfo,
@@ -233,26 +305,9 @@ def measure_point(
     ``grace_s`` for a dying process to finish dying); ``refusal`` words a 401/403. ``watch``
     samples the point's progress meanwhile; its figures join the measurement's.
     """
-    try:
-        check_alive(0.0)
-    except ServerError as exc:
-        raise PointFailure(str(exc), exc.failure_class, exc.evidence, sent=False) from None
+    request = point_request(server, point, prompt, settings, check_alive)
     decode_tokens = settings.decode_tokens
-    needed = point.prompt_tokens + decode_tokens
-    if server.max_model_len is not None and needed > server.max_model_len:
-        suffix = f" + {point.suffix} suffix" if point.suffix else ""
-        raise PointFailure(
-            f"the server at {server.base_url} serves at most {server.max_model_len} tokens "
-            f"(max_model_len); this point needs {point.length}{suffix} + {decode_tokens} decode",
-            "refused",
-            sent=False,
-        )
-    request = CompletionRequest(
-        model=server.model_name,
-        prompt=prompt.text if prompt.text is not None else prompt.ids,
-        decode_tokens=decode_tokens,
-    )
-    before, why_not = _snapshot(client)
+    before, why_not = snapshot(client)
     server_cache = ServerCache.from_labels(
         before.labels_of(CACHE_CONFIG_INFO) if before is not None else None
     )
@@ -260,28 +315,8 @@ def measure_point(
         refused = caching_off_reason(server_cache)
         if refused is not None:
             raise PointFailure(refused)
-    if watch is not None:
-        watch.start()
-    try:
-        stream = client.measure(
-            request,
-            first_token_budget_s=settings.first_token_budget_s,
-            budget_source=settings.budget_source,
-            check_count=False,
-            progress=watch.stream if watch is not None else None,
-        )
-    except RequestRejectedError as exc:
-        if exc.status_code in (401, 403):
-            raise PointFailure(refusal(exc), "refused") from None
-        if exc.status_code is not None and exc.status_code < 500:
-            raise PointFailure(f"{type(exc).__name__}: {exc}", "refused") from None
-        raise PointFailure(*outcomes.failed_request(exc, server, check_alive)) from None
-    except MeasurementError as exc:
-        raise PointFailure(*outcomes.failed_request(exc, server, check_alive)) from None
-    finally:
-        if watch is not None:
-            watch.stop()
-    after, why_not_after = _snapshot(client) if before is not None else (None, None)
+    stream = send_measured(client, server, request, settings, check_alive, refusal, watch)
+    after, why_not_after = snapshot(client) if before is not None else (None, None)
     view: ServerSideView | None = delta(before, after) if before and after else None
     server_view = {**view.figures(), **view.counters()} if view is not None else {}
     if stream.cached_prompt_tokens is not None:

@@ -26,6 +26,11 @@ PREFIX_CACHE_HITS = "vllm:prefix_cache_hits_total"
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
 #: Share of the KV cache's blocks in use (0..1): rises with every prefill chunk.
 KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
+#: Requests the scheduler runs now, and those waiting for a slot (gauges).
+REQUESTS_RUNNING = "vllm:num_requests_running"
+REQUESTS_WAITING = "vllm:num_requests_waiting"
+#: Requests the scheduler preempted (their KV freed, recomputed later), a counter.
+PREEMPTIONS = "vllm:num_preemptions_total"
 
 
 class ExpositionError(ValueError):
@@ -126,6 +131,19 @@ class MetricsSnapshot:
         ]
         return math.fsum(values) if values else None
 
+    def buckets(self, name: str) -> tuple[tuple[float, float], ...]:
+        """A histogram's cumulative buckets ``(le, count)``, summed over its label sets and
+        sorted by bound (``+Inf`` last); empty when the server has no such histogram."""
+        counts: dict[float, float] = {}
+        for sample in self.samples:
+            if sample.name == f"{name}_bucket" and "le" in sample.labels:
+                try:
+                    bound = float(sample.labels["le"])
+                except ValueError:
+                    continue
+                counts[bound] = counts.get(bound, 0.0) + sample.value
+        return tuple(sorted(counts.items()))
+
     def labels_of(self, name: str) -> dict[str, str] | None:
         """Labels of the first ``name`` sample: how info-style metrics carry their data."""
         for sample in self.samples:
@@ -178,6 +196,21 @@ def kv_num_blocks(labels: Mapping[str, str] | None) -> int | None:
 
 def kv_block_size(labels: Mapping[str, str] | None) -> int | None:
     return _positive_label(labels, "block_size", 1)
+
+
+def bucket_delta(
+    before: MetricsSnapshot, after: MetricsSnapshot, name: str
+) -> tuple[tuple[float, float], ...]:
+    """How many observations fell in each bucket between two reads: ``(le, count)`` per
+    bucket, no longer cumulative (``(lower, le]``); empty when either read lacks it."""
+    old, new = dict(before.buckets(name)), after.buckets(name)
+    if not old or not new:
+        return ()
+    cumulative = [(bound, count - old.get(bound, 0.0)) for bound, count in new]
+    return tuple(
+        (bound, count - (cumulative[index - 1][1] if index else 0.0))
+        for index, (bound, count) in enumerate(cumulative)
+    )
 
 
 def kv_gauge(text: str) -> tuple[float | None, dict[str, str] | None]:

@@ -163,20 +163,29 @@ def hardware_for(profile: Profile) -> capacity.Hardware:
     )
 
 
-def check_points(plan: SweepPlan, lengths: Sequence[int]) -> dict[int, capacity.PointFit]:
+def check_points(
+    plan: SweepPlan, lengths: Sequence[int], under_load: bool = False
+) -> dict[int, capacity.PointFit]:
     """One verdict per length for the server the profile launches; empty when the model's
     config is not at hand. (An attached server serves what it serves on hardware the profile
-    does not describe: its ``max_model_len`` decides instead.)"""
+    does not describe: its ``max_model_len`` decides instead.) ``under_load``: the length's
+    interference point, whose K background requests hold cache beside it."""
     profile = plan.profile
     layout = layout_for(profile)
     if layout is None or not lengths:
         return {}
     hardware = hardware_for(profile)
     reserve = profile.hardware.reserve_per_device
+    decode = plan.decode_tokens if under_load else plan.tokens_after_prefix
     return {
         fit.length: fit
         for fit in capacity.capacity_table(
-            layout, hardware, lengths, plan.tokens_after_prefix, overhead_bytes_per_rank=reserve
+            layout,
+            hardware,
+            lengths,
+            decode,
+            overhead_bytes_per_rank=reserve,
+            background=plan.background_load if under_load else (0, 0),
         )
     }
 
@@ -192,6 +201,21 @@ def render_table(plan: SweepPlan, lengths: Sequence[int]) -> str:
         layout, hardware, lengths, plan.tokens_after_prefix, overhead_bytes_per_rank=reserve
     )
     lines = ["capacity plan:", capacity.render_capacity_table(rows, layout)]
+    if plan.interference and lengths:
+        requests, each = plan.background_load
+        loaded = capacity.capacity_table(
+            layout,
+            hardware,
+            lengths,
+            plan.decode_tokens,
+            overhead_bytes_per_rank=reserve,
+            background=plan.background_load,
+        )
+        lines.append(
+            f"interference points: each length beside {requests} background requests of "
+            f"{each} tokens (their prompt and decode):"
+        )
+        lines.append(capacity.render_capacity_table(loaded))
     if reserve:
         lines.append(
             f"reserve: {reserve / capacity.GIB:.2f} GiB per device for activations, graphs "

@@ -43,11 +43,16 @@ class Settings:
     stream_tolerance: float = 0.5
     #: Keep points whose stream disagrees, with the server's decode figure.
     allow_bursts: bool = False
-    #: What each length measures: ("cold",) or ("cold", "warm") (--longctx-workload).
+    #: What each length measures: some of "cold", "warm", "interference" (--longctx-workload).
     workload: tuple[str, ...] = ("cold",)
     #: Warm follow-ups per cold point, and the new tokens each appends.
     warm_questions: int = 3
     warm_suffix: int = 256
+    #: Background streams beside each interference point's long prompt.
+    background_streams: int = 4
+    #: vLLM's ``--max-num-batched-tokens`` (the prefill chunk) for the launched server of the
+    #: interference points; None: the profile's.
+    max_num_batched_tokens: int | None = None
     #: Times a session may start its launched server again after it died or hung.
     max_relaunches: int = 3
     #: Crashes one length may cause before its remaining repeats are skipped.

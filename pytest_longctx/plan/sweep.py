@@ -17,13 +17,23 @@ class PlanError(ValueError):
     """Options that select nothing to measure."""
 
 
-#: The workloads a sweep can measure (``--longctx-workload``): every point's cold prefill, and
-#: follow-up questions on its prefix while the server still caches it.
-COLD, WARM = "cold", "warm"
-WORKLOADS = (COLD, WARM)
+#: The workloads a sweep can measure (``--longctx-workload``): every point's cold prefill,
+#: follow-up questions on its prefix while the server still caches it, and the same cold
+#: prefill on a server that also carries K short background streams (what it costs them).
+COLD, WARM, INTERFERENCE = "cold", "warm", "interference"
+WORKLOADS = (COLD, WARM, INTERFERENCE)
 WARM_MARK = "longctx_warm"
+INTERFERENCE_MARK = "longctx_interference"
 DEFAULT_WARM_QUESTIONS = 3
 DEFAULT_WARM_SUFFIX = 256
+#: Background streams beside an interference point's long prompt (--longctx-background-streams).
+DEFAULT_BACKGROUND_STREAMS = 4
+#: Each background request: a short prompt of its own (its own nonce first), then a bounded
+#: decode; re-issued as it ends, so no stream grows its own context through a long prefill.
+BACKGROUND_PROMPT_TOKENS = 128
+BACKGROUND_DECODE_TOKENS = 64
+#: Seconds of background streaming recorded before the long prompt is sent: the reference.
+IDLE_REFERENCE_S = 3.0
 
 
 def max_model_len_for(largest_prompt: int, decode_tokens: int) -> int:
@@ -36,26 +46,37 @@ class Point:
     """One sweep item: a prompt length and which pass over the sweep it belongs to.
 
     A warm point (``question`` 1..Q) is a follow-up to the cold point of the same length and
-    repeat: its prompt is that point's ``length`` tokens exactly, then ``suffix`` new ones.
+    repeat: its prompt is that point's ``length`` tokens exactly, then ``suffix`` new ones. An
+    interference point (``background`` K > 0) is a cold prompt of ``length`` sent while K
+    background streams run on its server.
     """
 
     length: int
     repeat: int
     question: int = 0
     suffix: int = 0
+    background: int = 0
 
     @property
     def warm(self) -> bool:
         return self.question > 0
 
     @property
+    def interference(self) -> bool:
+        return self.background > 0
+
+    @property
     def cache_state(self) -> str:
+        """The workload the point belongs to (the record's ``cache_state``)."""
+        if self.interference:
+            return INTERFERENCE
         return WARM if self.warm else COLD
 
     @property
     def cold(self) -> Point:
-        """The cold point whose prefix a warm point reuses (itself for a cold one)."""
-        return Point(self.length, self.repeat)
+        """The cold point whose prefix a warm point reuses (itself for a cold or an
+        interference point: neither reuses another's prefix)."""
+        return Point(self.length, self.repeat) if self.warm else self
 
     @property
     def prompt_tokens(self) -> int:
@@ -64,12 +85,20 @@ class Point:
     @property
     def id(self) -> str:
         base = f"len={format_size(self.length)}-rep={self.repeat}"
+        if self.interference:
+            return f"{base}-{INTERFERENCE}"
         return f"{base}-warm={self.question}" if self.warm else base
 
     @classmethod
     def of_record(cls, record: Record) -> Point:
         """The point a record is of."""
-        return cls(record.length, record.repeat, record.question, record.suffix_tokens)
+        return cls(
+            record.length,
+            record.repeat,
+            record.question,
+            record.suffix_tokens,
+            record.background_streams,
+        )
 
 
 @dataclass(frozen=True)
@@ -83,25 +112,50 @@ class SweepPlan:
     warm_questions: int = 0
     #: New tokens each follow-up appends to its cold point's prompt.
     suffix_tokens: int = 0
+    #: Background streams of the interference points (0: no interference workload).
+    background_streams: int = 0
+    #: Whether the cold workload is measured (``--longctx-workload=interference`` alone is not).
+    cold_points: bool = True
 
     @property
     def warm(self) -> bool:
         return self.warm_questions > 0
 
     @property
+    def interference(self) -> bool:
+        return self.background_streams > 0
+
+    @property
+    def workloads(self) -> tuple[str, ...]:
+        chosen = ((COLD, self.cold_points), (WARM, self.warm), (INTERFERENCE, self.interference))
+        return tuple(name for name, on in chosen if on)
+
+    @property
     def points(self) -> tuple[Point, ...]:
-        """Run order: each cold point, then its warm follow-ups while its prefix is cached."""
+        """Run order: each cold point, then its warm follow-ups while its prefix is cached;
+        then the interference points, which need a server of their own (one switch)."""
         if self.order == "length":
             cold = [Point(n, r) for n in self.lengths for r in range(self.repeats)]
         else:
             cold = [Point(n, r) for r in range(self.repeats) for n in self.lengths]
-        return tuple(p for point in cold for p in (point, *self.follow_ups(point)))
+        points = [p for point in cold for p in (point, *self.follow_ups(point)) if self.cold_points]
+        if self.interference:
+            points += [Point(p.length, p.repeat, background=self.background_streams) for p in cold]
+        return tuple(points)
 
     def follow_ups(self, point: Point) -> tuple[Point, ...]:
         return tuple(
             Point(point.length, point.repeat, q, self.suffix_tokens)
             for q in range(1, self.warm_questions + 1)
         )
+
+    @property
+    def background_load(self) -> tuple[int, int]:
+        """What an interference point's background holds in the cache: (requests, tokens
+        each), their short prompt and its decode."""
+        if not self.interference:
+            return (0, 0)
+        return (self.background_streams, BACKGROUND_PROMPT_TOKENS + BACKGROUND_DECODE_TOKENS)
 
     @property
     def tokens_after_prefix(self) -> int:
@@ -141,4 +195,8 @@ def build_plan(settings: Settings, profile: Profile) -> SweepPlan:
         decode_tokens=settings.decode_tokens or profile.sweep.decode_tokens,
         warm_questions=settings.warm_questions if WARM in settings.workload else 0,
         suffix_tokens=settings.warm_suffix if WARM in settings.workload else 0,
+        background_streams=(
+            settings.background_streams if INTERFERENCE in settings.workload else 0
+        ),
+        cold_points=COLD in settings.workload,
     )

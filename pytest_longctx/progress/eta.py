@@ -100,11 +100,13 @@ class TtftModel:
 
 def passed_means(records: Iterable[Record], figure: str) -> dict[int, float]:
     """Mean of ``figure`` per length over the passed cold records that carry it (a warm
-    follow-up's TTFT is its suffix's, not its length's)."""
+    follow-up's TTFT is its suffix's, not its length's; an interference point's is under
+    load)."""
     sums: dict[int, list[float]] = {}
     for record in records:
         value = record.figures.get(figure)
-        if record.outcome == "passed" and not record.warm and value is not None and value > 0:
+        cold = record.outcome == "passed" and record.cache_state == "cold"
+        if cold and value is not None and value > 0:
             sums.setdefault(record.length, []).append(value)
     return {length: math.fsum(values) / len(values) for length, values in sorted(sums.items())}
 

@@ -84,6 +84,7 @@ class PointWatch:
         clock: Callable[[], float] = time.perf_counter,
         tokens_for_blocks: Callable[[int, int], int] | None = None,
         question: int = 0,
+        background: int = 0,
     ) -> None:
         if interval_s is not None and not interval_s > 0:
             raise ValueError(f"interval_s={interval_s!r}: expected > 0 (None: no sampling)")
@@ -107,6 +108,8 @@ class PointWatch:
         #: A warm follow-up (1..Q): its prefix is cached, only its suffix is prefilled, so
         #: the cold TTFT model does not price it.
         self.question = question
+        #: An interference point's background streams (0: none), for its label.
+        self.background = background
         self.predicted_ttft_s = None if question else outlook.model.predicted_ttft(length)
         self._baseline_usage: float | None = None
         self._capacity: int | None = None
@@ -349,6 +352,7 @@ class PointWatch:
             length=self.length,
             repeat=self.repeat,
             question=self.question or None,
+            background=self.background or None,
             index=self.outlook.index,
             of=self.outlook.of,
             elapsed_s=elapsed,

@@ -45,6 +45,8 @@ class ProgressState:
     repeat: int | None = None
     #: A warm follow-up's question (1..Q) on its cold point's cached prefix; None: cold.
     question: int | None = None
+    #: An interference point's background streams; None: none.
+    background: int | None = None
     #: Its 1-based position among the points this session measures, and their count.
     index: int | None = None
     of: int | None = None
@@ -90,6 +92,8 @@ class ProgressState:
             return ""
         where = f" [{self.index}/{self.of}]" if self.index and self.of else ""
         warm = f" warm {self.question}" if self.question else ""
+        if self.background:
+            warm = f" beside {self.background} streams"
         return f"{format_size(self.length)} rep {self.repeat}{warm}{where}"
 
     def sweep_words(self) -> str:

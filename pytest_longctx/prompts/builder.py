@@ -188,13 +188,7 @@ class PromptBuilder:
         of a run (indices below the pool's size) starts with its own token; the others are
         drawn from the run key and index, so runs differ from each other as well.
         """
-        pool = self.nonce_pool()
-        digest = hashlib.sha256(f"{run_key}:{index}".encode()).digest()
-        offset = int.from_bytes(hashlib.sha256(run_key.encode()).digest()[:8], "big")
-        ids = [pool[(offset + index) % len(pool)]]
-        for k in range(1, NONCE_TOKENS):
-            ids.append(pool[int.from_bytes(digest[4 * k : 4 * k + 4], "big") % len(pool)])
-        return array("I", ids)
+        return nonce_ids(self.nonce_pool(), run_key, index)
 
     def build(self, length: int, tag: str, text: bool = False, nonce: Sequence[int] = ()) -> Prompt:
         """``nonce``, then ``tag``, then the body: exactly ``length`` tokens."""
@@ -291,6 +285,19 @@ class PromptBuilder:
             f"could not make text of exactly {length} tokens in {TEXT_FIT_ATTEMPTS} attempts "
             f"(last: {count})"
         )
+
+
+def nonce_ids(pool: Sequence[int], run_key: str, index: int) -> array:
+    """``NONCE_TOKENS`` ids from ``pool`` for ``index`` under ``run_key``: the first is the
+    pool's entry at a key-seeded offset plus ``index`` (so indices below the pool's size each
+    start with their own token), the others drawn from the key and index. Pure, so another
+    process (the background streams) draws the same nonces from the same pool."""
+    digest = hashlib.sha256(f"{run_key}:{index}".encode()).digest()
+    offset = int.from_bytes(hashlib.sha256(run_key.encode()).digest()[:8], "big")
+    ids = [pool[(offset + index) % len(pool)]]
+    for k in range(1, NONCE_TOKENS):
+        ids.append(pool[int.from_bytes(digest[4 * k : 4 * k + 4], "big") % len(pool)])
+    return array("I", ids)
 
 
 def _read_ids(path: Path) -> array | None:

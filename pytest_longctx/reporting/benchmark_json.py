@@ -33,6 +33,10 @@ BENCHMARK_GROUP = "longctx"
 #: Warm follow-ups are groups of their own: pytest-benchmark compares within a group, and a
 #: warm TTFT must never be compared with a cold one.
 WARM_GROUP = "longctx-warm"
+#: Interference points: the long prompt's TTFT and decode beside the background streams.
+INTERFERENCE_GROUP = "longctx-interference"
+#: The group of each workload (a record's ``cache_state``), in report order.
+_GROUPS = {"cold": BENCHMARK_GROUP, "warm": WARM_GROUP, "interference": INTERFERENCE_GROUP}
 DEFAULT_TEST_NAME = "test_prefill_decode"
 
 
@@ -122,21 +126,24 @@ def sweep_benchmarks(records: Iterable[Record]) -> list[SweepBenchmark]:
     The warm follow-ups of a length (every question of every repeat) are its warm rounds.
     """
     passed = [record for record in latest_records(records) if record.outcome == "passed"]
-    by_length: dict[tuple[int, bool], list[Record]] = {}
+    by_length: dict[tuple[int, str], list[Record]] = {}
     # rounds in the order they were measured
     for record in sorted(passed, key=lambda r: (r.length, r.started_at or 0.0, r.run_id, r.repeat)):
-        by_length.setdefault((record.length, record.warm), []).append(record)
+        by_length.setdefault((record.length, record.cache_state), []).append(record)
     benchmarks = []
-    for (length, warm), group in sorted(by_length.items()):
+    order = list(_GROUPS)
+    for (length, state), group in sorted(
+        by_length.items(), key=lambda item: (item[0][0], order.index(item[0][1]))
+    ):
         label = format_size(length)
         path = _test_path(group[0])
         for metric in METRICS:
             measured = [r for r in group if r.figures.get(metric.figure, 0) > 0]
             if not measured:
                 continue
-            state = "-warm" if warm else ""
-            param = f"len={label}{state}-{metric.name}"
-            family = WARM_GROUP if warm else BENCHMARK_GROUP
+            tag = "" if state == "cold" else f"-{state}"
+            param = f"len={label}{tag}-{metric.name}"
+            family = _GROUPS[state]
             benchmarks.append(
                 SweepBenchmark(
                     name=f"{path.rsplit('::', 1)[-1]}[{param}]",
@@ -146,12 +153,12 @@ def sweep_benchmarks(records: Iterable[Record]) -> list[SweepBenchmark]:
                     params={
                         "length": length,
                         "metric": metric.name,
-                        **({"warm": True} if warm else {}),
+                        **({state: True} if state != "cold" else {}),
                     },
                     extra_info={
                         "length": length,
                         "length_label": label,
-                        "cache_state": "warm" if warm else "cold",
+                        "cache_state": state,
                         "metric": metric.name,
                         "unit": metric.unit,
                         "figure": metric.figure,

@@ -26,9 +26,11 @@ from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.core.stats import latest_records
+from pytest_longctx.reporting.interference_report import html_fragment as interference_fragment
 from pytest_longctx.reporting.kv_plot import kv_plot_note
 from pytest_longctx.reporting.predictions import html_fragment as progress_fragment
 from pytest_longctx.reporting.reuse import html_fragment as reuse_fragment
+from pytest_longctx.reporting.text_table import html_table
 from pytest_longctx.reporting.view import (
     COMMAND_KEYS,
     DEFAULT_TITLE,
@@ -44,6 +46,7 @@ from pytest_longctx.reporting.view import (
     setup_variations,
     summary_rows,
     ttft_decimals,
+    workload_words,
 )
 
 #: (sort key, header label) of the columns added to pytest-html's results table.
@@ -104,7 +107,7 @@ def table_row_cells(record: Record | None) -> list[str]:
         _sortable_cell(
             "longctx_repeat",
             record.repeat,
-            f"{record.repeat} warm {record.question}" if record.warm else str(record.repeat),
+            f"{record.repeat}{workload_words(record)}",
         ),
         _sortable_cell("longctx_ttft", ttft, _ttft_text(ttft)),
         _sortable_cell("longctx_decode", decode, f"{decode:,.1f}" if decode is not None else ""),
@@ -118,11 +121,7 @@ def table_row_cells(record: Record | None) -> list[str]:
 
 
 def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], css_class: str) -> str:
-    head = "".join(f"<th>{html.escape(cell)}</th>" for cell in headers)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in rows
-    )
-    return f'<table class="{css_class}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+    return html_table(headers, list(rows), css_class)
 
 
 def embedded_image(path: Path) -> str:
@@ -151,7 +150,8 @@ def summary_fragment(records: Iterable[Record], plot_paths: Iterable[Path | None
     return (
         f'<section class="longctx-summary"><style>{_SUMMARY_STYLE}</style>'
         "<h3>Long-context sweep (mean ± sample std over passed repeats)</h3>"
-        f"{table}{''.join(images)}{reuse_fragment(records)}{progress_fragment(records)}"
+        f"{table}{''.join(images)}{reuse_fragment(records)}{interference_fragment(records)}"
+        f"{progress_fragment(records)}"
         "</section>"
     )
 

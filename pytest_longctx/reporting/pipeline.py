@@ -14,6 +14,7 @@ from pytest_longctx.reporting.file_names import HTML as HTML_FILENAME
 from pytest_longctx.reporting.file_names import MARKDOWN as MARKDOWN_FILENAME
 from pytest_longctx.reporting.gate_report import GateView
 from pytest_longctx.reporting.html import write_standalone_html
+from pytest_longctx.reporting.interference_report import draw_itl_plot, draw_ttft_plot
 from pytest_longctx.reporting.kv_plot import draw_kv_cache_plot
 from pytest_longctx.reporting.markdown import write_markdown
 from pytest_longctx.reporting.plots import ExtraPlot, write_plots
@@ -49,7 +50,14 @@ def write_reports(
     plots = write_plots(
         out_dir,
         records,
-        [draw_kv_cache_plot, draw_prefill_rate_plot, draw_reuse_plot, *extra_plots],
+        [
+            draw_kv_cache_plot,
+            draw_prefill_rate_plot,
+            draw_reuse_plot,
+            draw_itl_plot,
+            draw_ttft_plot,
+            *extra_plots,
+        ],
     )
     markdown_path = out_dir / MARKDOWN_FILENAME
     if gate is not None:

@@ -11,6 +11,7 @@ from typing import Any
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.core.stats import latest_records
+from pytest_longctx.reporting.view import workload_words
 
 COLUMNS = (
     "Prompt",
@@ -56,7 +57,7 @@ def rows(records: Iterable[Record]) -> list[list[str]]:
         table.append(
             [
                 format_size(record.length),
-                str(record.repeat),
+                f"{record.repeat}{workload_words(record)}",
                 _number(ttft, ",.3f"),
                 _number(predicted, ",.3f"),
                 _MISSING if error is None else f"{error:+.1f}%",

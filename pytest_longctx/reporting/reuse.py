@@ -20,7 +20,7 @@ from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.core.stats import FigureSummary, latest_records, summarize
-from pytest_longctx.reporting.text_table import aligned_table
+from pytest_longctx.reporting.text_table import aligned_table, html_table, markdown_table_lines
 
 REUSE_PLOT = "reuse.png"
 _MISSING = "–"
@@ -170,9 +170,9 @@ def markdown_lines(records: Sequence[Record]) -> list[str]:
     if not rows:
         return []
     lines = ["## Reuse: questions on a cached prefix", "", INTRO, ""]
-    lines += _markdown_table(COLUMNS, [row_cells(row) for row in rows])
+    lines += markdown_table_lines(COLUMNS, [row_cells(row) for row in rows])
     lines += ["", "TTFT per question over 1..Q questions:", ""]
-    lines += _markdown_table(PAYBACK_COLUMNS, [c for row in rows for c in payback_cells(row)])
+    lines += markdown_table_lines(PAYBACK_COLUMNS, [c for row in rows for c in payback_cells(row)])
     lines.append("")
     return lines
 
@@ -185,28 +185,13 @@ def terminal_table(records: Sequence[Record]) -> str | None:
     return aligned_table(COLUMNS, [row_cells(row) for row in rows])
 
 
-def _markdown_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    return [
-        "| " + " | ".join(columns) + " |",
-        "|---|" + "---:|" * (len(columns) - 1),
-        *("| " + " | ".join(cells) + " |" for cells in rows),
-    ]
-
-
 def html_fragment(records: Sequence[Record]) -> str:
     rows = reuse_rows(records)
     if not rows:
         return ""
 
     def table(columns: Sequence[str], cells: Sequence[Sequence[str]]) -> str:
-        head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-        body = "".join(
-            "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in cells
-        )
-        return (
-            f'<table class="longctx-summary-table longctx-reuse-table"><thead><tr>{head}</tr>'
-            f"</thead><tbody>{body}</tbody></table>"
-        )
+        return html_table(columns, cells, "longctx-summary-table longctx-reuse-table")
 
     return (
         "<h3>Reuse: questions on a cached prefix</h3>"

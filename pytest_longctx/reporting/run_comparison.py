@@ -21,12 +21,16 @@ from pytest_longctx.core.sizes import format_size
 from pytest_longctx.core.stats import format_mean_std, latest_records, summarize_values
 from pytest_longctx.gate import DEFAULT_LEVEL, METRICS, welch_test
 from pytest_longctx.reporting.html import embedded_image
+from pytest_longctx.reporting.interference_report import chunk_words
 from pytest_longctx.reporting.plots import length_axis
 from pytest_longctx.reporting.view import format_fingerprint_value
 
 MARKDOWN = "compare.md"
 HTML = "compare.html"
 PLOTS = ("compare_ttft.png", "compare_decode.png", "compare_ratio.png")
+#: With interference points: each run's TTFT under load over its background's p99 gap
+#: during the prefill, the trade a chunk size makes.
+INTERFERENCE_PLOT = "compare_interference.png"
 
 #: Fingerprint keys that say nothing about the setup (when, where, how it was invoked).
 _NOT_SETUP = {"command_line", "server_url", "kv_cache_check", "server_env"}
@@ -134,6 +138,15 @@ def _fingerprint(run: ComparedRun) -> Mapping[str, object]:
     return run.records[-1].fingerprint if run.records else {}
 
 
+def run_words(run: ComparedRun) -> str:
+    """``run (12 passed points)``, with the effective chunk its interference points ran on."""
+    words = f"{len(run.records)} passed points"
+    chunks = {chunk_words(r.interference) for r in run.records if r.cache_state == "interference"}
+    if chunks:
+        words += f"; interference chunk {', '.join(sorted(chunks))} tokens"
+    return words
+
+
 def verdict(cell: Cell | None, level: float) -> str:
     if cell is None or cell.ratio is None:
         return ""
@@ -176,7 +189,7 @@ def table_rows(comparison: Comparison, metric: str) -> tuple[list[str], list[lis
 def render_markdown(comparison: Comparison, plot_names: Sequence[str]) -> str:
     lines = ["# Runs compared", ""]
     for index, run in enumerate(comparison.runs, start=1):
-        lines.append(f"{index}. `{run.label}` ({len(run.records)} passed points)")
+        lines.append(f"{index}. `{run.label}` ({run_words(run)})")
     lines += ["", "## What differs", ""]
     if comparison.differences:
         for key, values in comparison.differences.items():
@@ -205,7 +218,10 @@ def render_html(comparison: Comparison, plots: Sequence[Path]) -> str:
         "padding:.3em .6em;text-align:right;}td:first-child,th:first-child{text-align:left;}"
         "</style></head><body><h1>Runs compared</h1><ol>",
     ]
-    parts += [f"<li><code>{html.escape(run.label)}</code></li>" for run in comparison.runs]
+    parts += [
+        f"<li><code>{html.escape(run.label)}</code> ({html.escape(run_words(run))})</li>"
+        for run in comparison.runs
+    ]
     parts.append("</ol><h2>What differs</h2>")
     if comparison.differences:
         parts.append("<table class='longctx-compare-differences'><tr><th>key</th>")
@@ -234,7 +250,8 @@ def render_html(comparison: Comparison, plots: Sequence[Path]) -> str:
 
 
 def draw_plots(comparison: Comparison, out_dir: Path) -> list[Path]:
-    """TTFT and decode throughput of every run over each other, and their ratio to run 1."""
+    """TTFT and decode throughput of every run over each other, and their ratio to run 1
+    (where a run has cold points); with interference points, their trade."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -245,6 +262,8 @@ def draw_plots(comparison: Comparison, out_dir: Path) -> list[Path]:
         (PLOTS[2], "ttft", "Ratio to run 1 (TTFT solid, decode dashed)", False, True),
     )
     for filename, metric, ylabel, log_y, ratio in specs:
+        if not any(any(cells) for cells in comparison.cells[metric].values()):
+            continue  # no run has a cold point: runs of the interference points alone
         figure = Figure(figsize=(8, 4.5), dpi=100, layout="constrained")
         FigureCanvasAgg(figure)
         axes = figure.add_subplot()
@@ -277,7 +296,47 @@ def draw_plots(comparison: Comparison, out_dir: Path) -> list[Path]:
         buffer = io.BytesIO()
         figure.savefig(buffer, format="png")
         written.append(write_atomically(out_dir / filename, buffer.getvalue()))
+    if "load_ttft" in comparison.cells and "stall" in comparison.cells:
+        written.append(_draw_interference(comparison, out_dir))
     return written
+
+
+def _draw_interference(comparison: Comparison, out_dir: Path) -> Path:
+    """TTFT under load (top) and the background's p99 gap during the prefill (bottom) of
+    every run: larger chunks, shorter TTFT under load, longer stalls for the others."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(8, 7), dpi=100, layout="constrained")
+    FigureCanvasAgg(figure)
+    top, bottom = figure.subplots(2, 1, sharex=True)
+    for axes, metric, label in (
+        (top, "load_ttft", "TTFT under load (s)"),
+        (bottom, "stall", "Background p99 gap during prefill (s)"),
+    ):
+        for index, run in enumerate(comparison.runs):
+            points = [
+                (length, cell)
+                for length in comparison.lengths
+                if (cell := comparison.cells[metric][length][index]) is not None
+            ]
+            if points:
+                axes.errorbar(
+                    [n for n, _ in points],
+                    [c.mean for _, c in points],
+                    yerr=[c.std for _, c in points],
+                    marker="o",
+                    capsize=3,
+                    label=f"{index + 1}: {run.label} ({run_words(run)})",
+                )
+        length_axis(axes, comparison.lengths, log_y=True, pad=False)
+        axes.set_ylabel(label)
+        axes.grid(True, alpha=0.3)
+    bottom.set_xlabel("Prompt length (tokens)")
+    top.legend(fontsize=7)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    return write_atomically(out_dir / INTERFERENCE_PLOT, buffer.getvalue())
 
 
 def write_comparison(

@@ -1,7 +1,9 @@
-"""Tables of aligned plain-text columns, for a terminal."""
+"""Tables as text: aligned plain-text columns for a terminal, and a report section's
+Markdown and HTML tables (first column text, the others numbers)."""
 
 from __future__ import annotations
 
+import html
 from collections.abc import Iterable, Sequence
 
 
@@ -26,3 +28,21 @@ def aligned_table(
 
     rule = "  ".join("-" * width for width in widths)
     return "\n".join([line(columns), rule, *(line(row) for row in rows)])
+
+
+def markdown_table_lines(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """A Markdown table's lines: the first column left-aligned, the others right."""
+    return [
+        "| " + " | ".join(columns) + " |",
+        "|---|" + "---:|" * (len(columns) - 1),
+        *("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows),
+    ]
+
+
+def html_table(columns: Sequence[str], rows: Sequence[Sequence[str]], css_class: str) -> str:
+    """An HTML table, every cell escaped."""
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows
+    )
+    return f'<table class="{css_class}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'

@@ -321,14 +321,29 @@ def lengths_on_several_servers(records: Iterable[Record]) -> dict[int, list[str]
 
 
 def point_words(record: Record) -> str:
-    """``16Ki repeat 0``, or ``16Ki repeat 0 warm 2`` for a warm follow-up."""
-    warm = f" warm {record.question}" if record.warm else ""
-    return f"{format_size(record.length)} repeat {record.repeat}{warm}"
+    """``16Ki repeat 0``, ``16Ki repeat 0 warm 2`` for a warm follow-up, ``16Ki repeat 0
+    under 4 background streams`` for an interference point."""
+    return f"{format_size(record.length)} repeat {record.repeat}{workload_words(record)}"
+
+
+def workload_words(record: Record) -> str:
+    """What follows a point's repeat in words: its question, or its background load."""
+    if record.warm:
+        return f" warm {record.question}"
+    if record.cache_state == "interference":
+        return f" under {record.background_streams} background streams"
+    return ""
 
 
 def non_passed_records(records: Iterable[Record]) -> list[Record]:
     """The current non-passed points (re-measured ones excluded), by length then repeat."""
     return sorted(
         (record for record in latest_records(records) if record.outcome != "passed"),
-        key=lambda record: (record.length, record.run_id, record.repeat, record.question),
+        key=lambda record: (
+            record.length,
+            record.run_id,
+            record.repeat,
+            record.question,
+            record.cache_state,
+        ),
     )

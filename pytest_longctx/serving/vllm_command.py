@@ -67,13 +67,23 @@ def build_server_command(
     entry: tuple[str, ...] | None = None,
     prompt_tokens_details: bool = False,
     sse_keep_alive_s: int = 0,
+    max_num_seqs: int | None = None,
+    max_num_batched_tokens: int | None = None,
+    server_info: bool = False,
 ) -> ServerCommand:
     """The exact argv and environment that serve ``profile``; ``entry`` is how vLLM starts
     (default: :func:`launcher`). ``prompt_tokens_details``: every response's ``usage`` says
     how many prompt tokens the prefix cache served (off by default in vLLM; warm points
     check it). ``sse_keep_alive_s`` > 0 has vLLM send a keep-alive comment on a stream idle
     that long (``--sse-keep-alive-interval``, vLLM 0.32; off by default), which keeps HTTP
-    proxies' idle timers from cutting a long prefill."""
+    proxies' idle timers from cutting a long prefill.
+
+    For the interference workload's server: ``max_num_seqs`` replaces the profile's
+    ``--max-num-seqs`` (room for the background streams beside the long prompt),
+    ``max_num_batched_tokens`` replaces any ``--max-num-batched-tokens`` of its
+    ``extra_args`` (the prefill chunk), and ``server_info`` sets ``VLLM_SERVER_DEV_MODE=1``,
+    whose ``/server_info`` says the scheduler's effective chunk and limits (vLLM adjusts the
+    flag's value in places; its own benchmark sweep serves the same way)."""
     model, serving = profile.model, profile.serving
     cache_flags(serving, f"profile {profile.path}")  # refuses flags a profile key owns
     entry = entry or launcher(python)
@@ -106,8 +116,9 @@ def build_server_command(
         argv += ["--kv-cache-memory-bytes", str(serving.kv_cache_memory)]
     if serving.gpu_memory_utilization is not None:
         argv += ["--gpu-memory-utilization", repr(serving.gpu_memory_utilization)]
-    if serving.max_num_seqs is not None:
-        argv += ["--max-num-seqs", str(serving.max_num_seqs)]
+    seqs = max_num_seqs if max_num_seqs is not None else serving.max_num_seqs
+    if seqs is not None:
+        argv += ["--max-num-seqs", str(seqs)]
     if serving.enforce_eager:
         argv.append("--enforce-eager")
     if serving.executor:
@@ -118,8 +129,33 @@ def build_server_command(
         argv.append("--enable-prompt-tokens-details")
     if sse_keep_alive_s > 0:
         argv += ["--sse-keep-alive-interval", str(sse_keep_alive_s)]
-    argv += list(serving.extra_args)
-    return ServerCommand(tuple(argv), dict(serving.env))
+    extra = list(serving.extra_args)
+    env = dict(serving.env)
+    if max_num_batched_tokens is not None:
+        extra = without_flag(extra, "--max-num-batched-tokens")
+        extra += ["--max-num-batched-tokens", str(max_num_batched_tokens)]
+    if server_info:
+        env[DEV_MODE_ENV] = "1"
+    argv += extra
+    return ServerCommand(tuple(argv), env)
+
+
+#: vLLM's switch for its development endpoints, ``/server_info`` among them.
+DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
+
+
+def without_flag(args: list[str], flag: str) -> list[str]:
+    """``args`` less ``flag`` and its value (``--flag N`` or ``--flag=N``)."""
+    kept: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == flag:
+            skip = True
+        elif not arg.startswith(f"{flag}="):
+            kept.append(arg)
+    return kept
 
 
 def served_model_name(profile: Profile) -> str:

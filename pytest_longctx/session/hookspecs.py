@@ -16,7 +16,10 @@ if TYPE_CHECKING:
 def pytest_longctx_server_command(
     config: pytest.Config, plan: SweepPlan, command: ServerCommand
 ) -> ServerCommand | None:
-    """Return a changed command to launch instead (extra flags, a wrapper such as numactl)."""
+    """Return a changed command to launch instead (extra flags, a wrapper such as numactl).
+
+    Called for every server the session launches, the interference points' own included
+    (its environment has ``VLLM_SERVER_DEV_MODE=1``)."""
 
 
 def pytest_longctx_server_ready(config: pytest.Config, base_url: str, mode: str) -> None:

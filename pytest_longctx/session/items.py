@@ -7,7 +7,14 @@ import pytest
 from pytest_longctx.capacity import ParallelLayoutError
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.plan import capacity_check
-from pytest_longctx.plan.sweep import SLOW_MARK, VERY_SLOW_MARK, WARM_MARK, Point, SweepPlan
+from pytest_longctx.plan.sweep import (
+    INTERFERENCE_MARK,
+    SLOW_MARK,
+    VERY_SLOW_MARK,
+    WARM_MARK,
+    Point,
+    SweepPlan,
+)
 from pytest_longctx.profiles import ProfileError
 from pytest_longctx.session import resume
 from pytest_longctx.session.run import Run
@@ -22,6 +29,11 @@ def _marks(point: Point, bands: tuple[str, ...], comparisons: tuple[Comparison, 
     if point.warm:
         marks = [pytest.mark.longctx(len=point.length, rep=point.repeat, warm=point.question)]
         marks.append(getattr(pytest.mark, WARM_MARK))
+    elif point.interference:
+        marks = [
+            pytest.mark.longctx(len=point.length, rep=point.repeat, interference=point.background)
+        ]
+        marks.append(getattr(pytest.mark, INTERFERENCE_MARK))
     else:
         marks = [pytest.mark.longctx(len=point.length, rep=point.repeat)]
     marks += [getattr(pytest.mark, band) for band in bands]
@@ -73,12 +85,15 @@ def parametrize(metafunc: pytest.Metafunc, run: Run, comparisons: tuple[Comparis
 def record_identity(point: Point) -> dict:
     """The fields of a record that say which point it is (``Record(**..., outcome=...)``)."""
     cache = {"question": point.question, "suffix_tokens": point.suffix} if point.warm else {}
-    return {
+    identity: dict = {
         "length": point.length,
         "repeat": point.repeat,
         "cache_state": point.cache_state,
         "cache": cache,
     }
+    if point.interference:
+        identity["interference"] = {"background_streams": point.background}
+    return identity
 
 
 def point_of(item: pytest.Item) -> Point | None:
@@ -130,18 +145,27 @@ def arrange(
             f"{format_size(plan.lengths[-1])} (profile {plan.profile.name}); widen the range "
             "with --longctx-from/--longctx-to"
         )
-    lengths = sorted({p.length for p in points})
+    lengths = sorted({p.length for p in points if not p.interference})
+    loaded = sorted({p.length for p in points if p.interference})
     try:
         verdicts = {} if run.settings.url else capacity_check.check_points(run.plan, lengths)
+        under_load = (
+            {}
+            if run.settings.url
+            else capacity_check.check_points(run.plan, loaded, under_load=True)
+        )
     except (ParallelLayoutError, ProfileError) as exc:
         raise pytest.UsageError(f"profile {run.plan.profile.name}: {exc}") from None
     resume.redo_cold_points(run, points)
     run.unfit_lengths = {length for length, fit in verdicts.items() if not fit.fits}
+    # A length whose interference point cannot fit beside its background is left out of the
+    # server's --max-model-len only when no cold point of it is selected either.
+    run.unfit_lengths |= {n for n, fit in under_load.items() if not fit.fits and n not in verdicts}
     for item in items:
         point = point_of(item)
         if point is None:
             continue
-        verdict = verdicts.get(point.length)
+        verdict = (under_load if point.interference else verdicts).get(point.length)
         if verdict is not None:
             item.stash[CAPACITY_KEY] = verdict
             if not verdict.fits:

@@ -27,7 +27,7 @@ from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.measure.target import ServerInfo
-from pytest_longctx.plan.sweep import Point
+from pytest_longctx.plan.sweep import IDLE_REFERENCE_S, Point
 from pytest_longctx.progress.eta import CostModel, format_duration
 from pytest_longctx.progress.sampler import Outlook, PointWatch
 from pytest_longctx.progress.samples import samples_path
@@ -223,6 +223,7 @@ class SessionProgress:
             length=point.length,
             repeat=point.repeat,
             question=point.question,
+            background=point.background,
             decode_tokens=self.run.plan.decode_tokens,
             interval_s=interval,
             outlook=self.outlook(point),
@@ -362,8 +363,10 @@ def _energy_line(records: list[Record], telemetry: dict[str, Any]) -> str:
 
 
 def point_cost(model: CostModel, point: Point) -> float | None:
-    """A cold point's cost at its length; a warm one's prefills only its suffix."""
-    return model.point_cost(point.suffix if point.warm else point.length)
+    """A cold point's cost at its length; a warm one's prefills only its suffix; an
+    interference one's adds its idle reference."""
+    cost = model.point_cost(point.suffix if point.warm else point.length)
+    return cost + IDLE_REFERENCE_S if cost is not None and point.interference else cost
 
 
 class _SessionWatch(PointWatch):

@@ -20,8 +20,10 @@ from pytest_longctx.measure.agreement import DEFAULT_STREAM_TOLERANCE
 from pytest_longctx.plan.settings import Settings
 from pytest_longctx.plan.sweep import (
     COLD,
+    DEFAULT_BACKGROUND_STREAMS,
     DEFAULT_WARM_QUESTIONS,
     DEFAULT_WARM_SUFFIX,
+    INTERFERENCE,
     WARM,
     WORKLOADS,
 )
@@ -151,9 +153,11 @@ OPTIONS: tuple[OptionSpec, ...] = (
     ),
     OptionSpec(
         "longctx-workload",
-        "what each length measures: 'cold' (a cold prefill per point; default) or "
-        "'cold,warm' (then follow-up questions on the same prefix, served from the cache)",
-        "cold|cold,warm",
+        "what each length measures, comma-separated: 'cold' (a cold prefill per point; "
+        "default), 'warm' with cold (then follow-up questions on the same prefix, served from "
+        "the cache), 'interference' (the prefill on a server that also carries background "
+        "streams, and what it costs them)",
+        "cold|cold,warm|interference|cold,interference",
     ),
     OptionSpec(
         "longctx-warm-questions",
@@ -166,6 +170,20 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "with --longctx-workload=cold,warm: new tokens each follow-up appends to the cold "
         f"point's prompt (default {DEFAULT_WARM_SUFFIX}; 256, 1Ki)",
         "SIZE",
+    ),
+    OptionSpec(
+        "longctx-background-streams",
+        "with --longctx-workload=...interference: short background streams running beside "
+        f"each interference point's long prompt (default {DEFAULT_BACKGROUND_STREAMS})",
+        "K",
+    ),
+    OptionSpec(
+        "longctx-max-num-batched-tokens",
+        "with --longctx-workload=...interference: vLLM's --max-num-batched-tokens (the "
+        "prefill chunk) for the launched server of the interference points; one value per "
+        "run, compared across runs with `python -m pytest_longctx compare` (default: the "
+        "profile's)",
+        "N",
     ),
     OptionSpec(
         "longctx-gate-level",
@@ -395,16 +413,24 @@ class _RawOptions:
         return value
 
     def workload(self, prompt_format: str) -> tuple[str, ...]:
-        """``cold`` or ``cold,warm``: a warm follow-up needs its cold point's prefix."""
+        """Some of ``cold``, ``warm``, ``interference``: a warm follow-up needs its cold
+        point's prefix, so ``warm`` comes with ``cold``."""
         name = "longctx-workload"
         if not self.given(name):
             return (COLD,)
         parts = [part.strip() for part in str(self.values[name]).split(",") if part.strip()]
-        accepted = "'cold' or 'cold,warm'"
-        if not parts or any(part not in WORKLOADS for part in parts) or COLD not in parts:
+        accepted = (
+            "a comma-separated list of cold, warm and interference, such as 'cold', "
+            "'cold,warm', 'interference' or 'cold,interference' (warm needs cold)"
+        )
+        if (
+            not parts
+            or any(part not in WORKLOADS for part in parts)
+            or (WARM in parts and COLD not in parts)
+        ):
             extra = (
                 " (warm follow-ups reuse their cold point's prefix; select only them with -k warm)"
-                if parts == [WARM]
+                if WARM in parts and COLD not in parts
                 else ""
             )
             raise _fail(name, self.values[name], accepted + extra)
@@ -415,6 +441,28 @@ class _RawOptions:
                 "appends token ids to its cold point's exact ids, which text would re-tokenize"
             )
         return chosen
+
+    def interference(self, workload: tuple[str, ...], attached: bool) -> tuple[int, int | None]:
+        """The background streams K and the interference server's chunk; each option only
+        with the interference workload, and the chunk only for a server this session
+        launches."""
+        streams_name, chunk_name = "longctx-background-streams", "longctx-max-num-batched-tokens"
+        for name in (streams_name, chunk_name):
+            if self.given(name) and INTERFERENCE not in workload:
+                raise pytest.UsageError(
+                    f"--{name}={self.values[name]} applies to the interference workload: add "
+                    "interference to --longctx-workload (e.g. --longctx-workload=cold,"
+                    "interference)"
+                )
+        streams = self.whole(streams_name, DEFAULT_BACKGROUND_STREAMS) or DEFAULT_BACKGROUND_STREAMS
+        chunk = self.size(chunk_name)
+        if chunk is not None and attached:
+            raise pytest.UsageError(
+                f"--{chunk_name}={self.values[chunk_name]} sets the flag of a server this "
+                "session launches; an attached server (--longctx-url) runs with its own: start "
+                f"it with --max-num-batched-tokens {chunk}"
+            )
+        return streams, chunk
 
     def lengths(self) -> tuple[int | None, int | None]:
         low, high = self.size("longctx-from"), self.size("longctx-to")
@@ -433,6 +481,8 @@ def read_settings(config: pytest.Config) -> Settings:
     baseline, resume = raw.text("longctx-baseline"), config.getoption("longctx_resume", None)
     prompt_format = raw.choice("longctx-prompt-format", PROMPT_FORMATS, "ids")
     suffix = raw.size("longctx-warm-suffix")
+    workload = raw.workload(prompt_format)
+    streams, chunk = raw.interference(workload, attached=bool(raw.urls("longctx-url")))
     if suffix is not None and suffix < MIN_WARM_SUFFIX:
         raise _fail(
             "longctx-warm-suffix",
@@ -466,10 +516,12 @@ def read_settings(config: pytest.Config) -> Settings:
         progress_throttle_s=raw.duration("longctx-progress-throttle", 60.0, zero=True),
         stream_tolerance=raw.percent("longctx-stream-tolerance", DEFAULT_STREAM_TOLERANCE),
         allow_bursts=raw.flag("longctx-allow-bursts"),
-        workload=raw.workload(prompt_format),
+        workload=workload,
         warm_questions=raw.whole("longctx-warm-questions", DEFAULT_WARM_QUESTIONS)
         or DEFAULT_WARM_QUESTIONS,
         warm_suffix=DEFAULT_WARM_SUFFIX if suffix is None else suffix,
+        background_streams=streams,
+        max_num_batched_tokens=chunk,
         max_relaunches=raw.whole("longctx-max-relaunches", 3, minimum=0) or 0,
         max_crashes_per_length=raw.whole("longctx-max-crashes-per-length", 2) or 2,
         reattach_timeout_s=raw.duration("longctx-reattach-timeout", 60.0, zero=True),

@@ -16,7 +16,7 @@ from pytest_benchmark.session import PerformanceRegression
 
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
-from pytest_longctx.reporting import gate_report
+from pytest_longctx.reporting import gate_report, interference_report
 from pytest_longctx.reporting import html as html_report
 from pytest_longctx.reporting.benchmark_json import sweep_benchmarks
 from pytest_longctx.reporting.file_names import GATE_PLOT, HTML, MARKDOWN
@@ -106,6 +106,16 @@ def describe_sweep(run: Run) -> dict[str, str]:
         "points": (
             f"{format_size(run.plan.lengths[0])}..{format_size(run.plan.lengths[-1])}, "
             f"{run.plan.repeats} repeat(s), {run.plan.decode_tokens} decode tokens"
+            + (
+                f"; workload {','.join(run.plan.workloads)}"
+                if run.plan.workloads != ("cold",)
+                else ""
+            )
+            + (
+                f" ({run.plan.background_streams} background streams)"
+                if run.plan.interference
+                else ""
+            )
         ),
     }
 
@@ -209,12 +219,20 @@ def terminal_summary(terminalreporter, config: pytest.Config) -> None:  # noqa: 
         return
     terminalreporter.section("long-context sweep")
     records = run.all_records()
-    terminalreporter.write_line(render_terminal_table(records))
+    if any(record.cache_state == "cold" for record in records):
+        terminalreporter.write_line(render_terminal_table(records))
     reuse = reuse_terminal_table(records)
     if reuse is not None:
         terminalreporter.write_line("")
         terminalreporter.write_line("reuse: questions on a cached prefix (warm follow-ups)")
         terminalreporter.write_line(reuse)
+    interference = interference_report.terminal_table(records)
+    if interference is not None:
+        terminalreporter.write_line("")
+        terminalreporter.write_line(
+            "interference: the prefill beside background streams, and what it cost them"
+        )
+        terminalreporter.write_line(interference)
     terminalreporter.write_line(f"results: {run.results_path}")
     terminalreporter.write_line(
         f"reports: {run.run_dir} (report.md, report.html, benchmark.json, plots)"

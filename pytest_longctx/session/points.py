@@ -16,6 +16,8 @@ from pytest_longctx.client import (
     MeasurementError,
     StreamMeasurement,
 )
+from pytest_longctx.measure.background import BackgroundSpec
+from pytest_longctx.measure.interference import chunk_from_server_info
 from pytest_longctx.measure.point import (
     PointFailure,
     PointMeasurement,
@@ -26,7 +28,8 @@ from pytest_longctx.measure.point import (
 )
 from pytest_longctx.measure.target import ServerError, ServerInfo
 from pytest_longctx.measure.timeouts import FirstTokenBudget
-from pytest_longctx.plan.sweep import Point
+from pytest_longctx.measure.under_load import LoadSettings, measure_under_load, probe_sequences
+from pytest_longctx.plan.sweep import BACKGROUND_DECODE_TOKENS, BACKGROUND_PROMPT_TOKENS, Point
 from pytest_longctx.prompts import (
     LocalTokenSource,
     Prompt,
@@ -146,6 +149,8 @@ def measure(
     budget_s, source = budget.for_length(point.length, run.measured_ttft)
     if run.settings.ttft_timeout_s is not None:
         source += " (--longctx-ttft-timeout)"
+    if point.interference:
+        return measure_interference(run, server, client, point, prompt, budget_s, source)
     primed = False
     if point.warm and point.cold not in run.prefix_sent:
         send_prefix(server, client, point, prompt, run.plan.decode_tokens, budget_s, source)
@@ -169,9 +174,7 @@ def measure(
             point,
             prompt,
             settings,
-            check_alive=lambda grace_s: session_server.check_alive(run, grace_s=grace_s),
-            refusal=lambda exc: str(session_server.refused(run, server.base_url, exc)),
-            watch=live_progress.watch(run, server, point),
+            **_hooks(run, server, point),
         )
     except UnverifiedPoint:
         if not point.warm:
@@ -182,6 +185,93 @@ def measure(
     elif primed:  # its cold point was not measured by this server: the follow-up sent it
         result = dataclasses.replace(result, cache={**result.cache, "prefix_sent_by": "follow-up"})
     return result
+
+
+def background_spec(run: Run, server: ServerInfo, point: Point, streams: int) -> BackgroundSpec:
+    """The background streams of ``point``: short prompts of the served model's text, each
+    request opening with a nonce of its own (drawn under a key of this run and point, so no
+    background prompt shares a first block with a measured one)."""
+    builder = prompt_builder(run, server)
+    base = builder.build(
+        BACKGROUND_PROMPT_TOKENS,
+        f"Background request beside {point.id} of run {run.run_id}.",
+        nonce=builder.nonce(f"{run.run_id}:background", 0),
+    )
+    return BackgroundSpec(
+        base_url=server.base_url,
+        model=server.model_name,
+        streams=streams,
+        prompt_ids=tuple(base.ids),
+        nonce_pool=builder.nonce_pool(),
+        nonce_key=f"{run.run_id}:background:{point.id}",
+        decode_tokens=BACKGROUND_DECODE_TOKENS,
+        api_key=server.api_key,
+        tcp_keepalive_s=run.settings.tcp_keepalive_s,
+    )
+
+
+def interference_server(
+    run: Run, server: ServerInfo, client: CompletionClient, point: Point
+) -> dict[str, Any]:
+    """What this server start shows the interference points, found once per start: whether
+    it runs K + 1 requests at once (probed), and its effective chunk (``/server_info``)."""
+    start = len(run.starts) - 1
+    known = run.interference_servers.get(start)
+    if known is None:
+        streams = run.plan.background_streams + 1
+        known = {
+            "sequence_limit": probe_sequences(
+                client, server, background_spec(run, server, point, streams)
+            ),
+            "server_config": chunk_from_server_info(client.server_info()),
+        }
+        run.interference_servers[start] = known
+    return known
+
+
+def measure_interference(
+    run: Run,
+    server: ServerInfo,
+    client: CompletionClient,
+    point: Point,
+    prompt: Prompt,
+    budget_s: float,
+    source: str,
+) -> PointMeasurement:
+    """An interference point: the long prompt beside K background streams."""
+    known = interference_server(run, server, client, point)
+    settings = PointSettings(
+        decode_tokens=run.plan.decode_tokens,
+        first_token_budget_s=budget_s,
+        budget_source=source,
+        allow_unverified=run.settings.allow_unverified,
+    )
+    load = LoadSettings(
+        background=background_spec(run, server, point, point.background),
+        tolerance=run.settings.stream_tolerance,
+        keep_disagreeing=run.settings.allow_bursts,
+        server_config=known["server_config"],
+        sequence_limit=known["sequence_limit"],
+    )
+    return measure_under_load(
+        client,
+        server,
+        point,
+        prompt,
+        settings,
+        load,
+        **_hooks(run, server, point),
+    )
+
+
+def _hooks(run: Run, server: ServerInfo, point: Point) -> dict[str, Any]:
+    """What a point's measurement calls back into the session: is the server alive, how a
+    401/403 reads, and the watch of its progress."""
+    return {
+        "check_alive": lambda grace_s: session_server.check_alive(run, grace_s=grace_s),
+        "refusal": lambda exc: str(session_server.refused(run, server.base_url, exc)),
+        "watch": live_progress.watch(run, server, point),
+    }
 
 
 def send_prefix(

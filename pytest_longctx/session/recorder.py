@@ -138,6 +138,8 @@ def on_report(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.Tes
     identity = record_identity(point)
     if measurement is not None:
         identity["cache"] = {**identity["cache"], **measurement.cache}
+        if point.interference:
+            identity["interference"] = {**identity["interference"], **measurement.interference}
     failure_class, evidence = _classify(call, report, outcome)
     record = Record(
         run_id=run.run_id,

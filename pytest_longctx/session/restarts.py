@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import time
+from typing import Any
 
 import pytest
 
@@ -21,7 +22,7 @@ from pytest_longctx.core.sizes import format_size
 from pytest_longctx.gate import fingerprint_mismatch
 from pytest_longctx.measure.point import PointFailure
 from pytest_longctx.measure.target import ServerError, ServerInfo
-from pytest_longctx.plan.sweep import Point
+from pytest_longctx.plan.sweep import INTERFERENCE, Point
 from pytest_longctx.serving.process import check_attached, control_client, is_alive
 from pytest_longctx.session import points
 from pytest_longctx.session import server as session_server
@@ -82,10 +83,13 @@ def _before_point(config: pytest.Config, run: Run, point: Point) -> None:
         if cause is None:
             try:
                 run.launched.check_alive()
-                return
             except ServerError as exc:
                 cause = exc
-        _relaunch(config, run, cause)
+        if cause is not None:
+            _relaunch(config, run, cause)
+        wanted = session_server.workload_of(point)
+        if wanted != run.serves:
+            _switch(config, run, wanted)
     elif run.settings.url:
         _reattach(run, run.server)
 
@@ -139,7 +143,9 @@ def _relaunch(config: pytest.Config, run: Run, cause: ServerError) -> None:
     assert run.launched is not None
     old = run.launched
     run.restart_cause = None
-    used, limit = len(run.starts) - 1, run.settings.max_relaunches
+    # A server started for the other workload (a switch) is no relaunch.
+    used = sum(1 for start in run.starts[1:] if not start.get("switched"))
+    limit = run.settings.max_relaunches
     if used >= limit:
         run.server = ServerError(
             f"{cause}\nnot started again: this session's relaunches are spent ({used} of "
@@ -149,25 +155,77 @@ def _relaunch(config: pytest.Config, run: Run, cause: ServerError) -> None:
         )
         raise PointFailure(str(run.server), cause.failure_class, cause.evidence, sent=False)
     old.stop()
-    command = old.command
+    _bring_up_again(
+        config,
+        run,
+        old,
+        old.command,
+        _cause_line(cause),
+        what="the relaunched server",
+        failed=f"relaunching the server after {_cause_line(cause)} failed",
+    )
+
+
+def _switch(config: pytest.Config, run: Run, serves: str) -> None:
+    """Stop the server of one workload and start the other's: the interference points run on
+    a server with room for their background streams, so the cold points keep the study's
+    one-sequence server and its fingerprint."""
+    assert run.launched is not None
+    old = run.launched
+    old.stop()
+    port = int(old.command.argv[old.command.argv.index("--port") + 1])
+    run.serves = serves
+    cause = (
+        f"the {serves} workload: room for {run.plan.background_streams} background streams "
+        "beside the long prompt"
+        if serves == INTERFERENCE
+        else f"the {serves} workload: the study's server again"
+    )
+    _bring_up_again(
+        config,
+        run,
+        old,
+        session_server.server_command(config, run, port, build=True, serves=serves),
+        cause,
+        what=f"the server for the {serves} workload",
+        failed=f"starting the server for the {serves} workload failed",
+        adopt=True,
+        switched=True,
+        workload=serves,
+    )
+
+
+def _bring_up_again(
+    config: pytest.Config,
+    run: Run,
+    old: Any,
+    command: Any,
+    cause: str,
+    *,
+    what: str,
+    failed: str,
+    adopt: bool = False,
+    **noted: Any,
+) -> None:
+    """Start ``command`` once the old server's process group and port are free, check that
+    it measures what the run measures and warm it up; ``adopt``: its fingerprint (command,
+    workload) is the run's from here on. A failure fails the point, never sent."""
     try:
         _wait_released(old.process.pid if old.process else None, command.argv)
-        info = session_server.bring_up(run, command, cause=_cause_line(cause))
+        info = session_server.bring_up(run, command, cause=cause, **noted)
         fingerprint = session_server.fingerprint(config, run, info)
         differences = fingerprint_mismatch(run.fingerprint, fingerprint)
         if differences:
             raise ServerError(
-                "the relaunched server differs from the one this run measured:\n  "
-                + "\n  ".join(differences),
+                f"{what} differs from the one this run measured:\n  " + "\n  ".join(differences),
                 "start_failed",
             )
+        if adopt:
+            kept = {k: run.fingerprint[k] for k in ("kv_cache_check",) if k in run.fingerprint}
+            run.fingerprint = {**fingerprint, **kept}
         points.warm_up(run, info)
     except ServerError as exc:
-        run.server = ServerError(
-            f"relaunching the server after {_cause_line(cause)} failed: {exc}",
-            "start_failed",
-            exc.evidence,
-        )
+        run.server = ServerError(f"{failed}: {exc}", "start_failed", exc.evidence)
         raise PointFailure(str(run.server), "start_failed", exc.evidence, sent=False) from None
     run.server = info
 

@@ -132,6 +132,12 @@ class Run:
     restart_cause: ServerError | None = None
     #: Lengths vLLM refused at start-up (its KV cache cannot hold them), with its words.
     start_refused: dict[int, ServerError] = field(default_factory=dict)
+    #: The workload the launched server was started for: ``cold`` (the study's one-sequence
+    #: server, cold and warm points) or ``interference`` (room for K + 1 sequences).
+    serves: str = "cold"
+    #: What each server start showed the interference points, by start number: its
+    #: sequence limit as probed and its effective chunk (``/server_info``).
+    interference_servers: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
     def create(

@@ -10,7 +10,8 @@ Each worker holds at most two units: the one it runs and the next (an xdist work
 starts an item once it knows the one after it, or is told to finish). The next unit is given
 when one completes, so a long point never waits behind a queue on a busy server. A unit is a
 cold point with its warm follow-ups (they reuse the prefix it leaves in its server's cache, so
-they go to that server, right after it), or any other item alone.
+they go to that server, right after it), or any other item alone. The interference points,
+longest first too, come after every cold one: each worker switches to their server once.
 """
 
 from __future__ import annotations
@@ -47,11 +48,12 @@ class LongestFirstScheduling(LoadScheduling):
         return self._points[nodeid]
 
     def _order(self, collection: Sequence[str]) -> list[int]:
-        def key(index: int) -> tuple[int, int, int, int, int]:
+        def key(index: int) -> tuple[int, int, int, int, int, int]:
             point = self._point(collection[index])
             if point is None:
-                return (1, 0, 0, 0, index)  # gate items and other tests: after every point
-            return (0, -point.length, point.repeat, point.question, index)
+                return (2, 0, 0, 0, 0, index)  # gate items and other tests: after every point
+            # interference points after every cold one: each worker starts their server once
+            return (int(point.interference), -point.length, point.repeat, point.question, 0, index)
 
         return sorted(range(len(collection)), key=key)
 

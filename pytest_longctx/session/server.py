@@ -27,8 +27,9 @@ from pytest_longctx.measure.outcomes import PROBE_TIMEOUT_S
 from pytest_longctx.measure.server_metrics import cache_config_labels
 from pytest_longctx.measure.target import ServerError, ServerInfo
 from pytest_longctx.plan import capacity_check
-from pytest_longctx.plan.sweep import SweepPlan
+from pytest_longctx.plan.sweep import COLD, INTERFERENCE, Point, SweepPlan
 from pytest_longctx.profiles import Profile, hardware
+from pytest_longctx.profiles.extra_args import cache_flags
 from pytest_longctx.serving import served_model
 from pytest_longctx.serving.process import (
     LaunchedServer,
@@ -99,8 +100,17 @@ def selected_max_model_len(run: Run) -> int:
     return run.plan.max_model_len(lengths)
 
 
-def server_command(config: pytest.Config, run: Run, port: int, build: bool) -> ServerCommand:
+def server_command(
+    config: pytest.Config, run: Run, port: int, build: bool, serves: str = COLD
+) -> ServerCommand:
+    """The launch command; for the interference points (``serves``), room for the K
+    background streams beside the long prompt, usage that says what the cache served (the
+    only proof the long prompt is cold under load), the chunk asked for and the scheduler's
+    config readable (``/server_info``)."""
     profile = run.plan.profile
+    loaded = serves == INTERFERENCE
+    streams = run.plan.background_streams + 1
+    seqs = profile.serving.max_num_seqs
     command = build_server_command(
         profile,
         model_path=model_location(profile, build),
@@ -108,8 +118,11 @@ def server_command(config: pytest.Config, run: Run, port: int, build: bool) -> S
         max_model_len=selected_max_model_len(run),
         port=port,
         python=sys.executable,
-        prompt_tokens_details=run.plan.warm,
+        prompt_tokens_details=run.plan.warm or loaded,
         sse_keep_alive_s=run.settings.sse_keep_alive_s,
+        max_num_seqs=max(seqs, streams) if loaded and seqs is not None else None,
+        max_num_batched_tokens=run.settings.max_num_batched_tokens if loaded else None,
+        server_info=loaded,
     )
     key = api_key(run)
     if key:
@@ -137,7 +150,8 @@ def describe_server(config: pytest.Config, run: Run) -> str:
         endpoints = ", ".join(run.settings.urls)
         lines.append(f"server: attach to {endpoints} (model and max_model_len from /v1/models)")
         return "\n".join(lines)
-    command = server_command(config, run, port=0, build=False)
+    serves = first_workload(run)
+    command = server_command(config, run, port=0, build=False, serves=serves)
     cluster = cluster_commands(run.plan.profile, command)
     if cluster:
         hardware, serving = run.plan.profile.hardware, run.plan.profile.serving
@@ -149,7 +163,27 @@ def describe_server(config: pytest.Config, run: Run) -> str:
         lines += [f"  {where}:\n    {line}" for where, line in cluster]
         return "\n".join(lines)
     lines.append("server command (port chosen at start):\n  " + command.shell_line())
+    if run.plan.interference and serves == COLD:
+        loaded = server_command(config, run, port=0, build=False, serves=INTERFERENCE)
+        lines.append(
+            "then, for the interference points, a server of their own (port chosen at "
+            "start):\n  " + loaded.shell_line()
+        )
     return "\n".join(lines)
+
+
+def workload_of(point: Point) -> str:
+    """The server a point needs: the interference points one of their own."""
+    return INTERFERENCE if point.interference else COLD
+
+
+def first_workload(run: Run) -> str:
+    """What the session's first server is started for: the study's server while any cold or
+    warm point is left to measure, else the interference points' own."""
+    left = [p for p in run.selected_points if p not in run.resumed] or run.selected_points
+    if run.plan.interference and left and all(p.interference for p in left):
+        return INTERFERENCE
+    return COLD
 
 
 def start(config: pytest.Config) -> ServerInfo:
@@ -162,6 +196,7 @@ def start(config: pytest.Config) -> ServerInfo:
     try:
         if run.split_error:
             raise ServerError(run.split_error)
+        run.serves = first_workload(run)
         info = _attach(run) if run.settings.url else _launch(config, run)
         cache_labels = _cache_labels(info)
     except ServerError as exc:
@@ -255,7 +290,7 @@ def _launch(config: pytest.Config, run: Run) -> ServerInfo:
             f"profile {profile.name} cannot be launched here: {missing}", "start_failed"
         )
     try:
-        command = server_command(config, run, free_port(), build=True)
+        command = server_command(config, run, free_port(), build=True, serves=run.serves)
     except Exception as exc:  # noqa: BLE001 - a model that cannot be prepared is a start failure
         raise ServerError(
             f"cannot prepare model {profile.model.source}: {exc}", "start_failed"
@@ -273,7 +308,7 @@ def _launch(config: pytest.Config, run: Run) -> ServerInfo:
                 ) from None
             raise
     port = int(command.argv[command.argv.index("--port") + 1])
-    return bring_up(run, server_command(config, run, port, build=True), cause)
+    return bring_up(run, server_command(config, run, port, build=True, serves=run.serves), cause)
 
 
 def _refuse_what_does_not_fit(run: Run, exc: ServerError) -> str | None:
@@ -310,8 +345,11 @@ def selected_max_model_len_for(run: Run, lengths: list[int]) -> int:
     return run.plan.max_model_len(tuple(lengths) or None)
 
 
-def bring_up(run: Run, command: ServerCommand, cause: str | None = None) -> ServerInfo:
-    """Start ``command``, wait until it serves, and note the start in ``run.starts``."""
+def bring_up(
+    run: Run, command: ServerCommand, cause: str | None = None, **noted: Any
+) -> ServerInfo:
+    """Start ``command``, wait until it serves, and note the start in ``run.starts`` (with
+    ``noted``)."""
     launched = LaunchedServer(
         command, run.run_dir / f"{run.server_name}.log", run.plan.profile.serving.startup_timeout_s
     )
@@ -325,7 +363,9 @@ def bring_up(run: Run, command: ServerCommand, cause: str | None = None) -> Serv
         raise
     key = api_key(run)
     served, version = _describe_server(run, launched.base_url, key)
-    note_start(run, time.monotonic() - started, cause, pid=launched.process.pid)
+    if run.serves == INTERFERENCE:
+        noted.setdefault("workload", INTERFERENCE)
+    note_start(run, time.monotonic() - started, cause, pid=launched.process.pid, **noted)
     return ServerInfo(
         launched.base_url,
         served.id,
@@ -401,12 +441,17 @@ def fingerprint(config: pytest.Config, run: Run, info: ServerInfo) -> dict[str, 
         "hardware": _server_hardware(run) if launched or _is_local(info.base_url) else {},
         "server": _server_identity(run, info),
     }
-    if plan.warm:  # a cold-only run's fingerprint stays as it was
-        result["workload"] = {
-            "cache_states": ["cold", "warm"],
-            "warm_questions": plan.warm_questions,
-            "suffix_tokens": plan.suffix_tokens,
-        }
+    if plan.warm or plan.interference:  # a cold-only run's fingerprint stays as it was
+        workload: dict[str, Any] = {"cache_states": list(plan.workloads)}
+        if plan.warm:
+            workload.update(warm_questions=plan.warm_questions, suffix_tokens=plan.suffix_tokens)
+        if plan.interference:
+            workload.update(
+                background_streams=plan.background_streams,
+                max_num_batched_tokens=run.settings.max_num_batched_tokens
+                or cache_flags(profile.serving).max_num_batched_tokens,
+            )
+        result["workload"] = workload
     config.hook.pytest_longctx_fingerprint(config=config, fingerprint=result)
     return result
 

@@ -259,6 +259,13 @@ def print_plan(session: pytest.Session, run: Run) -> None:
             f"from the cache; --max-model-len and the capacity plan count length + "
             f"{run.plan.suffix_tokens} + {run.plan.decode_tokens} decode"
         )
+    if run.plan.interference:
+        requests, each = run.plan.background_load
+        write(
+            f"workload interference: each length again beside {requests} background streams "
+            f"(requests of {each} tokens each, re-issued as they end), on a server of its own "
+            f"with room for {requests + 1} sequences; the capacity plan counts them"
+        )
     for item in session.items:
         point = sweep_items.point_of(item)
         length = point.length if point else sweep_items.regression_length_of(item)

@@ -1,0 +1,305 @@
+"""The interference workload's instrument against a fake server of exactly known timing: the
+background streams' stamps, the windows their gaps fall in, the stall count, the statistics,
+the server's inter-token histogram as a cross-check, and the sequence probe."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from array import array
+
+import pytest
+from fake_vllm import Behaviour, FakeVLLMProcess
+
+from pytest_longctx.measure.background import (
+    BackgroundRequest,
+    BackgroundSpec,
+    BackgroundStreams,
+    _request_prompt,
+)
+from pytest_longctx.measure.interference import (
+    GapStats,
+    SequenceProbe,
+    Windows,
+    background_view,
+    check_server_itl,
+    chunk_from_server_info,
+    chunk_from_streams,
+)
+from pytest_longctx.measure.point import PointSettings, client_for
+from pytest_longctx.measure.server_metrics import MetricsSnapshot
+from pytest_longctx.measure.target import ServerInfo
+from pytest_longctx.measure.under_load import LoadSettings, measure_under_load, probe_sequences
+from pytest_longctx.plan.sweep import Point
+from pytest_longctx.prompts import Prompt
+
+TOKEN_S = 0.02
+PREFILL_S = 1.5
+LONG = 2048
+
+
+def _request(stream: int, times: list[float], index: int = 0) -> BackgroundRequest:
+    return BackgroundRequest(
+        stream, index, times[0] - 0.01, tuple(times), (1,) * len(times), len(times)
+    )
+
+
+# -- the windows and the statistics, from stamps made up here ---------------------------------
+
+
+def test_a_gap_belongs_to_the_window_its_midpoint_lies_in() -> None:
+    windows = Windows(idle_from=0.0, sent=3.0, first_token=8.0, last_token=9.0)
+    assert windows.window_of(1.0, 1.1) == "idle"
+    # the stall: from a step after the send to the first token is the prefill's gap
+    assert windows.window_of(3.05, 8.01) == "prefill"
+    assert windows.window_of(2.99, 3.2) == "prefill"
+    assert windows.window_of(8.0, 8.1) == "decode"
+    assert windows.window_of(-1.0, -0.5) is None and windows.window_of(9.5, 9.6) is None
+    assert windows.seconds("prefill") == 5.0
+
+
+def test_a_stalled_prefill_has_no_background_token_inside_it() -> None:
+    windows = Windows(idle_from=0.0, sent=1.0, first_token=3.0, last_token=3.5)
+    step = 0.1
+    before = [round(i * step, 6) for i in range(11)]  # 0.0 .. 1.0 s, every step
+    # the step in flight at the send arrives just after it; then nothing until the prefill's
+    # last step, which brings a token to every stream with the long prompt's first
+    stalled = [1.05, 3.0, 3.1, 3.2, 3.3, 3.4, 3.5]
+    requests = [_request(stream, before + stalled) for stream in range(4)]
+    # a request sent during the prefill: its first token waits for the end of it
+    arrived = BackgroundRequest(4, 1, 1.5, (3.02, 3.1), (1, 1), 2)
+    view = background_view([*requests, arrived], windows)
+    assert view.tokens_during_prefill == 0
+    waited = view.waits["prefill"]
+    assert waited is not None and waited.count == 1 and waited.max == pytest.approx(1.52)
+    prefill = view.gaps["prefill"]
+    # two per stream: the step in flight (0.05 s), then the stall (1.95 s)
+    assert prefill is not None and prefill.count == 8
+    assert prefill.max == pytest.approx(1.95) and prefill.p99 == pytest.approx(1.95, abs=0.02)
+    idle = view.gaps["idle"]
+    assert (
+        idle is not None and idle.median == pytest.approx(step) and idle.max == pytest.approx(step)
+    )
+    assert view.margin_s == pytest.approx(step)
+    figures = view.figures()
+    assert figures["bg_tokens_during_prefill"] == 0
+    assert figures["bg_itl_prefill_p99"] == pytest.approx(1.95)
+    assert figures["bg_rate_prefill"] == pytest.approx(4 * 2 / 2.0)  # 1.0 and 1.05 inside
+    assert figures["bg_rate_idle"] == pytest.approx(4 * 10 / 1.0)
+
+
+def test_a_chunked_prefill_lets_every_stream_through_each_step() -> None:
+    windows = Windows(idle_from=0.0, sent=1.0, first_token=3.05, last_token=3.2)
+    # the step in flight at the send ends at 1.05; then a token every step of 0.25 s
+    chunked = [1.05 + 0.25 * i for i in range(0, 9)]
+    requests = [_request(stream, [0.85, 0.95, *chunked]) for stream in range(3)]
+    view = background_view(requests, windows)
+    # 1.3 .. 2.8 inside, less the last idle step (0.1 s) before the first token: 7 x 3 streams
+    assert view.tokens_during_prefill == 7 * 3
+    assert view.gaps["prefill"].median == pytest.approx(0.25)
+    assert GapStats.of([]) is None
+
+
+def _snapshot(itl: list[float], count: int | None = None, preempted: int = 0) -> MetricsSnapshot:
+    bounds = (0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0)
+    lines = [
+        f'vllm:inter_token_latency_seconds_bucket{{le="{b}"}} {sum(g <= b for g in itl)}'
+        for b in bounds
+    ]
+    lines.append(f'vllm:inter_token_latency_seconds_bucket{{le="+Inf"}} {len(itl)}')
+    lines.append(f"vllm:inter_token_latency_seconds_count {len(itl) if count is None else count}")
+    lines.append(f"vllm:inter_token_latency_seconds_sum {sum(itl)}")
+    lines.append(f"vllm:num_preemptions_total {preempted}")
+    return MetricsSnapshot.from_text("\n".join(lines))
+
+
+def test_the_servers_inter_token_histogram_confirms_or_refutes_the_streams() -> None:
+    before = _snapshot([])
+    gaps = [0.02] * 95 + [0.3] * 5
+    agrees = check_server_itl(before, _snapshot(gaps), gaps, 100, 0.5)
+    assert agrees is not None and agrees.problem is None
+    assert agrees.server_count == 100 and agrees.server_max_bucket == (0.1, 0.5)
+    # the streams saw half the time the server did: a stamp that lies
+    lying = check_server_itl(before, _snapshot([g * 2.5 for g in gaps]), gaps, 100, 0.5)
+    assert lying is not None and "gaps sum to" in lying.problem
+    # another client's requests: more gaps on the server than the streams received
+    other = check_server_itl(before, _snapshot(gaps, count=140), gaps, 100, 0.5)
+    assert other is not None and "the server counted 140 inter-token gaps" in other.problem
+    assert check_server_itl(before, MetricsSnapshot.from_text("x 1"), gaps, 100, 0.5) is None
+
+
+def test_the_chunk_comes_from_the_servers_config_or_the_streams() -> None:
+    info = {
+        "vllm_config": {"scheduler_config": {"max_num_batched_tokens": 2048, "max_num_seqs": 5}}
+    }
+    assert chunk_from_server_info(info)["max_num_batched_tokens"] == 2048
+    assert chunk_from_server_info({"detail": "Not Found"}) is None
+    # without it, the streams' tokens per prefill step: 7 steps inside, and the last one
+    windows = Windows(idle_from=0.0, sent=1.0, first_token=3.05, last_token=3.2)
+    chunked = [1.05 + 0.25 * i for i in range(0, 9)]
+    view = background_view([_request(s, [0.85, 0.95, *chunked]) for s in range(3)], windows)
+    seen = chunk_from_streams(view, 16384, 3)
+    assert seen["prefill_steps_seen"] == 8 and seen["estimated_chunk_tokens"] == 2048
+
+
+def test_the_sequence_probe_decides_from_the_gauges() -> None:
+    probe = SequenceProbe(wanted=5, persist_s=1.0)
+    assert probe.add(0.0, 3, 0) is None  # requests still arriving
+    assert probe.add(0.1, 5, 0) is True
+    limited = SequenceProbe(wanted=5, persist_s=1.0)
+    assert limited.add(0.0, 1, 4) is None
+    assert limited.add(0.5, 1, 4) is None
+    assert limited.add(1.2, 1, 4) is False
+    refusal = limited.refusal("http://x", 4)
+    assert "cannot run 5 requests at once" in refusal and "at most 1 ran at once" in refusal
+    assert "--max-num-seqs 5" in refusal
+
+
+# -- against the fake server --------------------------------------------------------------
+
+
+def _behaviour(**changes) -> Behaviour:  # noqa: ANN003
+    settings = {
+        "long_prompt_from": 1000,
+        "first_token_delay_s": PREFILL_S,
+        "short_first_token_delay_s": TOKEN_S,
+        "token_delay_s": TOKEN_S,
+        "prompt_tokens_details": True,
+        "scheduler_config": {"max_num_batched_tokens": 4096, "max_num_seqs": 8},
+    }
+    settings.update(changes)
+    return Behaviour(**settings)
+
+
+def _spec(url: str, streams: int = 3) -> BackgroundSpec:
+    return BackgroundSpec(
+        base_url=url,
+        model="fake-model",
+        streams=streams,
+        prompt_ids=tuple(range(100, 164)),
+        nonce_pool=tuple(range(1000, 2000)),
+        nonce_key="test",
+        decode_tokens=16,
+    )
+
+
+def _measure(fake: FakeVLLMProcess, idle_s: float = 1.0, streams: int = 3):  # noqa: ANN202
+    server = ServerInfo(fake.url, "fake-model", 32_768, "attached")
+    prompt = Prompt(LONG, array("I", range(LONG)), 0, 0.0)
+    settings = PointSettings(decode_tokens=8, first_token_budget_s=60, budget_source="test")
+    with client_for(server) as client:
+        info = chunk_from_server_info(client.server_info())
+        load = LoadSettings(_spec(fake.url, streams), idle_s=idle_s, server_config=info)
+        return measure_under_load(
+            client, server, Point(LONG, 0, background=streams), prompt, settings, load
+        )
+
+
+@pytest.fixture(scope="module")
+def stalled():  # noqa: ANN201
+    """One point on a fake whose long prefill stalls every other stream (one big step)."""
+    with FakeVLLMProcess(_behaviour(prefill_interference="stall")) as fake:
+        result = _measure(fake)
+        yield result, fake.streams
+
+
+def test_the_stamps_are_the_servers_writes_seen_on_the_same_clock() -> None:
+    """Each background token arrives after the fake wrote it and soon after: the background
+    process and the fake stamp on the one monotonic clock of the machine."""
+    with FakeVLLMProcess(_behaviour()) as fake:
+        with BackgroundStreams(_spec(fake.url)) as streams:
+            assert streams.wait_streaming(30)
+            time.sleep(0.8)
+            requests = streams.stop()
+        written = fake.streams
+    assert {r.stream for r in requests} == {0, 1, 2} and all(r.error is None for r in requests)
+    assert len(requests) == len(written) >= 6  # each stream sent one request after another
+    spec = _spec(fake.url)
+    by_nonce = {w.prompt_head[:4]: w for w in written}
+    lags = []
+    for request in requests:
+        server = by_nonce[tuple(_request_prompt(spec, request.stream, request.index)[:4])]
+        assert len(server.chunks_written_at) == len(request.token_times) == 16
+        for wrote, arrived in zip(server.chunks_written_at, request.token_times, strict=True):
+            lags.append(arrived - wrote)
+    assert min(lags) >= 0  # never before the fake wrote it: one clock for both processes
+    assert statistics.median(lags) < 0.005
+
+
+def test_every_background_request_has_its_own_nonce() -> None:
+    spec = _spec("http://unused")
+    prompts = [_request_prompt(spec, stream, index) for stream in range(3) for index in range(50)]
+    assert len({tuple(p[:4]) for p in prompts}) == len(prompts)
+    assert all(p[4:] == list(spec.prompt_ids[4:]) for p in prompts)
+
+
+def test_the_point_sees_its_prompt_cold_and_every_request_counted(stalled) -> None:  # noqa: ANN001
+    result, streams = stalled
+    short = [s for s in streams if s.tokens == 16]
+    assert result.interference["background_requests"] == {
+        "requests": len(short),
+        "finished": len(short),
+        "failed": 0,
+    }
+    assert result.interference["background_streams"] == 3
+    assert result.prompt_tokens == LONG and result.cached_prompt_tokens == 0
+    assert result.interference["long_cached_tokens"] == 0
+
+
+def test_a_stalling_prefill_reads_as_a_stall(stalled) -> None:  # noqa: ANN001
+    result, _ = stalled
+    figures = result.figures()
+    assert figures["bg_tokens_during_prefill"] == 0
+    assert figures["bg_itl_prefill_max"] > 0.8 * PREFILL_S
+    assert figures["bg_itl_idle_median"] == pytest.approx(TOKEN_S, abs=0.01)
+    assert figures["bg_itl_idle_p99"] < 0.2 * PREFILL_S
+    assert figures["bg_rate_prefill"] < 0.2 * figures["bg_rate_idle"]
+    assert result.ttft_s == pytest.approx(PREFILL_S, abs=0.3)
+    details = result.interference
+    assert details["windows_s"]["prefill"] == pytest.approx(result.ttft_s)
+    assert details["windows_s"]["idle"] == pytest.approx(1.0, abs=0.2)
+    assert details["chunk"]["max_num_batched_tokens"] == 4096
+    assert details["chunk"]["seen"]["prefill_steps_seen"] == 1  # one step: the whole prompt
+    assert details["server_itl"]["agreement"] == "agrees", details["server_itl"]
+    assert details["preemptions"] == 0
+    assert result.interference_problem is None
+
+
+def test_a_chunked_prefill_lets_tokens_through_at_a_slower_pace() -> None:
+    slow = 0.1
+    behaviour = _behaviour(prefill_interference="slow", interference_token_delay_s=slow)
+    with FakeVLLMProcess(behaviour) as fake:
+        result = _measure(fake)
+    figures = result.figures()
+    # three streams, a token every 0.1 s through most of a 1.5 s prefill
+    assert figures["bg_tokens_during_prefill"] >= 3 * 8
+    assert figures["bg_itl_prefill_median"] == pytest.approx(slow, abs=0.03)
+    assert figures["bg_itl_idle_median"] == pytest.approx(TOKEN_S, abs=0.01)
+    assert statistics.fmean([figures["bg_itl_prefill_p99"], slow]) < PREFILL_S
+    assert result.interference_problem is None
+
+
+def test_a_preemption_during_the_point_fails_it() -> None:
+    with FakeVLLMProcess(_behaviour(preemptions_per_long_request=2)) as fake:
+        result = _measure(fake, idle_s=0.3)
+    assert result.interference["preemptions"] == 2
+    assert "preempted 2 request(s)" in result.interference_problem
+
+
+def test_a_server_that_runs_one_request_at_a_time_is_refused_with_the_reason() -> None:
+    with FakeVLLMProcess(_behaviour(max_num_seqs=1, first_token_delay_s=0.1)) as fake:
+        server = ServerInfo(fake.url, "fake-model", 32_768, "attached")
+        with client_for(server) as client:
+            found = probe_sequences(client, server, _spec(fake.url, streams=5), timeout_s=20)
+    assert "ran_at_once" not in found
+    assert found["most_running"] == 1
+    assert "cannot run 5 requests at once" in found["refused"]
+    assert "at most 1 ran at once while 4 waited" in found["refused"]
+
+
+def test_a_server_with_room_runs_them_at_once() -> None:
+    with FakeVLLMProcess(_behaviour(first_token_delay_s=0.1, token_delay_s=0.05)) as fake:
+        server = ServerInfo(fake.url, "fake-model", 32_768, "attached")
+        with client_for(server) as client:
+            found = probe_sequences(client, server, _spec(fake.url, streams=5), timeout_s=20)
+    assert found.get("ran_at_once") is True and found["most_running"] >= 5
