@@ -12,7 +12,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
-from longctx_testing import SWEEP_TEST, records_of, run_folder, run_session
+from longctx_testing import SWEEP_TEST, launch_fake_conftest, records_of, run_folder, run_session
 
 from pytest_longctx.capacity import GIB, cache_layout, token_capacity
 from pytest_longctx.profiles import PROFILE_DIR
@@ -225,10 +225,14 @@ def pytest_runtest_call(item):
 """
 
 
-def start_session(pytester: pytest.Pytester, *args: str) -> subprocess.Popen[bytes]:
-    """A sweep session in its own process, as a terminal, CI or a batch scheduler runs one."""
+def start_session(
+    pytester: pytest.Pytester, *args: str, stand_in: bool = False
+) -> subprocess.Popen[bytes]:
+    """A sweep session in its own process, as a terminal, CI or a batch scheduler runs one;
+    ``stand_in`` launches the fake server instead of vLLM."""
     pytester.makepyfile(test_sweep=SWEEP_TEST)
-    pytester.makeconftest(HOLD_THE_SECOND_POINT)
+    launch = launch_fake_conftest() if stand_in else ""
+    pytester.makeconftest(HOLD_THE_SECOND_POINT + launch)
     return subprocess.Popen(
         [
             sys.executable,
@@ -254,14 +258,20 @@ def wait_for_file(path: Path, process: subprocess.Popen[bytes], timeout_s: float
         time.sleep(0.2)
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.parametrize(
+    ("signum", "stand_in"),
+    [(signal.SIGTERM, False), (signal.SIGINT, True), (signal.SIGHUP, True)],
+    ids=["SIGTERM-vllm", "SIGINT-stand-in", "SIGHUP-stand-in"],
+)
 def test_a_stop_signal_mid_sweep_ends_the_server_and_keeps_the_records(
-    pytester: pytest.Pytester, signum: signal.Signals
+    pytester: pytest.Pytester, signum: signal.Signals, stand_in: bool
 ) -> None:
     """Ctrl-C, CI's cancel (SIGTERM) and a closed terminal (SIGHUP) alike: the finished point
     stays, the one in flight is recorded as interrupted, the reports are written, the exit
-    status is pytest's "interrupted", and no process of the server remains."""
-    session = start_session(pytester)
+    status is pytest's "interrupted", and no process of the server remains. SIGTERM stops a
+    real vLLM (its engine process included); the other two take the same path through the
+    session, shown on the stand-in server."""
+    session = start_session(pytester, stand_in=stand_in)
     wait_for_file(pytester.path / "server.pgid", session)
     group = int((pytester.path / "server.pgid").read_text())
     session.send_signal(signum)

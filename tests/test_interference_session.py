@@ -320,7 +320,7 @@ def test_the_cold_points_keep_the_study_server_and_the_interference_points_get_t
     """One session, two server starts: the study's one-sequence server for the cold point,
     then one with room for the load, the chunk asked for and its config readable. The
     switch is no relaunch: it happens with relaunches spent."""
-    from test_outcomes import FAKE_MAIN
+    from longctx_testing import FAKE_MAIN
 
     pytester.makepyfile(test_sweep=SWEEP_TEST)
     pytester.makeconftest(f"MAIN = {str(FAKE_MAIN)!r}\n" + LAUNCH_FAKE_AS_ASKED)

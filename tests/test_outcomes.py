@@ -14,12 +14,17 @@ from pathlib import Path
 
 import pytest
 from fake_vllm import ENGINE_DEAD_MESSAGE, Behaviour, FakeVLLM
-from longctx_testing import SWEEP_TEST, fault_session, records_of, run_folder, run_session
+from longctx_testing import (
+    SWEEP_TEST,
+    fault_session,
+    launch_fake_conftest,
+    records_of,
+    run_folder,
+    run_session,
+)
 
 from pytest_longctx.core.records import FAILURE_CLASSES, Record
 from pytest_longctx.measure import outcomes
-
-FAKE_MAIN = Path(__file__).parent / "fake_server_main.py"
 
 
 @pytest.fixture
@@ -145,26 +150,11 @@ def test_the_report_counts_classes_per_length(attached, pytester: pytest.Pyteste
 
 # -- a launched server's death, read from its log and exit ---------------------------------
 
-LAUNCH_FAKE = """
-import sys
-from pytest_longctx.serving.vllm_command import ServerCommand
-
-def pytest_longctx_server_command(config, plan, command):
-    argv = list(command.argv)
-    port = argv[argv.index("--port") + 1]
-    extra = {extra!r}
-    return ServerCommand(
-        (sys.executable, {main!r}, "--host", "127.0.0.1", "--port", port,
-         "--served-model-name", "tiny-llama", *extra),
-        {{}},
-    )
-"""
-
 
 def launched(pytester: pytest.Pytester, *extra: str) -> None:
     """Sessions here launch the stand-in with ``extra`` arguments."""
     pytester.makepyfile(test_sweep=SWEEP_TEST)
-    pytester.makeconftest(LAUNCH_FAKE.format(extra=list(extra), main=str(FAKE_MAIN)))
+    pytester.makeconftest(launch_fake_conftest(*extra))
 
 
 #: Notes which SIGTERM handler is installed as each point runs.

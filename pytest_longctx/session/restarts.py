@@ -103,8 +103,9 @@ def check_skips(run: Run, point: Point) -> None:
     limit = run.settings.max_crashes_per_length
     if len(crashes) >= limit:
         # A consequence, not a failure of its own: the crashes carry the classes.
+        times = "once" if len(crashes) == 1 else f"{len(crashes)} times"
         raise pytest.skip.Exception(
-            f"{format_size(point.length)} took the server down {len(crashes)} times in this "
+            f"{format_size(point.length)} took the server down {times} in this "
             f"session ({', '.join(crashes)}); its remaining repeats are skipped "
             f"(--longctx-max-crashes-per-length={limit})",
             _use_item_location=True,
