@@ -15,7 +15,7 @@ from pytest_longctx.measure.background import (
     BackgroundRequest,
     BackgroundSpec,
     BackgroundStreams,
-    _request_prompt,
+    request_prompt,
 )
 from pytest_longctx.measure.interference import (
     GapStats,
@@ -218,7 +218,7 @@ def test_the_stamps_are_the_servers_writes_seen_on_the_same_clock() -> None:
     by_nonce = {w.prompt_head[:4]: w for w in written}
     lags = []
     for request in requests:
-        server = by_nonce[tuple(_request_prompt(spec, request.stream, request.index)[:4])]
+        server = by_nonce[tuple(request_prompt(spec, request.stream, request.index)[:4])]
         assert len(server.chunks_written_at) == len(request.token_times) == 16
         for wrote, arrived in zip(server.chunks_written_at, request.token_times, strict=True):
             lags.append(arrived - wrote)
@@ -228,7 +228,7 @@ def test_the_stamps_are_the_servers_writes_seen_on_the_same_clock() -> None:
 
 def test_every_background_request_has_its_own_nonce() -> None:
     spec = _spec("http://unused")
-    prompts = [_request_prompt(spec, stream, index) for stream in range(3) for index in range(50)]
+    prompts = [request_prompt(spec, stream, index) for stream in range(3) for index in range(50)]
     assert len({tuple(p[:4]) for p in prompts}) == len(prompts)
     assert all(p[4:] == list(spec.prompt_ids[4:]) for p in prompts)
 

@@ -325,7 +325,9 @@ def test_the_cold_points_keep_the_study_server_and_the_interference_points_get_t
     pytester.makepyfile(test_sweep=SWEEP_TEST)
     pytester.makeconftest(f"MAIN = {str(FAKE_MAIN)!r}\n" + LAUNCH_FAKE_AS_ASKED)
     root = pytester.path / "reports"
-    result = pytester.runpytest(
+    # in a process of its own: a launched session prepares the embedded model (torch), which
+    # an in-process session's module snapshot would drop and a second import would crash on
+    result = pytester.runpytest_subprocess(
         "-p", "no:cacheprovider", f"--longctx-output={root}", "--longctx-progress=off",
         "--longctx-decode-tokens=8", "-m", "len==1Ki", LOAD,
         "--longctx-max-num-batched-tokens=1024", "--longctx-max-relaunches=0",

@@ -84,7 +84,7 @@ class BackgroundRequest:
         return [(times[i - 1], times[i], counts[i]) for i in range(1, len(times))]
 
 
-def _request_prompt(spec: BackgroundSpec, stream: int, index: int) -> list[int]:
+def request_prompt(spec: BackgroundSpec, stream: int, index: int) -> list[int]:
     """The stream's ``index``-th prompt: its own nonce, then the shared text."""
     nonce = nonce_ids(spec.nonce_pool, spec.nonce_key, stream * 1_000_003 + index)
     return [*nonce, *spec.prompt_ids[len(nonce) :]]
@@ -106,7 +106,7 @@ def _stream_loop(
         while not stop.is_set():
             request = CompletionRequest(
                 model=spec.model,
-                prompt=_request_prompt(spec, stream, index),
+                prompt=request_prompt(spec, stream, index),
                 decode_tokens=spec.decode_tokens,
             )
             watched = StreamProgress()

@@ -123,7 +123,12 @@ def probe_sequences(
     }
     if decided:
         return {**found, "ran_at_once": True}
-    seen = None if decided is False else f"none was seen within {timeout_s:g} s"
+    seen = None
+    if decided is None:
+        seen = (
+            f"they were not seen running together within {timeout_s:g} s (at most "
+            f"{probe.most_running} ran at once while {probe.most_waiting} waited)"
+        )
     if decided is None and probe.most_running == 0:
         seen = f"the gauges never showed a request running within {timeout_s:g} s"
     return {**found, "refused": probe.refusal(server.base_url, spec.streams - 1, seen)}
