@@ -240,10 +240,53 @@ def test_options_of_the_workload_are_checked(pytester: pytest.Pytester) -> None:
         ([WARM, "--longctx-prompt-format=text"], "*needs --longctx-prompt-format=ids*"),
         ([WARM, "--longctx-warm-suffix=8"], "*--longctx-warm-suffix=8: expected a size of at*"),
         ([WARM, "--longctx-warm-questions=0"], "*--longctx-warm-questions=0: expected a whole*"),
+        (
+            ["--longctx-warm-questions=2"],
+            "*--longctx-warm-questions=2 applies to the warm workload, which this session does "
+            "not measure: add warm to --longctx-workload (e.g. --longctx-workload=cold,warm*",
+        ),
+        (
+            ["--longctx-workload=cold,interference", "--longctx-warm-suffix=512"],
+            "*--longctx-warm-suffix=512 applies to the warm workload*",
+        ),
     ):
         result = pytester.runpytest("-p", "no:cacheprovider", "--longctx-plan", *args)
         assert result.ret == pytest.ExitCode.USAGE_ERROR, args
         result.stderr.fnmatch_lines([expected])
+
+
+def test_the_ini_files_warm_keys_need_a_warm_workload_somewhere(
+    pytester: pytest.Pytester,
+) -> None:
+    """Keys of the warm workload in an ini file that measures no warm points are a mistake;
+    with the workload in the ini file they hold, and a command line that measures another
+    workload for one session leaves them unused; a command line that adds warm uses them."""
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    collect = ("-p", "no:cacheprovider", "--collect-only", "-q", "--longctx-to=1Ki")
+
+    def items(*args: str) -> list[str]:
+        result = pytester.runpytest(*collect, *args)
+        assert result.ret == 0, result.stderr.str()
+        return [line.split("[")[-1] for line in result.stdout.lines if "::" in line]
+
+    pytester.makeini("[pytest]\nlongctx_warm_questions = 2\n")
+    alone = pytester.runpytest(*collect)
+    assert alone.ret == pytest.ExitCode.USAGE_ERROR
+    alone.stderr.fnmatch_lines(
+        ["*longctx_warm_questions = 2 (ini file) applies to the warm workload, which this "
+         "session does not measure: add warm to --longctx-workload*"]
+    )  # fmt: skip
+    two = ["len=1Ki-rep=0]", "len=1Ki-rep=0-warm=1]", "len=1Ki-rep=0-warm=2]"]
+    assert items(WARM) == two  # the command line adds the workload the keys are for
+    pytester.makeini(
+        "[pytest]\nlongctx_workload = cold,warm\nlongctx_warm_questions = 2\n"
+        "longctx_warm_suffix = 512\n"
+    )
+    assert items() == two
+    assert items("--longctx-workload=cold") == ["len=1Ki-rep=0]"]  # one cold session
+    overridden = pytester.runpytest(*collect, "--longctx-workload=cold", "--longctx-warm-suffix=64")
+    assert overridden.ret == pytest.ExitCode.USAGE_ERROR  # given here, for a cold session
+    overridden.stderr.fnmatch_lines(["*--longctx-warm-suffix=64 applies to the warm workload*"])
 
 
 def test_the_plan_shows_the_warm_items_and_a_cold_run_is_unchanged(

@@ -9,7 +9,7 @@ the accepted form.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -321,6 +321,10 @@ class _RawOptions:
     """Option and ini values as given, read into typed values with errors naming the option."""
 
     values: dict[str, object]
+    #: What the ini file sets, by option name (the command line may override it).
+    ini: dict[str, object] = field(default_factory=dict)
+    #: The options whose value is the ini file's (the command line did not give them).
+    from_ini: frozenset[str] = frozenset()
 
     def given(self, name: str) -> bool:
         return self.values[name] not in (None, "")
@@ -418,7 +422,7 @@ class _RawOptions:
         name = "longctx-workload"
         if not self.given(name):
             return (COLD,)
-        parts = [part.strip() for part in str(self.values[name]).split(",") if part.strip()]
+        parts = _workload_parts(self.values[name])
         accepted = (
             "a comma-separated list of cold, warm and interference, such as 'cold', "
             "'cold,warm', 'interference' or 'cold,interference' (warm needs cold)"
@@ -442,18 +446,36 @@ class _RawOptions:
             )
         return chosen
 
+    def of_workload(
+        self, wanted: str, workload: tuple[str, ...], names: tuple[str, ...], example: str
+    ) -> None:
+        """Options of one workload are refused where it is not measured, as a mistake: given on
+        the command line, when the session's workload lacks it; set in the ini file, when
+        neither the ini file's ``longctx_workload`` nor the session's has it (an ini file that
+        sets a workload and its keys stays valid for a session whose command line measures
+        another)."""
+        in_ini = wanted in _workload_parts(self.ini.get("longctx-workload"))
+        for name in names:
+            if not self.given(name) or wanted in workload:
+                continue
+            if name not in self.from_ini:
+                given = f"--{name}={self.values[name]}"
+            elif in_ini:
+                continue
+            else:
+                given = f"{name.replace('-', '_')} = {self.values[name]} (ini file)"
+            raise pytest.UsageError(
+                f"{given} applies to the {wanted} workload, which this session does not measure: "
+                f"add {wanted} to --longctx-workload (e.g. --longctx-workload={example}, or "
+                f"longctx_workload = {example} in the ini file)"
+            )
+
     def interference(self, workload: tuple[str, ...], attached: bool) -> tuple[int, int | None]:
         """The background streams K and the interference server's chunk; each option only
         with the interference workload, and the chunk only for a server this session
         launches."""
         streams_name, chunk_name = "longctx-background-streams", "longctx-max-num-batched-tokens"
-        for name in (streams_name, chunk_name):
-            if self.given(name) and INTERFERENCE not in workload:
-                raise pytest.UsageError(
-                    f"--{name}={self.values[name]} applies to the interference workload: add "
-                    "interference to --longctx-workload (e.g. --longctx-workload=cold,"
-                    "interference)"
-                )
+        self.of_workload(INTERFERENCE, workload, (streams_name, chunk_name), "cold,interference")
         streams = self.whole(streams_name, DEFAULT_BACKGROUND_STREAMS) or DEFAULT_BACKGROUND_STREAMS
         chunk = self.size(chunk_name)
         if chunk is not None and attached:
@@ -474,14 +496,31 @@ class _RawOptions:
         return low, high
 
 
+def _workload_parts(value: object) -> list[str]:
+    """``cold, warm`` -> ``["cold", "warm"]``; nothing for an unset workload."""
+    if value in (None, ""):
+        return []
+    return [part.strip() for part in str(value).split(",") if part.strip()]
+
+
 def read_settings(config: pytest.Config) -> Settings:
     """Validate every option before collection, so bad input never becomes a traceback."""
-    raw = _RawOptions({spec.name: _raw(config, spec) for spec in OPTIONS})
+    ini = {spec.name: _ini_value(config, spec) for spec in OPTIONS}
+    raw = _RawOptions(
+        {spec.name: _raw(config, spec) for spec in OPTIONS},
+        {name: value for name, value in ini.items() if value is not None},
+        frozenset(
+            spec.name
+            for spec in OPTIONS
+            if ini[spec.name] is not None and config.getoption(spec.dest, None) is None
+        ),
+    )
     from_length, to_length = raw.lengths()
     baseline, resume = raw.text("longctx-baseline"), config.getoption("longctx_resume", None)
     prompt_format = raw.choice("longctx-prompt-format", PROMPT_FORMATS, "ids")
     suffix = raw.size("longctx-warm-suffix")
     workload = raw.workload(prompt_format)
+    raw.of_workload(WARM, workload, ("longctx-warm-questions", "longctx-warm-suffix"), "cold,warm")
     streams, chunk = raw.interference(workload, attached=bool(raw.urls("longctx-url")))
     if suffix is not None and suffix < MIN_WARM_SUFFIX:
         raise _fail(
