@@ -12,7 +12,15 @@ from dataclasses import dataclass
 
 import pytest
 from fake_vllm import FakeVLLM
-from longctx_testing import KEEP_BURSTS, SWEEP_TEST, fake_session_args, records_of, run_folder
+from longctx_testing import (
+    KEEP_BURSTS,
+    SWEEP_TEST,
+    fake_session_args,
+    launch_fake_conftest,
+    records_of,
+    run_folder,
+    run_session,
+)
 from test_distributed import schedule_on_two
 
 from pytest_longctx.core.records import Record
@@ -319,10 +327,53 @@ def test_the_plan_shows_the_warm_items_and_a_cold_run_is_unchanged(
             "2Ki * 2,592 *",  # the capacity plan counts the suffix
         ]
     )
-    only_warm = pytester.runpytest(
+    only_cold = pytester.runpytest(
         "-p", "no:cacheprovider", "--longctx-plan", "--longctx-to=2Ki", WARM, "-k", "not warm"
     )
-    only_warm.stdout.fnmatch_lines(["2 item(s)*"])
+    only_cold.stdout.fnmatch_lines(
+        [
+            "2 item(s)*",
+            "workload cold,warm: *; no follow-up selected: the server and the capacity plan are "
+            "a cold run's",
+            "*--max-model-len 2080 *",  # no follow-up selected: a cold run's server
+            "2Ki * 2,080 *",
+        ]
+    )
+    assert "--enable-prompt-tokens-details" not in only_cold.stdout.str()
+
+
+#: Each launching session notes the vLLM command it built (before the stand-in replaces it).
+NOTE_COMMAND = """
+import json as _json, os as _os
+_launch_stand_in = pytest_longctx_server_command
+
+def pytest_longctx_server_command(config, plan, command):
+    name = _os.environ.get("PYTEST_XDIST_WORKER", "serial")
+    with open({folder!r} + f"/command-{{name}}.json", "w") as out:
+        _json.dump(list(command.argv), out)
+    return _launch_stand_in(config, plan, command)
+"""
+
+
+def test_workers_that_measure_no_follow_up_launch_a_cold_runs_server(
+    pytester: pytest.Pytester,
+) -> None:
+    """``-k "not warm"`` under pytest-xdist: every worker sizes the server it launches from
+    the selected points, so none asks for the suffix's room or the usage details."""
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    notes = pytester.path / "commands"
+    notes.mkdir()
+    pytester.makeconftest(launch_fake_conftest() + NOTE_COMMAND.format(folder=str(notes)))
+    result, output = run_session(
+        pytester, "-n", "2", "--longctx-to=2Ki", WARM, "-k", "not warm", "--longctx-progress=off"
+    )
+    result.assert_outcomes(passed=2)
+    assert sorted(r.length for r in records_of(output)) == [1024, 2048]
+    commands = {path.stem: json.loads(path.read_text()) for path in notes.iterdir()}
+    assert sorted(commands) == ["command-gw0", "command-gw1"]
+    for argv in commands.values():
+        assert argv[argv.index("--max-model-len") + 1] == "2080"  # 2Ki + 32 decode
+        assert "--enable-prompt-tokens-details" not in argv
 
 
 def test_a_cold_point_and_its_follow_ups_go_to_one_worker_together(

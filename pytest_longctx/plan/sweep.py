@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pytest_longctx.core.records import Record
@@ -169,6 +171,15 @@ class SweepPlan:
         if sweep.slow_from is not None and length >= sweep.slow_from:
             return (SLOW_MARK,)
         return ()
+
+    def sized_for(self, points: Sequence[Point]) -> SweepPlan:
+        """What the server must hold for the selected ``points``: with no follow-up among them
+        (``-k "not warm"``) the cold plan, so a launched server's ``--max-model-len``, its
+        flags and the capacity plan are a cold-only run's; with none selected, the whole plan.
+        For sizing only: its ``points`` are not the selection's."""
+        if not self.warm or not points or any(p.warm for p in points):
+            return self
+        return dataclasses.replace(self, warm_questions=0, suffix_tokens=0)
 
     def max_model_len(self, lengths: tuple[int, ...] | None = None) -> int:
         """Sized for the largest point actually selected, not the whole range."""

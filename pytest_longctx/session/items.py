@@ -148,7 +148,8 @@ def arrange(
     lengths = sorted({p.length for p in points if not p.interference})
     loaded = sorted({p.length for p in points if p.interference})
     try:
-        verdicts = {} if run.settings.url else capacity_check.check_points(run.plan, lengths)
+        sized = run.plan.sized_for(points)
+        verdicts = {} if run.settings.url else capacity_check.check_points(sized, lengths)
         under_load = (
             {}
             if run.settings.url

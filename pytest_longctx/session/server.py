@@ -96,8 +96,8 @@ def tokenizer_location(profile: Profile, build: bool) -> str:
 
 
 def selected_max_model_len(run: Run) -> int:
-    lengths = tuple(sorted({p.length for p in run.selected_points} - run.unfit_lengths)) or None
-    return run.plan.max_model_len(lengths)
+    lengths = sorted({p.length for p in run.selected_points} - run.unfit_lengths)
+    return selected_max_model_len_for(run, lengths)
 
 
 def server_command(
@@ -118,7 +118,7 @@ def server_command(
         max_model_len=selected_max_model_len(run),
         port=port,
         python=sys.executable,
-        prompt_tokens_details=run.plan.warm or loaded,
+        prompt_tokens_details=run.plan.sized_for(run.selected_points).warm or loaded,
         sse_keep_alive_s=run.settings.sse_keep_alive_s,
         max_num_seqs=max(seqs, streams) if loaded and seqs is not None else None,
         max_num_batched_tokens=run.settings.max_num_batched_tokens if loaded else None,
@@ -342,7 +342,9 @@ def _refuse_what_does_not_fit(run: Run, exc: ServerError) -> str | None:
 
 
 def selected_max_model_len_for(run: Run, lengths: list[int]) -> int:
-    return run.plan.max_model_len(tuple(lengths) or None)
+    """``--max-model-len`` for ``lengths``: room for a follow-up's suffix only where a warm
+    point is selected."""
+    return run.plan.sized_for(run.selected_points).max_model_len(tuple(lengths) or None)
 
 
 def bring_up(

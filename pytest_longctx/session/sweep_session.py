@@ -252,12 +252,18 @@ def print_plan(session: pytest.Session, run: Run) -> None:
         f"{len(session.items)} item(s), decode {run.plan.decode_tokens} tokens per request, "
         f"order {run.plan.order}"
     )
+    sized = run.plan.sized_for(run.selected_points)
     if run.plan.warm:
         write(
             f"workload cold,warm: {run.plan.warm_questions} follow-up(s) after each cold point, "
             f"each its prompt exactly + {run.plan.suffix_tokens} new tokens, the prefix served "
-            f"from the cache; --max-model-len and the capacity plan count length + "
-            f"{run.plan.suffix_tokens} + {run.plan.decode_tokens} decode"
+            "from the cache; "
+            + (
+                f"--max-model-len and the capacity plan count length + {run.plan.suffix_tokens} "
+                f"+ {run.plan.decode_tokens} decode"
+                if sized.warm
+                else "no follow-up selected: the server and the capacity plan are a cold run's"
+            )
         )
     if run.plan.interference:
         requests, each = run.plan.background_load
@@ -276,7 +282,7 @@ def print_plan(session: pytest.Session, run: Run) -> None:
         write(f"  {label}{extra}")
     write("")
     write(server.describe_server(config, run))
-    table = capacity_check.render_table(run.plan, sorted({p.length for p in run.selected_points}))
+    table = capacity_check.render_table(sized, sorted({p.length for p in run.selected_points}))
     if table:
         write("")
         write(table)
