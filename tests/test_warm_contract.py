@@ -222,6 +222,31 @@ def test_follow_ups_selected_alone_send_their_prefix_first(session, fake_vllm) -
     assert prompts[-3][:1024] == prompts[-4]
 
 
+def test_a_follow_up_after_a_relaunch_sends_its_prefix_to_the_new_server(
+    pytester: pytest.Pytester,
+) -> None:
+    """The stand-in caches prefixes as vLLM does and dies during the first follow-up (its
+    fifth completion, after three warm-ups and the cold point): the relaunched server holds no
+    prefix, so the next follow-up sends it first and is warm, not an eviction."""
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    stand_in = ("--die-at=5", "--exit-code=-9", f"--once={pytester.path / 'died'}")
+    behaviour = json.dumps({"prefix_cache": True, "token_delay_s": 0.004})
+    pytester.makeconftest(launch_fake_conftest(*stand_in, f"--behaviour={behaviour}"))
+    result, output = run_session(
+        pytester, "-m", "len==1Ki", WARM, "--longctx-warm-questions=2", "--longctx-progress=off"
+    )
+    result.assert_outcomes(passed=2, failed=1)
+    records = records_of(output)
+    assert [(r.question, r.outcome, r.failure_class, r.server_start["index"]) for r in records] == [
+        (0, "passed", None, 0),
+        (1, "failed", "engine_died", 0),
+        (2, "passed", None, 1),
+    ]
+    after = records[2]
+    assert after.cache["prefix_sent_by"] == "follow-up"  # the new server had none of it
+    assert after.cache["served"] == after.cache["required"] == 1024
+
+
 def test_resume_measures_the_cold_point_again_before_its_missing_follow_ups(
     session,  # noqa: ANN001
 ) -> None:

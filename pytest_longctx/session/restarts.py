@@ -227,7 +227,7 @@ def _bring_up_again(
     except ServerError as exc:
         run.server = ServerError(f"{failed}: {exc}", "start_failed", exc.evidence)
         raise PointFailure(str(run.server), "start_failed", exc.evidence, sent=False) from None
-    run.server = info
+    run.use_server(info)
 
 
 def _wait_released(pgid: int | None, argv: tuple[str, ...]) -> None:
@@ -304,6 +304,7 @@ def _reattach(run: Run, server: ServerInfo) -> None:
             "server_gone",
         )
         raise PointFailure(str(run.server), "server_gone", sent=False)
+    run.use_server(server)
     session_server.note_start(
         run,
         None,

@@ -184,6 +184,13 @@ class Run:
             else:
                 self.resumed.pop(point, None)  # re-measured later wins over earlier pass
 
+    def use_server(self, server: ServerInfo) -> None:
+        """Measure on ``server`` from now on. A server started (again), or an attached one
+        that stopped answering, holds none of the prefixes this session sent before: its
+        follow-ups send theirs again rather than fail as evicted."""
+        self.server = server
+        self.prefix_sent.clear()
+
     @property
     def server_name(self) -> str:
         """``server`` in a serial session, ``server-gw1`` for a worker's: its log and files."""

@@ -202,7 +202,7 @@ def start(config: pytest.Config) -> ServerInfo:
     except ServerError as exc:
         run.server = exc
         raise
-    run.server = info
+    run.use_server(info)
     if info.mode == "launched":
         run.model = served_model.describe_launched(run.plan.profile)
     else:
