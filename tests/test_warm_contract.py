@@ -55,6 +55,38 @@ def test_the_prefix_must_be_served_to_the_caches_alignment() -> None:
     assert block.resident_bytes(16385) == 16384 * 512 + 65536  # a started block is held whole
 
 
+def test_resident_kv_from_the_plan_where_the_server_does_not_size_its_cache() -> None:
+    """A GPU profile sizes the cache by gpu_memory_utilization: vLLM then exports
+    ``kv_cache_memory_bytes="None"``, and the plan's bytes for one request of L tokens at the
+    server's block size stand in, saying so."""
+    from pytest_longctx.plan import capacity_check
+    from pytest_longctx.profiles import load_profile
+    from pytest_longctx.session.points import planned_bytes
+
+    served = judge_warm(16384, {"prefix_cache_hits": 16384.0}, ServerCache.from_labels(LABELS), 1)
+    tiny = planned_bytes(load_profile("cpu-tiny"))
+    assert tiny is not None
+    own = served.record(ServerCache.from_labels(LABELS), tiny)
+    assert own["resident_kv_bytes"] == 16384 * 512  # the server's figure first
+    assert own["resident_kv_source"] == "cache_config_info"
+    unsized = ServerCache.from_labels({**LABELS, "kv_cache_memory_bytes": "None"})
+    assert unsized.block_bytes is None
+    assert "resident_kv_bytes" not in served.record(unsized)  # nothing to say it by
+    planned = served.record(unsized, tiny)
+    assert planned["resident_kv_bytes"] == 16384 * 512  # cpu-tiny: 512 B a token, 128 a block
+    assert planned["resident_kv_source"] == "capacity_plan"
+    assert tiny(16385, 128) == 16384 * 512 + 128 * 512  # a started block is held whole
+    assert tiny(16385, 16) == 16384 * 512 + 16 * 512  # at the block size the server reports
+    h200 = load_profile("kimi-linear-h200")
+    assert h200.serving.kv_cache_memory is None  # gpu_memory_utilization sizes its cache
+    layout = capacity_check.layout_for(h200)
+    assert layout is not None
+    hybrid = planned_bytes(h200)
+    assert hybrid is not None
+    kv, state = layout.request_bytes(16384)
+    assert hybrid(16384, None) == kv + state and state > 0  # the linear layers' state too
+
+
 def test_a_short_hit_says_how_much_by_every_source_and_names_an_eviction() -> None:
     view = {"usage_cached_prompt_tokens": 12288.0, "prefix_cache_hits": 12288.0}
     verdict = judge_warm(16384, view, ServerCache.from_labels(LABELS), prefix_sent_s_ago=2.5)
@@ -245,6 +277,9 @@ def test_a_follow_up_after_a_relaunch_sends_its_prefix_to_the_new_server(
     after = records[2]
     assert after.cache["prefix_sent_by"] == "follow-up"  # the new server had none of it
     assert after.cache["served"] == after.cache["required"] == 1024
+    # the stand-in, like a GPU server, does not export its cache's size: the plan's figure
+    assert after.cache["resident_kv_bytes"] == 1024 * 512
+    assert after.cache["resident_kv_source"] == "capacity_plan"
 
 
 def test_resume_measures_the_cold_point_again_before_its_missing_follow_ups(

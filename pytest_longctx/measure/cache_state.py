@@ -13,7 +13,7 @@ before, means the cache dropped some of it in between: an eviction, named as suc
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +26,14 @@ SOURCES = {
     "prefix_cache_hits": "/metrics prefix_cache_hits",
 }
 ENABLE_OPTION = "--longctx-workload=cold,warm"
+#: Where a warm point's ``resident_kv_bytes`` comes from (``resident_kv_source``): the
+#: server's own cache (``kv_cache_memory_bytes / num_gpu_blocks`` per block), or, where vLLM
+#: does not export its cache's size (a GPU profile sizes it by ``gpu_memory_utilization`` and
+#: the label reads ``None``), the capacity plan's bytes for one request of L tokens.
+RESIDENT_FROM_SERVER, RESIDENT_FROM_PLAN = "cache_config_info", "capacity_plan"
+#: The capacity plan's bytes one request of N tokens holds on the fullest rank, at a block
+#: size (None: the plan's own).
+PlannedBytes = Callable[[int, int | None], float]
 
 
 @dataclass(frozen=True)
@@ -103,8 +111,9 @@ class WarmVerdict:
     sources: Mapping[str, int]
     problem: str | None
 
-    def record(self, cache: ServerCache) -> dict[str, Any]:
-        """The record's ``cache`` entries for this point."""
+    def record(self, cache: ServerCache, planned: PlannedBytes | None = None) -> dict[str, Any]:
+        """The record's ``cache`` entries for this point; ``planned`` gives the resident KV
+        where the server does not say its cache's size."""
         entries: dict[str, Any] = {
             "prefix_tokens": self.prefix_tokens,
             "required": self.required,
@@ -114,9 +123,12 @@ class WarmVerdict:
             "alignment_source": cache.alignment_source,
             "prefix_caching": cache.prefix_caching,
         }
-        resident = cache.resident_bytes(self.prefix_tokens)
+        resident, source = cache.resident_bytes(self.prefix_tokens), RESIDENT_FROM_SERVER
+        if resident is None and planned is not None:
+            resident, source = planned(self.prefix_tokens, cache.block_size), RESIDENT_FROM_PLAN
         if resident is not None:
             entries["resident_kv_bytes"] = resident
+            entries["resident_kv_source"] = source
         return entries
 
 

@@ -24,7 +24,12 @@ from pytest_longctx.client import (
 from pytest_longctx.core.records import Record
 from pytest_longctx.measure import outcomes
 from pytest_longctx.measure.agreement import DEFAULT_STREAM_TOLERANCE, judge_stream
-from pytest_longctx.measure.cache_state import ServerCache, caching_off_reason, judge_warm
+from pytest_longctx.measure.cache_state import (
+    PlannedBytes,
+    ServerCache,
+    caching_off_reason,
+    judge_warm,
+)
 from pytest_longctx.measure.server_metrics import (
     CACHE_CONFIG_INFO,
     ExpositionError,
@@ -222,6 +227,9 @@ class PointSettings:
     prefix_tokens: int = 0
     #: Seconds since this server last computed that prefix; None when it never did.
     prefix_sent_s_ago: float | None = None
+    #: The capacity plan's bytes for a request, for the resident KV of a server that does not
+    #: say its cache's size (a launched server's; None: not known).
+    planned_bytes: PlannedBytes | None = None
 
 
 def point_request(
@@ -330,7 +338,8 @@ def measure_point(
         verdict = judge_warm(
             settings.prefix_tokens, server_view, server_cache, settings.prefix_sent_s_ago
         )
-        cache_entries, cache_problem = verdict.record(server_cache), verdict.problem
+        cache_entries = verdict.record(server_cache, settings.planned_bytes)
+        cache_problem = verdict.problem
     result = PointMeasurement(
         length=point.length,
         requested_tokens=decode_tokens,

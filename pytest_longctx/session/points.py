@@ -17,6 +17,7 @@ from pytest_longctx.client import (
     StreamMeasurement,
 )
 from pytest_longctx.measure.background import BackgroundSpec
+from pytest_longctx.measure.cache_state import PlannedBytes
 from pytest_longctx.measure.interference import chunk_from_server_info
 from pytest_longctx.measure.point import (
     PointFailure,
@@ -29,7 +30,9 @@ from pytest_longctx.measure.point import (
 from pytest_longctx.measure.target import ServerError, ServerInfo
 from pytest_longctx.measure.timeouts import FirstTokenBudget
 from pytest_longctx.measure.under_load import LoadSettings, measure_under_load, probe_sequences
+from pytest_longctx.plan import capacity_check
 from pytest_longctx.plan.sweep import BACKGROUND_DECODE_TOKENS, BACKGROUND_PROMPT_TOKENS, Point
+from pytest_longctx.profiles import Profile
 from pytest_longctx.prompts import (
     LocalTokenSource,
     Prompt,
@@ -166,6 +169,10 @@ def measure(
         allow_bursts=run.settings.allow_bursts,
         prefix_tokens=point.length if point.warm else 0,
         prefix_sent_s_ago=None if sent is None else time.monotonic() - sent,
+        # a launched server serves the profile's layout; an attached one, its own
+        planned_bytes=(
+            planned_bytes(run.plan.profile) if point.warm and server.mode == "launched" else None
+        ),
     )
     try:
         result = measure_point(
@@ -185,6 +192,24 @@ def measure(
     elif primed:  # its cold point was not measured by this server: the follow-up sent it
         result = dataclasses.replace(result, cache={**result.cache, "prefix_sent_by": "follow-up"})
     return result
+
+
+def planned_bytes(profile: Profile) -> PlannedBytes | None:
+    """The capacity plan's bytes one request of N tokens holds (growing and state, on the
+    fullest rank) at a block size: the resident KV of a warm point's prefix, where vLLM does
+    not export its cache's size. None without the model's config."""
+    try:
+        layout = capacity_check.layout_for(profile)
+    except ValueError:
+        return None
+    if layout is None or layout.allocation is None:
+        return None
+
+    def request_bytes(tokens: int, block_size: int | None) -> float:
+        served = layout.with_changes(block_size=block_size) if block_size else layout
+        return float(sum(served.request_bytes(tokens)))
+
+    return request_bytes
 
 
 def background_spec(run: Run, server: ServerInfo, point: Point, streams: int) -> BackgroundSpec:
