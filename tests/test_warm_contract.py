@@ -506,6 +506,43 @@ def test_the_gate_compares_warm_points_with_warm_baseline_points_only() -> None:
     assert {v.metric for v in against_cold.verdicts} == {"ttft"}
 
 
+def test_compare_lays_warm_ttft_beside_and_apart_from_the_cold(tmp_path) -> None:  # noqa: ANN001
+    """Two runs whose cold prefills match and whose follow-ups take twice as long in the
+    second: compare's warm table says so, and its cold table reads the cold points alone."""
+    from fabricated_runs import write_records
+
+    from pytest_longctx.reporting.run_comparison import write_comparison
+
+    runs = []
+    for run_id, warm in (("warm-fast", 0.1), ("warm-slow", 0.2)):
+        runs.append(tmp_path / run_id)
+        write_records(runs[-1] / "results.jsonl", _session(run_id, cold=1.0, warm=warm))
+    write_comparison(runs, tmp_path / "compared")
+    markdown = (tmp_path / "compared" / "compare.md").read_text()
+    cold_part, warm_part = markdown.split("## warm TTFT (s)")
+    assert "1. `warm-fast` (6 passed points)" in cold_part
+
+    def row(section: str) -> list[str]:
+        line = next(line for line in section.splitlines() if line.startswith("| 4Ki |"))
+        return [cell.strip() for cell in line.strip("|").split("|")]
+
+    ttft = cold_part.split("## TTFT (s)")[1]
+    assert row(ttft)[1].startswith("1.0000 ± ") and row(ttft)[3] == "x1.000"  # cold alone
+    assert row(ttft)[1].endswith("(n=2)")
+    warm = row(warm_part)
+    assert warm[1].startswith("0.1000 ± ") and warm[1].endswith("(n=4)")  # 2 questions x 2
+    assert warm[2].startswith("0.2000 ± ")
+    assert warm[3] == "x2.000" and warm[4].startswith("worse (p=")
+    assert "warm TTFT" in (tmp_path / "compared" / "compare.html").read_text()
+    cold_only = []
+    for run_id in ("cold-a", "cold-b"):
+        cold_only.append(tmp_path / run_id)
+        records = [r for r in _session(run_id, cold=1.0, warm=0.1) if not r.warm]
+        write_records(cold_only[-1] / "results.jsonl", records)
+    write_comparison(cold_only, tmp_path / "cold")
+    assert "warm TTFT" not in (tmp_path / "cold" / "compare.md").read_text()
+
+
 def test_the_gate_section_shows_warm_ttft_only_for_runs_with_warm_points() -> None:
     from pytest_longctx.reporting import gate_report
 
