@@ -596,7 +596,7 @@ def test_under_xdist_each_follow_up_runs_on_its_cold_points_server(
         result = pytester.runpytest_subprocess(
             "-p", "no:cacheprovider", "-n", "2", f"--longctx-url={one.url},{two.url}",
             f"--longctx-output={output}", "--longctx-decode-tokens=8", "--longctx-to=4Ki",
-            WARM, "--longctx-warm-questions=2", "--longctx-progress=off",
+            WARM, "--longctx-warm-questions=2", "--longctx-progress=off", KEEP_BURSTS,
         )  # fmt: skip
     result.assert_outcomes(passed=9)
     records = records_of(output)
