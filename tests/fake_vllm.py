@@ -749,6 +749,8 @@ class _Handler(BaseHTTPRequestHandler):
             )
             end = time.perf_counter()
             first_at, last_at = (decoded[0], decoded[-1]) if decoded else (end, end)
+            if counts:  # the engine's clock: the first token left before the rest of its chunk
+                first_at -= (counts[0] - 1) * behaviour.token_delay_s
             ttft = first_at - t_body
             decode = last_at - first_at
             self.fake.count_gaps([decoded[i] - decoded[i - 1] for i in range(1, len(decoded))])

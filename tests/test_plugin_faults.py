@@ -179,6 +179,43 @@ def test_a_stream_delivered_in_one_burst_fails_the_point_with_both_figures(sessi
     assert "--longctx-allow-bursts" in record.reason
     assert record.stream["decode_source"] == "stream"
     assert record.stream["largest_burst"]["tokens"] == 15
+    assert record.failure_class == "contract"
+
+
+def test_a_stream_delivered_in_one_chunk_fails_the_point_with_both_figures(session) -> None:  # noqa: ANN001
+    """The server decodes a token every 20 ms and hands all 16 over in one chunk, as a starved
+    API server that merged the deltas: no gap to judge and no client rate, and yet a burst."""
+    result, records = session(
+        "-m", "len==1Ki", "--longctx-decode-tokens=16", token_delay_s=0.02, tokens_per_chunk=16
+    )
+    result.assert_outcomes(failed=1)
+    (record,) = records
+    assert record.failure_class == "contract"
+    assert record.stream["chunks"] == 1 and record.stream["tokens_per_chunk"] == [[16, 1]]
+    server_rate = record.figures["server_decode_throughput"]
+    assert 30 < server_rate < 55  # 15 tokens 20 ms apart (a loaded host: a little slower)
+    assert "decode_throughput" not in record.figures  # one chunk: the stream shows no rate
+    assert "the stream delivered 16 tokens within 0 ms, all in one chunk" in record.reason
+    assert f"the server decoded them at {server_rate:,.0f} tok/s" in record.reason
+    assert "100% of the decode in one burst" in record.reason
+    assert record.stream["largest_burst"]["tokens"] == 15
+    assert record.stream["largest_burst"]["first_chunk_tokens"] == 16
+
+    result, records = session(
+        "-m",
+        "len==1Ki",
+        "--longctx-decode-tokens=16",
+        "--longctx-allow-bursts",
+        token_delay_s=0.02,
+        tokens_per_chunk=16,
+    )
+    result.assert_outcomes(passed=1)
+    record = records[-1]
+    assert record.stream["decode_source"] == "server"
+    assert record.figures["decode_throughput"] == pytest.approx(
+        record.figures["server_decode_throughput"]
+    )
+    assert "the stream delivered 16 tokens within 0 ms" in record.stream["agreement"]
 
 
 def test_allow_bursts_keeps_the_point_with_the_servers_decode(
