@@ -243,6 +243,35 @@ def test_allow_bursts_keeps_the_point_with_the_servers_decode(
     assert "Decode figures: 1 point kept with the server's decode throughput" in report
 
 
+@pytest.mark.parametrize("how", ["default", "option", "ini"])
+def test_the_stream_tolerance_decides_a_partial_flush(
+    session,  # noqa: ANN001
+    pytester: pytest.Pytester,
+    how: str,
+) -> None:
+    """Token 21 of 32 and the ten after it are held back and flushed after the last: a
+    third of the decode (10 of 31 tokens) in one burst, within the default 50%, beyond 25%."""
+    args = ["-m", "len==1Ki", "--longctx-decode-tokens=32"]
+    if how == "option":
+        args.append("--longctx-stream-tolerance=25%")
+    elif how == "ini":
+        pytester.makeini("[pytest]\nlongctx_stream_tolerance = 25%\n")
+    result, records = session(*args, token_delay_s=0.02, flush_last_tokens=11)
+    (record,) = records
+    assert record.stream["largest_burst"]["tokens"] == 10
+    tolerance = 0.5 if how == "default" else 0.25
+    assert record.fingerprint["stream"]["tolerance"] == tolerance
+    if how == "default":
+        result.assert_outcomes(passed=1)
+        assert record.stream["agreement"] == "agrees"
+        return
+    result.assert_outcomes(failed=1)
+    assert record.failure_class == "contract"
+    assert "the stream delivered 10 tokens within" in record.reason
+    assert "32% of the decode in one burst of 10 chunks, beyond the 25% allowed" in record.reason
+    assert "decode rate" not in record.reason  # the rate over the whole decode agrees
+
+
 def test_multi_token_chunks_are_recorded_as_chunks(
     session,  # noqa: ANN001
     pytester: pytest.Pytester,
