@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from fake_vllm import fake_vllm  # noqa: F401 - the fixture, for every test module
-from longctx_testing import SWEEP_TEST, fine_grained_qwen_spec
+from longctx_testing import SWEEP_TEST, cpu_tiny_streaming, fine_grained_qwen_spec
 from longctx_testing import serving as launched_server
 
 from pytest_longctx.profiles import load_profile
@@ -28,7 +28,6 @@ from pytest_longctx.serving.embedded import (
     CACHE_ENV,
     cache_root,
     default_models_dir,
-    get_spec,
     is_complete,
 )
 
@@ -101,17 +100,7 @@ def foreign_model_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
 def stream_interval_8_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real vLLM server of cpu-tiny started with ``--stream-interval 8``: the first token
     alone, then chunks of eight, as busy servers are often set."""
-    profile = load_profile("cpu-tiny")
-    serving = dataclasses.replace(
-        profile.serving, extra_args=(*profile.serving.extra_args, "--stream-interval", "8")
-    )
-    profile = dataclasses.replace(profile, serving=serving)
-    name = profile.model.embedded_name
-    model = default_models_dir() / get_spec(name).folder_name
-    if not is_complete(model):  # built in its own process, as the foreign model is
-        subprocess.run([sys.executable, "-m", "pytest_longctx", "build-model", name], check=True)
-    log_dir = tmp_path_factory.mktemp("stream-interval-8")
-    with launched_server(profile, str(model), 8_192, log_dir) as url:
+    with cpu_tiny_streaming(8, tmp_path_factory.mktemp("stream-interval-8")) as url:
         yield url
 
 

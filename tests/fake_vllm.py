@@ -121,6 +121,9 @@ class Behaviour:
     #: Decode on schedule (``/metrics`` counts that decode time) but write every chunk at once
     #: after the last token, as an API server starved of CPU flushes a stream late.
     deliver_at_once: bool = False
+    #: The last this many tokens decoded on schedule but held back and written at once after
+    #: the last, as a stream that stalls mid-way and then flushes (``deliver_at_once``: all).
+    flush_last_tokens: int = 0
     #: False: /metrics has no decode-time histogram, as an engine that does not time decodes.
     decode_metric: bool = True
     #: The error frame's message and type (fault ``error_frame``).
@@ -671,7 +674,7 @@ class _Handler(BaseHTTPRequestHandler):
             sent = 0
             written: list[float] = []
             decoded: list[float] = []  # when each chunk's last token was ready
-            held: list[bytes] = []  # chunks not yet written (deliver_at_once)
+            held: list[bytes] = []  # chunks not yet written (deliver_at_once, flush_last_tokens)
             counts: list[int] = []
             due = t_body  # when the last token left; the schedule's origin before the first
             while sent < total:
@@ -713,7 +716,7 @@ class _Handler(BaseHTTPRequestHandler):
                     }
                 event = chunk([choice], running)
                 decoded.append(time.perf_counter())
-                if behaviour.deliver_at_once:
+                if behaviour.deliver_at_once or sent + count > total - behaviour.flush_last_tokens:
                     held.append(event)
                 else:
                     written.append(decoded[-1])
@@ -749,6 +752,8 @@ class _Handler(BaseHTTPRequestHandler):
             )
             end = time.perf_counter()
             first_at, last_at = (decoded[0], decoded[-1]) if decoded else (end, end)
+            if counts:  # the engine's clock: the first token left before the rest of its chunk
+                first_at -= (counts[0] - 1) * behaviour.token_delay_s
             ttft = first_at - t_body
             decode = last_at - first_at
             self.fake.count_gaps([decoded[i] - decoded[i - 1] for i in range(1, len(decoded))])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import subprocess
@@ -231,6 +232,27 @@ def serving(profile, model_path: str, max_model_len: int, log_dir: Path) -> Iter
         yield server.base_url
     finally:
         server.stop()
+
+
+@contextlib.contextmanager
+def cpu_tiny_streaming(stream_interval: int, log_dir: Path) -> Iterator[str]:
+    """A real vLLM server of cpu-tiny started with ``--stream-interval N`` (8,192 tokens):
+    the first token alone, then chunks of N. Its model is built first if it is not cached,
+    in a process of its own (torch imported here would not survive a pytester session)."""
+    from pytest_longctx.profiles import load_profile
+    from pytest_longctx.serving.embedded import default_models_dir, get_spec, is_complete
+
+    profile = load_profile("cpu-tiny")
+    extra = (*profile.serving.extra_args, "--stream-interval", str(stream_interval))
+    profile = dataclasses.replace(
+        profile, serving=dataclasses.replace(profile.serving, extra_args=extra)
+    )
+    name = profile.model.embedded_name
+    model = default_models_dir() / get_spec(name).folder_name
+    if not is_complete(model):
+        subprocess.run([sys.executable, "-m", "pytest_longctx", "build-model", name], check=True)
+    with serving(profile, str(model), 8_192, log_dir) as url:
+        yield url
 
 
 def assert_bursts_kept_with_the_servers_figure(records, report: str) -> None:  # noqa: ANN001

@@ -343,15 +343,42 @@ def test_gaps_between_chunks_are_never_gated_as_inter_token_latency():
     verdict = compare_length(baseline_sweep(), current, 4 * KI)
     itl = by_metric(verdict)["itl"]
     assert itl.status == "insufficient" and itl.current is None
+    hint = (
+        "gaps are between chunks, not tokens, and are never gated as inter-token latency; "
+        "gate with itl=off (TTFT and decode throughput compare at any stream interval), or "
+        "measure both sides on a server that streams every token (stream interval 1)"
+    )
     assert itl.message == (
         "median inter-token latency at 4Ki: not compared, this run streamed chunks of several "
-        "tokens (stream interval 8): its gaps are between chunks, not tokens, and are not "
-        "gated as inter-token latency; gate with itl=off, or against a baseline streamed the "
-        "same way"
+        f"tokens (stream interval 8): its {hint}"
     )
+    assert verdict.status == "insufficient"  # a gated figure not compared fails the length
     assert by_metric(verdict)["decode"].status == "ok"  # exact with chunks of any size
+    # both sides chunked: no ITL on either, and the gate says why rather than drop it
     both_chunked = compare_length(current, current, 4 * KI)
-    assert set(by_metric(both_chunked)) == {"ttft", "decode"}  # no ITL on either side
+    both = by_metric(both_chunked)["itl"]
+    assert both.status == "insufficient" and both.baseline is None and both.current is None
+    assert both.message == (
+        "median inter-token latency at 4Ki: not compared, the baseline and this run streamed "
+        f"chunks of several tokens (stream interval 8): their {hint}"
+    )
+    assert both_chunked.status == "insufficient"
+    assert {by_metric(both_chunked)[name].status for name in ("ttft", "decode")} == {"ok"}
+    # itl=off: what works, with chunks of any size on either side
+    off = compare_length(current, current, 4 * KI, parse_tolerances("itl=off"))
+    assert off.status == "ok" and set(by_metric(off)) == {"ttft", "decode"}
+    mixed = compare_length(baseline_sweep(), current, 4 * KI, parse_tolerances("itl=off"))
+    assert mixed.status == "ok"
+
+
+def test_a_stream_without_any_itl_on_either_side_and_no_chunking_is_not_gated_on_it():
+    """Neither side records an ITL for another reason (one decode token): nothing to judge."""
+    current = [
+        Record(**{**vars(record), "figures": {"ttft": record.figures["ttft"]}})
+        for record in points("now", 4 * KI, *BASELINE_FIGURES[4 * KI])
+    ]
+    verdict = compare_length(current, current, 4 * KI)
+    assert set(by_metric(verdict)) == {"ttft"} and verdict.status == "ok"
 
 
 def test_per_length_tolerance_overrides_apply_to_their_length_only():

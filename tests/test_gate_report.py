@@ -68,6 +68,39 @@ def test_lengths_on_one_side_and_a_failed_point() -> None:
     assert "Baseline lengths not measured in this run: 8Ki." in markdown
 
 
+def test_itl_of_chunked_streams_on_both_sides_shows_as_not_compared() -> None:
+    """Chunks of eight on both sides: no ITL to gate; the report says so, as for any gated
+    figure a side lacks, instead of leaving the column blank."""
+
+    def chunked(records: list[Record]) -> list[Record]:
+        return [
+            Record(
+                **{
+                    **r.__dict__,
+                    "figures": {k: v for k, v in r.figures.items() if not k.startswith("itl_")},
+                    "stream": {"stream_interval": 8, "per_token_gaps": False},
+                }
+            )
+            for r in records
+        ]
+
+    baseline = chunked(make_records(BASE_RUN, NOW))
+    gate = gate_report.build_view(baseline, chunked(make_records(NOW_RUN, NOW)))
+    assert {row.status for row in gate.rows} == {"insufficient"}
+    assert gate.rows[0].metrics["itl"].status == "insufficient"
+    markdown = gate_report.markdown_section(gate)
+    assert "| 1Ki | not compared |" in markdown
+    assert (
+        "- 1Ki: median inter-token latency at 1Ki: not compared, the baseline and this run "
+        "streamed chunks of several tokens (stream interval 8)" in markdown
+    )
+    assert "gate with itl=off" in markdown
+    off = gate_report.build_view(
+        baseline, chunked(make_records(NOW_RUN, NOW)), parse_tolerances("itl=off")
+    )
+    assert {row.status for row in off.rows} == {"ok"}
+
+
 def test_a_baseline_of_another_setup_is_refused_unless_forced() -> None:
     other = [
         Record(**{**r.__dict__, "fingerprint": {**r.fingerprint, "vllm_version": "0.31.0"}})

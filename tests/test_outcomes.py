@@ -8,6 +8,7 @@ stand-in (``fake_server_main.py``) dies like a launched vLLM does, with a log to
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -254,6 +255,19 @@ def test_every_class_is_documented() -> None:
     readme = (Path(__file__).parent.parent / "README.md").read_text()
     for name in FAILURE_CLASSES:
         assert f"`{name}`" in readme, name
+
+
+def test_the_contract_class_names_every_check_of_the_sweep_items_contract() -> None:
+    """The README spells the contract out in bold (exact, cold, alone, streamed as decoded);
+    the class's description, in the records' module and in the README's table, names each."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    contract = readme[readme.index("The sweep item's contract") :].split("\n\n")[0]
+    checks = re.findall(r"\*\*([^*]+)\*\*", contract)
+    assert len(checks) >= 4 and "streamed as decoded" in checks, checks
+    row = next(line for line in readme.splitlines() if line.startswith("| `contract` |"))
+    for check in checks:
+        assert check in FAILURE_CLASSES["contract"], check
+        assert check in row, check
 
 
 def test_the_exception_ending_a_log_is_the_root_cause_not_the_wrapper() -> None:

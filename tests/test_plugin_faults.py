@@ -179,11 +179,42 @@ def test_a_stream_delivered_in_one_burst_fails_the_point_with_both_figures(sessi
     assert "--longctx-allow-bursts" in record.reason
     assert record.stream["decode_source"] == "stream"
     assert record.stream["largest_burst"]["tokens"] == 15
+    assert record.failure_class == "contract"
 
 
+def test_a_stream_delivered_in_one_chunk_fails_the_point_with_both_figures(session) -> None:  # noqa: ANN001
+    """The server decodes a token every 20 ms and hands all 16 over in one chunk, as a starved
+    API server that merged the deltas: no gap to judge and no client rate, and yet a burst."""
+    result, records = session(
+        "-m", "len==1Ki", "--longctx-decode-tokens=16", token_delay_s=0.02, tokens_per_chunk=16
+    )
+    result.assert_outcomes(failed=1)
+    (record,) = records
+    assert record.failure_class == "contract"
+    assert record.stream["chunks"] == 1 and record.stream["tokens_per_chunk"] == [[16, 1]]
+    server_rate = record.figures["server_decode_throughput"]
+    assert 30 < server_rate < 55  # 15 tokens 20 ms apart (a loaded host: a little slower)
+    assert "decode_throughput" not in record.figures  # one chunk: the stream shows no rate
+    assert "the stream delivered 16 tokens within 0 ms, all in one chunk" in record.reason
+    assert f"the server decoded them at {server_rate:,.0f} tok/s" in record.reason
+    assert "100% of the decode in one burst" in record.reason
+    assert record.stream["largest_burst"]["tokens"] == 15
+    assert record.stream["largest_burst"]["first_chunk_tokens"] == 16
+
+
+@pytest.mark.parametrize(
+    ("shape", "delivered"),
+    [
+        ({"deliver_at_once": True}, "the stream delivered 15 tokens within"),
+        ({"tokens_per_chunk": 16}, "the stream delivered 16 tokens within 0 ms, all in one chunk"),
+    ],
+    ids=["flushed", "one-chunk"],
+)
 def test_allow_bursts_keeps_the_point_with_the_servers_decode(
     session,  # noqa: ANN001
     pytester: pytest.Pytester,
+    shape: dict,
+    delivered: str,
 ) -> None:
     result, records = session(
         "-m",
@@ -191,19 +222,52 @@ def test_allow_bursts_keeps_the_point_with_the_servers_decode(
         "--longctx-decode-tokens=16",
         "--longctx-allow-bursts",
         token_delay_s=0.02,
-        deliver_at_once=True,
+        **shape,
     )
     result.assert_outcomes(passed=1)
     (record,) = records
     figures = record.figures
     assert figures["decode_throughput"] == pytest.approx(figures["server_decode_throughput"])
-    assert figures["stream_decode_throughput"] > 10 * figures["decode_throughput"]
-    assert "itl_median" not in figures and "stream_itl_median" in figures  # not gated as ITL
+    assert "itl_median" not in figures  # not gated as ITL
+    if "tokens_per_chunk" in shape:  # one chunk: the stream had no rate of its own to keep
+        assert "stream_decode_throughput" not in figures
+    else:
+        assert figures["stream_decode_throughput"] > 10 * figures["decode_throughput"]
+        assert "stream_itl_median" in figures
     assert record.stream["decode_source"] == "server"
-    assert "the stream delivered 15 tokens" in record.stream["agreement"]
+    assert delivered in record.stream["agreement"]
     assert record.fingerprint["stream"]["bursts_allowed"] is True
     report = (run_folder(pytester.path / "reports") / "report.md").read_text()
     assert "Decode figures: 1 point kept with the server's decode throughput" in report
+
+
+@pytest.mark.parametrize("how", ["default", "option", "ini"])
+def test_the_stream_tolerance_decides_a_partial_flush(
+    session,  # noqa: ANN001
+    pytester: pytest.Pytester,
+    how: str,
+) -> None:
+    """Token 21 of 32 and the ten after it are held back and flushed after the last: a
+    third of the decode (10 of 31 tokens) in one burst, within the default 50%, beyond 25%."""
+    args = ["-m", "len==1Ki", "--longctx-decode-tokens=32"]
+    if how == "option":
+        args.append("--longctx-stream-tolerance=25%")
+    elif how == "ini":
+        pytester.makeini("[pytest]\nlongctx_stream_tolerance = 25%\n")
+    result, records = session(*args, token_delay_s=0.02, flush_last_tokens=11)
+    (record,) = records
+    assert record.stream["largest_burst"]["tokens"] == 10
+    tolerance = 0.5 if how == "default" else 0.25
+    assert record.fingerprint["stream"]["tolerance"] == tolerance
+    if how == "default":
+        result.assert_outcomes(passed=1)
+        assert record.stream["agreement"] == "agrees"
+        return
+    result.assert_outcomes(failed=1)
+    assert record.failure_class == "contract"
+    assert "the stream delivered 10 tokens within" in record.reason
+    assert "32% of the decode in one burst of 10 chunks, beyond the 25% allowed" in record.reason
+    assert "decode rate" not in record.reason  # the rate over the whole decode agrees
 
 
 def test_multi_token_chunks_are_recorded_as_chunks(

@@ -110,3 +110,51 @@ def test_the_instruments_own_overhead_is_no_disagreement() -> None:
     times = steady(counts, tau=1e-3 / 7)
     verdict = judge_stream(times, counts, 8, rate(times, counts, 8), 1e-4)
     assert verdict is not None and verdict.problem is None
+
+
+def test_a_stream_in_one_chunk_is_a_burst_of_its_whole_decode() -> None:
+    """A starved API server merges the deltas: all 32 tokens in one chunk, no gap to judge and
+    no client rate, while the server took 31 token-times to decode them."""
+    verdict = judge_stream([1.0], [32], 32, None, 31 * TAU)
+    assert verdict is not None and verdict.problem is not None
+    assert verdict.burst is not None
+    assert (verdict.burst.tokens, verdict.burst.chunks, verdict.burst.span_s) == (31, 1, 0.0)
+    assert verdict.burst.first_chunk_tokens == 32
+    assert verdict.burst.decode_s == pytest.approx(31 * TAU)
+    assert (
+        "the stream delivered 32 tokens within 0 ms, all in one chunk; the server decoded them "
+        "at 455 tok/s (in 68 ms): 100% of the decode in one burst" in verdict.problem
+    )
+    assert "decode rate" not in verdict.problem  # no rate without two chunks
+    assert "--longctx-allow-bursts" in verdict.problem
+
+
+def test_a_first_chunk_of_many_tokens_is_a_burst_with_the_flush_after_it() -> None:
+    """The first chunk brings 20 tokens, the other 12 follow within microseconds."""
+    times = [1.0 + index * 1e-5 for index in range(13)]
+    counts = [20] + [1] * 12
+    verdict = judge_stream(times, counts, 32, rate(times, counts, 32), 31 * TAU)
+    assert verdict is not None and verdict.problem is not None
+    assert verdict.burst is not None and verdict.burst.tokens == 31
+    assert verdict.burst.first_chunk_tokens == 20
+    assert "the stream delivered 32 tokens within 0.12 ms, 20 of them in its first chunk" in (
+        verdict.problem
+    )
+
+
+def test_a_small_first_chunk_within_the_tolerance_agrees() -> None:
+    """Four tokens in the first chunk of 17, the rest streamed as decoded: 3 of 16 early."""
+    counts = [4, 4, 4, 4, 1]
+    times = steady(counts)
+    verdict = judge_stream(times, counts, 17, rate(times, counts, 17), 16 * TAU)
+    assert verdict is not None and verdict.problem is None
+    assert verdict.burst is not None and verdict.burst.tokens == 3
+    strict = judge_stream(times, counts, 17, rate(times, counts, 17), 16 * TAU, tolerance=0.1)
+    assert strict is not None and strict.problem is not None
+    assert "the stream delivered 4 tokens within 0 ms, all in one chunk" in strict.problem
+
+
+def test_a_first_chunk_decoded_faster_than_the_instrument_reads_is_no_burst() -> None:
+    """Eight tokens in one chunk that the server decoded in 1 ms: below what a point fails for."""
+    verdict = judge_stream([1.0], [8], 8, None, 1e-3)
+    assert verdict is not None and verdict.problem is None

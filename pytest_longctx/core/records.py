@@ -93,7 +93,7 @@ OUTCOMES = ("passed", "failed", "skipped", "error", "interrupted")
 #: Why a point did not pass, from evidence (status codes, error frames, the server's log and
 #: exit status, the cgroup's OOM kills); every failed, error and interrupted record has one.
 FAILURE_CLASSES: Mapping[str, str] = {
-    "contract": "measured, but not exact, not cold or not alone",
+    "contract": "measured, but not exact, not cold, not alone or not streamed as decoded",
     "timeout": "the first-token or inter-token budget ran out while the server kept answering",
     "hang": "the budget ran out and the server no longer answered",
     "oom": "out of memory, named by the server's log, vLLM's KV check or the OOM killer",

@@ -334,7 +334,12 @@ def _judge_metric(
         return None  # warm points are gated only where both sides measured them
     before_groups = _session_values(baseline_records, metric.figure)
     after_values = _figure_values(current_records, metric.figure)
-    if not before_groups and not after_values:
+    chunked = (
+        _chunked_stream(baseline_records, current_records)
+        if metric.figure == "itl_median"
+        else None
+    )
+    if not before_groups and not after_values and chunked is None:
         return None  # neither side records it (e.g. a prefill-only profile): nothing to judge
     where = f"{metric.label} at {format_size(length)}"
     before = Stats.of_sessions(before_groups) if before_groups else None
@@ -355,12 +360,8 @@ def _judge_metric(
         )
 
     missing = _why_not_compared(metric, before, after)
-    if missing is not None and metric.figure == "itl_median":
-        missing = (
-            _chunked_stream(baseline_records, "the baseline")
-            or _chunked_stream(current_records, "this run")
-            or missing
-        )
+    if missing is not None and chunked is not None:
+        missing = chunked
     if missing is not None or before is None or after is None:
         return verdict("insufficient", f"{where}: not compared, {missing}")
     worse_sign = 1.0 if metric.higher_is_worse else -1.0
@@ -382,17 +383,28 @@ def _why_not_compared(metric: Metric, before: Stats | None, after: Stats | None)
     return None
 
 
-def _chunked_stream(records: list[Record], side: str) -> str | None:
+def _chunked_stream(baseline: list[Record], current: list[Record]) -> str | None:
     """Why a side has no inter-token latency: its chunks carried several tokens each, so its
-    gaps are between chunks and are never gated as if they were between tokens."""
-    chunked = [r for r in records if r.stream and not r.stream.get("per_token_gaps", True)]
+    gaps are between chunks and are never gated as if they were between tokens; None when
+    every chunk of both sides carried one token."""
+    sides = {"the baseline": baseline, "this run": current}
+    chunked = {
+        side: [r for r in records if r.stream and not r.stream.get("per_token_gaps", True)]
+        for side, records in sides.items()
+    }
+    chunked = {side: records for side, records in chunked.items() if records}
     if not chunked:
         return None
-    intervals = sorted({str(r.stream.get("stream_interval") or "unknown") for r in chunked})
+    intervals = sorted(
+        {str(r.stream.get("stream_interval") or "unknown") for rs in chunked.values() for r in rs}
+    )
     return (
-        f"{side} streamed chunks of several tokens (stream interval {', '.join(intervals)}): "
-        "its gaps are between chunks, not tokens, and are not gated as inter-token latency; "
-        "gate with itl=off, or against a baseline streamed the same way"
+        f"{' and '.join(chunked)} streamed chunks of several tokens (stream interval "
+        f"{', '.join(intervals)}): {'their' if len(chunked) > 1 else 'its'} gaps are between "
+        "chunks, not tokens, and are never gated "
+        "as inter-token latency; gate with itl=off (TTFT and decode throughput compare at any "
+        "stream interval), or measure both sides on a server that streams every token (stream "
+        "interval 1)"
     )
 
 
