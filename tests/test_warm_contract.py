@@ -269,11 +269,9 @@ def test_a_follow_up_after_a_relaunch_sends_its_prefix_to_the_new_server(
     )
     result.assert_outcomes(passed=2, failed=1)
     records = records_of(output)
-    assert [(r.question, r.outcome, r.failure_class, r.server_start["index"]) for r in records] == [
-        (0, "passed", None, 0),
-        (1, "failed", "engine_died", 0),
-        (2, "passed", None, 1),
-    ]
+    points = [(r.outcome, r.failure_class, r.server_start["index"]) for r in records]
+    assert points == [("passed", None, 0), ("failed", "engine_died", 0), ("passed", None, 1)]
+    assert [r.question for r in records] == [0, 1, 2]
     after = records[2]
     assert after.cache["prefix_sent_by"] == "follow-up"  # the new server had none of it
     assert after.cache["served"] == after.cache["required"] == 1024
@@ -340,10 +338,8 @@ def test_the_ini_files_warm_keys_need_a_warm_workload_somewhere(
     pytester.makeini("[pytest]\nlongctx_warm_questions = 2\n")
     alone = pytester.runpytest(*collect)
     assert alone.ret == pytest.ExitCode.USAGE_ERROR
-    alone.stderr.fnmatch_lines(
-        ["*longctx_warm_questions = 2 (ini file) applies to the warm workload, which this "
-         "session does not measure: add warm to --longctx-workload*"]
-    )  # fmt: skip
+    expected = "*longctx_warm_questions = 2 (ini file) applies to the warm workload, which this "
+    alone.stderr.fnmatch_lines([expected + "session does not measure: add warm to --longctx-wo*"])
     two = ["len=1Ki-rep=0]", "len=1Ki-rep=0-warm=1]", "len=1Ki-rep=0-warm=2]"]
     assert items(WARM) == two  # the command line adds the workload the keys are for
     pytester.makeini(
@@ -511,7 +507,7 @@ def test_compare_lays_warm_ttft_beside_and_apart_from_the_cold(tmp_path) -> None
     second: compare's warm table says so, and its cold table reads the cold points alone."""
     from fabricated_runs import write_records
 
-    from pytest_longctx.reporting.run_comparison import write_comparison
+    from pytest_longctx.reporting.run_comparison import ComparedRun, compare_runs, write_comparison
 
     runs = []
     for run_id, warm in (("warm-fast", 0.1), ("warm-slow", 0.2)):
@@ -526,21 +522,15 @@ def test_compare_lays_warm_ttft_beside_and_apart_from_the_cold(tmp_path) -> None
         line = next(line for line in section.splitlines() if line.startswith("| 4Ki |"))
         return [cell.strip() for cell in line.strip("|").split("|")]
 
-    ttft = cold_part.split("## TTFT (s)")[1]
-    assert row(ttft)[1].startswith("1.0000 ± ") and row(ttft)[3] == "x1.000"  # cold alone
-    assert row(ttft)[1].endswith("(n=2)")
+    ttft = row(cold_part.split("## TTFT (s)")[1])
+    assert ttft[1].startswith("1.0000 ± ") and ttft[1].endswith("(n=2)") and ttft[3] == "x1.000"
     warm = row(warm_part)
     assert warm[1].startswith("0.1000 ± ") and warm[1].endswith("(n=4)")  # 2 questions x 2
     assert warm[2].startswith("0.2000 ± ")
     assert warm[3] == "x2.000" and warm[4].startswith("worse (p=")
     assert "warm TTFT" in (tmp_path / "compared" / "compare.html").read_text()
-    cold_only = []
-    for run_id in ("cold-a", "cold-b"):
-        cold_only.append(tmp_path / run_id)
-        records = [r for r in _session(run_id, cold=1.0, warm=0.1) if not r.warm]
-        write_records(cold_only[-1] / "results.jsonl", records)
-    write_comparison(cold_only, tmp_path / "cold")
-    assert "warm TTFT" not in (tmp_path / "cold" / "compare.md").read_text()
+    cold = [ComparedRun(i, tuple(r for r in _session(i, 1.0, 0.1) if not r.warm)) for i in "ab"]
+    assert "warm_ttft" not in compare_runs(cold).cells  # no warm table for cold-only runs
 
 
 def test_the_gate_section_shows_warm_ttft_only_for_runs_with_warm_points() -> None:
