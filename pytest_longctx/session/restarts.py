@@ -267,7 +267,7 @@ def _reattach(run: Run, server: ServerInfo) -> None:
         check_attached(server.base_url, server.api_key, session_server.api_key_env_name(run))
         return
     except ServerError as exc:
-        if exc.failure_class not in ("server_gone", "hang"):
+        if exc.failure_class not in ("server_gone", "hang", "engine_died"):
             raise PointFailure(str(exc), exc.failure_class, exc.evidence, sent=False) from None
         gone = exc
     waited = time.monotonic()
