@@ -20,7 +20,12 @@ from pathlib import Path
 
 import pytest
 from fake_vllm import fake_vllm  # noqa: F401 - the fixture, for every test module
-from longctx_testing import SWEEP_TEST, cpu_tiny_streaming, fine_grained_qwen_spec
+from longctx_testing import (
+    SWEEP_TEST,
+    attached,  # noqa: F401 - the fixture, for every test module
+    cpu_tiny_streaming,
+    fine_grained_qwen_spec,
+)
 from longctx_testing import serving as launched_server
 
 from pytest_longctx.profiles import load_profile

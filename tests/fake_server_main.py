@@ -4,8 +4,11 @@ It stands in for a launched vLLM where a test is about what the session makes of
 death (its log, its exit), not about vLLM: ``--die-at N`` ends the process during its N-th
 completion request, after printing ``--die-line`` to its log, by ``os._exit(--exit-code)`` or,
 with ``--exit-code=-9``, by SIGKILL; ``--freeze-at N`` freezes the whole server there (no
-answer to anything, ``/health`` included). ``--once FILE`` does either only while FILE does
-not exist. ``--behaviour JSON`` sets other fields of its :class:`Behaviour`.
+answer to anything, ``/health`` included); ``--stick-at N`` sticks its engine there (that
+request and every later one taken and never answered, ``/health`` still 200). ``--once
+FILE`` does any of them only while FILE does not exist. ``--fail-start-once FILE`` has the
+process fail its start-up (exit 1) once FILE exists, the first time only. ``--behaviour
+JSON`` sets other fields of its :class:`Behaviour`.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ def main() -> None:
     parser.add_argument("--die-line", default="")
     parser.add_argument("--exit-code", type=int, default=1)
     parser.add_argument("--freeze-at", type=int, default=0)
+    parser.add_argument("--stick-at", type=int, default=0)
+    parser.add_argument("--fail-start-once", default="")
     parser.add_argument("--once", default="")
     parser.add_argument("--behaviour", default="{}", help="Behaviour fields, as JSON")
     args, _ = parser.parse_known_args()
@@ -45,10 +50,11 @@ def main() -> None:
             completions[0] += 1
             count = completions[0]
         once = Path(args.once) if args.once else None
-        if count == args.freeze_at and not (once and once.exists()):
-            if once:
-                once.touch()
-            behaviour = fake.configure(fault="freeze").behaviour
+        for at, fault in ((args.freeze_at, "freeze"), (args.stick_at, "stuck_engine")):
+            if count == at and not (once and once.exists()):
+                if once:
+                    once.touch()
+                behaviour = fake.configure(fault=fault).behaviour
         if count == args.die_at and not (once and once.exists()):
             if once:
                 once.touch()
@@ -59,6 +65,13 @@ def main() -> None:
             os._exit(args.exit_code)
         return complete(handler, payload, behaviour, t_body)
 
+    after = Path(args.fail_start_once) if args.fail_start_once else None
+    if after is not None and after.exists():
+        failed = after.with_name(after.name + ".start-failed")
+        if not failed.exists():
+            failed.touch()
+            print("RuntimeError: the stand-in fails this start (--fail-start-once)", flush=True)
+            sys.exit(1)
     behaviour = Behaviour(
         model=args.served_model_name,
         max_model_len=args.max_model_len,

@@ -20,6 +20,7 @@ import math
 import multiprocessing
 import queue
 import re
+import select
 import socket
 import struct
 import threading
@@ -39,12 +40,18 @@ FAULTS = (
     "truncate",  # close the socket mid-stream, no [DONE], no final chunk
     "malformed_chunk",  # a data: line that is not JSON
     "no_usage",  # never send the usage chunk
-    "stall",  # stop sending after fault_after_tokens tokens, keep the connection open
+    "stall",  # stop sending after fault_after_tokens tokens, until the client goes away
     "hang_before_headers",  # read the request, never answer
-    "hang_after_headers",  # answer 200 headers, never send a chunk
+    "hang_after_headers",  # answer 200 headers, never send a chunk, until the client goes away
     "reset",  # read the request, then reset the connection (RST)
     "reject_echoing_auth",  # HTTP 401 whose message repeats the Authorization header
     "freeze",  # read the request, never answer; /health and /metrics stop answering too
+    # a stuck engine behind a live front: the request is taken and never answered, and stays
+    # running (num_requests_running) after its client went away; /health keeps answering 200
+    "stuck_engine",
+    # vLLM's dead engine: after fault_after_tokens tokens the EngineDeadError frame, then
+    # /health answers 503 and completions 500 (and the server stops after stop_after_death_s)
+    "engine_death",
 )
 
 #: vLLM 0.32's words: ``GenerationError`` in a stream, and ``EngineDeadError`` (the same for
@@ -126,6 +133,9 @@ class Behaviour:
     flush_last_tokens: int = 0
     #: False: /metrics has no decode-time histogram, as an engine that does not time decodes.
     decode_metric: bool = True
+    #: Fault ``engine_death``: seconds after the death frame until the server stops, as
+    #: vLLM's API server exits once its engine is dead; None: it keeps answering 503.
+    stop_after_death_s: float | None = None
     #: The error frame's message and type (fault ``error_frame``).
     error_message: str = GENERATION_ERROR_MESSAGE
     error_type: str = "InternalServerError"
@@ -242,6 +252,8 @@ class FakeVLLM:
         self._slots = threading.Condition(self._lock)
         #: Long prompts' prefills: (start, end) on perf_counter's clock.
         self.prefills: list[tuple[float, float]] = []
+        #: Set by fault ``engine_death``: /health answers 503, completions 500.
+        self.engine_dead = False
 
     @property
     def url(self) -> str:
@@ -354,6 +366,14 @@ class FakeVLLM:
 
     def hang(self) -> None:
         self._stopping.wait(_HANG_LIMIT_S)
+
+    def die(self) -> None:
+        """The engine died: vLLM's /health answers 503 from now on; its API server exits
+        ``stop_after_death_s`` later."""
+        self.engine_dead = True
+        delay = self.behaviour.stop_after_death_s
+        if delay is not None:
+            threading.Timer(delay, self.stop).start()
 
     def metrics_text(self) -> str:
         with self._lock:
@@ -471,7 +491,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not self._authorized():
             return
         if self.path == "/health":
-            self._send(200, b"", "application/json")
+            self._send(503 if self.fake.engine_dead else 200, b"", "application/json")
         elif self.path == "/v1/models":
             behaviour = self.fake.behaviour
             model = {
@@ -585,7 +605,7 @@ class _Handler(BaseHTTPRequestHandler):
             message = TOO_LONG_MESSAGE.format(limit=behaviour.max_model_len, count=prompt_tokens)
             self._error(400, "BadRequestError", message, param="input_tokens")
             return
-        if fault == "http_500":
+        if fault == "http_500" or self.fake.engine_dead:
             self._error(
                 500,
                 "InternalServerError",
@@ -616,6 +636,10 @@ class _Handler(BaseHTTPRequestHandler):
         with_ids = bool(payload.get("return_token_ids"))
         t_body = max(t_body, self.fake.admit())
         try:
+            if fault == "stuck_engine":
+                self.fake.hang()  # the client's going away changes nothing
+                self.close_connection = True
+                return
             self._stream(
                 behaviour, t_body, total, prompt_tokens, (include_usage, running), with_ids, payload
             )
@@ -663,7 +687,7 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if fault == "hang_after_headers":
                 self._idle_until(behaviour, time.perf_counter() + _HANG_LIMIT_S)
-                self.fake.hang()
+                self._hold()
                 return
             for _ in range(behaviour.empty_chunks_first):
                 choice: dict[str, Any] = {"index": 0, "finish_reason": None}
@@ -678,9 +702,8 @@ class _Handler(BaseHTTPRequestHandler):
             counts: list[int] = []
             due = t_body  # when the last token left; the schedule's origin before the first
             while sent < total:
-                if fault in ("error_frame", "truncate", "malformed_chunk", "stall") and (
-                    sent >= behaviour.fault_after_tokens
-                ):
+                faults = ("error_frame", "truncate", "malformed_chunk", "stall", "engine_death")
+                if fault in faults and (sent >= behaviour.fault_after_tokens):
                     self._inject(fault)
                     return
                 count = min(behaviour.tokens_per_chunk, total - sent)
@@ -780,16 +803,20 @@ class _Handler(BaseHTTPRequestHandler):
             self.fake.track(None)
 
     def _inject(self, fault: str) -> None:
-        if fault == "error_frame":
+        if fault in ("error_frame", "engine_death"):
             behaviour = self.fake.behaviour
             error = {
                 "error": {
-                    "message": behaviour.error_message,
+                    "message": ENGINE_DEAD_MESSAGE
+                    if fault == "engine_death"
+                    else behaviour.error_message,
                     "type": behaviour.error_type,
                     "param": None,
                     "code": 500,
                 }
             }
+            if fault == "engine_death":
+                self.fake.die()
             self._write(b"data: " + json.dumps(error).encode() + b"\n\n")
             self._write(b"data: [DONE]\n\n")
             self.wfile.write(b"0\r\n\r\n")
@@ -798,10 +825,24 @@ class _Handler(BaseHTTPRequestHandler):
             self._write(b"data: [DONE]\n\n")
             self.wfile.write(b"0\r\n\r\n")
         elif fault == "stall":
-            self.fake.hang()
+            self._hold()
         # "truncate": return without the terminating chunk; the socket closes
 
     # -- plumbing ----------------------------------------------------------------------------
+
+    def _hold(self) -> None:
+        """Keep the request until its client goes away, as vLLM aborts a request whose
+        client disconnected (``num_requests_running`` drops), or until the fake stops."""
+        while not self.fake._stopping.is_set():
+            ready, _, _ = select.select([self.connection], [], [], 0.05)
+            if not ready:
+                continue
+            try:
+                if not self.connection.recv(1, socket.MSG_PEEK):
+                    return
+            except OSError:
+                return
+            self.fake._stopping.wait(0.05)
 
     def _idle_until(self, behaviour: Behaviour, target: float) -> None:
         """Wait for ``target``, sending vLLM's keep-alive comment every ``keep_alive_s``."""

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from pytest_longctx.core.records import Record, read_records
 
 REPO = Path(__file__).resolve().parents[1]
@@ -177,6 +179,17 @@ def fault_session(pytester, fake):  # noqa: ANN001, ANN201
         return result, records_of(output)
 
     return run
+
+
+@pytest.fixture
+def attached(pytester, fake_vllm):  # noqa: ANN001, ANN201
+    """:func:`fault_session` on the ``fake_vllm`` fixture's server; import it into a test
+    module to use it."""
+    return fault_session(pytester, fake_vllm)
+
+
+def failure_classes(records: list[Record]) -> list[str | None]:
+    return [r.failure_class for r in records]
 
 
 def fine_grained_qwen_spec():  # noqa: ANN201 - an EmbeddedModelSpec

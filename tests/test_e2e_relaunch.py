@@ -2,13 +2,18 @@
 
 Each session launches cpu-tiny itself; a conftest kills the server's process group (SIGKILL)
 between points or while a point's request is running (once ``vllm:num_requests_running``
-says the engine has it), as an out-of-memory kill or a crash would.
+says the engine has it), as an out-of-memory kill or a crash would. The relaunch limit's
+session bookkeeping alone also runs on the launched stand-in.
 """
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from longctx_testing import SWEEP_TEST, launch_fake_conftest, records_of, run_folder, run_session
+
+from pytest_longctx.serving.process import is_alive
 
 pytestmark = pytest.mark.vllm
 
@@ -74,43 +79,61 @@ def _points(records):  # noqa: ANN001, ANN202
 def test_killed_between_and_during_points_the_session_relaunches_and_carries_on(
     pytester: pytest.Pytester,
 ) -> None:
-    """Killed after 1Ki rep 0, and whenever 2Ki's request runs: each later point passes on a
-    fresh start of the same server; 2Ki's crash is classed, and with one crash allowed per
-    length its other repeat is skipped, so only 2Ki is lost (three server starts)."""
+    """Killed after 1Ki rep 0, whenever 2Ki's request runs, and after 1Ki rep 1. The first
+    two kills: each later point passes on a fresh start of the same server; 2Ki's crash is
+    classed, and with one crash allowed per length its other repeats are skipped with that
+    class, so only 2Ki is lost. The third kill finds both relaunches of
+    --longctx-max-relaunches=2 spent: no server is started for it (three starts in all), the
+    point after it is never sent and says why, and the session ends with nothing of the
+    server left."""
     pytester.makepyfile(test_sweep=SWEEP_TEST)
-    pytester.makeconftest(killer(between=("len=1Ki-rep=0",), during=(2048,)))
+    pytester.makeconftest(killer(between=("len=1Ki-rep=0", "len=1Ki-rep=1"), during=(2048,)))
     # 128 tokens to decode: the request runs long enough for the killer to see it running
     args = (
         "--longctx-to=2Ki",
-        "--longctx-repeats=2",
+        "--longctx-repeats=3",
         "--longctx-decode-tokens=128",
         "--longctx-max-crashes-per-length=1",
+        "--longctx-max-relaunches=2",
     )
     result, output = run_session(pytester, *args)
-    result.assert_outcomes(passed=2, failed=1, skipped=1)
+    result.assert_outcomes(passed=2, failed=1, skipped=2, errors=1)
     records = records_of(output)
     assert _points(records) == [
         (1024, 0, "passed", None, 0),
         (2048, 0, "failed", "engine_died", 1),  # start 1: after the kill between points
         (1024, 1, "passed", None, 2),
-        (2048, 1, "skipped", None, 2),  # a consequence: the crash carries the class
+        (2048, 1, "skipped", "engine_died", 2),  # the crash limit, with the crash's class
+        (1024, 2, "error", "start_failed", 2),  # killed after 1Ki rep 1, relaunches spent
+        (2048, 2, "skipped", "engine_died", 2),
     ]
     assert "the server exited with code -9" in records[1].evidence
     assert "took the server down once" in records[3].reason
+    limited = records[4]
+    assert "never sent: the server is down and not started again" in limited.reason
+    assert "relaunches are spent (2 of --longctx-max-relaunches=2)" in limited.reason
+    assert "the server exited with code -9" in limited.evidence
     starts = {r.server_start["index"]: r.server_start for r in records}
+    assert sorted(starts) == [0, 1, 2]
     assert starts[1]["cause"].startswith("engine_died: the vLLM server is gone (exit code -9;")
     assert all(starts[i]["startup_s"] > 1 for i in starts)
     fingerprint = records[0].fingerprint
     assert all(r.fingerprint["server_command"] == fingerprint["server_command"] for r in records)
     report = (run_folder(output) / "report.md").read_text()
     assert "Server starts" in report and "#2 up in" in report
-    assert "1 engine_died, 1 skipped |" in report
-    result.stdout.fnmatch_lines(["2Ki *1 engine_died, 1 skipped"])
+    assert "2 passed, 1 start_failed |" in report
+    assert "1 engine_died, 2 skipped (engine_died) |" in report
+    result.stdout.fnmatch_lines(["2Ki *1 engine_died, 2 skipped (engine_died)"])
+    # ended cleanly: no internal error, and no process of the server's group left
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+    server = json.loads((run_folder(output) / "server.json").read_text())
+    assert server["stopped_at"] and not is_alive(server["pgid"], group=True)
 
 
-def test_the_relaunch_limit_holds(pytester: pytest.Pytester) -> None:
-    """One relaunch allowed: the second death fails the rest at once, saying why. The limit is
-    the session's own bookkeeping, so the stand-in server is launched and killed."""
+def test_relaunch_limit_bookkeeping_on_the_stand_in(pytester: pytest.Pytester) -> None:
+    """One relaunch allowed: the second death leaves the rest never sent, saying why. The
+    session's own bookkeeping, on the launched stand-in (the real server's limit is in the
+    test above)."""
     pytester.makepyfile(test_sweep=SWEEP_TEST)
     kills = killer(between=("len=1Ki-rep=0", "len=2Ki-rep=0"))
     pytester.makeconftest(kills + launch_fake_conftest())
@@ -120,7 +143,7 @@ def test_the_relaunch_limit_holds(pytester: pytest.Pytester) -> None:
     assert _points(records) == [
         (1024, 0, "passed", None, 0),
         (2048, 0, "passed", None, 1),
-        (4096, 0, "error", "engine_died", 1),
+        (4096, 0, "error", "start_failed", 1),
     ]
     assert "relaunches are spent (1 of --longctx-max-relaunches=1)" in records[2].reason
 

@@ -289,7 +289,7 @@ def assert_summary_row(cells: list[str], records: list[Record]) -> None:
         assert_cv(row[cv_column], values)
     printed = {}
     for part in row["outcomes"].split(", "):
-        count, outcome = part.split(" ")
+        count, outcome = part.split(" ", 1)
         printed[outcome] = int(count)
     # passed points by outcome, the others by their failure class ("1 passed, 1 contract")
     assert printed == dict(Counter(outcome_label(r) for r in latest_records(records)))

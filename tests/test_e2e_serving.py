@@ -107,9 +107,13 @@ def test_launch_with_api_key_then_the_server_dies(
     )
     records = records_of(output)
     assert [r.outcome for r in records] == ["passed", "error", "error"]  # never sent
-    assert [r.failure_class for r in records] == [None, "engine_died", "engine_died"]
+    # never sent, and not started again: no crash counted where nothing ran
+    assert [r.failure_class for r in records] == [None, "start_failed", "start_failed"]
     assert records[0].prompt_tokens == 1024 and records[0].completion_tokens == 32
     assert all("the vLLM server is gone" in r.reason for r in records[1:])
+    assert all(
+        "relaunches are spent (0 of --longctx-max-relaunches=0)" in r.reason for r in records[1:]
+    )
     fingerprint = records[0].fingerprint
     assert fingerprint["server_mode"] == "launched"
     assert "--kv-cache-memory-bytes" in fingerprint["server_command"]

@@ -17,30 +17,21 @@ import pytest
 from fake_vllm import ENGINE_DEAD_MESSAGE, Behaviour, FakeVLLM
 from longctx_testing import (
     SWEEP_TEST,
-    fault_session,
+    failure_classes,
     launch_fake_conftest,
     records_of,
     run_folder,
     run_session,
 )
 
-from pytest_longctx.core.records import FAILURE_CLASSES, Record
+from pytest_longctx.core.records import FAILURE_CLASSES
 from pytest_longctx.measure import outcomes
-
-
-@pytest.fixture
-def attached(pytester: pytest.Pytester, fake_vllm: FakeVLLM):  # noqa: ANN201
-    return fault_session(pytester, fake_vllm)
-
-
-def _classes(records: list[Record]) -> list[str | None]:
-    return [r.failure_class for r in records]
 
 
 def test_a_broken_contract_is_classed_contract(attached) -> None:  # noqa: ANN001
     result, records = attached("-m", "len==1Ki", cached_prompt_tokens=512)
     result.assert_outcomes(failed=1)
-    assert _classes(records) == ["contract"]
+    assert failure_classes(records) == ["contract"]
     assert "prefix cache served 512" in records[0].reason
 
 
@@ -49,7 +40,7 @@ def test_a_first_token_budget_that_runs_out_is_a_timeout(attached) -> None:  # n
         "-m", "len==1Ki", "--longctx-ttft-timeout=0.5", fault="hang_after_headers"
     )
     result.assert_outcomes(failed=1)
-    assert _classes(records) == ["timeout"]  # the server still answers /health
+    assert failure_classes(records) == ["timeout"]  # the server still answers /health
 
 
 def test_a_server_that_stops_answering_is_a_hang(attached) -> None:  # noqa: ANN001
@@ -62,7 +53,7 @@ def test_a_server_that_stops_answering_is_a_hang(attached) -> None:  # noqa: ANN
         fault="freeze",
     )
     result.assert_outcomes(failed=1)
-    assert _classes(records) == ["hang"]
+    assert failure_classes(records) == ["hang"]
     assert any("connected, no answer" in line for line in records[0].evidence)
 
 
@@ -76,54 +67,54 @@ def test_vllms_engine_death_frame_is_engine_died(attached) -> None:  # noqa: ANN
         error_message=ENGINE_DEAD_MESSAGE,
     )
     result.assert_outcomes(failed=1)
-    assert _classes(records) == ["engine_died"]
+    assert failure_classes(records) == ["engine_died"]
     assert records[0].evidence == (ENGINE_DEAD_MESSAGE,)
 
 
 def test_vllms_engine_death_500_is_engine_died(attached) -> None:  # noqa: ANN001
     result, records = attached("-m", "len==1Ki", fault="http_500")
     result.assert_outcomes(failed=1)
-    assert _classes(records) == ["engine_died"]
+    assert failure_classes(records) == ["engine_died"]
 
 
 def test_a_generation_error_frame_is_an_error(attached) -> None:  # noqa: ANN001
     """vLLM's GenerationError frame ("Internal server error") names no death and no memory."""
     result, records = attached("-m", "len==1Ki", fault="error_frame", fault_after_tokens=2)
     result.assert_outcomes(failed=1)
-    assert _classes(records) == ["error"]
+    assert failure_classes(records) == ["error"]
 
 
 def test_a_cut_connection_to_a_live_server_is_apart_from_a_crash(attached) -> None:  # noqa: ANN001
     """The stream breaks, the server still answers: a middlebox cut it, not a crash."""
     result, records = attached("--longctx-to=2Ki", fault="truncate", fault_after_tokens=3)
     result.assert_outcomes(failed=2)
-    assert _classes(records) == ["connection_cut", "connection_cut"]
+    assert failure_classes(records) == ["connection_cut", "connection_cut"]
     assert "NAT, proxy or load balancer" in records[0].evidence[0]
 
 
 def test_a_reset_connection_to_a_live_server_is_cut(attached) -> None:  # noqa: ANN001
     result, records = attached("-m", "len==1Ki", fault="reset")
     result.assert_outcomes(failed=1)
-    assert _classes(records) == ["connection_cut"]
+    assert failure_classes(records) == ["connection_cut"]
 
 
 def test_a_prompt_longer_than_the_server_serves_is_refused(attached) -> None:  # noqa: ANN001
     result, records = attached("-m", "len==1Ki", max_model_len=512)
     result.assert_outcomes(failed=1)
-    assert _classes(records) == ["refused"]
+    assert failure_classes(records) == ["refused"]
 
 
 def test_an_attached_server_that_is_gone_fails_fast_as_server_gone(attached) -> None:  # noqa: ANN001
     result, records = attached("--longctx-to=2Ki", "--longctx-reattach-timeout=0", stop_server=True)
     result.assert_outcomes(failed=1, errors=1)  # the second point is never sent
-    assert _classes(records) == ["server_gone", "server_gone"]
+    assert failure_classes(records) == ["server_gone", "server_gone"]
     assert "did not answer again within 0 s" in records[1].reason
 
 
 def test_a_malformed_stream_is_an_error(attached) -> None:  # noqa: ANN001
     result, records = attached("-m", "len==1Ki", fault="malformed_chunk")
     result.assert_outcomes(failed=1)
-    assert _classes(records) == ["error"]
+    assert failure_classes(records) == ["error"]
 
 
 def test_an_interrupted_point_is_classed_interrupted(
@@ -246,7 +237,7 @@ def test_a_server_that_cannot_start_names_its_cause_in_one_line(pytester: pytest
     result, output = run_session(pytester, "--longctx-to=2Ki")
     result.assert_outcomes(errors=2)
     records = records_of(output)
-    assert _classes(records) == ["start_failed", "start_failed"]
+    assert failure_classes(records) == ["start_failed", "start_failed"]
     (line,) = records[0].reason.splitlines()
     assert line.endswith(": OSError: We could not connect to huggingface.co to load the files")
 
@@ -286,13 +277,13 @@ def test_the_exception_ending_a_log_is_the_root_cause_not_the_wrapper() -> None:
 
 
 def test_resume_measures_the_points_a_crash_cost(pytester: pytest.Pytester) -> None:
-    """No relaunches: the crash fails 2Ki as engine_died and 4Ki is never sent; a resume
-    measures both, like any failure."""
+    """No relaunches: the crash fails 2Ki as engine_died and 4Ki is never sent (start_failed);
+    a resume measures both, like any failure."""
     once = pytester.path / "died"
     launched(pytester, "--die-at=5", "--exit-code=-9", f"--once={once}")
     result, output = run_session(pytester, "--longctx-to=4Ki", "--longctx-max-relaunches=0")
     result.assert_outcomes(passed=1, failed=1, errors=1)
-    assert _classes(records_of(output)) == [None, "engine_died", "engine_died"]
+    assert failure_classes(records_of(output)) == [None, "engine_died", "start_failed"]
     assert "relaunches are spent (0 of --longctx-max-relaunches=0)" in records_of(output)[2].reason
     result, output = run_session(pytester, "--longctx-to=4Ki", "--longctx-resume")
     result.assert_outcomes(passed=3)
@@ -326,7 +317,7 @@ def test_a_profile_whose_devices_are_absent_is_refused_before_a_launch(
     result, output = run_session(pytester, *args, timeout=120)
     result.assert_outcomes(errors=2)
     records = records_of(output)
-    assert _classes(records) == ["start_failed", "start_failed"]
+    assert failure_classes(records) == ["start_failed", "start_failed"]
     (line,) = records[0].reason.splitlines()
     assert line.startswith("Failed: profile kimi-linear-mi355x cannot be launched here: it serves")
     assert "8 ROCM device(s) and rocm-smi finds none on this machine" in line
@@ -486,13 +477,23 @@ def test_a_point_never_sent_because_the_server_died_is_measured_after_the_relaun
     assert records[1].server_start["cause"].startswith("engine_died: the vLLM server is gone")
 
 
+@pytest.mark.parametrize(
+    ("stuck", "evidence"),
+    [
+        ("--freeze-at=5", "did not answer /health within 10 s after the budget ran out"),
+        ("--stick-at=5", "vllm:num_requests_running was 1 "),
+    ],
+    ids=["server-frozen", "engine-stuck"],
+)
 def test_a_launched_server_that_hangs_is_classed_hang_stopped_and_relaunched(
-    pytester: pytest.Pytester,
+    pytester: pytest.Pytester, stuck: str, evidence: str
 ) -> None:
-    """The whole server freezes during 2Ki: the budget runs out, /health gets no answer, so
-    the point is a hang; the server is stopped and started again, and 4Ki passes."""
+    """During 2Ki the whole server freezes (/health gets no answer), or only its engine
+    sticks (/health answers, the abandoned request stays running, as it would for every later
+    point): the budget runs out and the point is a hang; the server is stopped and started
+    again for that cause, and 4Ki passes on the new start instead of waiting its budget."""
     once = pytester.path / "froze"
-    launched(pytester, "--freeze-at=5", f"--once={once}")
+    launched(pytester, stuck, f"--once={once}")
     result, output = run_session(pytester, "--longctx-to=4Ki", "--longctx-ttft-timeout=1")
     result.assert_outcomes(passed=2, failed=1)
     records = records_of(output)
@@ -502,7 +503,10 @@ def test_a_launched_server_that_hangs_is_classed_hang_stopped_and_relaunched(
         ("passed", None, 1),
     ]
     assert "FirstTokenTimeoutError" in records[1].reason
-    assert records[2].server_start["cause"].startswith("hang: the server hung during len=2Ki")
+    (line,) = records[1].evidence  # launched: nothing said about not restarting
+    assert evidence in line
+    cause = records[2].server_start["cause"]
+    assert cause.startswith("hang: the server hung during len=2Ki") and evidence in cause
 
 
 def test_under_xdist_a_worker_whose_server_is_lost_hands_its_points_to_the_others(
@@ -521,6 +525,8 @@ def test_under_xdist_a_worker_whose_server_is_lost_hands_its_points_to_the_other
     lost = crashed.fingerprint["server"]["worker"]
     handed = [r for r in records if r.outcome == "skipped"]
     assert handed and all("takes no more points" in r.reason for r in handed)
+    # the class of what caused it: the lost server, never started again
+    assert {r.failure_class for r in handed} == {"start_failed"}
     latest = latest_records(records)
     assert sorted((r.length, r.repeat, r.outcome) for r in latest if r is not crashed) == sorted(
         (length, repeat, "passed")

@@ -52,8 +52,9 @@ class LengthSummary:
     #: Distinct prompt token counts the server reported for passed records.
     prompt_tokens: tuple[int, ...] = ()
     run_ids: tuple[str, ...] = ()
-    #: Points by what they came to: ``passed`` or their failure class (their outcome when
-    #: they carry none: a skip the plan decided), in :func:`label_counts` order.
+    #: Points by what they came to: ``passed``, their failure class, ``skipped (class)`` for
+    #: a skip a failure caused, or their outcome when they carry no class (a skip the plan
+    #: decided), in :func:`label_counts` order.
     labels: Mapping[str, int] = field(default_factory=dict)
 
     @property
@@ -118,20 +119,29 @@ def summarize_values(name: str, values: Sequence[float]) -> FigureSummary:
 
 
 def outcome_label(record: Record) -> str:
-    """``passed``, or why not: the failure class, else the outcome."""
+    """``passed``, or why not: the failure class, else the outcome. A skip a failure caused
+    reads ``skipped (oom)``: the point never ran, so it is not counted as one more crash."""
     if record.outcome == "passed":
         return "passed"
+    if record.outcome == "skipped" and record.failure_class:
+        return f"skipped ({record.failure_class})"
     return record.failure_class or record.outcome
 
 
+def _label_order(label: str) -> tuple[int, int]:
+    order = ["passed", *FAILURE_CLASSES, *OUTCOMES]
+    outcome, _, klass = label.partition(" (")
+    return order.index(outcome), order.index(klass[:-1]) + 1 if klass else 0
+
+
 def label_counts(records: Iterable[Record]) -> dict[str, int]:
-    """Points per :func:`outcome_label`, passed first, then the classes in their order."""
+    """Points per :func:`outcome_label`, passed first, then the classes in their order, then
+    the outcomes (a classed skip after the plain ones)."""
     counts: dict[str, int] = {}
     for record in records:
         label = outcome_label(record)
         counts[label] = counts.get(label, 0) + 1
-    order = ["passed", *FAILURE_CLASSES, *OUTCOMES]
-    return {label: counts[label] for label in sorted(counts, key=order.index)}
+    return {label: counts[label] for label in sorted(counts, key=_label_order)}
 
 
 def latest_records(records: Iterable[Record]) -> list[Record]:

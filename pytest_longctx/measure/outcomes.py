@@ -11,6 +11,7 @@ attached server whose log is not readable here) the class is ``engine_died``.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -25,6 +26,7 @@ from pytest_longctx.client import (
     ServerUnavailableError,
     TruncatedStreamError,
 )
+from pytest_longctx.measure.server_metrics import REQUESTS_RUNNING, MetricsSnapshot
 from pytest_longctx.measure.target import ServerError, ServerInfo
 
 #: ``vllm.v1.engine.exceptions.EngineDeadError``'s message, inside error frames and bodies.
@@ -138,29 +140,83 @@ def death(log_lines: Iterable[str], exit_code: int | None, oom_kills: int = 0) -
 #: How long a server may take to answer ``/health`` after a failed point before it counts as
 #: not answering (a hung server, or an attached one that is gone).
 PROBE_TIMEOUT_S = 10.0
+#: How long a working engine may take to drop a request whose client went away: vLLM aborts
+#: a request when its client disconnects, at the engine's next step. Still running after
+#: that, behind a front that answers ``/health``, the engine is stuck.
+ABORT_GRACE_S = 5.0
+ABORT_POLL_S = 0.25
+#: The classes a dead engine's error frame replaces when the check after it only shows the
+#: server unhealthy (vLLM's ``/health`` answers 503 once its engine is dead), gone or silent.
+_FRAME_WINS_OVER = ("error", "engine_died", "server_gone", "hang")
 
 
-def _answers(server: ServerInfo) -> bool:
+def _probe(server: ServerInfo) -> CompletionClient:
     config = ClientConfig(
         base_url=server.base_url,
         api_key=server.api_key,
         connect_timeout_s=PROBE_TIMEOUT_S,
         control_timeout_s=PROBE_TIMEOUT_S,
     )
-    with CompletionClient(config) as client:
+    return CompletionClient(config)
+
+
+def _answers(server: ServerInfo) -> bool:
+    with _probe(server) as client:
         return client.health_status() is not None
 
 
+def stuck_engine(server: ServerInfo, since: float, others: int = 0) -> tuple[str, ...] | None:
+    """The evidence that the engine is stuck after a request's budget ran out: ``/metrics``
+    still counts more than ``others`` requests running (the background streams of an
+    interference point) :data:`ABORT_GRACE_S` after the client abandoned its request at
+    ``since`` (monotonic). None when the request was dropped, or ``/metrics`` cannot say.
+
+    One engine step longer than the grace (an unchunked prefill of millions of tokens) reads
+    the same: the server could not take the next point before that step ends either."""
+    running: float | None = None
+    with _probe(server) as client:
+        while True:
+            try:
+                running = MetricsSnapshot.from_text(client.metrics_text()).total(REQUESTS_RUNNING)
+            except (MeasurementError, ValueError):
+                return None
+            if running is None or running <= others:
+                return None
+            if time.monotonic() >= since + ABORT_GRACE_S:
+                break
+            time.sleep(ABORT_POLL_S)
+    besides = f", {others} of them the background streams'" if others else ""
+    evidence = [
+        f"{REQUESTS_RUNNING} was {running:g}{besides} {time.monotonic() - since:.1f} s after "
+        "the client abandoned the request, while /health answers: the engine did not drop it "
+        "(vLLM aborts a request whose client disconnected at its next step), so it is stuck"
+    ]
+    if server.mode != "launched":
+        evidence.append(
+            f"the server at {server.base_url} is attached: it cannot be restarted from here, "
+            "and its later points wait behind the stuck request"
+        )
+    return tuple(evidence)
+
+
 def failed_request(
-    exc: MeasurementError, server: ServerInfo, check_alive: Callable[[float], None]
+    exc: MeasurementError,
+    server: ServerInfo,
+    check_alive: Callable[[float], None],
+    others: int = 0,
 ) -> tuple[str, str, tuple[str, ...], bool]:
     """A failed request's (message, class, evidence, sent), from the error and from the
     server's state after it.
 
-    A dead launched server is classed by its death (its log and the OOM killer); a budget
-    that ran out is a ``timeout`` while the server still answers and a ``hang`` when it does
-    not; a broken connection to a server that still answers was cut between the two.
+    A dead launched server is classed by its death (its log and the OOM killer); a dead
+    engine's error frame is ``engine_died`` (or ``oom``) whatever the check after it shows of
+    an attached server (unhealthy, gone, silent). A budget that ran out is a ``timeout``
+    while the server still answers and drops the abandoned request, and a ``hang`` when it
+    does not answer, or answers with the request still running (:func:`stuck_engine`;
+    ``others``: requests of other clients expected to run); a broken connection to a server
+    that still answers was cut between the two.
     """
+    abandoned = time.monotonic()
     text = f"{type(exc).__name__}: {exc}"
     sent = not isinstance(exc, NotConnectedError)
     said = getattr(exc, "server_message", None) or str(exc)
@@ -173,11 +229,17 @@ def failed_request(
         check_alive(5.0)
     except ServerError as gone:
         evidence = (*([said] if frame else []), *gone.evidence)
-        return f"{text}\n{gone}", gone.failure_class, evidence, sent
+        klass = gone.failure_class
+        if frame and frame[0] in ("engine_died", "oom") and klass in _FRAME_WINS_OVER:
+            klass = frame[0]
+        return f"{text}\n{gone}", klass, evidence, sent
     if frame:
         return text, frame[0], (said,), sent
     if isinstance(exc, MeasurementTimeoutError):
         if _answers(server):
+            stuck = stuck_engine(server, abandoned, others)
+            if stuck:
+                return text, "hang", stuck, sent
             return text, "timeout", (), sent
         return (
             text,

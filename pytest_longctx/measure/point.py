@@ -269,9 +269,10 @@ def send_measured(
     check_alive: Callable[[float], None],
     refusal: Callable[[RequestRejectedError], str],
     watch: PointWatcher | None,
+    others: int = 0,
 ) -> StreamMeasurement:
     """Stream the point's request, watched; a failure is a :class:`PointFailure` with its
-    class."""
+    class (``others``: requests of other clients the server runs meanwhile)."""
     if watch is not None:
         watch.start()
     try:
@@ -287,9 +288,9 @@ def send_measured(
             raise PointFailure(refusal(exc), "refused") from None
         if exc.status_code is not None and exc.status_code < 500:
             raise PointFailure(f"{type(exc).__name__}: {exc}", "refused") from None
-        raise PointFailure(*outcomes.failed_request(exc, server, check_alive)) from None
+        raise PointFailure(*outcomes.failed_request(exc, server, check_alive, others)) from None
     except MeasurementError as exc:
-        raise PointFailure(*outcomes.failed_request(exc, server, check_alive)) from None
+        raise PointFailure(*outcomes.failed_request(exc, server, check_alive, others)) from None
     finally:
         if watch is not None:
             watch.stop()

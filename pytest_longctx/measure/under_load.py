@@ -183,7 +183,9 @@ def measure_under_load(
                 f"token within {load.streaming_timeout_s:g} s"
             )
         time.sleep(load.idle_s)
-        stream = send_measured(client, server, request, settings, check_alive, refusal, watch)
+        stream = send_measured(
+            client, server, request, settings, check_alive, refusal, watch, load.background.streams
+        )
     except BackgroundError as exc:
         raise PointFailure(f"the background streams failed: {exc}") from None
     finally:

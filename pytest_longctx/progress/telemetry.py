@@ -249,3 +249,20 @@ class DeviceTelemetry:
         if self.tool is None:
             return {"tool": None, "missing": self.missing}
         return {"tool": self.tool, "command": list(self.argv)}
+
+
+def memory_used(
+    devices: Sequence[str] = (), telemetry: DeviceTelemetry | None = None
+) -> dict[int, int] | None:
+    """Bytes used on each device now, by the tool's index: only ``devices`` when they are
+    indices (a server's ``CUDA_VISIBLE_DEVICES``), every device otherwise; None when no tool
+    reads it (a CPU host) or the reading failed."""
+    readings = (telemetry or DeviceTelemetry.detect()).read()
+    if readings is None:
+        return None
+    wanted = {int(d) for d in devices} if devices and all(d.isdigit() for d in devices) else None
+    return {
+        reading.index: reading.memory_used_bytes
+        for reading in readings
+        if reading.memory_used_bytes is not None and (wanted is None or reading.index in wanted)
+    }

@@ -346,7 +346,8 @@ def check_attached(
     """The attached server answers ``/health``; a refusal names where the key comes from.
 
     One that does not answer is ``server_gone`` when nothing accepts its connections, and
-    ``hang`` when something still does (the process is there, stuck).
+    ``hang`` when something still does (the process is there, stuck); one that answers 503,
+    as vLLM's ``/health`` does once its engine died, is ``engine_died``.
     """
     with control_client(base_url, api_key, timeout_s) as client:
         status = client.health_status()
@@ -370,6 +371,13 @@ def check_attached(
         hint = f"check the key in {key_env}" if key_env else "set --longctx-api-key-env=VAR"
         raise ServerError(
             f"the server at {base_url} refused {source} (HTTP {status}): {hint}", "refused"
+        )
+    if status == 503:  # vLLM's /health: 503 once the engine is dead (EngineDeadError)
+        raise ServerError(
+            f"the server at {base_url} answers /health with HTTP 503: vLLM does so once its "
+            "engine is dead, before its API server exits",
+            "engine_died",
+            (f"{base_url}/health: HTTP 503",),
         )
     raise ServerError(f"the server at {base_url} is unhealthy (HTTP {status} from /health)")
 

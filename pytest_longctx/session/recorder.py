@@ -58,7 +58,8 @@ def _classify(
 
     The measurement and the server lifecycle raise with a class attached; an assertion of the
     sweep test's own (exact, cold, alone) is a ``contract`` failure; a skip carries a class
-    only when a failure caused it (a length vLLM refused, or one that crashed too often).
+    only when a failure caused it (a length vLLM refused, one that crashed too often, a point
+    a worker whose server was lost handed back).
     """
     if outcome == "passed":
         return None, ()

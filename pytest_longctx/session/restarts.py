@@ -1,12 +1,15 @@
 """A campaign that outlives its server: before each point, the server is brought back.
 
 A launched server that died (or hung, and was stopped) is started again with the same command
-and warm-up once its process group is gone and its port is free, and its fingerprint must
-match the run's; the point is then measured, not failed. An attached server cannot be started
-again: the session waits a bounded time for it to answer, checks it is the same server, and
-goes on, else its points fail at once as ``server_gone``. Limits: relaunches per session
-(``--longctx-max-relaunches``) and crashes per length (``--longctx-max-crashes-per-length``),
-after which that length's remaining repeats are skipped with the reason.
+and warm-up once its process group is gone, its port free and, on GPUs, its devices' memory
+back near where it was before the first start; its fingerprint must match the run's, and the
+point is then measured, not failed. A relaunch whose start fails counts as one and is tried
+again while relaunches are left. An attached server cannot be started again: the session
+waits a bounded time for it to answer, checks it is the same server, and goes on, else its
+points fail at once as ``server_gone``. Limits: relaunches per session
+(``--longctx-max-relaunches``), after which the points left are never sent (``start_failed``),
+and crashes per length (``--longctx-max-crashes-per-length``), after which that length's
+remaining repeats are skipped, carrying the class of its last crash.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from pytest_longctx.gate import fingerprint_mismatch
 from pytest_longctx.measure.point import PointFailure
 from pytest_longctx.measure.target import ServerError, ServerInfo
 from pytest_longctx.plan.sweep import INTERFERENCE, Point
+from pytest_longctx.progress import telemetry
+from pytest_longctx.reporting.reuse import format_bytes
 from pytest_longctx.serving.process import check_attached, control_client, is_alive
 from pytest_longctx.session import points
 from pytest_longctx.session import server as session_server
@@ -32,8 +37,12 @@ from pytest_longctx.session.run import Run
 CRASH_CLASSES = ("engine_died", "oom", "hang", "server_gone")
 #: On a worker's report of a point it hands back, for the controller (controller.py).
 HANDED_BACK_ATTRIBUTE = "longctx_handed_back"
-#: How long a dead server's process group and port may take to be released.
+#: How long a dead server's process group, port and device memory may take to be released.
 RELEASE_TIMEOUT_S = 60.0
+#: How far above its level before the first start a device's used memory may stay (the
+#: driver's own, another tool's context) and still count as released.
+DEVICE_MEMORY_MARGIN_BYTES = 1024**3
+DEVICE_POLL_S = 1.0
 REATTACH_POLL_S = 2.0
 
 
@@ -64,9 +73,10 @@ def before_point(config: pytest.Config, run: Run, point: Point) -> None:
     except PointFailure as exc:
         if exc.sent or run.worker is None or run.launched is None:
             raise
-        handed = pytest.skip.Exception(
+        handed = skip(
             f"{exc}\n{run.worker} takes no more points: handed to the other workers",
-            _use_item_location=True,
+            exc.failure_class,
+            exc.evidence,
         )
         handed.handed_back = True  # type: ignore[attr-defined]
         raise handed from None
@@ -95,20 +105,23 @@ def _before_point(config: pytest.Config, run: Run, point: Point) -> None:
 
 
 def check_skips(run: Run, point: Point) -> None:
-    """Skip a length vLLM refused at start-up, or one that took the server down too often."""
+    """Skip a length vLLM refused at start-up, or one that took the server down too often;
+    the skip carries the class of the failure that caused it (the length's last crash)."""
     refused = run.start_refused.get(point.length)
     if refused is not None:
         raise skip(str(refused), refused.failure_class, refused.evidence)
     crashes = run.crashes.get(point.length, [])
     limit = run.settings.max_crashes_per_length
     if len(crashes) >= limit:
-        # A consequence, not a failure of its own: the crashes carry the classes.
         times = "once" if len(crashes) == 1 else f"{len(crashes)} times"
-        raise pytest.skip.Exception(
-            f"{format_size(point.length)} took the server down {times} in this "
-            f"session ({', '.join(crashes)}); its remaining repeats are skipped "
-            f"(--longctx-max-crashes-per-length={limit})",
-            _use_item_location=True,
+        said = (
+            f"{format_size(point.length)} took the server down {times} in this session "
+            f"({', '.join(crashes)})"
+        )
+        raise skip(
+            f"{said}; its remaining repeats are skipped (--longctx-max-crashes-per-length={limit})",
+            crashes[-1],
+            (said,),
         )
 
 
@@ -133,37 +146,60 @@ def after_failure(run: Run, point: Point, failure: PointFailure) -> None:
             run.launched.stop()
 
 
+def _first_line(error: ServerError) -> str:
+    return str(error).splitlines()[0] if str(error) else error.failure_class
+
+
 def _cause_line(cause: ServerError) -> str:
-    first = str(cause).splitlines()[0] if str(cause) else cause.failure_class
+    first = _first_line(cause)
     detail = cause.evidence[-1] if cause.evidence else ""
     return f"{cause.failure_class}: {first}" + (f" ({detail})" if detail else "")
 
 
 def _relaunch(config: pytest.Config, run: Run, cause: ServerError) -> None:
+    """Start the dead server again; a start that fails counts as a relaunch and is tried
+    again while relaunches are left (a switch to the other workload's server is none).
+
+    Once they are spent the point is never sent: ``start_failed``, saying so, not the
+    class of the death (that is the crashed point's), so a length's counts show no crash
+    where nothing ran."""
     assert run.launched is not None
-    old = run.launched
+    command = run.launched.command
     run.restart_cause = None
-    # A server started for the other workload (a switch) is no relaunch.
-    used = sum(1 for start in run.starts[1:] if not start.get("switched"))
     limit = run.settings.max_relaunches
-    if used >= limit:
-        run.server = ServerError(
-            f"{cause}\nnot started again: this session's relaunches are spent ({used} of "
-            f"--longctx-max-relaunches={limit})",
-            cause.failure_class,
-            cause.evidence,
+    failed: list[ServerError] = []
+    while run.relaunches < limit:
+        run.relaunches += 1
+        run.launched.stop()
+        tried = (
+            f"; {len(failed)} start(s) failed before it, the last: {_first_line(failed[-1])}"
+            if failed
+            else ""
         )
-        raise PointFailure(str(run.server), cause.failure_class, cause.evidence, sent=False)
-    old.stop()
-    _bring_up_again(
-        config,
-        run,
-        old,
-        old.command,
-        _cause_line(cause),
-        what="the relaunched server",
-        failed=f"relaunching the server after {_cause_line(cause)} failed",
+        try:
+            _bring_up_again(
+                config,
+                run,
+                run.launched,
+                command,
+                _cause_line(cause) + tried,
+                "the relaunched server",
+            )
+            return
+        except ServerError as exc:
+            failed.append(exc)
+    why = (
+        f"relaunching the server after {_cause_line(cause)} failed: {failed[-1]}"
+        if failed
+        else str(cause)
     )
+    run.server = ServerError(
+        f"{why}\nnever sent: the server is down and not started again: this session's "
+        f"relaunches are spent ({run.relaunches} of --longctx-max-relaunches={limit})",
+        "start_failed",
+        failed[-1].evidence if failed else cause.evidence,
+    )
+    raise PointFailure(str(run.server), "start_failed", run.server.evidence, sent=False)
 
 
 def _switch(config: pytest.Config, run: Run, serves: str) -> None:
@@ -181,18 +217,25 @@ def _switch(config: pytest.Config, run: Run, serves: str) -> None:
         if serves == INTERFERENCE
         else f"the {serves} workload: the study's server again"
     )
-    _bring_up_again(
-        config,
-        run,
-        old,
-        session_server.server_command(config, run, port, build=True, serves=serves),
-        cause,
-        what=f"the server for the {serves} workload",
-        failed=f"starting the server for the {serves} workload failed",
-        adopt=True,
-        switched=True,
-        workload=serves,
-    )
+    try:
+        _bring_up_again(
+            config,
+            run,
+            old,
+            session_server.server_command(config, run, port, build=True, serves=serves),
+            cause,
+            f"the server for the {serves} workload",
+            adopt=True,
+            switched=True,
+            workload=serves,
+        )
+    except ServerError as exc:
+        run.server = ServerError(
+            f"starting the server for the {serves} workload failed: {exc}",
+            "start_failed",
+            exc.evidence,
+        )
+        raise PointFailure(str(run.server), "start_failed", exc.evidence, sent=False) from None
 
 
 def _bring_up_again(
@@ -201,18 +244,18 @@ def _bring_up_again(
     old: Any,
     command: Any,
     cause: str,
-    *,
     what: str,
-    failed: str,
+    *,
     adopt: bool = False,
     **noted: Any,
 ) -> None:
-    """Start ``command`` once the old server's process group and port are free, check that
-    it measures what the run measures and warm it up; ``adopt``: its fingerprint (command,
-    workload) is the run's from here on. A failure fails the point, never sent."""
+    """Start ``command`` once the old server's resources are released, check that it
+    measures what the run measures and warm it up; ``adopt``: its fingerprint (command,
+    workload) is the run's from here on. A failure is a :class:`ServerError`, the server
+    it started stopped."""
+    _wait_released(run, old.process.pid if old.process else None, command.argv)
+    info = session_server.bring_up(run, command, cause=cause, **noted)
     try:
-        _wait_released(old.process.pid if old.process else None, command.argv)
-        info = session_server.bring_up(run, command, cause=cause, **noted)
         fingerprint = session_server.fingerprint(config, run, info)
         differences = fingerprint_mismatch(run.fingerprint, fingerprint)
         if differences:
@@ -224,14 +267,19 @@ def _bring_up_again(
             kept = {k: run.fingerprint[k] for k in ("kv_cache_check",) if k in run.fingerprint}
             run.fingerprint = {**fingerprint, **kept}
         points.warm_up(run, info)
-    except ServerError as exc:
-        run.server = ServerError(f"{failed}: {exc}", "start_failed", exc.evidence)
-        raise PointFailure(str(run.server), "start_failed", exc.evidence, sent=False) from None
+    except ServerError:
+        if run.launched is not None:
+            run.launched.stop()
+        raise
     run.use_server(info)
 
 
-def _wait_released(pgid: int | None, argv: tuple[str, ...]) -> None:
-    """The dead server's process group gone and its port free, or a ServerError."""
+def _wait_released(run: Run, pgid: int | None, argv: tuple[str, ...]) -> None:
+    """The dead server's process group gone, its port free and its devices' memory back
+    near its level before the first start (GPU profiles), or a ServerError.
+
+    On a CPU the kernel takes a process's memory and cores back when the process ends, so
+    the group being gone is the whole of it: nothing else is polled there."""
     deadline = time.monotonic() + RELEASE_TIMEOUT_S
     while pgid is not None and is_alive(pgid, group=True):
         if time.monotonic() > deadline:
@@ -248,6 +296,45 @@ def _wait_released(pgid: int | None, argv: tuple[str, ...]) -> None:
                 f"port {port} is still taken after {RELEASE_TIMEOUT_S:g} s", "start_failed"
             )
         time.sleep(0.2)
+    if run.device_memory_before:
+        devices = run.slot.devices
+        wait_device_memory(run.device_memory_before, lambda: telemetry.memory_used(devices))
+
+
+def wait_device_memory(
+    before: dict[int, int],
+    read: Any,
+    timeout_s: float = RELEASE_TIMEOUT_S,
+    poll_s: float = DEVICE_POLL_S,
+) -> None:
+    """Poll ``read()`` (bytes used per device) until every device of ``before`` is within
+    :data:`DEVICE_MEMORY_MARGIN_BYTES` of its level there; a ServerError naming the devices
+    that still hold memory after ``timeout_s``. A reading that fails says nothing either way
+    and is not waited on."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        now = read()
+        if now is None:
+            return
+        held = {
+            index: used
+            for index, used in now.items()
+            if index in before and used > before[index] + DEVICE_MEMORY_MARGIN_BYTES
+        }
+        if not held:
+            return
+        if time.monotonic() > deadline:
+            devices = "; ".join(
+                f"device {index}: {format_bytes(used)} used, {format_bytes(before[index])} "
+                "before the first start"
+                for index, used in sorted(held.items())
+            )
+            raise ServerError(
+                f"the dead server's device memory is not released after {timeout_s:g} s "
+                f"({devices}): a process of it may outlive its group, or the driver holds it",
+                "start_failed",
+            )
+        time.sleep(poll_s)
 
 
 def _port_free(host: str, port: int) -> bool:
@@ -267,7 +354,7 @@ def _reattach(run: Run, server: ServerInfo) -> None:
         check_attached(server.base_url, server.api_key, session_server.api_key_env_name(run))
         return
     except ServerError as exc:
-        if exc.failure_class not in ("server_gone", "hang"):
+        if exc.failure_class not in ("server_gone", "hang", "engine_died"):
             raise PointFailure(str(exc), exc.failure_class, exc.evidence, sent=False) from None
         gone = exc
     waited = time.monotonic()

@@ -130,6 +130,11 @@ class Run:
     crashes: dict[int, list[str]] = field(default_factory=dict)
     #: Why the server must be started again before the next point (a hang), when it must.
     restart_cause: ServerError | None = None
+    #: Relaunches tried in this session, those whose start failed included (the limit's count).
+    relaunches: int = 0
+    #: Bytes used on each of a GPU server's devices before its first start: a relaunch waits
+    #: for the dead server's memory to fall back near it (restarts.py).
+    device_memory_before: dict[int, int] | None = None
     #: Lengths vLLM refused at start-up (its KV cache cannot hold them), with its words.
     start_refused: dict[int, ServerError] = field(default_factory=dict)
     #: The workload the launched server was started for: ``cold`` (the study's one-sequence

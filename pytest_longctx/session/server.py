@@ -27,9 +27,11 @@ from pytest_longctx.measure.outcomes import PROBE_TIMEOUT_S
 from pytest_longctx.measure.server_metrics import cache_config_labels
 from pytest_longctx.measure.target import ServerError, ServerInfo
 from pytest_longctx.plan import capacity_check
+from pytest_longctx.plan.servers import VISIBLE_DEVICES_ENV
 from pytest_longctx.plan.sweep import COLD, INTERFERENCE, Point, SweepPlan
 from pytest_longctx.profiles import Profile, hardware
 from pytest_longctx.profiles.extra_args import cache_flags
+from pytest_longctx.progress import telemetry
 from pytest_longctx.serving import served_model
 from pytest_longctx.serving.process import (
     LaunchedServer,
@@ -297,6 +299,8 @@ def _launch(config: pytest.Config, run: Run) -> ServerInfo:
         ) from exc
     leftovers = leftover_servers(run.output_root, run.run_dir)
     run.problems.extend(leftovers)
+    if profile.serving.device in VISIBLE_DEVICES_ENV:  # what a relaunch waits to see again
+        run.device_memory_before = telemetry.memory_used(run.slot.devices)
     try:
         return bring_up(run, command)
     except ServerError as exc:
