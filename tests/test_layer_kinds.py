@@ -25,128 +25,25 @@ torch = pytest.importorskip("torch")
 kv_iface = pytest.importorskip("vllm.v1.kv_cache_interface")
 kv_utils = pytest.importorskip("vllm.v1.core.kv_cache_utils")
 
+from public_configs import (  # noqa: E402 - needs transformers
+    NEMOTRON_H_8B_PATTERN,
+    VLLM_GIB_AT_64MI_TP8,
+    as_dict,
+    deepseek_v32,
+    gemma3_27b,
+    gpt_oss_120b,
+    jamba_v01,
+    llama4_scout,
+    nemotron_h_8b,
+    qwen3_next_80b,
+)
+
 KIMI_CONFIG = (
     Path(pytest_longctx.__file__).parent / "profiles" / "data" / "kimi-linear-48b-a3b-config.json"
 )
 MI = 1024**2
 TP = 8
 IN_FLIGHT = 2 * 8192  # async scheduling's two batches of an H200's 8192 batched tokens
-
-
-# --- real public configs ----------------------------------------------------------------
-
-
-def gpt_oss_120b():
-    """openai/gpt-oss-120b: 36 layers, 64 heads, 8 KV heads of 64, 128-token window."""
-    return transformers.GptOssConfig(
-        num_hidden_layers=36,
-        num_attention_heads=64,
-        num_key_value_heads=8,
-        head_dim=64,
-        hidden_size=2880,
-        sliding_window=128,
-        num_local_experts=128,
-    )
-
-
-def gemma3_27b():
-    """google/gemma-3-27b-it text config: 62 layers, 5 local : 1 global, window 1024."""
-    return transformers.Gemma3TextConfig(
-        num_hidden_layers=62,
-        num_attention_heads=32,
-        num_key_value_heads=16,
-        head_dim=128,
-        hidden_size=5376,
-        sliding_window=1024,
-        sliding_window_pattern=6,
-    )
-
-
-def llama4_scout():
-    """meta-llama/Llama-4-Scout-17B-16E text config: chunks of 8192, every 4th layer NoPE."""
-    return transformers.Llama4TextConfig(
-        num_hidden_layers=48,
-        num_attention_heads=40,
-        num_key_value_heads=8,
-        head_dim=128,
-        hidden_size=5120,
-        attention_chunk_size=8192,
-        no_rope_layer_interval=4,
-    )
-
-
-def qwen3_next_80b():
-    """Qwen/Qwen3-Next-80B-A3B-Instruct: Gated DeltaNet, full attention every 4th layer."""
-    return transformers.Qwen3NextConfig(
-        num_hidden_layers=48,
-        num_attention_heads=16,
-        num_key_value_heads=2,
-        head_dim=256,
-        hidden_size=2048,
-        linear_num_key_heads=16,
-        linear_num_value_heads=32,
-        linear_key_head_dim=128,
-        linear_value_head_dim=128,
-        linear_conv_kernel_dim=4,
-        full_attention_interval=4,
-    )
-
-
-def deepseek_v32():
-    """deepseek-ai/DeepSeek-V3.2-Exp: 61 MLA layers (512 + 64), indexer head_dim 128."""
-    return transformers.DeepseekV32Config(
-        num_hidden_layers=61,
-        num_attention_heads=128,
-        num_key_value_heads=128,
-        kv_lora_rank=512,
-        qk_rope_head_dim=64,
-        index_head_dim=128,
-        index_n_heads=64,
-        index_topk=2048,
-    )
-
-
-def jamba_v01():
-    """ai21labs/Jamba-v0.1: 32 layers, attention at 4 mod 8, Mamba1 (d_state 16, expand 2)."""
-    return transformers.JambaConfig(
-        num_hidden_layers=32,
-        attn_layer_period=8,
-        attn_layer_offset=4,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        hidden_size=4096,
-        mamba_d_state=16,
-        mamba_d_conv=4,
-        mamba_expand=2,
-    )
-
-
-NEMOTRON_H_8B_PATTERN = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"
-
-
-def nemotron_h_8b():
-    """nvidia/Nemotron-H-8B-Base-8K: Mamba2 (128 heads of 64, state 128, 8 groups)."""
-    return transformers.NemotronHConfig(
-        hybrid_override_pattern=NEMOTRON_H_8B_PATTERN,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=128,
-        hidden_size=4096,
-        mamba_num_heads=128,
-        mamba_head_dim=64,
-        ssm_state_size=128,
-        n_groups=8,
-        conv_kernel=4,
-    )
-
-
-def as_dict(hf_config) -> dict:
-    """The config.json a checkpoint ships: what the plan reads."""
-    data = hf_config.to_dict()
-    if isinstance(hf_config, transformers.NemotronHConfig):  # its config.json spells it so
-        data["hybrid_override_pattern"] = NEMOTRON_H_8B_PATTERN
-        data["num_hidden_layers"] = len(NEMOTRON_H_8B_PATTERN)
-    return data
 
 
 # --- vLLM's side, built from vLLM's model code -------------------------------------------
@@ -311,7 +208,8 @@ def test_gpt_oss_alternates_windows_by_layer_index() -> None:
     hf = gpt_oss_120b()
     vllm = vllm_bytes(gpt_oss_specs(hf), 64 * MI)
     assert plan_bytes(as_dict(hf), 64 * MI) == vllm
-    assert vllm / GIB == pytest.approx(288, abs=0.1)  # 18 full layers x 256 B x 64Mi
+    assert vllm / GIB == pytest.approx(VLLM_GIB_AT_64MI_TP8["gpt-oss-120b"], abs=0.005)
+    assert vllm // GIB == 288  # 18 full layers x 256 B x 64Mi, and the windows
 
 
 def test_gemma3_local_and_global_layers() -> None:
@@ -319,14 +217,14 @@ def test_gemma3_local_and_global_layers() -> None:
     assert hf.layer_types.count("full_attention") == 10
     vllm = vllm_bytes(gemma3_specs(hf), 64 * MI)
     assert plan_bytes(as_dict(hf), 64 * MI) == vllm
-    assert vllm / GIB == pytest.approx(641, abs=0.5)
+    assert vllm / GIB == pytest.approx(VLLM_GIB_AT_64MI_TP8["gemma-3-27b"], abs=0.005)
 
 
 def test_llama4_chunked_local_attention_and_nope_layers() -> None:
     hf = llama4_scout()
     vllm = vllm_bytes(llama4_specs(hf), 64 * MI)
     assert plan_bytes(as_dict(hf), 64 * MI) == vllm
-    assert vllm / GIB == pytest.approx(384, abs=0.5)
+    assert vllm / GIB == pytest.approx(VLLM_GIB_AT_64MI_TP8["Llama-4-Scout"], abs=0.005)
 
 
 @pytest.mark.parametrize("prefix_caching", [True, False])
@@ -337,7 +235,7 @@ def test_qwen3_next_gated_deltanet_state(prefix_caching: bool) -> None:
     for tokens in (1024, 64 * MI):
         vllm = vllm_bytes(specs, tokens, mode=mode)
         assert plan_bytes(as_dict(hf), tokens, prefix_caching=prefix_caching) == vllm
-    assert vllm / GIB == pytest.approx(768, abs=0.5)
+    assert vllm / GIB == pytest.approx(VLLM_GIB_AT_64MI_TP8["Qwen3-Next-80B"], abs=0.005)
 
 
 def deepseek_v32_specs(hf) -> dict:  # noqa: ANN001
@@ -371,6 +269,7 @@ def test_deepseek_v32_sparse_mla_and_indexer() -> None:
     vllm = vllm_bytes(deepseek_v32_specs(hf), 64 * MI)
     assert plan_bytes(as_dict(hf), 64 * MI, cache_dtype="fp8", block_size=64) == vllm
     assert vllm == 61 * (656 + 132) * 64 * MI  # 3,004 GiB: the cache is whole on every rank
+    assert vllm / GIB == VLLM_GIB_AT_64MI_TP8["DeepSeek-V3.2"]
 
 
 def test_jamba_mamba1_state() -> None:

@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from longctx_testing import SWEEP_TEST
 
 from pytest_longctx.capacity import GIB, ParallelLayoutError, capacity_table
 from pytest_longctx.plan import capacity_check
@@ -174,29 +173,6 @@ def test_a_hybrid_under_dcp_needs_prefix_caching_off(tmp_path: Path) -> None:
     )
     with pytest.raises(ParallelLayoutError, match="--no-enable-prefix-caching"):
         capacity_check.layout_for(load_profile(str(path)))
-
-
-def test_an_invalid_layout_is_a_usage_error_before_anything_starts(
-    pytester: pytest.Pytester,
-) -> None:
-    qwen = pytester.path / "qwen2.5-7b-config.json"
-    qwen.write_text(
-        '{"architectures": ["Qwen2ForCausalLM"], "num_hidden_layers": 28,'
-        ' "num_attention_heads": 28, "num_key_value_heads": 4, "hidden_size": 3584}'
-    )
-    profile = variant(
-        pytester.path,
-        'config = "kimi-linear-48b-a3b-config.json"',
-        f'config = "{qwen.name}"',
-    )
-    pytester.makepyfile(test_sweep=SWEEP_TEST)
-    result = pytester.runpytest(
-        "-p", "no:cacheprovider", "--longctx-plan", f"--longctx-profile={profile}"
-    )
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(
-        ["*tensor_parallel_size = 8 does not divide the model's 28 attention heads*"]
-    )
 
 
 def test_a_reserve_per_device_counts_against_every_point(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from pytest_longctx.core.sizes import format_size
 
@@ -187,6 +188,15 @@ def _alternative_ranks(layout: CacheLayout, hardware: Hardware) -> list[int]:
     return counts
 
 
+def _changed(layout: CacheLayout, **changes: Any) -> CacheLayout | None:
+    """``layout.with_changes(**changes)``, or None where vLLM would refuse the layout (a
+    candidate the search skips, never an error of the profile's own layout)."""
+    try:
+        return layout.with_changes(**changes)
+    except ValueError:  # ParallelLayoutError and the shard rules of capacity.kinds
+        return None
+
+
 def _context_parallel_sizes(layout: CacheLayout) -> list[int]:
     """DCP sizes above the configured one that divide the tensor-parallel ranks."""
     tp = layout.tensor_parallel
@@ -212,15 +222,13 @@ def _smallest_change(layout: CacheLayout, hardware: Hardware, tokens: int, overh
             builders.append((1, "fp8"))
             builders += [(dcp, "dcp+fp8") for dcp in _context_parallel_sizes(base)]
         for dcp, change in builders:
-            try:
-                candidate = base.with_changes(
-                    decode_context_parallel=max(dcp, base.decode_context_parallel)
-                )
-                if "fp8" in change:
-                    candidate = fp8_of(candidate)
-            except ValueError:
-                continue  # vLLM refuses this layout (see capacity.parallel)
-            found.append((ranks, candidate, change))
+            candidate = _changed(
+                base,
+                decode_context_parallel=max(dcp, base.decode_context_parallel),
+                cache_dtype=FP8_CACHE_DTYPE if "fp8" in change else None,
+            )
+            if candidate is not None:  # None: vLLM refuses this layout (capacity.parallel)
+                found.append((ranks, candidate, change))
         return found
 
     if hardware.kv_cache_bytes is not None:
@@ -238,9 +246,8 @@ def _smallest_change(layout: CacheLayout, hardware: Hardware, tokens: int, overh
 
     candidates = options(layout, configured_tp)
     for ranks in _alternative_ranks(layout, hardware):
-        try:
-            wider = layout.with_changes(tensor_parallel=ranks)
-        except ValueError:
+        wider = _changed(layout, tensor_parallel=ranks)
+        if wider is None:
             continue  # vLLM cannot shard this model over that many ranks
         candidates.append((ranks, wider, "ranks"))
         candidates += [(ranks, c, f"ranks+{change}") for _, c, change in options(wider, ranks)]
@@ -262,9 +269,10 @@ def _smallest_change(layout: CacheLayout, hardware: Hardware, tokens: int, overh
         said = f"{' with '.join(words)} would need {per_rank}"
         if "dcp" in change and candidate.decode_context_parallel < candidate.tensor_parallel:
             # DCP over every tensor-parallel rank: the most headroom this layout can give.
-            widest = candidate.with_changes(decode_context_parallel=candidate.tensor_parallel)
-            widest_need = _needs(widest, hardware, tokens, overhead, configured_tp)[3]
-            said += f" (= {widest.decode_context_parallel}: {_gib(widest_need)})"
+            widest = _changed(candidate, decode_context_parallel=candidate.tensor_parallel)
+            if widest is not None:
+                widest_need = _needs(widest, hardware, tokens, overhead, configured_tp)[3]
+                said += f" (= {widest.decode_context_parallel}: {_gib(widest_need)})"
         return said
     return _across_nodes(layout, hardware, tokens, overhead)
 
@@ -279,18 +287,14 @@ def _across_nodes(layout: CacheLayout, hardware: Hardware, tokens: int, overhead
     configured_tp = layout.tensor_parallel
     for nodes in NODE_COUNTS:
         pp = layout.pipeline_parallel * nodes
-        try:
-            deeper = layout.with_changes(pipeline_parallel=pp)
-        except ValueError:
+        deeper = _changed(layout, pipeline_parallel=pp)
+        if deeper is None:
             continue
         more = replace(hardware, devices=hardware.devices * nodes, pipeline_parallel=pp)
-        for candidate in (
-            deeper,
-            *[
-                deeper.with_changes(decode_context_parallel=d)
-                for d in _context_parallel_sizes(deeper)
-            ],
-        ):
+        sharded = [
+            _changed(deeper, decode_context_parallel=d) for d in _context_parallel_sizes(deeper)
+        ]
+        for candidate in (deeper, *[c for c in sharded if c is not None]):
             try:
                 need, available = _needs(candidate, more, tokens, overhead, configured_tp)[3:]
             except ValueError:
