@@ -16,6 +16,7 @@ from pytest_longctx.capacity import (
     GIB,
     Hardware,
     ModelConfigError,
+    ParallelLayoutError,
     cache_layout,
     capacity_table,
     crossover_tokens,
@@ -151,8 +152,15 @@ def test_kimi_constant_state(kimi):
 
 
 def test_kimi_tp_must_divide_linear_heads(kimi):
-    with pytest.raises(ValueError, match="32 linear-attention heads"):
-        cache_layout(kimi, tensor_parallel=3)
+    """With 96 attention heads TP=3 divides those, not the 32 KDA heads: a layout error
+    naming the profile key and the sizes that shard every part."""
+    with pytest.raises(ParallelLayoutError) as info:
+        cache_layout({**kimi, "num_attention_heads": 96}, tensor_parallel=3)
+    assert str(info.value) == (
+        "tensor_parallel_size = 3 does not divide the model's 32 linear-attention heads: vLLM "
+        "shards them evenly over the tensor-parallel ranks (linear-attention heads % "
+        "tensor_parallel_size == 0); choose one of 1, 2, 4, 8, 16, 32"
+    )
 
 
 def test_kimi_hybrid_block_size_hint(kimi):

@@ -10,7 +10,7 @@ from typing import Any
 
 from .groups import Allocation, AllocatorSettings, allocate, describe_groups
 from .kinds import DTypes, LayerConfigError, LayerKind, pp_partition, read_layers
-from .parallel import check_parallel
+from .parallel import check_parallel, check_tensor_parallel
 
 GIB = 1024**3
 
@@ -259,11 +259,10 @@ def cache_layout(
         mamba_ssm=mamba_ssm_cache_dtype,
         kv_fp8=element_bytes == 1,
     )
+    check_tensor_parallel(fields, tensor_parallel, dtypes)
     try:
         layers = read_layers(fields, tensor_parallel, dtypes)
     except LayerConfigError as exc:
-        if "does not divide" in str(exc):
-            raise ValueError(f"{exc} ({_architecture(fields)})") from None
         raise ModelConfigError(f"{exc} ({_architecture(fields)})") from None
     attention, elements, kv_replicated = _attention_elements(fields, tensor_parallel)
     num_layers = max((layer.index for layer in layers), default=0) + 1
