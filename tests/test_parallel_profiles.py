@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -139,13 +140,32 @@ def test_the_dcp_profile_reaches_64mi_on_one_h200_node() -> None:
     assert rows[-1].kv_bytes / GIB == pytest.approx(31.5, abs=0.01)
 
 
-def test_the_tp_only_h200_profile_names_dcp_for_64mi() -> None:
+def test_the_tp_only_h200_profile_names_dcp_for_64mi(tmp_path: Path) -> None:
+    """The suggestion is one the plan accepts: a hybrid under DCP needs prefix caching off,
+    so the suggestion says so, and the profile it describes fits 64Mi with the need it said."""
     profile = load_profile("kimi-linear-h200")
     layout = capacity_check.layout_for(profile)
     (row,) = capacity_table(layout, capacity_check.hardware_for(profile), [64 * MI], 1024)
     assert not row.fits
-    assert row.suggestion.startswith("decode_context_parallel_size = 4 ")
-    assert "(= 8: 42.1" in row.suggestion
+    said = re.fullmatch(
+        r"decode_context_parallel_size = (\d+) with (--no-enable-prefix-caching) \(the KV "
+        r"cache sharded over \1 ranks\) would need ([\d.]+) GiB of [\d.]+ GiB per rank "
+        r"\(= 8: ([\d.]+) GiB\)",
+        row.suggestion,
+    )
+    assert said, row.suggestion
+    dcp, flag, need, widest = said.groups()
+    assert (dcp, widest) == ("4", "42.16")
+    followed = variant(
+        tmp_path,
+        "max_num_seqs = 1",
+        f'max_num_seqs = 1\ndecode_context_parallel_size = {dcp}\nextra_args = ["{flag}"]',
+    )
+    mine = load_profile(str(followed))
+    layout = capacity_check.layout_for(mine)
+    (row,) = capacity_table(layout, capacity_check.hardware_for(mine), [64 * MI], 1024)
+    assert row.fits
+    assert f"{row.need_gib:.2f}" == need
 
 
 @pytest.mark.parametrize(

@@ -203,6 +203,24 @@ def _context_parallel_sizes(layout: CacheLayout) -> list[int]:
     return [d for d in range(layout.decode_context_parallel + 1, tp + 1) if tp % d == 0]
 
 
+def _with_dcp(layout: CacheLayout, dcp: int, **changes: Any) -> CacheLayout | None:
+    """``layout`` at ``dcp`` as a server could run it: a model with state layers needs prefix
+    caching off under DCP (see capacity.parallel), so its candidates are built that way."""
+    off = dcp > 1 and layout.constant_state_layers > 0
+    return _changed(
+        layout, decode_context_parallel=dcp, prefix_caching=False if off else None, **changes
+    )
+
+
+def _dcp_words(layout: CacheLayout) -> str:
+    """How a suggestion names a DCP layout, with the flag it needs beside the profile key."""
+    dcp = layout.decode_context_parallel
+    words = f"decode_context_parallel_size = {dcp}"
+    if layout.constant_state_layers and not layout.options.get("prefix_caching", True):
+        words += " with --no-enable-prefix-caching"
+    return words + f" (the KV cache sharded over {dcp} ranks)"
+
+
 def _smallest_change(layout: CacheLayout, hardware: Hardware, tokens: int, overhead: int) -> str:
     """Fewest devices first, then keeping the cache precision: the first option that fits.
 
@@ -222,9 +240,9 @@ def _smallest_change(layout: CacheLayout, hardware: Hardware, tokens: int, overh
             builders.append((1, "fp8"))
             builders += [(dcp, "dcp+fp8") for dcp in _context_parallel_sizes(base)]
         for dcp, change in builders:
-            candidate = _changed(
+            candidate = _with_dcp(
                 base,
-                decode_context_parallel=max(dcp, base.decode_context_parallel),
+                max(dcp, base.decode_context_parallel),
                 cache_dtype=FP8_CACHE_DTYPE if "fp8" in change else None,
             )
             if candidate is not None:  # None: vLLM refuses this layout (capacity.parallel)
@@ -260,10 +278,7 @@ def _smallest_change(layout: CacheLayout, hardware: Hardware, tokens: int, overh
         if change.startswith("ranks"):
             words.append(f"{ranks} tensor-parallel ranks")
         if "dcp" in change:
-            dcp = candidate.decode_context_parallel
-            words.append(
-                f"decode_context_parallel_size = {dcp} (the KV cache sharded over {dcp} ranks)"
-            )
+            words.append(_dcp_words(candidate))
         if "fp8" in change:
             words.append(f"an FP8 KV cache ({FP8_CACHE_DTYPE})")
         said = f"{' with '.join(words)} would need {per_rank}"
@@ -291,9 +306,7 @@ def _across_nodes(layout: CacheLayout, hardware: Hardware, tokens: int, overhead
         if deeper is None:
             continue
         more = replace(hardware, devices=hardware.devices * nodes, pipeline_parallel=pp)
-        sharded = [
-            _changed(deeper, decode_context_parallel=d) for d in _context_parallel_sizes(deeper)
-        ]
+        sharded = [_with_dcp(deeper, d) for d in _context_parallel_sizes(deeper)]
         for candidate in (deeper, *[c for c in sharded if c is not None]):
             try:
                 need, available = _needs(candidate, more, tokens, overhead, configured_tp)[3:]
@@ -304,7 +317,7 @@ def _across_nodes(layout: CacheLayout, hardware: Hardware, tokens: int, overhead
                 return (
                     f"no change within this node fits it; {nodes}x the devices over Ray "
                     f'(pipeline_parallel_size = {pp}, [hardware] nodes, executor = "ray")'
-                    + (f" with decode_context_parallel_size = {dcp}" if dcp > 1 else "")
+                    + (f" with {_dcp_words(candidate)}" if dcp > 1 else "")
                     + f" would need {_gib(need)} of {_gib(available)} per rank"
                 )
     return "no change within this node fits it"

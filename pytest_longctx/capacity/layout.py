@@ -193,13 +193,17 @@ class CacheLayout:
         decode_context_parallel: int | None = None,
         pipeline_parallel: int | None = None,
         block_size: int | None = None,
+        prefix_caching: bool | None = None,
     ) -> CacheLayout:
-        """The same model under another cache dtype, parallel layout or block size."""
+        """The same model under another cache dtype, parallel layout, block size or prefix
+        caching."""
         options = dict(self.options)
-        if decode_context_parallel is not None:
-            options["decode_context_parallel"] = decode_context_parallel
-        if block_size is not None:
-            options["block_size"] = block_size
+        changes = {
+            "decode_context_parallel": decode_context_parallel,
+            "block_size": block_size,
+            "prefix_caching": prefix_caching,
+        }
+        options.update({key: value for key, value in changes.items() if value is not None})
         return cache_layout(
             self.config,
             cache_dtype=self.cache_dtype if cache_dtype is None else cache_dtype,
@@ -269,7 +273,15 @@ def cache_layout(
     num_layers = max(num_layers, int(fields.get("num_hidden_layers") or num_layers))
     pcp = _parallel_int("prefill_context_parallel", prefill_context_parallel)
     check_parallel(
-        fields, layers, tensor_parallel, pipeline_parallel, dcp, attention, num_layers, pcp
+        fields,
+        layers,
+        tensor_parallel,
+        pipeline_parallel,
+        dcp,
+        attention,
+        num_layers,
+        pcp,
+        prefix_caching=prefix_caching,
     )
     stages = pp_partition(num_layers, pipeline_parallel, pp_layer_partition)
     has_state = any(not layer.grows for layer in layers)

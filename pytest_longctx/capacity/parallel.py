@@ -67,11 +67,13 @@ def check_parallel(
     attention: str,
     num_layers: int,
     pcp: int = 1,
+    prefix_caching: bool = False,
 ) -> None:
     """Raise :class:`ParallelLayoutError` naming the first vLLM rule the layout breaks.
 
     ``pcp`` is prefill context parallel: more ranks, each holding the whole cache. The
-    tensor-parallel sharding itself is :func:`check_tensor_parallel`'s.
+    tensor-parallel sharding itself is :func:`check_tensor_parallel`'s. ``prefix_caching``:
+    whether the server keeps vLLM's prefix cache on (its default).
     """
     heads = fields.get("num_attention_heads")
     if pp > num_layers:
@@ -96,6 +98,13 @@ def check_parallel(
         raise ParallelLayoutError(
             f"decode_context_parallel_size = {dcp} with sliding-window layers: vLLM's DCP "
             "does not support sliding window attention (it needs decode_context_parallel_size = 1)"
+        )
+    states = sum(1 for layer in layers if not layer.grows)
+    if states and prefix_caching:
+        raise ParallelLayoutError(
+            f"decode_context_parallel_size = {dcp} on a model with {states} state (Mamba-style) "
+            "layers: vLLM's prefix-cache lookup asserts on them under DCP; add "
+            '"--no-enable-prefix-caching" to [serving] extra_args'
         )
     if attention != "mla":
         kv_heads = fields.get("num_key_value_heads") or heads

@@ -128,13 +128,6 @@ def layout_for(profile: Profile) -> capacity.CacheLayout | None:
             f"[hardware] offers {devices} device(s) ({profile.hardware.nodes} node(s) x "
             f"{profile.hardware.devices})"
         )
-    if layout.decode_context_parallel > 1 and layout.constant_state_layers and flags.prefix_caching:
-        raise capacity.ParallelLayoutError(
-            f"profile {profile.path}: decode_context_parallel_size = "
-            f"{layout.decode_context_parallel} on a model with {layout.constant_state_layers} "
-            "state (Mamba-style) layers: vLLM's prefix-cache lookup asserts on them under "
-            'DCP; add "--no-enable-prefix-caching" to [serving] extra_args'
-        )
     return layout
 
 
