@@ -491,3 +491,55 @@ def test_oracle_answers_for_the_plans_own_layers() -> None:
     assert answer.per_rank_bytes == sum(layout.request_bytes(MI))
     assert answer.version.startswith("vllm")
     assert vllm_version() == answer.version
+
+
+# --- the launched server's own report -------------------------------------------------------
+
+
+def gpu_cache_labels(num_blocks: int, max_model_len: int) -> tuple[dict[str, str], int, int]:
+    """``vllm:cache_config_info`` as a GPU server of Kimi Linear (FP8, FlashMLA, prefix caching
+    on) exports it: vLLM's own CacheConfig labels, ``kv_cache_memory_bytes="None"`` as vLLM
+    writes an unset size, and the group-aware capacity vLLM computes for ``num_blocks``.
+    Returns the labels, vLLM's token capacity and its bytes per block."""
+    from vllm.config.cache import CacheConfig
+
+    from pytest_longctx.capacity.oracle import oracle_config
+
+    specs, _ = kimi_specs(64, torch.float8_e4m3fn, "align")
+    config = oracle_config(
+        AllocatorSettings(64, 1, IN_FLIGHT, mamba_cache_mode="align"), max_model_len, TP
+    )
+    groups = kv_utils.get_kv_cache_groups(config, dict(specs))
+    kv_config = kv_iface.KVCacheConfig(
+        num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups
+    )
+    tokens, _ = kv_utils.get_kv_cache_capacity(config, kv_config)
+    block = groups[0].kv_cache_spec.block_size
+    cache = CacheConfig(block_size=block, gpu_memory_utilization=0.95, cache_dtype="fp8_e4m3")
+    cache.num_gpu_blocks = num_blocks
+    cache.kv_cache_size_tokens = tokens
+    labels = cache.metrics_info()
+    assert labels["kv_cache_memory_bytes"] == "None"
+    return labels, tokens, kv_utils._pool_bytes_per_block(config, groups)
+
+
+def test_a_gpu_servers_report_is_compared_on_the_blocks_it_made() -> None:
+    """On GPUs vLLM sizes the cache itself and exports no byte count: the plan takes the
+    server's blocks at its own cost per block and predicts vLLM's group-aware capacity."""
+    from pytest_longctx.plan import capacity_check
+    from pytest_longctx.profiles import load_profile
+
+    profile = load_profile("kimi-linear-h200")
+    max_model_len = 16 * MI + 1024
+    labels, tokens, per_block = gpu_cache_labels(60_000, max_model_len)
+    check = capacity_check.check_against_server(profile, labels, max_model_len)
+    assert check.derived
+    assert check.kv_cache_bytes == 60_000 * per_block
+    assert (check.reported_tokens, check.compared) == (tokens, "kv_cache_size_tokens")
+    assert check.agrees, check.describe()
+    assert "(derived: the server's num_gpu_blocks x the plan's bytes per block)" in (
+        check.describe()
+    )
+    # A server whose blocks hold other than the plan's layout is caught.
+    wrong = {**labels, "kv_cache_size_tokens": str(tokens * 2)}
+    assert not capacity_check.check_against_server(profile, wrong, max_model_len).agrees
