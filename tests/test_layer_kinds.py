@@ -10,12 +10,11 @@ from vLLM's model classes themselves (``get_mamba_state_shape_from_config``), an
 
 from __future__ import annotations
 
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from longctx_testing import KIMI_CONFIG
 
-import pytest_longctx
 from pytest_longctx.capacity import GIB, ParallelLayoutError, cache_layout, load_model_config
 from pytest_longctx.capacity.groups import AllocatorSettings
 from pytest_longctx.capacity.kinds import pp_partition
@@ -38,9 +37,6 @@ from public_configs import (  # noqa: E402 - needs transformers
     qwen3_next_80b,
 )
 
-KIMI_CONFIG = (
-    Path(pytest_longctx.__file__).parent / "profiles" / "data" / "kimi-linear-48b-a3b-config.json"
-)
 MI = 1024**2
 TP = 8
 IN_FLIGHT = 2 * 8192  # async scheduling's two batches of an H200's 8192 batched tokens
@@ -75,10 +71,54 @@ def mamba_spec(model_cls, vllm_config, block: int, padded: int | None, mode: str
     )
 
 
-def aligned_block(attention_page_1: int, state_page: int, block: int, mla: bool) -> int:
-    """``Platform._align_hybrid_block_size``: the attention page must hold a state page."""
-    align = max(block, 128) if mla else block
-    return max(block, align * -(-state_page // (align * attention_page_1)))
+def aligned_block(
+    vllm_config, architecture: str, block: int, *, cache_dtype: str = "auto", mode: str = "none"
+) -> tuple[int, int | None]:  # noqa: ANN001
+    """vLLM's own ``Platform._align_hybrid_block_size`` for the target backend (FlashAttention,
+    FlashMLA for MLA): the attention block it raises ``block`` to so that a page holds a state
+    page, and the state page size it pads to (None: no padding). The model class comes from
+    vLLM's registry; the backends in the model are the one backend."""
+    from unittest import mock
+
+    from vllm.config.cache import CacheConfig
+    from vllm.platforms.interface import Platform
+
+    hf = vllm_config.model_config.hf_config
+    mla = getattr(hf, "kv_lora_rank", None) is not None
+    if mla:
+        from vllm.v1.attention.backends.mla.flashmla import FlashMLABackend as backend
+    else:
+        from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend as backend
+    cache = CacheConfig(
+        block_size=block,
+        cache_dtype=cache_dtype,
+        mamba_cache_mode=mode,
+        mamba_ssm_cache_dtype=vllm_config.cache_config.mamba_ssm_cache_dtype,
+    )
+    kv_heads = 1 if mla else max(1, hf.num_key_value_heads // TP)
+    head_size = (
+        hf.kv_lora_rank + hf.qk_rope_head_dim
+        if mla
+        else getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+    )
+    model = SimpleNamespace(
+        **vars(vllm_config.model_config),
+        use_mla=mla,
+        architecture=architecture,
+        model_impl="auto",
+        convert_type="none",
+        runner_type="generate",
+        get_num_kv_heads=lambda parallel: kv_heads,
+        get_head_size=lambda: head_size,
+    )
+    config = SimpleNamespace(
+        **{**vars(vllm_config), "cache_config": cache, "model_config": model},
+        compilation_config=SimpleNamespace(static_forward_context={}),
+    )
+    only = classmethod(lambda cls, _config: [backend])
+    with mock.patch.object(Platform, "_find_non_ssm_backends", only):
+        Platform._align_hybrid_block_size(config, backend)
+    return cache.block_size, cache.mamba_page_size_padded
 
 
 def vllm_specs(hf_config, pattern, *, kv_dtype, block: int, state=None, mode="none") -> dict:
@@ -92,10 +132,7 @@ def vllm_specs(hf_config, pattern, *, kv_dtype, block: int, state=None, mode="no
     common = dict(num_kv_heads=kv_heads, head_size=head_dim, dtype=kv_dtype)
     if state is not None:
         model_cls, vllm_config = state
-        page_1 = kv_iface.FullAttentionSpec(block_size=1, **common).page_size_bytes
-        state_page = mamba_spec(model_cls, vllm_config, 1, None, mode).page_size_bytes
-        block = aligned_block(page_1, state_page, block, mla=False)
-        padded = block * page_1 if block * page_1 > state_page else None
+        block, padded = aligned_block(vllm_config, model_cls.__name__, block, mode=mode)
     specs = {}
     for index, kind in enumerate(pattern):
         name = f"layers.{index}"
@@ -293,11 +330,10 @@ def kimi_specs(block: int, kv_dtype, mode: str, dcp: int = 1) -> tuple[dict, dic
     hf = SimpleNamespace(**raw)
     state = (KimiLinearForCausalLM, vllm_config_for(hf, torch.bfloat16, TP))
     latent = raw["kv_lora_rank"] + raw["qk_rope_head_dim"]
-    page_1 = kv_iface.MLAAttentionSpec(
-        block_size=1, num_kv_heads=1, head_size=latent, dtype=kv_dtype
-    ).page_size_bytes
-    state_page = mamba_spec(*state, 1, None, mode).page_size_bytes
-    block = aligned_block(page_1, state_page, block, mla=True)
+    cache_dtype = "fp8_e4m3" if kv_dtype == torch.float8_e4m3fn else "auto"
+    block, padded = aligned_block(
+        state[1], KimiLinearForCausalLM.__name__, block, cache_dtype=cache_dtype, mode=mode
+    )
     specs = {}
     full = set(raw["linear_attn_config"]["full_attn_layers"])
     for i in range(raw["num_hidden_layers"]):
@@ -310,7 +346,7 @@ def kimi_specs(block: int, kv_dtype, mode: str, dcp: int = 1) -> tuple[dict, dic
                 dtype=kv_dtype,
             )
         else:
-            specs[f"layers.{i}"] = mamba_spec(*state, block, block * page_1, mode)
+            specs[f"layers.{i}"] = mamba_spec(*state, block, padded, mode)
     return specs, raw
 
 
@@ -352,19 +388,6 @@ def test_a_config_json_without_derived_fields_reads_the_same(config_of, derived,
 # --- parallel axes --------------------------------------------------------------------------
 
 
-def test_tp_must_divide_the_attention_heads() -> None:
-    qwen25_7b = {  # Qwen/Qwen2.5-7B-Instruct
-        "architectures": ["Qwen2ForCausalLM"],
-        "num_hidden_layers": 28,
-        "num_attention_heads": 28,
-        "num_key_value_heads": 4,
-        "hidden_size": 3584,
-    }
-    with pytest.raises(ParallelLayoutError, match="does not divide the model's 28 attention heads"):
-        cache_layout(qwen25_7b, tensor_parallel=8)
-    assert cache_layout(qwen25_7b, tensor_parallel=4).tensor_parallel == 4
-
-
 def test_dcp_rules_are_vllms() -> None:
     llama70b = as_dict(
         transformers.LlamaConfig(
@@ -398,55 +421,6 @@ def test_dcp_rules_are_vllms() -> None:
     assert sum(ok.request_bytes(64 * MI)) == vllm_bytes(specs, 64 * MI, dcp=2)
     with pytest.raises(ParallelLayoutError, match="does not support sliding window"):
         cache_layout(as_dict(gpt_oss_120b()), tensor_parallel=8, decode_context_parallel=8)
-
-
-@pytest.mark.parametrize(
-    ("tp", "pcp", "dcp"),
-    [(8, 1, 3), (8, 1, 4), (8, 1, 8), (8, 2, 4), (8, 2, 2), (8, 2, 16), (4, 4, 2), (4, 1, 6)],
-)
-def test_tp_pcp_dcp_combinations_are_refused_exactly_where_vllm_refuses(
-    tp: int, pcp: int, dcp: int
-) -> None:
-    """vLLM's own ParallelConfig validator decides; the plan must agree on every layout."""
-    from pydantic import ValidationError
-    from vllm.config.parallel import ParallelConfig
-
-    try:
-        ParallelConfig(
-            tensor_parallel_size=tp,
-            prefill_context_parallel_size=pcp,
-            decode_context_parallel_size=dcp,
-        )
-        vllm_accepts = True
-    except (ValidationError, ValueError):
-        vllm_accepts = False
-    kimi = load_model_config(KIMI_CONFIG)  # MLA: no GQA head rules on top
-    kimi = {**kimi, "num_attention_heads": 32}
-    try:  # prefix caching off, as a hybrid under DCP needs it
-        cache_layout(kimi, tensor_parallel=tp, decode_context_parallel=dcp,
-                     prefill_context_parallel=pcp, prefix_caching=False)  # fmt: skip
-        plan_accepts = True
-    except ParallelLayoutError:
-        plan_accepts = False
-    assert plan_accepts == vllm_accepts
-
-
-@pytest.mark.parametrize(
-    ("layers", "pp", "override"),
-    [(61, 4, None), (27, 4, None), (48, 3, None), (27, 2, "13,14"), (62, 8, None)],
-)
-def test_pp_partition_is_vllms(monkeypatch, layers: int, pp: int, override: str | None) -> None:
-    from vllm import envs
-    from vllm.distributed.utils import get_pp_indices
-
-    if override is None:
-        monkeypatch.delenv("VLLM_PP_LAYER_PARTITION", raising=False)
-    else:
-        monkeypatch.setenv("VLLM_PP_LAYER_PARTITION", override)
-    monkeypatch.setattr(envs, "VLLM_PP_LAYER_PARTITION", override, raising=False)
-    assert pp_partition(layers, pp, override) == [
-        get_pp_indices(layers, rank, pp) for rank in range(pp)
-    ]
 
 
 def test_pp_stage_memory_is_vllms_projection() -> None:

@@ -141,6 +141,6 @@ def test_an_invalid_layout_is_a_usage_error_before_anything_starts(
     result.stderr.fnmatch_lines(
         [
             "*tensor_parallel_size = 8 does not divide the model's 28 attention heads: vLLM "
-            "requires num_attention_heads % tensor_parallel_size == 0; choose one of 1, 2, 4, 7,*"
+            "requires num_attention_heads % tensor_parallel_size == 0; choose one of 1, 2, 4, 28"
         ]
     )
