@@ -64,6 +64,10 @@ def rows(tokens: int) -> list[tuple[str, str, float, float, float]]:
          "align"),
         ("Mamba2 (fp32 SSM) + attention", "nvidia/Nemotron-H-8B-Base-8K", models.nemotron_h_8b,
          models.nemotron_h_specs, "align"),
+        ("short conv + attention", "LiquidAI/LFM2-1.2B", models.lfm2_1_2b, models.lfm2_specs,
+         "align"),
+        ("uniform 4096-token window", "mistralai/Mistral-7B-v0.1", models.mistral_7b_v01,
+         models.mistral_specs, None),
     ]  # fmt: skip
     for label, source, config_of, specs_of, mode in cases:
         hf = config_of()

@@ -133,3 +133,30 @@ def as_dict(hf_config) -> dict:
         data["hybrid_override_pattern"] = NEMOTRON_H_8B_PATTERN
         data["num_hidden_layers"] = len(NEMOTRON_H_8B_PATTERN)
     return data
+
+
+def lfm2_1_2b():
+    """LiquidAI/LFM2-1.2B: 16 layers, short convolutions (conv_dim 2048, L_cache 3) and 6
+    GQA layers (32 heads, 8 KV heads of 64). ``conv_dim`` is no field of transformers'
+    Lfm2Config; the checkpoint's config.json carries it and vLLM's lfm2.py reads it."""
+    return transformers.Lfm2Config(
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        hidden_size=2048,
+        conv_L_cache=3,
+        conv_dim=2048,
+        full_attn_idxs=[2, 5, 8, 10, 12, 14],
+    )
+
+
+def mistral_7b_v01():
+    """mistralai/Mistral-7B-v0.1: 32 layers, every one windowed at 4096 tokens."""
+    return transformers.MistralConfig(
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        hidden_size=4096,
+        sliding_window=4096,
+    )

@@ -32,7 +32,9 @@ from public_configs import (  # noqa: E402 - needs transformers
     gemma3_27b,
     gpt_oss_120b,
     jamba_v01,
+    lfm2_1_2b,
     llama4_scout,
+    mistral_7b_v01,
     nemotron_h_8b,
     qwen3_next_80b,
 )
@@ -45,13 +47,14 @@ IN_FLIGHT = 2 * 8192  # async scheduling's two batches of an H200's 8192 batched
 # --- vLLM's side, built from vLLM's model code -------------------------------------------
 
 
-def vllm_config_for(hf_config, dtype, tp: int, ssm_dtype: str = "auto"):
-    """The fields vLLM's model classes read to size their state."""
+def vllm_config_for(hf_config, dtype, tp: int, ssm_dtype: str = "auto", conv_dtype: str = "auto"):
+    """The fields vLLM's model classes read to size their state (``conv_dtype`` and
+    ``ssm_dtype``: ``--mamba-cache-dtype`` and ``--mamba-ssm-cache-dtype``)."""
     return SimpleNamespace(
         parallel_config=SimpleNamespace(tensor_parallel_size=tp),
         model_config=SimpleNamespace(hf_config=hf_config, hf_text_config=hf_config, dtype=dtype),
         cache_config=SimpleNamespace(
-            mamba_cache_dtype="auto",
+            mamba_cache_dtype=conv_dtype,
             mamba_ssm_cache_dtype=ssm_dtype,
             use_replayssm=False,
             use_kda_recoverssm=False,
@@ -93,6 +96,7 @@ def aligned_block(
         block_size=block,
         cache_dtype=cache_dtype,
         mamba_cache_mode=mode,
+        mamba_cache_dtype=vllm_config.cache_config.mamba_cache_dtype,
         mamba_ssm_cache_dtype=vllm_config.cache_config.mamba_ssm_cache_dtype,
     )
     kv_heads = 1 if mla else max(1, hf.num_key_value_heads // TP)
@@ -210,10 +214,10 @@ def llama4_specs(hf) -> dict:  # noqa: ANN001
     return vllm_specs(hf, pattern, kv_dtype=torch.bfloat16, block=16)
 
 
-def qwen3_next_specs(hf, mode: str) -> dict:  # noqa: ANN001
+def qwen3_next_specs(hf, mode: str, **state_dtypes: str) -> dict:  # noqa: ANN001
     from vllm.model_executor.models.qwen3_next import Qwen3NextForCausalLM
 
-    state = (Qwen3NextForCausalLM, vllm_config_for(hf, torch.bfloat16, TP))
+    state = (Qwen3NextForCausalLM, vllm_config_for(hf, torch.bfloat16, TP, **state_dtypes))
     pattern = ["full" if t == "full_attention" else "state" for t in hf.layer_types]
     return vllm_specs(hf, pattern, kv_dtype=torch.bfloat16, block=16, state=state, mode=mode)
 
@@ -273,6 +277,70 @@ def test_qwen3_next_gated_deltanet_state(prefix_caching: bool) -> None:
         vllm = vllm_bytes(specs, tokens, mode=mode)
         assert plan_bytes(as_dict(hf), tokens, prefix_caching=prefix_caching) == vllm
     assert vllm / GIB == pytest.approx(VLLM_GIB_AT_64MI_TP8["Qwen3-Next-80B"], abs=0.005)
+
+
+@pytest.mark.parametrize(
+    ("conv_dtype", "ssm_dtype"),
+    [("auto", "float32"), ("float32", "auto"), ("float16", "float32"), ("auto", "auto")],
+)
+def test_mamba_cache_dtype_flags_size_the_state(conv_dtype: str, ssm_dtype: str) -> None:
+    """``--mamba-cache-dtype`` (conv and SSM state) and ``--mamba-ssm-cache-dtype`` (the SSM
+    state alone) as vLLM's Gated DeltaNet reads them; the state outgrows the BF16 default."""
+    hf = qwen3_next_80b()
+    specs = qwen3_next_specs(hf, "align", conv_dtype=conv_dtype, ssm_dtype=ssm_dtype)
+    for tokens in (4096, 64 * MI):
+        plan = plan_bytes(
+            as_dict(hf), tokens, mamba_cache_dtype=conv_dtype, mamba_ssm_cache_dtype=ssm_dtype
+        )
+        assert plan == vllm_bytes(specs, tokens, mode="align")
+    layout = cache_layout(
+        as_dict(hf),
+        tensor_parallel=TP,
+        mamba_cache_dtype=conv_dtype,
+        mamba_ssm_cache_dtype=ssm_dtype,
+    )
+    default = cache_layout(as_dict(hf), tensor_parallel=TP)
+    wider = "float32" in (conv_dtype, ssm_dtype)
+    assert (layout.state_bytes_per_rank > default.state_bytes_per_rank) == wider
+
+
+def lfm2_specs(hf, mode: str) -> dict:  # noqa: ANN001
+    from vllm.model_executor.models.lfm2 import Lfm2ForCausalLM
+
+    state = (Lfm2ForCausalLM, vllm_config_for(hf, torch.bfloat16, TP))
+    # vLLM's lfm2.py:331: config.layer_types[layer_idx] == "full_attention", else ShortConv.
+    pattern = ["full" if t == "full_attention" else "state" for t in hf.layer_types]
+    return vllm_specs(hf, pattern, kv_dtype=torch.bfloat16, block=16, state=state, mode=mode)
+
+
+@pytest.mark.parametrize("conv_dim", [2048, 1024])
+def test_lfm2_short_convolution_state(conv_dim: int) -> None:
+    """LFM2's short convolutions hold ``conv_L_cache - 1`` columns of ``conv_dim`` channels
+    (vLLM's lfm2.py reads ``conv_dim``, not ``hidden_size``: 1024 shows which is read)."""
+    hf = lfm2_1_2b()
+    hf.conv_dim = conv_dim
+    specs = lfm2_specs(hf, "align")
+    for tokens in (4096, 64 * MI):
+        assert plan_bytes(as_dict(hf), tokens) == vllm_bytes(specs, tokens, mode="align")
+    layout = cache_layout(as_dict(hf), tensor_parallel=TP)
+    assert layout.state_bytes_per_rank == 10 * (3 - 1) * conv_dim // TP * 2  # bf16, 10 layers
+
+
+def mistral_specs(hf) -> dict:  # noqa: ANN001
+    return vllm_specs(hf, ["sliding"] * hf.num_hidden_layers, kv_dtype=torch.bfloat16, block=16)
+
+
+def test_mistral_uniform_sliding_window() -> None:
+    """No ``layer_types``: vLLM sets the model's window on the cache config, so every layer
+    is windowed (``engine/arg_utils.py``: CacheConfig.sliding_window when layer_types is None
+    or all sliding; ``Attention`` takes it for each layer)."""
+    hf = mistral_7b_v01()
+    assert getattr(hf, "layer_types", None) is None
+    specs = mistral_specs(hf)
+    for tokens in (1024, 64 * MI):
+        assert plan_bytes(as_dict(hf), tokens) == vllm_bytes(specs, tokens)
+    # A window and the tokens in flight per layer, whatever the length.
+    assert plan_bytes(as_dict(hf), 64 * MI) == plan_bytes(as_dict(hf), 1 * MI)
 
 
 def deepseek_v32_specs(hf) -> dict:  # noqa: ANN001

@@ -318,9 +318,10 @@ def _state_layer(
         kernel, state = _int(fields, "mamba_d_conv"), _int(fields, "mamba_d_state")
         shard = _divide(inner, tp, "Mamba channels")
         return _state(index, what, [((kernel - 1, shard), conv), ((shard, state), ssm)])
-    if what == "short_conv":
+    if what == "short_conv":  # vLLM's lfm2.py: conv_dim channels (the checkpoints spell it)
         kernel = _int(fields, "conv_L_cache")
-        shard = _divide(_int(fields, "hidden_size"), tp, "short-convolution channels")
+        channels = _int(fields, "conv_dim" if "conv_dim" in fields else "hidden_size")
+        shard = _divide(channels, tp, "short-convolution channels")
         return _state(index, what, [((kernel - 1, shard), conv)])
     raise LayerConfigError(f"layer {index}: unknown layer kind {what!r}")
 
