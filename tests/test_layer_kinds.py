@@ -15,7 +15,13 @@ from types import SimpleNamespace
 import pytest
 from longctx_testing import KIMI_CONFIG
 
-from pytest_longctx.capacity import GIB, ParallelLayoutError, cache_layout, load_model_config
+from pytest_longctx.capacity import (
+    GIB,
+    ParallelLayoutError,
+    cache_layout,
+    describe_layout,
+    load_model_config,
+)
 from pytest_longctx.capacity.groups import AllocatorSettings
 from pytest_longctx.capacity.kinds import pp_partition
 
@@ -374,6 +380,13 @@ def test_deepseek_v32_sparse_mla_and_indexer() -> None:
     vllm = vllm_bytes(deepseek_v32_specs(hf), 64 * MI)
     assert plan_bytes(as_dict(hf), 64 * MI, cache_dtype="fp8", block_size=64) == vllm
     assert vllm == 61 * (656 + 132) * 64 * MI  # 3,004 GiB: the cache is whole on every rank
+    # The layout line's arithmetic holds and names what a layer's bytes are.
+    layout = cache_layout(as_dict(hf), tensor_parallel=TP, cache_dtype="fp8", block_size=64)
+    assert (
+        "61 sparse MLA layers x (656 B fp8_ds_mla row + 132 B indexer keys) = 48,068 B/token"
+        in describe_layout(layout)
+    )
+    assert 61 * (656 + 132) == 48_068
     assert vllm / GIB == VLLM_GIB_AT_64MI_TP8["DeepSeek-V3.2"]
 
 

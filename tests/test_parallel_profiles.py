@@ -230,6 +230,16 @@ def test_a_reserve_per_device_counts_against_every_point(tmp_path: Path) -> None
     assert verdicts[64 * MI].slack_bytes / GIB == pytest.approx(133.38 - 142.16, abs=0.01)
     table = capacity_check.render_table(plan, [32 * MI, 64 * MI])
     assert "reserve: 100.00 GiB per device" in table
+    # The KV capacity vLLM will report is what is left once weights and the reserve are in.
+    hardware = capacity_check.hardware_for(profile)
+    layout = capacity_check.layout_for(profile)
+    budget = hardware.usable_per_device_bytes - hardware.weights_on_rank(8, 8) - 100 * GIB
+    tokens = layout.allocation.token_capacity(budget, 64 * MI + 1024)
+    predicted = next(line for line in table.splitlines() if line.startswith("predicted KV"))
+    assert predicted.startswith(f"predicted KV capacity: {tokens:,} tokens")
+    assert predicted.endswith(
+        "(an estimate: the memory budget less the weights and the 100.00 GiB reserve per device)"
+    )
 
 
 def test_more_ranks_than_devices_is_refused(tmp_path: Path) -> None:

@@ -376,9 +376,16 @@ def describe_layout(layout: CacheLayout) -> str:
             for lo, hi in layout.allocation.stages
         )
         layers = f"{most} (of {layout.attention_layers})"
+    per_layer = f"{layout.elements_per_layer_token} elements x {layout.element_bytes} B"
+    indexer = next((x for x in layout.layers if x.kind == "indexer"), None)
+    row = next((x for x in layout.layers if x.kind == "mla"), None)
+    if indexer is not None and row is not None:  # sparse MLA: each layer's row and keys
+        if row.variant == "fp8_ds_mla":
+            per_layer = f"{row.bytes_per_token:,} B fp8_ds_mla row"
+        per_layer = f"({per_layer} + {indexer.bytes_per_token} B indexer keys)"
+    kind = "sparse MLA" if indexer is not None else layout.attention.upper()
     grows = (
-        f"{layers} {layout.attention.upper()} layers x "
-        f"{layout.elements_per_layer_token} elements x {layout.element_bytes} B"
+        f"{layers} {kind} layers x {per_layer}"
         + (f" / DCP {dcp}" if dcp > 1 else "")
         + f" = {layout.kv_bytes_per_token:,} B/token per rank"
     )

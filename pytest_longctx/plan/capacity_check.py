@@ -216,24 +216,36 @@ def render_table(plan: SweepPlan, lengths: Sequence[int]) -> str:
         )
     if lengths:
         tokens = max(lengths) + plan.tokens_after_prefix
-        lines.append(predicted_capacity(layout, hardware, tokens))
+        lines.append(predicted_capacity(layout, hardware, tokens, reserve))
         lines.append(oracle_line(layout, tokens))
     return "\n".join(line for line in lines if line)
 
 
 def predicted_capacity(
-    layout: capacity.CacheLayout, hardware: capacity.Hardware, max_model_len: int
+    layout: capacity.CacheLayout,
+    hardware: capacity.Hardware,
+    max_model_len: int,
+    reserve: int = 0,
 ) -> str:
-    """The KV capacity vLLM will report, and the concurrency at the largest length."""
+    """The KV capacity vLLM will report, and the concurrency at the largest length.
+
+    ``reserve`` is ``[hardware] reserve_per_device``: memory vLLM holds beyond weights and
+    cache, so without an explicit cache size it is not there for the cache either."""
     assert layout.allocation is not None
     if hardware.kv_cache_bytes is not None:
         budget, how = hardware.kv_cache_bytes, "for the explicit cache"
     else:
         weights = hardware.weights_on_rank(layout.tensor_parallel, layout.tensor_parallel)
-        budget = hardware.usable_per_device_bytes - weights
-        how = "an estimate: the memory budget less the weights, activations not counted"
+        budget = hardware.usable_per_device_bytes - weights - reserve
+        how = (
+            "an estimate: the memory budget less the weights and the "
+            f"{reserve / capacity.GIB:.2f} GiB reserve per device"
+            if reserve
+            else "an estimate: the memory budget less the weights, activations not counted"
+        )
     if budget <= 0:
-        return "predicted KV capacity: none (the weights alone fill the budget)"
+        what = "the weights and the reserve" if reserve else "the weights alone"
+        return f"predicted KV capacity: none ({what} fill the budget)"
     tokens = layout.allocation.token_capacity(budget, max_model_len)
     return (
         f"predicted KV capacity: {tokens:,} tokens, concurrency {tokens / max_model_len:.2f}x "
