@@ -52,6 +52,8 @@ def rows(tokens: int) -> list[tuple[str, str, float, float, float]]:
         out.append((label, source, plan / GIB, vllm / GIB, full / GIB))
 
     cases = [
+        ("full attention, 8 KV heads", "meta-llama/Llama-3.1-70B", models.llama31_70b,
+         models.llama_specs, None),
         ("alternating 128-token window", "openai/gpt-oss-120b", models.gpt_oss_120b,
          models.gpt_oss_specs, None),
         ("5 local : 1 global, window 1024", "google/gemma-3-27b-it", models.gemma3_27b,

@@ -22,6 +22,17 @@ VLLM_GIB_AT_64MI_TP8 = {
 }
 
 
+def llama31_70b():
+    """meta-llama/Llama-3.1-70B: 80 layers of full attention, 64 heads, 8 KV heads of 128."""
+    return transformers.LlamaConfig(
+        num_hidden_layers=80,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        head_dim=128,
+        hidden_size=8192,
+    )
+
+
 def gpt_oss_120b():
     """openai/gpt-oss-120b: 36 layers, 64 heads, 8 KV heads of 64, 128-token window."""
     return transformers.GptOssConfig(

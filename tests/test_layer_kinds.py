@@ -40,6 +40,7 @@ from public_configs import (  # noqa: E402 - needs transformers
     jamba_v01,
     lfm2_1_2b,
     llama4_scout,
+    llama31_70b,
     mistral_7b_v01,
     nemotron_h_8b,
     qwen3_next_80b,
@@ -179,16 +180,13 @@ def plan_bytes(config: dict, tokens: int, **options) -> int:
 # --- one test per layer pattern -----------------------------------------------------------
 
 
+def llama_specs(hf) -> dict:  # noqa: ANN001
+    return vllm_specs(hf, ["full"] * hf.num_hidden_layers, kv_dtype=torch.bfloat16, block=16)
+
+
 def test_full_attention_with_kv_heads_replicated_past_tp() -> None:
-    # Llama-3.1-70B: 8 KV heads over 8 ranks, one each.
-    hf = transformers.LlamaConfig(
-        num_hidden_layers=80,
-        num_attention_heads=64,
-        num_key_value_heads=8,
-        head_dim=128,
-        hidden_size=8192,
-    )
-    specs = vllm_specs(hf, ["full"] * 80, kv_dtype=torch.bfloat16, block=16)
+    hf = llama31_70b()  # 8 KV heads over 8 ranks, one each
+    specs = llama_specs(hf)
     assert plan_bytes(as_dict(hf), 64 * MI) == vllm_bytes(specs, 64 * MI) == 80 * 512 * 64 * MI
     # 2 KV heads at TP=8: each rank holds a replica of one (max(1, 2 // 8) = 1).
     hf16 = transformers.LlamaConfig(
@@ -470,15 +468,7 @@ def test_a_config_json_without_derived_fields_reads_the_same(config_of, derived,
 
 
 def test_dcp_rules_are_vllms() -> None:
-    llama70b = as_dict(
-        transformers.LlamaConfig(
-            num_hidden_layers=80,
-            num_attention_heads=64,
-            num_key_value_heads=8,
-            head_dim=128,
-            hidden_size=8192,
-        )
-    )
+    llama70b = as_dict(llama31_70b())
     with pytest.raises(ParallelLayoutError, match="greater than the model's 8 KV heads"):
         cache_layout(llama70b, tensor_parallel=8, decode_context_parallel=2)
     with pytest.raises(ParallelLayoutError, match="must divide tensor_parallel_size"):
@@ -486,18 +476,7 @@ def test_dcp_rules_are_vllms() -> None:
     with pytest.raises(ParallelLayoutError, match="maximum tp // kv_heads = 2"):
         cache_layout(llama70b, tensor_parallel=16, decode_context_parallel=4)
     ok = cache_layout(llama70b, tensor_parallel=16, decode_context_parallel=2)
-    specs = vllm_specs(
-        transformers.LlamaConfig(
-            num_hidden_layers=80,
-            num_attention_heads=64,
-            num_key_value_heads=8,
-            head_dim=128,
-            hidden_size=8192,
-        ),
-        ["full"] * 80,
-        kv_dtype=torch.bfloat16,
-        block=16,
-    )
+    specs = llama_specs(llama31_70b())
     # At TP=16 every rank holds one of 8 KV heads twice over; DCP=2 shards the tokens instead.
     assert sum(ok.request_bytes(64 * MI)) == vllm_bytes(specs, 64 * MI, dcp=2)
     with pytest.raises(ParallelLayoutError, match="does not support sliding window"):
