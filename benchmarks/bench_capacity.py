@@ -52,6 +52,8 @@ def rows(tokens: int) -> list[tuple[str, str, float, float, float]]:
         out.append((label, source, plan / GIB, vllm / GIB, full / GIB))
 
     cases = [
+        ("full attention, 8 KV heads", "meta-llama/Llama-3.1-70B", models.llama31_70b,
+         models.llama_specs, None),
         ("alternating 128-token window", "openai/gpt-oss-120b", models.gpt_oss_120b,
          models.gpt_oss_specs, None),
         ("5 local : 1 global, window 1024", "google/gemma-3-27b-it", models.gemma3_27b,
@@ -64,6 +66,10 @@ def rows(tokens: int) -> list[tuple[str, str, float, float, float]]:
          "align"),
         ("Mamba2 (fp32 SSM) + attention", "nvidia/Nemotron-H-8B-Base-8K", models.nemotron_h_8b,
          models.nemotron_h_specs, "align"),
+        ("short conv + attention", "LiquidAI/LFM2-1.2B", models.lfm2_1_2b, models.lfm2_specs,
+         "align"),
+        ("uniform 4096-token window", "mistralai/Mistral-7B-v0.1", models.mistral_7b_v01,
+         models.mistral_specs, None),
     ]  # fmt: skip
     for label, source, config_of, specs_of, mode in cases:
         hf = config_of()

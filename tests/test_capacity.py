@@ -10,12 +10,13 @@ import struct
 from pathlib import Path
 
 import pytest
+from longctx_testing import KIMI_CONFIG
 
-import pytest_longctx
 from pytest_longctx.capacity import (
     GIB,
     Hardware,
     ModelConfigError,
+    ParallelLayoutError,
     cache_layout,
     capacity_table,
     crossover_tokens,
@@ -26,10 +27,6 @@ from pytest_longctx.capacity import (
     token_capacity,
 )
 
-# The copy the reference profiles ship, so the figures tested are the ones the plan uses.
-KIMI_CONFIG = (
-    Path(pytest_longctx.__file__).parent / "profiles" / "data" / "kimi-linear-48b-a3b-config.json"
-)
 MI = 1024**2
 
 # The study's node: 8 ranks of 288 GiB, vLLM at 0.952 utilisation, 91.5e9 bytes of weights.
@@ -151,8 +148,15 @@ def test_kimi_constant_state(kimi):
 
 
 def test_kimi_tp_must_divide_linear_heads(kimi):
-    with pytest.raises(ValueError, match="32 linear-attention heads"):
-        cache_layout(kimi, tensor_parallel=3)
+    """With 96 attention heads TP=3 divides those, not the 32 KDA heads: a layout error
+    naming the profile key and the sizes that shard every part."""
+    with pytest.raises(ParallelLayoutError) as info:
+        cache_layout({**kimi, "num_attention_heads": 96}, tensor_parallel=3)
+    assert str(info.value) == (
+        "tensor_parallel_size = 3 does not divide the model's 32 linear-attention heads: vLLM "
+        "shards them evenly over the tensor-parallel ranks (linear-attention heads % "
+        "tensor_parallel_size == 0); choose one of 1, 2, 4, 8, 16, 32"
+    )
 
 
 def test_kimi_hybrid_block_size_hint(kimi):
@@ -184,12 +188,13 @@ def kimi_request_bytes(layout, tokens: int) -> tuple[int, int, int]:
 
     7 MLA layers form one group, the 20 KDA layers three (7, 7, 6 + one padding layer); a
     block costs 7 pages of ``block x 576 x element`` bytes; one request holds
-    ``cdiv(tokens, block)`` MLA blocks and two state blocks per state group (prefix caching
-    on: vLLM's "align" mode).
+    ``cdiv(tokens, block)`` MLA blocks and two state blocks per state group with prefix
+    caching on (vLLM's "align" mode), one with it off.
     """
     block = layout.block_size_hint
     per_block = 7 * block * 576 * layout.element_bytes
-    return -(-tokens // block) * per_block, 3 * 2 * per_block, per_block
+    state_blocks = 2 if layout.options["prefix_caching"] else 1
+    return -(-tokens // block) * per_block, 3 * state_blocks * per_block, per_block
 
 
 def test_kimi_64mi_fits_in_fp8_not_in_bf16(kimi):
@@ -211,9 +216,10 @@ def test_kimi_64mi_fits_in_fp8_not_in_bf16(kimi):
     bad = fit_point(bf16, STUDY_NODE, 64 * MI, decode_tokens=64)
     assert not bad.fits
     assert bad.need_bytes > available
-    # DCP at the same precision comes before FP8: 8064 B/token over 2 ranks.
-    assert "decode_context_parallel_size = 2" in bad.suggestion
-    bf16_dcp2 = bf16.with_changes(decode_context_parallel=2)
+    # DCP at the same precision comes before FP8: 8064 B/token over 2 ranks, prefix caching
+    # off as a hybrid under DCP runs.
+    assert "decode_context_parallel_size = 2 with --no-enable-prefix-caching" in bad.suggestion
+    bf16_dcp2 = bf16.with_changes(decode_context_parallel=2, prefix_caching=False)
     kv2, state2, null2 = kimi_request_bytes(bf16_dcp2, -(-(64 * MI + 64) // 2))
     assert f"{(kv2 + state2 + null2 + weights) / GIB:.2f} GiB" in bad.suggestion
     # The reason gives both figures in GiB.

@@ -10,13 +10,18 @@ from vLLM's model classes themselves (``get_mamba_state_shape_from_config``), an
 
 from __future__ import annotations
 
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from longctx_testing import KIMI_CONFIG
 
-import pytest_longctx
-from pytest_longctx.capacity import GIB, ParallelLayoutError, cache_layout, load_model_config
+from pytest_longctx.capacity import (
+    GIB,
+    ParallelLayoutError,
+    cache_layout,
+    describe_layout,
+    load_model_config,
+)
 from pytest_longctx.capacity.groups import AllocatorSettings
 from pytest_longctx.capacity.kinds import pp_partition
 
@@ -25,140 +30,38 @@ torch = pytest.importorskip("torch")
 kv_iface = pytest.importorskip("vllm.v1.kv_cache_interface")
 kv_utils = pytest.importorskip("vllm.v1.core.kv_cache_utils")
 
-KIMI_CONFIG = (
-    Path(pytest_longctx.__file__).parent / "profiles" / "data" / "kimi-linear-48b-a3b-config.json"
+from public_configs import (  # noqa: E402 - needs transformers
+    NEMOTRON_H_8B_PATTERN,
+    VLLM_GIB_AT_64MI_TP8,
+    as_dict,
+    deepseek_v32,
+    gemma3_27b,
+    gpt_oss_120b,
+    jamba_v01,
+    lfm2_1_2b,
+    llama4_scout,
+    llama31_70b,
+    mistral_7b_v01,
+    nemotron_h_8b,
+    qwen3_next_80b,
 )
+
 MI = 1024**2
 TP = 8
 IN_FLIGHT = 2 * 8192  # async scheduling's two batches of an H200's 8192 batched tokens
 
 
-# --- real public configs ----------------------------------------------------------------
-
-
-def gpt_oss_120b():
-    """openai/gpt-oss-120b: 36 layers, 64 heads, 8 KV heads of 64, 128-token window."""
-    return transformers.GptOssConfig(
-        num_hidden_layers=36,
-        num_attention_heads=64,
-        num_key_value_heads=8,
-        head_dim=64,
-        hidden_size=2880,
-        sliding_window=128,
-        num_local_experts=128,
-    )
-
-
-def gemma3_27b():
-    """google/gemma-3-27b-it text config: 62 layers, 5 local : 1 global, window 1024."""
-    return transformers.Gemma3TextConfig(
-        num_hidden_layers=62,
-        num_attention_heads=32,
-        num_key_value_heads=16,
-        head_dim=128,
-        hidden_size=5376,
-        sliding_window=1024,
-        sliding_window_pattern=6,
-    )
-
-
-def llama4_scout():
-    """meta-llama/Llama-4-Scout-17B-16E text config: chunks of 8192, every 4th layer NoPE."""
-    return transformers.Llama4TextConfig(
-        num_hidden_layers=48,
-        num_attention_heads=40,
-        num_key_value_heads=8,
-        head_dim=128,
-        hidden_size=5120,
-        attention_chunk_size=8192,
-        no_rope_layer_interval=4,
-    )
-
-
-def qwen3_next_80b():
-    """Qwen/Qwen3-Next-80B-A3B-Instruct: Gated DeltaNet, full attention every 4th layer."""
-    return transformers.Qwen3NextConfig(
-        num_hidden_layers=48,
-        num_attention_heads=16,
-        num_key_value_heads=2,
-        head_dim=256,
-        hidden_size=2048,
-        linear_num_key_heads=16,
-        linear_num_value_heads=32,
-        linear_key_head_dim=128,
-        linear_value_head_dim=128,
-        linear_conv_kernel_dim=4,
-        full_attention_interval=4,
-    )
-
-
-def deepseek_v32():
-    """deepseek-ai/DeepSeek-V3.2-Exp: 61 MLA layers (512 + 64), indexer head_dim 128."""
-    return transformers.DeepseekV32Config(
-        num_hidden_layers=61,
-        num_attention_heads=128,
-        num_key_value_heads=128,
-        kv_lora_rank=512,
-        qk_rope_head_dim=64,
-        index_head_dim=128,
-        index_n_heads=64,
-        index_topk=2048,
-    )
-
-
-def jamba_v01():
-    """ai21labs/Jamba-v0.1: 32 layers, attention at 4 mod 8, Mamba1 (d_state 16, expand 2)."""
-    return transformers.JambaConfig(
-        num_hidden_layers=32,
-        attn_layer_period=8,
-        attn_layer_offset=4,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        hidden_size=4096,
-        mamba_d_state=16,
-        mamba_d_conv=4,
-        mamba_expand=2,
-    )
-
-
-NEMOTRON_H_8B_PATTERN = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"
-
-
-def nemotron_h_8b():
-    """nvidia/Nemotron-H-8B-Base-8K: Mamba2 (128 heads of 64, state 128, 8 groups)."""
-    return transformers.NemotronHConfig(
-        hybrid_override_pattern=NEMOTRON_H_8B_PATTERN,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=128,
-        hidden_size=4096,
-        mamba_num_heads=128,
-        mamba_head_dim=64,
-        ssm_state_size=128,
-        n_groups=8,
-        conv_kernel=4,
-    )
-
-
-def as_dict(hf_config) -> dict:
-    """The config.json a checkpoint ships: what the plan reads."""
-    data = hf_config.to_dict()
-    if isinstance(hf_config, transformers.NemotronHConfig):  # its config.json spells it so
-        data["hybrid_override_pattern"] = NEMOTRON_H_8B_PATTERN
-        data["num_hidden_layers"] = len(NEMOTRON_H_8B_PATTERN)
-    return data
-
-
 # --- vLLM's side, built from vLLM's model code -------------------------------------------
 
 
-def vllm_config_for(hf_config, dtype, tp: int, ssm_dtype: str = "auto"):
-    """The fields vLLM's model classes read to size their state."""
+def vllm_config_for(hf_config, dtype, tp: int, ssm_dtype: str = "auto", conv_dtype: str = "auto"):
+    """The fields vLLM's model classes read to size their state (``conv_dtype`` and
+    ``ssm_dtype``: ``--mamba-cache-dtype`` and ``--mamba-ssm-cache-dtype``)."""
     return SimpleNamespace(
         parallel_config=SimpleNamespace(tensor_parallel_size=tp),
         model_config=SimpleNamespace(hf_config=hf_config, hf_text_config=hf_config, dtype=dtype),
         cache_config=SimpleNamespace(
-            mamba_cache_dtype="auto",
+            mamba_cache_dtype=conv_dtype,
             mamba_ssm_cache_dtype=ssm_dtype,
             use_replayssm=False,
             use_kda_recoverssm=False,
@@ -178,10 +81,55 @@ def mamba_spec(model_cls, vllm_config, block: int, padded: int | None, mode: str
     )
 
 
-def aligned_block(attention_page_1: int, state_page: int, block: int, mla: bool) -> int:
-    """``Platform._align_hybrid_block_size``: the attention page must hold a state page."""
-    align = max(block, 128) if mla else block
-    return max(block, align * -(-state_page // (align * attention_page_1)))
+def aligned_block(
+    vllm_config, architecture: str, block: int, *, cache_dtype: str = "auto", mode: str = "none"
+) -> tuple[int, int | None]:  # noqa: ANN001
+    """vLLM's own ``Platform._align_hybrid_block_size`` for the target backend (FlashAttention,
+    FlashMLA for MLA): the attention block it raises ``block`` to so that a page holds a state
+    page, and the state page size it pads to (None: no padding). The model class comes from
+    vLLM's registry; the backends in the model are the one backend."""
+    from unittest import mock
+
+    from vllm.config.cache import CacheConfig
+    from vllm.platforms.interface import Platform
+
+    hf = vllm_config.model_config.hf_config
+    mla = getattr(hf, "kv_lora_rank", None) is not None
+    if mla:
+        from vllm.v1.attention.backends.mla.flashmla import FlashMLABackend as backend
+    else:
+        from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend as backend
+    cache = CacheConfig(
+        block_size=block,
+        cache_dtype=cache_dtype,
+        mamba_cache_mode=mode,
+        mamba_cache_dtype=vllm_config.cache_config.mamba_cache_dtype,
+        mamba_ssm_cache_dtype=vllm_config.cache_config.mamba_ssm_cache_dtype,
+    )
+    kv_heads = 1 if mla else max(1, hf.num_key_value_heads // TP)
+    head_size = (
+        hf.kv_lora_rank + hf.qk_rope_head_dim
+        if mla
+        else getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+    )
+    model = SimpleNamespace(
+        **vars(vllm_config.model_config),
+        use_mla=mla,
+        architecture=architecture,
+        model_impl="auto",
+        convert_type="none",
+        runner_type="generate",
+        get_num_kv_heads=lambda parallel: kv_heads,
+        get_head_size=lambda: head_size,
+    )
+    config = SimpleNamespace(
+        **{**vars(vllm_config), "cache_config": cache, "model_config": model},
+        compilation_config=SimpleNamespace(static_forward_context={}),
+    )
+    only = classmethod(lambda cls, _config: [backend])
+    with mock.patch.object(Platform, "_find_non_ssm_backends", only):
+        Platform._align_hybrid_block_size(config, backend)
+    return cache.block_size, cache.mamba_page_size_padded
 
 
 def vllm_specs(hf_config, pattern, *, kv_dtype, block: int, state=None, mode="none") -> dict:
@@ -195,10 +143,7 @@ def vllm_specs(hf_config, pattern, *, kv_dtype, block: int, state=None, mode="no
     common = dict(num_kv_heads=kv_heads, head_size=head_dim, dtype=kv_dtype)
     if state is not None:
         model_cls, vllm_config = state
-        page_1 = kv_iface.FullAttentionSpec(block_size=1, **common).page_size_bytes
-        state_page = mamba_spec(model_cls, vllm_config, 1, None, mode).page_size_bytes
-        block = aligned_block(page_1, state_page, block, mla=False)
-        padded = block * page_1 if block * page_1 > state_page else None
+        block, padded = aligned_block(vllm_config, model_cls.__name__, block, mode=mode)
     specs = {}
     for index, kind in enumerate(pattern):
         name = f"layers.{index}"
@@ -235,16 +180,13 @@ def plan_bytes(config: dict, tokens: int, **options) -> int:
 # --- one test per layer pattern -----------------------------------------------------------
 
 
+def llama_specs(hf) -> dict:  # noqa: ANN001
+    return vllm_specs(hf, ["full"] * hf.num_hidden_layers, kv_dtype=torch.bfloat16, block=16)
+
+
 def test_full_attention_with_kv_heads_replicated_past_tp() -> None:
-    # Llama-3.1-70B: 8 KV heads over 8 ranks, one each.
-    hf = transformers.LlamaConfig(
-        num_hidden_layers=80,
-        num_attention_heads=64,
-        num_key_value_heads=8,
-        head_dim=128,
-        hidden_size=8192,
-    )
-    specs = vllm_specs(hf, ["full"] * 80, kv_dtype=torch.bfloat16, block=16)
+    hf = llama31_70b()  # 8 KV heads over 8 ranks, one each
+    specs = llama_specs(hf)
     assert plan_bytes(as_dict(hf), 64 * MI) == vllm_bytes(specs, 64 * MI) == 80 * 512 * 64 * MI
     # 2 KV heads at TP=8: each rank holds a replica of one (max(1, 2 // 8) = 1).
     hf16 = transformers.LlamaConfig(
@@ -276,10 +218,10 @@ def llama4_specs(hf) -> dict:  # noqa: ANN001
     return vllm_specs(hf, pattern, kv_dtype=torch.bfloat16, block=16)
 
 
-def qwen3_next_specs(hf, mode: str) -> dict:  # noqa: ANN001
+def qwen3_next_specs(hf, mode: str, **state_dtypes: str) -> dict:  # noqa: ANN001
     from vllm.model_executor.models.qwen3_next import Qwen3NextForCausalLM
 
-    state = (Qwen3NextForCausalLM, vllm_config_for(hf, torch.bfloat16, TP))
+    state = (Qwen3NextForCausalLM, vllm_config_for(hf, torch.bfloat16, TP, **state_dtypes))
     pattern = ["full" if t == "full_attention" else "state" for t in hf.layer_types]
     return vllm_specs(hf, pattern, kv_dtype=torch.bfloat16, block=16, state=state, mode=mode)
 
@@ -311,7 +253,8 @@ def test_gpt_oss_alternates_windows_by_layer_index() -> None:
     hf = gpt_oss_120b()
     vllm = vllm_bytes(gpt_oss_specs(hf), 64 * MI)
     assert plan_bytes(as_dict(hf), 64 * MI) == vllm
-    assert vllm / GIB == pytest.approx(288, abs=0.1)  # 18 full layers x 256 B x 64Mi
+    assert vllm / GIB == pytest.approx(VLLM_GIB_AT_64MI_TP8["gpt-oss-120b"], abs=0.005)
+    assert vllm // GIB == 288  # 18 full layers x 256 B x 64Mi, and the windows
 
 
 def test_gemma3_local_and_global_layers() -> None:
@@ -319,14 +262,14 @@ def test_gemma3_local_and_global_layers() -> None:
     assert hf.layer_types.count("full_attention") == 10
     vllm = vllm_bytes(gemma3_specs(hf), 64 * MI)
     assert plan_bytes(as_dict(hf), 64 * MI) == vllm
-    assert vllm / GIB == pytest.approx(641, abs=0.5)
+    assert vllm / GIB == pytest.approx(VLLM_GIB_AT_64MI_TP8["gemma-3-27b"], abs=0.005)
 
 
 def test_llama4_chunked_local_attention_and_nope_layers() -> None:
     hf = llama4_scout()
     vllm = vllm_bytes(llama4_specs(hf), 64 * MI)
     assert plan_bytes(as_dict(hf), 64 * MI) == vllm
-    assert vllm / GIB == pytest.approx(384, abs=0.5)
+    assert vllm / GIB == pytest.approx(VLLM_GIB_AT_64MI_TP8["Llama-4-Scout"], abs=0.005)
 
 
 @pytest.mark.parametrize("prefix_caching", [True, False])
@@ -337,7 +280,71 @@ def test_qwen3_next_gated_deltanet_state(prefix_caching: bool) -> None:
     for tokens in (1024, 64 * MI):
         vllm = vllm_bytes(specs, tokens, mode=mode)
         assert plan_bytes(as_dict(hf), tokens, prefix_caching=prefix_caching) == vllm
-    assert vllm / GIB == pytest.approx(768, abs=0.5)
+    assert vllm / GIB == pytest.approx(VLLM_GIB_AT_64MI_TP8["Qwen3-Next-80B"], abs=0.005)
+
+
+@pytest.mark.parametrize(
+    ("conv_dtype", "ssm_dtype"),
+    [("auto", "float32"), ("float32", "auto"), ("float16", "float32"), ("auto", "auto")],
+)
+def test_mamba_cache_dtype_flags_size_the_state(conv_dtype: str, ssm_dtype: str) -> None:
+    """``--mamba-cache-dtype`` (conv and SSM state) and ``--mamba-ssm-cache-dtype`` (the SSM
+    state alone) as vLLM's Gated DeltaNet reads them; the state outgrows the BF16 default."""
+    hf = qwen3_next_80b()
+    specs = qwen3_next_specs(hf, "align", conv_dtype=conv_dtype, ssm_dtype=ssm_dtype)
+    for tokens in (4096, 64 * MI):
+        plan = plan_bytes(
+            as_dict(hf), tokens, mamba_cache_dtype=conv_dtype, mamba_ssm_cache_dtype=ssm_dtype
+        )
+        assert plan == vllm_bytes(specs, tokens, mode="align")
+    layout = cache_layout(
+        as_dict(hf),
+        tensor_parallel=TP,
+        mamba_cache_dtype=conv_dtype,
+        mamba_ssm_cache_dtype=ssm_dtype,
+    )
+    default = cache_layout(as_dict(hf), tensor_parallel=TP)
+    wider = "float32" in (conv_dtype, ssm_dtype)
+    assert (layout.state_bytes_per_rank > default.state_bytes_per_rank) == wider
+
+
+def lfm2_specs(hf, mode: str) -> dict:  # noqa: ANN001
+    from vllm.model_executor.models.lfm2 import Lfm2ForCausalLM
+
+    state = (Lfm2ForCausalLM, vllm_config_for(hf, torch.bfloat16, TP))
+    # vLLM's lfm2.py:331: config.layer_types[layer_idx] == "full_attention", else ShortConv.
+    pattern = ["full" if t == "full_attention" else "state" for t in hf.layer_types]
+    return vllm_specs(hf, pattern, kv_dtype=torch.bfloat16, block=16, state=state, mode=mode)
+
+
+@pytest.mark.parametrize("conv_dim", [2048, 1024])
+def test_lfm2_short_convolution_state(conv_dim: int) -> None:
+    """LFM2's short convolutions hold ``conv_L_cache - 1`` columns of ``conv_dim`` channels
+    (vLLM's lfm2.py reads ``conv_dim``, not ``hidden_size``: 1024 shows which is read)."""
+    hf = lfm2_1_2b()
+    hf.conv_dim = conv_dim
+    specs = lfm2_specs(hf, "align")
+    for tokens in (4096, 64 * MI):
+        assert plan_bytes(as_dict(hf), tokens) == vllm_bytes(specs, tokens, mode="align")
+    layout = cache_layout(as_dict(hf), tensor_parallel=TP)
+    assert layout.state_bytes_per_rank == 10 * (3 - 1) * conv_dim // TP * 2  # bf16, 10 layers
+
+
+def mistral_specs(hf) -> dict:  # noqa: ANN001
+    return vllm_specs(hf, ["sliding"] * hf.num_hidden_layers, kv_dtype=torch.bfloat16, block=16)
+
+
+def test_mistral_uniform_sliding_window() -> None:
+    """No ``layer_types``: vLLM sets the model's window on the cache config, so every layer
+    is windowed (``engine/arg_utils.py``: CacheConfig.sliding_window when layer_types is None
+    or all sliding; ``Attention`` takes it for each layer)."""
+    hf = mistral_7b_v01()
+    assert getattr(hf, "layer_types", None) is None
+    specs = mistral_specs(hf)
+    for tokens in (1024, 64 * MI):
+        assert plan_bytes(as_dict(hf), tokens) == vllm_bytes(specs, tokens)
+    # A window and the tokens in flight per layer, whatever the length.
+    assert plan_bytes(as_dict(hf), 64 * MI) == plan_bytes(as_dict(hf), 1 * MI)
 
 
 def deepseek_v32_specs(hf) -> dict:  # noqa: ANN001
@@ -371,6 +378,14 @@ def test_deepseek_v32_sparse_mla_and_indexer() -> None:
     vllm = vllm_bytes(deepseek_v32_specs(hf), 64 * MI)
     assert plan_bytes(as_dict(hf), 64 * MI, cache_dtype="fp8", block_size=64) == vllm
     assert vllm == 61 * (656 + 132) * 64 * MI  # 3,004 GiB: the cache is whole on every rank
+    # The layout line's arithmetic holds and names what a layer's bytes are.
+    layout = cache_layout(as_dict(hf), tensor_parallel=TP, cache_dtype="fp8", block_size=64)
+    assert (
+        "61 sparse MLA layers x (656 B fp8_ds_mla row + 132 B indexer keys) = 48,068 B/token"
+        in describe_layout(layout)
+    )
+    assert 61 * (656 + 132) == 48_068
+    assert vllm / GIB == VLLM_GIB_AT_64MI_TP8["DeepSeek-V3.2"]
 
 
 def test_jamba_mamba1_state() -> None:
@@ -394,11 +409,10 @@ def kimi_specs(block: int, kv_dtype, mode: str, dcp: int = 1) -> tuple[dict, dic
     hf = SimpleNamespace(**raw)
     state = (KimiLinearForCausalLM, vllm_config_for(hf, torch.bfloat16, TP))
     latent = raw["kv_lora_rank"] + raw["qk_rope_head_dim"]
-    page_1 = kv_iface.MLAAttentionSpec(
-        block_size=1, num_kv_heads=1, head_size=latent, dtype=kv_dtype
-    ).page_size_bytes
-    state_page = mamba_spec(*state, 1, None, mode).page_size_bytes
-    block = aligned_block(page_1, state_page, block, mla=True)
+    cache_dtype = "fp8_e4m3" if kv_dtype == torch.float8_e4m3fn else "auto"
+    block, padded = aligned_block(
+        state[1], KimiLinearForCausalLM.__name__, block, cache_dtype=cache_dtype, mode=mode
+    )
     specs = {}
     full = set(raw["linear_attn_config"]["full_attn_layers"])
     for i in range(raw["num_hidden_layers"]):
@@ -411,7 +425,7 @@ def kimi_specs(block: int, kv_dtype, mode: str, dcp: int = 1) -> tuple[dict, dic
                 dtype=kv_dtype,
             )
         else:
-            specs[f"layers.{i}"] = mamba_spec(*state, block, block * page_1, mode)
+            specs[f"layers.{i}"] = mamba_spec(*state, block, padded, mode)
     return specs, raw
 
 
@@ -453,29 +467,8 @@ def test_a_config_json_without_derived_fields_reads_the_same(config_of, derived,
 # --- parallel axes --------------------------------------------------------------------------
 
 
-def test_tp_must_divide_the_attention_heads() -> None:
-    qwen25_7b = {  # Qwen/Qwen2.5-7B-Instruct
-        "architectures": ["Qwen2ForCausalLM"],
-        "num_hidden_layers": 28,
-        "num_attention_heads": 28,
-        "num_key_value_heads": 4,
-        "hidden_size": 3584,
-    }
-    with pytest.raises(ParallelLayoutError, match="does not divide the model's 28 attention heads"):
-        cache_layout(qwen25_7b, tensor_parallel=8)
-    assert cache_layout(qwen25_7b, tensor_parallel=4).tensor_parallel == 4
-
-
 def test_dcp_rules_are_vllms() -> None:
-    llama70b = as_dict(
-        transformers.LlamaConfig(
-            num_hidden_layers=80,
-            num_attention_heads=64,
-            num_key_value_heads=8,
-            head_dim=128,
-            hidden_size=8192,
-        )
-    )
+    llama70b = as_dict(llama31_70b())
     with pytest.raises(ParallelLayoutError, match="greater than the model's 8 KV heads"):
         cache_layout(llama70b, tensor_parallel=8, decode_context_parallel=2)
     with pytest.raises(ParallelLayoutError, match="must divide tensor_parallel_size"):
@@ -483,71 +476,11 @@ def test_dcp_rules_are_vllms() -> None:
     with pytest.raises(ParallelLayoutError, match="maximum tp // kv_heads = 2"):
         cache_layout(llama70b, tensor_parallel=16, decode_context_parallel=4)
     ok = cache_layout(llama70b, tensor_parallel=16, decode_context_parallel=2)
-    specs = vllm_specs(
-        transformers.LlamaConfig(
-            num_hidden_layers=80,
-            num_attention_heads=64,
-            num_key_value_heads=8,
-            head_dim=128,
-            hidden_size=8192,
-        ),
-        ["full"] * 80,
-        kv_dtype=torch.bfloat16,
-        block=16,
-    )
+    specs = llama_specs(llama31_70b())
     # At TP=16 every rank holds one of 8 KV heads twice over; DCP=2 shards the tokens instead.
     assert sum(ok.request_bytes(64 * MI)) == vllm_bytes(specs, 64 * MI, dcp=2)
     with pytest.raises(ParallelLayoutError, match="does not support sliding window"):
         cache_layout(as_dict(gpt_oss_120b()), tensor_parallel=8, decode_context_parallel=8)
-
-
-@pytest.mark.parametrize(
-    ("tp", "pcp", "dcp"),
-    [(8, 1, 3), (8, 1, 4), (8, 1, 8), (8, 2, 4), (8, 2, 2), (8, 2, 16), (4, 4, 2), (4, 1, 6)],
-)
-def test_tp_pcp_dcp_combinations_are_refused_exactly_where_vllm_refuses(
-    tp: int, pcp: int, dcp: int
-) -> None:
-    """vLLM's own ParallelConfig validator decides; the plan must agree on every layout."""
-    from pydantic import ValidationError
-    from vllm.config.parallel import ParallelConfig
-
-    try:
-        ParallelConfig(
-            tensor_parallel_size=tp,
-            prefill_context_parallel_size=pcp,
-            decode_context_parallel_size=dcp,
-        )
-        vllm_accepts = True
-    except (ValidationError, ValueError):
-        vllm_accepts = False
-    kimi = load_model_config(KIMI_CONFIG)  # MLA: no GQA head rules on top
-    kimi = {**kimi, "num_attention_heads": 32}
-    try:
-        cache_layout(kimi, tensor_parallel=tp, decode_context_parallel=dcp,
-                     prefill_context_parallel=pcp)  # fmt: skip
-        plan_accepts = True
-    except ParallelLayoutError:
-        plan_accepts = False
-    assert plan_accepts == vllm_accepts
-
-
-@pytest.mark.parametrize(
-    ("layers", "pp", "override"),
-    [(61, 4, None), (27, 4, None), (48, 3, None), (27, 2, "13,14"), (62, 8, None)],
-)
-def test_pp_partition_is_vllms(monkeypatch, layers: int, pp: int, override: str | None) -> None:
-    from vllm import envs
-    from vllm.distributed.utils import get_pp_indices
-
-    if override is None:
-        monkeypatch.delenv("VLLM_PP_LAYER_PARTITION", raising=False)
-    else:
-        monkeypatch.setenv("VLLM_PP_LAYER_PARTITION", override)
-    monkeypatch.setattr(envs, "VLLM_PP_LAYER_PARTITION", override, raising=False)
-    assert pp_partition(layers, pp, override) == [
-        get_pp_indices(layers, rank, pp) for rank in range(pp)
-    ]
 
 
 def test_pp_stage_memory_is_vllms_projection() -> None:
@@ -592,3 +525,55 @@ def test_oracle_answers_for_the_plans_own_layers() -> None:
     assert answer.per_rank_bytes == sum(layout.request_bytes(MI))
     assert answer.version.startswith("vllm")
     assert vllm_version() == answer.version
+
+
+# --- the launched server's own report -------------------------------------------------------
+
+
+def gpu_cache_labels(num_blocks: int, max_model_len: int) -> tuple[dict[str, str], int, int]:
+    """``vllm:cache_config_info`` as a GPU server of Kimi Linear (FP8, FlashMLA, prefix caching
+    on) exports it: vLLM's own CacheConfig labels, ``kv_cache_memory_bytes="None"`` as vLLM
+    writes an unset size, and the group-aware capacity vLLM computes for ``num_blocks``.
+    Returns the labels, vLLM's token capacity and its bytes per block."""
+    from vllm.config.cache import CacheConfig
+
+    from pytest_longctx.capacity.oracle import oracle_config
+
+    specs, _ = kimi_specs(64, torch.float8_e4m3fn, "align")
+    config = oracle_config(
+        AllocatorSettings(64, 1, IN_FLIGHT, mamba_cache_mode="align"), max_model_len, TP
+    )
+    groups = kv_utils.get_kv_cache_groups(config, dict(specs))
+    kv_config = kv_iface.KVCacheConfig(
+        num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups
+    )
+    tokens, _ = kv_utils.get_kv_cache_capacity(config, kv_config)
+    block = groups[0].kv_cache_spec.block_size
+    cache = CacheConfig(block_size=block, gpu_memory_utilization=0.95, cache_dtype="fp8_e4m3")
+    cache.num_gpu_blocks = num_blocks
+    cache.kv_cache_size_tokens = tokens
+    labels = cache.metrics_info()
+    assert labels["kv_cache_memory_bytes"] == "None"
+    return labels, tokens, kv_utils._pool_bytes_per_block(config, groups)
+
+
+def test_a_gpu_servers_report_is_compared_on_the_blocks_it_made() -> None:
+    """On GPUs vLLM sizes the cache itself and exports no byte count: the plan takes the
+    server's blocks at its own cost per block and predicts vLLM's group-aware capacity."""
+    from pytest_longctx.plan import capacity_check
+    from pytest_longctx.profiles import load_profile
+
+    profile = load_profile("kimi-linear-h200")
+    max_model_len = 16 * MI + 1024
+    labels, tokens, per_block = gpu_cache_labels(60_000, max_model_len)
+    check = capacity_check.check_against_server(profile, labels, max_model_len)
+    assert check.derived
+    assert check.kv_cache_bytes == 60_000 * per_block
+    assert (check.reported_tokens, check.compared) == (tokens, "kv_cache_size_tokens")
+    assert check.agrees, check.describe()
+    assert "(derived: the server's num_gpu_blocks x the plan's bytes per block)" in (
+        check.describe()
+    )
+    # A server whose blocks hold other than the plan's layout is caught.
+    wrong = {**labels, "kv_cache_size_tokens": str(tokens * 2)}
+    assert not capacity_check.check_against_server(profile, wrong, max_model_len).agrees

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import sys
 from pathlib import Path
 
@@ -11,7 +13,7 @@ from longctx_testing import SWEEP_TEST
 from pytest_longctx.capacity import GIB, ParallelLayoutError, capacity_table
 from pytest_longctx.plan import capacity_check
 from pytest_longctx.profiles import ProfileError, load_profile
-from pytest_longctx.profiles.extra_args import cache_flags
+from pytest_longctx.profiles.extra_args import MAMBA_DTYPES, cache_flags
 from pytest_longctx.serving.vllm_command import build_server_command
 
 MI = 1024**2
@@ -97,18 +99,31 @@ def test_dcp_profile_command_parses_with_vllms_parser() -> None:
         entry=(sys.executable, "-m", "vllm.entrypoints.openai.api_server"),
     ).argv[3:]
     code = (
-        "import sys\n"
+        "import sys, json\n"
         "from vllm.entrypoints.launchers.cli_args import make_arg_parser\n"
         "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
-        "ns = make_arg_parser(FlexibleArgumentParser()).parse_args(sys.argv[1:])\n"
-        "print(ns.decode_context_parallel_size, ns.tensor_parallel_size,"
-        " ns.enable_prefix_caching)\n"
+        "parser = make_arg_parser(FlexibleArgumentParser())\n"
+        "ns = parser.parse_args(sys.argv[1:])\n"
+        "spelt = parser.parse_args(['--tensor_parallel_size', '3', '--block_size=32'])\n"
+        "cut = parser.parse_args(['--tensor-parallel', '5'])\n"
+        "print(json.dumps([ns.decode_context_parallel_size, ns.tensor_parallel_size,"
+        " ns.enable_prefix_caching, spelt.tensor_parallel_size, spelt.block_size,"
+        " cut.tensor_parallel_size,"
+        " parser._option_string_actions['--mamba-ssm-cache-dtype'].choices,"
+        " parser._option_string_actions['--mamba-cache-dtype'].choices]))\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split()[-3:] == ["8", "8", "False"]
+    dcp, tp, prefix, spelt_tp, spelt_block, cut_tp, ssm, conv = json.loads(
+        done.stdout.splitlines()[-1]
+    )
+    assert (dcp, tp, prefix) == (8, 8, False)
+    # vLLM's parser reads underscores as dashes and takes a flag's leading part for the
+    # flag: the reasons extra_args reads and refuses those spellings too.
+    assert (spelt_tp, spelt_block, cut_tp) == (3, 32, 5)
+    assert sorted(ssm) == sorted(conv) == sorted(MAMBA_DTYPES)
 
 
 def test_the_dcp_profile_reaches_64mi_on_one_h200_node() -> None:
@@ -125,13 +140,32 @@ def test_the_dcp_profile_reaches_64mi_on_one_h200_node() -> None:
     assert rows[-1].kv_bytes / GIB == pytest.approx(31.5, abs=0.01)
 
 
-def test_the_tp_only_h200_profile_names_dcp_for_64mi() -> None:
+def test_the_tp_only_h200_profile_names_dcp_for_64mi(tmp_path: Path) -> None:
+    """The suggestion is one the plan accepts: a hybrid under DCP needs prefix caching off,
+    so the suggestion says so, and the profile it describes fits 64Mi with the need it said."""
     profile = load_profile("kimi-linear-h200")
     layout = capacity_check.layout_for(profile)
     (row,) = capacity_table(layout, capacity_check.hardware_for(profile), [64 * MI], 1024)
     assert not row.fits
-    assert row.suggestion.startswith("decode_context_parallel_size = 4 ")
-    assert "(= 8: 42.1" in row.suggestion
+    said = re.fullmatch(
+        r"decode_context_parallel_size = (\d+) with (--no-enable-prefix-caching) \(the KV "
+        r"cache sharded over \1 ranks\) would need ([\d.]+) GiB of [\d.]+ GiB per rank "
+        r"\(= 8: ([\d.]+) GiB\)",
+        row.suggestion,
+    )
+    assert said, row.suggestion
+    dcp, flag, need, widest = said.groups()
+    assert (dcp, widest) == ("4", "42.16")
+    followed = variant(
+        tmp_path,
+        "max_num_seqs = 1",
+        f'max_num_seqs = 1\ndecode_context_parallel_size = {dcp}\nextra_args = ["{flag}"]',
+    )
+    mine = load_profile(str(followed))
+    layout = capacity_check.layout_for(mine)
+    (row,) = capacity_table(layout, capacity_check.hardware_for(mine), [64 * MI], 1024)
+    assert row.fits
+    assert f"{row.need_gib:.2f}" == need
 
 
 @pytest.mark.parametrize(
@@ -176,29 +210,6 @@ def test_a_hybrid_under_dcp_needs_prefix_caching_off(tmp_path: Path) -> None:
         capacity_check.layout_for(load_profile(str(path)))
 
 
-def test_an_invalid_layout_is_a_usage_error_before_anything_starts(
-    pytester: pytest.Pytester,
-) -> None:
-    qwen = pytester.path / "qwen2.5-7b-config.json"
-    qwen.write_text(
-        '{"architectures": ["Qwen2ForCausalLM"], "num_hidden_layers": 28,'
-        ' "num_attention_heads": 28, "num_key_value_heads": 4, "hidden_size": 3584}'
-    )
-    profile = variant(
-        pytester.path,
-        'config = "kimi-linear-48b-a3b-config.json"',
-        f'config = "{qwen.name}"',
-    )
-    pytester.makepyfile(test_sweep=SWEEP_TEST)
-    result = pytester.runpytest(
-        "-p", "no:cacheprovider", "--longctx-plan", f"--longctx-profile={profile}"
-    )
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(
-        ["*tensor_parallel_size = 8 does not divide the model's 28 attention heads*"]
-    )
-
-
 def test_a_reserve_per_device_counts_against_every_point(tmp_path: Path) -> None:
     """64Mi on the DCP=8 profile needs 42.16 GiB of 133.38; a 100 GiB reserve leaves 91.2."""
     from pytest_longctx.plan.sweep import SweepPlan
@@ -219,6 +230,16 @@ def test_a_reserve_per_device_counts_against_every_point(tmp_path: Path) -> None
     assert verdicts[64 * MI].slack_bytes / GIB == pytest.approx(133.38 - 142.16, abs=0.01)
     table = capacity_check.render_table(plan, [32 * MI, 64 * MI])
     assert "reserve: 100.00 GiB per device" in table
+    # The KV capacity vLLM will report is what is left once weights and the reserve are in.
+    hardware = capacity_check.hardware_for(profile)
+    layout = capacity_check.layout_for(profile)
+    budget = hardware.usable_per_device_bytes - hardware.weights_on_rank(8, 8) - 100 * GIB
+    tokens = layout.allocation.token_capacity(budget, 64 * MI + 1024)
+    predicted = next(line for line in table.splitlines() if line.startswith("predicted KV"))
+    assert predicted.startswith(f"predicted KV capacity: {tokens:,} tokens")
+    assert predicted.endswith(
+        "(an estimate: the memory budget less the weights and the 100.00 GiB reserve per device)"
+    )
 
 
 def test_more_ranks_than_devices_is_refused(tmp_path: Path) -> None:
@@ -226,3 +247,82 @@ def test_more_ranks_than_devices_is_refused(tmp_path: Path) -> None:
     path = variant(tmp_path, "data_parallel_size = 1", "data_parallel_size = 2")
     with pytest.raises(ParallelLayoutError, match=r"data_parallel_size 2 = 16 ranks"):
         capacity_check.layout_for(load_profile(str(path)))
+
+
+def plan_session(pytester: pytest.Pytester, profile: Path) -> pytest.RunResult:
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    return pytester.runpytest(
+        "-p", "no:cacheprovider", "--longctx-plan", f"--longctx-profile={profile}"
+    )
+
+
+def test_a_tp_that_does_not_shard_the_model_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    profile = variant(pytester.path, "tensor_parallel_size = 8", "tensor_parallel_size = 3")
+    result = plan_session(pytester, profile)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [
+            "ERROR: profile mine: tensor_parallel_size = 3 does not divide the model's 32 "
+            "attention heads*; choose one of 1, 2, 4, 8, 16, 32"
+        ]
+    )
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+
+
+@pytest.mark.parametrize(
+    ("extra_args", "message"),
+    [
+        (
+            '["--tensor_parallel_size", "4"]',
+            "*extra_args passes --tensor_parallel_size; set [[]serving] tensor_parallel_size "
+            "instead*",
+        ),
+        (
+            '["--tensor-parallel", "4"]',
+            "*extra_args passes --tensor-parallel, the start of --tensor-parallel-size; vLLM's "
+            "parser would take it for that flag: write the flag in full",
+        ),
+        (
+            '["--mamba-ssm-cache-dtype", "fp8"]',
+            "*extra_args --mamba-ssm-cache-dtype 'fp8' is not one of vLLM's choices for it: "
+            "auto, float32, float16, bfloat16",
+        ),
+        (
+            '["--mamba_cache_dtype=int8"]',
+            "*extra_args --mamba_cache_dtype 'int8' is not one of vLLM's choices for it: "
+            "auto, float32, float16, bfloat16",
+        ),
+    ],
+)
+def test_bad_extra_args_are_a_usage_error(
+    pytester: pytest.Pytester, extra_args: str, message: str
+) -> None:
+    profile = variant(
+        pytester.path, "max_num_seqs = 1", f"max_num_seqs = 1\nextra_args = {extra_args}"
+    )
+    result = plan_session(pytester, profile)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([message])
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+
+
+def test_flags_spelt_with_underscores_are_read_as_vllm_reads_them(tmp_path: Path) -> None:
+    args = '["--block_size=128", "--no_enable_prefix_caching", "--max_num_batched_tokens", "4096"]'
+    path = variant(tmp_path, "max_num_seqs = 1", f"max_num_seqs = 1\nextra_args = {args}")
+    flags = cache_flags(load_profile(str(path)).serving)
+    assert (flags.block_size, flags.prefix_caching, flags.max_num_batched_tokens) == (
+        128,
+        False,
+        4096,
+    )
+    argv = build_server_command(
+        load_profile(str(path)),
+        model_path="m",
+        tokenizer_path=None,
+        max_model_len=1,
+        port=1,
+        max_num_batched_tokens=2048,
+    ).argv
+    # The interference server's chunk replaces the profile's, however it was spelt.
+    assert "--max_num_batched_tokens" not in argv
+    assert argv[argv.index("--max-num-batched-tokens") + 1] == "2048"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from pytest_longctx.core.sizes import format_size
 
@@ -187,10 +188,37 @@ def _alternative_ranks(layout: CacheLayout, hardware: Hardware) -> list[int]:
     return counts
 
 
+def _changed(layout: CacheLayout, **changes: Any) -> CacheLayout | None:
+    """``layout.with_changes(**changes)``, or None where vLLM would refuse the layout (a
+    candidate the search skips, never an error of the profile's own layout)."""
+    try:
+        return layout.with_changes(**changes)
+    except ValueError:  # ParallelLayoutError and the shard rules of capacity.kinds
+        return None
+
+
 def _context_parallel_sizes(layout: CacheLayout) -> list[int]:
     """DCP sizes above the configured one that divide the tensor-parallel ranks."""
     tp = layout.tensor_parallel
     return [d for d in range(layout.decode_context_parallel + 1, tp + 1) if tp % d == 0]
+
+
+def _with_dcp(layout: CacheLayout, dcp: int, **changes: Any) -> CacheLayout | None:
+    """``layout`` at ``dcp`` as a server could run it: a model with state layers needs prefix
+    caching off under DCP (see capacity.parallel), so its candidates are built that way."""
+    off = dcp > 1 and layout.constant_state_layers > 0
+    return _changed(
+        layout, decode_context_parallel=dcp, prefix_caching=False if off else None, **changes
+    )
+
+
+def _dcp_words(layout: CacheLayout) -> str:
+    """How a suggestion names a DCP layout, with the flag it needs beside the profile key."""
+    dcp = layout.decode_context_parallel
+    words = f"decode_context_parallel_size = {dcp}"
+    if layout.constant_state_layers and not layout.options.get("prefix_caching", True):
+        words += " with --no-enable-prefix-caching"
+    return words + f" (the KV cache sharded over {dcp} ranks)"
 
 
 def _smallest_change(layout: CacheLayout, hardware: Hardware, tokens: int, overhead: int) -> str:
@@ -212,15 +240,13 @@ def _smallest_change(layout: CacheLayout, hardware: Hardware, tokens: int, overh
             builders.append((1, "fp8"))
             builders += [(dcp, "dcp+fp8") for dcp in _context_parallel_sizes(base)]
         for dcp, change in builders:
-            try:
-                candidate = base.with_changes(
-                    decode_context_parallel=max(dcp, base.decode_context_parallel)
-                )
-                if "fp8" in change:
-                    candidate = fp8_of(candidate)
-            except ValueError:
-                continue  # vLLM refuses this layout (see capacity.parallel)
-            found.append((ranks, candidate, change))
+            candidate = _with_dcp(
+                base,
+                max(dcp, base.decode_context_parallel),
+                cache_dtype=FP8_CACHE_DTYPE if "fp8" in change else None,
+            )
+            if candidate is not None:  # None: vLLM refuses this layout (capacity.parallel)
+                found.append((ranks, candidate, change))
         return found
 
     if hardware.kv_cache_bytes is not None:
@@ -238,9 +264,8 @@ def _smallest_change(layout: CacheLayout, hardware: Hardware, tokens: int, overh
 
     candidates = options(layout, configured_tp)
     for ranks in _alternative_ranks(layout, hardware):
-        try:
-            wider = layout.with_changes(tensor_parallel=ranks)
-        except ValueError:
+        wider = _changed(layout, tensor_parallel=ranks)
+        if wider is None:
             continue  # vLLM cannot shard this model over that many ranks
         candidates.append((ranks, wider, "ranks"))
         candidates += [(ranks, c, f"ranks+{change}") for _, c, change in options(wider, ranks)]
@@ -253,18 +278,16 @@ def _smallest_change(layout: CacheLayout, hardware: Hardware, tokens: int, overh
         if change.startswith("ranks"):
             words.append(f"{ranks} tensor-parallel ranks")
         if "dcp" in change:
-            dcp = candidate.decode_context_parallel
-            words.append(
-                f"decode_context_parallel_size = {dcp} (the KV cache sharded over {dcp} ranks)"
-            )
+            words.append(_dcp_words(candidate))
         if "fp8" in change:
             words.append(f"an FP8 KV cache ({FP8_CACHE_DTYPE})")
         said = f"{' with '.join(words)} would need {per_rank}"
         if "dcp" in change and candidate.decode_context_parallel < candidate.tensor_parallel:
             # DCP over every tensor-parallel rank: the most headroom this layout can give.
-            widest = candidate.with_changes(decode_context_parallel=candidate.tensor_parallel)
-            widest_need = _needs(widest, hardware, tokens, overhead, configured_tp)[3]
-            said += f" (= {widest.decode_context_parallel}: {_gib(widest_need)})"
+            widest = _changed(candidate, decode_context_parallel=candidate.tensor_parallel)
+            if widest is not None:
+                widest_need = _needs(widest, hardware, tokens, overhead, configured_tp)[3]
+                said += f" (= {widest.decode_context_parallel}: {_gib(widest_need)})"
         return said
     return _across_nodes(layout, hardware, tokens, overhead)
 
@@ -279,18 +302,12 @@ def _across_nodes(layout: CacheLayout, hardware: Hardware, tokens: int, overhead
     configured_tp = layout.tensor_parallel
     for nodes in NODE_COUNTS:
         pp = layout.pipeline_parallel * nodes
-        try:
-            deeper = layout.with_changes(pipeline_parallel=pp)
-        except ValueError:
+        deeper = _changed(layout, pipeline_parallel=pp)
+        if deeper is None:
             continue
         more = replace(hardware, devices=hardware.devices * nodes, pipeline_parallel=pp)
-        for candidate in (
-            deeper,
-            *[
-                deeper.with_changes(decode_context_parallel=d)
-                for d in _context_parallel_sizes(deeper)
-            ],
-        ):
+        sharded = [_with_dcp(deeper, d) for d in _context_parallel_sizes(deeper)]
+        for candidate in (deeper, *[c for c in sharded if c is not None]):
             try:
                 need, available = _needs(candidate, more, tokens, overhead, configured_tp)[3:]
             except ValueError:
@@ -300,7 +317,7 @@ def _across_nodes(layout: CacheLayout, hardware: Hardware, tokens: int, overhead
                 return (
                     f"no change within this node fits it; {nodes}x the devices over Ray "
                     f'(pipeline_parallel_size = {pp}, [hardware] nodes, executor = "ray")'
-                    + (f" with decode_context_parallel_size = {dcp}" if dcp > 1 else "")
+                    + (f" with {_dcp_words(candidate)}" if dcp > 1 else "")
                     + f" would need {_gib(need)} of {_gib(available)} per rank"
                 )
     return "no change within this node fits it"

@@ -289,7 +289,11 @@ def describe_groups(allocation: Allocation) -> str:
     """``3 groups (hybrid): 7 x mla, 7+7+6 x state; block 128 tokens``."""
     by_kind: dict[str, list[int]] = {}
     for group in allocation.groups:
-        by_kind.setdefault(group.specs[0].kind, []).append(len(group.layers))
+        kinds: dict[str, int] = {}
+        for spec in group.specs:  # a uniform-type group holds several (MLA and its indexer)
+            kinds[spec.kind] = kinds.get(spec.kind, 0) + 1
+        for kind, count in kinds.items():
+            by_kind.setdefault(kind, []).append(count)
     parts = [f"{'+'.join(map(str, sizes))} x {kind}" for kind, sizes in by_kind.items()]
     count = len(allocation.groups)
     return (

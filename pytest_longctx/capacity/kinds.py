@@ -21,6 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_longctx.profiles.extra_args import MAMBA_DTYPES
+
 #: Bytes of one ``fp8_ds_mla`` row (FlashMLA-sparse's packed NoPE + RoPE + scales).
 FP8_DS_MLA_BYTES = 656
 #: The DeepSeek-V3.2 indexer quantises its keys in blocks of this many elements (fp32 scale).
@@ -30,6 +32,17 @@ _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "uint8": 1}
 
 class LayerConfigError(ValueError):
     """A config field the layer reader needs is missing or malformed."""
+
+
+class ShardError(LayerConfigError):
+    """The tensor-parallel ranks do not divide something vLLM shards evenly over them."""
+
+    def __init__(self, value: int, parts: int, what: str) -> None:
+        super().__init__(
+            f"tensor_parallel={parts} does not divide the {value} {what}; vLLM shards them "
+            f"evenly and needs {what} % tensor_parallel == 0"
+        )
+        self.value, self.what = value, what
 
 
 @dataclass(frozen=True)
@@ -64,10 +77,7 @@ def _int(fields: Mapping[str, Any], key: str, default: int | None = None) -> int
 
 def _divide(value: int, parts: int, what: str) -> int:
     if value % parts:
-        raise LayerConfigError(
-            f"tensor_parallel={parts} does not divide the {value} {what}; vLLM shards them "
-            f"evenly and needs {what} % tensor_parallel == 0"
-        )
+        raise ShardError(value, parts, what)
     return value // parts
 
 
@@ -89,6 +99,14 @@ class DTypes:
     mamba_conv: str = "auto"  # --mamba-cache-dtype
     mamba_ssm: str = "auto"  # --mamba-ssm-cache-dtype
     kv_fp8: bool = False
+
+    def __post_init__(self) -> None:
+        for name, value in (
+            ("mamba_cache_dtype", self.mamba_conv),
+            ("mamba_ssm_cache_dtype", self.mamba_ssm),
+        ):
+            if value not in MAMBA_DTYPES:
+                raise ValueError(f"{name} must be one of {', '.join(MAMBA_DTYPES)}, got {value!r}")
 
     def conv(self) -> str:
         return self.model if self.mamba_conv == "auto" else self.mamba_conv
@@ -300,9 +318,10 @@ def _state_layer(
         kernel, state = _int(fields, "mamba_d_conv"), _int(fields, "mamba_d_state")
         shard = _divide(inner, tp, "Mamba channels")
         return _state(index, what, [((kernel - 1, shard), conv), ((shard, state), ssm)])
-    if what == "short_conv":
+    if what == "short_conv":  # vLLM's lfm2.py: conv_dim channels (the checkpoints spell it)
         kernel = _int(fields, "conv_L_cache")
-        shard = _divide(_int(fields, "hidden_size"), tp, "short-convolution channels")
+        channels = _int(fields, "conv_dim" if "conv_dim" in fields else "hidden_size")
+        shard = _divide(channels, tp, "short-convolution channels")
         return _state(index, what, [((kernel - 1, shard), conv)])
     raise LayerConfigError(f"layer {index}: unknown layer kind {what!r}")
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from .groups import Allocation, AllocatorSettings, allocate, describe_groups
 from .kinds import DTypes, LayerConfigError, LayerKind, pp_partition, read_layers
-from .parallel import check_parallel
+from .parallel import check_parallel, check_tensor_parallel
 
 GIB = 1024**3
 
@@ -193,13 +193,17 @@ class CacheLayout:
         decode_context_parallel: int | None = None,
         pipeline_parallel: int | None = None,
         block_size: int | None = None,
+        prefix_caching: bool | None = None,
     ) -> CacheLayout:
-        """The same model under another cache dtype, parallel layout or block size."""
+        """The same model under another cache dtype, parallel layout, block size or prefix
+        caching."""
         options = dict(self.options)
-        if decode_context_parallel is not None:
-            options["decode_context_parallel"] = decode_context_parallel
-        if block_size is not None:
-            options["block_size"] = block_size
+        changes = {
+            "decode_context_parallel": decode_context_parallel,
+            "block_size": block_size,
+            "prefix_caching": prefix_caching,
+        }
+        options.update({key: value for key, value in changes.items() if value is not None})
         return cache_layout(
             self.config,
             cache_dtype=self.cache_dtype if cache_dtype is None else cache_dtype,
@@ -259,18 +263,25 @@ def cache_layout(
         mamba_ssm=mamba_ssm_cache_dtype,
         kv_fp8=element_bytes == 1,
     )
+    check_tensor_parallel(fields, tensor_parallel, dtypes)
     try:
         layers = read_layers(fields, tensor_parallel, dtypes)
     except LayerConfigError as exc:
-        if "does not divide" in str(exc):
-            raise ValueError(f"{exc} ({_architecture(fields)})") from None
         raise ModelConfigError(f"{exc} ({_architecture(fields)})") from None
     attention, elements, kv_replicated = _attention_elements(fields, tensor_parallel)
     num_layers = max((layer.index for layer in layers), default=0) + 1
     num_layers = max(num_layers, int(fields.get("num_hidden_layers") or num_layers))
     pcp = _parallel_int("prefill_context_parallel", prefill_context_parallel)
     check_parallel(
-        fields, layers, tensor_parallel, pipeline_parallel, dcp, attention, num_layers, pcp
+        fields,
+        layers,
+        tensor_parallel,
+        pipeline_parallel,
+        dcp,
+        attention,
+        num_layers,
+        pcp,
+        prefix_caching=prefix_caching,
     )
     stages = pp_partition(num_layers, pipeline_parallel, pp_layer_partition)
     has_state = any(not layer.grows for layer in layers)
@@ -365,9 +376,16 @@ def describe_layout(layout: CacheLayout) -> str:
             for lo, hi in layout.allocation.stages
         )
         layers = f"{most} (of {layout.attention_layers})"
+    per_layer = f"{layout.elements_per_layer_token} elements x {layout.element_bytes} B"
+    indexer = next((x for x in layout.layers if x.kind == "indexer"), None)
+    row = next((x for x in layout.layers if x.kind == "mla"), None)
+    if indexer is not None and row is not None:  # sparse MLA: each layer's row and keys
+        if row.variant == "fp8_ds_mla":
+            per_layer = f"{row.bytes_per_token:,} B fp8_ds_mla row"
+        per_layer = f"({per_layer} + {indexer.bytes_per_token} B indexer keys)"
+    kind = "sparse MLA" if indexer is not None else layout.attention.upper()
     grows = (
-        f"{layers} {layout.attention.upper()} layers x "
-        f"{layout.elements_per_layer_token} elements x {layout.element_bytes} B"
+        f"{layers} {kind} layers x {per_layer}"
         + (f" / DCP {dcp}" if dcp > 1 else "")
         + f" = {layout.kv_bytes_per_token:,} B/token per rank"
     )

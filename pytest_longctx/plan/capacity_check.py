@@ -128,13 +128,6 @@ def layout_for(profile: Profile) -> capacity.CacheLayout | None:
             f"[hardware] offers {devices} device(s) ({profile.hardware.nodes} node(s) x "
             f"{profile.hardware.devices})"
         )
-    if layout.decode_context_parallel > 1 and layout.constant_state_layers and flags.prefix_caching:
-        raise capacity.ParallelLayoutError(
-            f"profile {profile.path}: decode_context_parallel_size = "
-            f"{layout.decode_context_parallel} on a model with {layout.constant_state_layers} "
-            "state (Mamba-style) layers: vLLM's prefix-cache lookup asserts on them under "
-            'DCP; add "--no-enable-prefix-caching" to [serving] extra_args'
-        )
     return layout
 
 
@@ -223,24 +216,36 @@ def render_table(plan: SweepPlan, lengths: Sequence[int]) -> str:
         )
     if lengths:
         tokens = max(lengths) + plan.tokens_after_prefix
-        lines.append(predicted_capacity(layout, hardware, tokens))
+        lines.append(predicted_capacity(layout, hardware, tokens, reserve))
         lines.append(oracle_line(layout, tokens))
     return "\n".join(line for line in lines if line)
 
 
 def predicted_capacity(
-    layout: capacity.CacheLayout, hardware: capacity.Hardware, max_model_len: int
+    layout: capacity.CacheLayout,
+    hardware: capacity.Hardware,
+    max_model_len: int,
+    reserve: int = 0,
 ) -> str:
-    """The KV capacity vLLM will report, and the concurrency at the largest length."""
+    """The KV capacity vLLM will report, and the concurrency at the largest length.
+
+    ``reserve`` is ``[hardware] reserve_per_device``: memory vLLM holds beyond weights and
+    cache, so without an explicit cache size it is not there for the cache either."""
     assert layout.allocation is not None
     if hardware.kv_cache_bytes is not None:
         budget, how = hardware.kv_cache_bytes, "for the explicit cache"
     else:
         weights = hardware.weights_on_rank(layout.tensor_parallel, layout.tensor_parallel)
-        budget = hardware.usable_per_device_bytes - weights
-        how = "an estimate: the memory budget less the weights, activations not counted"
+        budget = hardware.usable_per_device_bytes - weights - reserve
+        how = (
+            "an estimate: the memory budget less the weights and the "
+            f"{reserve / capacity.GIB:.2f} GiB reserve per device"
+            if reserve
+            else "an estimate: the memory budget less the weights, activations not counted"
+        )
     if budget <= 0:
-        return "predicted KV capacity: none (the weights alone fill the budget)"
+        what = "the weights and the reserve" if reserve else "the weights alone"
+        return f"predicted KV capacity: none ({what} fill the budget)"
     tokens = layout.allocation.token_capacity(budget, max_model_len)
     return (
         f"predicted KV capacity: {tokens:,} tokens, concurrency {tokens / max_model_len:.2f}x "
@@ -282,6 +287,11 @@ class ServerCapacityCheck:
     reported_tokens: int
     block_size: int
     kv_cache_bytes: int
+    #: True when the cache had no explicit size (GPUs): its bytes are the server's blocks
+    #: times the plan's bytes per block, so what is compared is the tokens those blocks hold.
+    derived: bool = False
+    #: The server's figure compared: "kv_cache_size_tokens" or "num_gpu_blocks x block_size".
+    compared: str = "num_gpu_blocks x block_size"
 
     @property
     def agrees(self) -> bool:
@@ -289,10 +299,26 @@ class ServerCapacityCheck:
 
     def describe(self) -> str:
         verdict = "agrees" if self.agrees else "DISAGREES"
+        size = f"KV cache of {self.kv_cache_bytes:,} B"
+        if self.derived:
+            size += " (derived: the server's num_gpu_blocks x the plan's bytes per block)"
         return (
-            f"KV cache of {self.kv_cache_bytes:,} B: plan {self.planned_tokens:,} tokens, vLLM "
-            f"{self.reported_tokens:,} tokens (block {self.block_size}): {verdict} within a block"
+            f"{size}: plan {self.planned_tokens:,} tokens, vLLM {self.reported_tokens:,} "
+            f"tokens ({self.compared}, block {self.block_size}): {verdict} within a block"
         )
+
+
+def _label_int(labels: dict[str, str], name: str) -> int | None:
+    """An integer label of ``vllm:cache_config_info``; vLLM writes an unset one as "None"."""
+    value = labels.get(name)
+    if value in (None, "", "None"):
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(
+            f"vllm:cache_config_info label {name}={value!r} is not an integer"
+        ) from None
 
 
 def check_against_server(
@@ -300,26 +326,37 @@ def check_against_server(
 ) -> ServerCapacityCheck:
     """Compare with ``vllm:cache_config_info``.
 
-    A single-group model is compared on ``num_gpu_blocks`` x ``block_size`` (its
-    ``kv_cache_size_tokens`` is lower when ``--max-model-len`` is not a whole number of
-    blocks: a request at full length wastes part of its last block). A model of several
-    KV-cache groups (windows, state) is compared on the group-aware ``kv_cache_size_tokens``
-    vLLM exports for exactly that reason, predicted for the server's ``max_model_len``.
+    With an explicit cache size (``--kv-cache-memory-bytes``), a single-group model is
+    compared on ``num_gpu_blocks`` x ``block_size`` (its ``kv_cache_size_tokens`` is lower
+    when ``--max-model-len`` is not a whole number of blocks: a request at full length wastes
+    part of its last block), and a model of several KV-cache groups (windows, state) on the
+    group-aware ``kv_cache_size_tokens`` vLLM exports for exactly that reason, predicted for
+    the server's ``max_model_len``. Without one (GPUs: vLLM sizes the cache from the memory
+    left, and exports ``kv_cache_memory_bytes="None"``) the bytes are the server's blocks at
+    the plan's cost per block, and the group-aware figure is compared: it checks the groups,
+    the block size and the blocks one request holds. vLLM sums ``num_gpu_blocks`` over its
+    data-parallel engines; the figures here are one engine's.
     """
     layout = layout_for(profile)
     if layout is None:
         raise ValueError(f"no model config for {profile.model.source}")
-    block_size = int(cache_labels["block_size"])
-    kv_bytes = int(
-        cache_labels.get("kv_cache_memory_bytes") or profile.serving.kv_cache_memory or 0
-    )
+    block_size = _label_int(cache_labels, "block_size")
+    blocks = _label_int(cache_labels, "num_gpu_blocks")
+    if block_size is None or blocks is None:
+        raise ValueError("vllm:cache_config_info has no block_size or num_gpu_blocks")
+    blocks //= profile.serving.data_parallel_size
     served = layout.with_changes(block_size=block_size)
     assert served.allocation is not None
-    group_aware = cache_labels.get("kv_cache_size_tokens")
-    if len(served.allocation.groups) > 1 and group_aware and max_model_len:
-        reported = int(group_aware)
+    explicit = _label_int(cache_labels, "kv_cache_memory_bytes") or profile.serving.kv_cache_memory
+    kv_bytes = explicit if explicit is not None else blocks * served.allocation.bytes_per_block()
+    group_aware = _label_int(cache_labels, "kv_cache_size_tokens")
+    several = len(served.allocation.groups) > 1
+    if group_aware is not None and max_model_len and (several or explicit is None):
+        reported = group_aware
         planned = served.allocation.token_capacity(kv_bytes, max_model_len)
+        compared = "kv_cache_size_tokens"
     else:
-        reported = int(cache_labels["num_gpu_blocks"]) * block_size
+        reported = blocks * block_size
         planned = capacity.token_capacity(layout, kv_bytes, block_size)
-    return ServerCapacityCheck(planned, reported, block_size, kv_bytes)
+        compared = "num_gpu_blocks x block_size"
+    return ServerCapacityCheck(planned, reported, block_size, kv_bytes, explicit is None, compared)

@@ -53,6 +53,39 @@ _VALUE_FLAGS = {
     "-pcp": "prefill_context_parallel_size",
 }
 _INT_FIELDS = ("block_size", "max_num_batched_tokens", "prefill_context_parallel_size")
+#: vLLM's ``MambaDType`` (``config/cache.py``): what ``--mamba-cache-dtype`` and
+#: ``--mamba-ssm-cache-dtype`` accept.
+MAMBA_DTYPES = ("auto", "float32", "float16", "bfloat16")
+_CHOICE_FIELDS = {"mamba_cache_dtype": MAMBA_DTYPES, "mamba_ssm_cache_dtype": MAMBA_DTYPES}
+_SWITCHES = {
+    "--no-enable-prefix-caching": ("prefix_caching", False),
+    "--enable-prefix-caching": ("prefix_caching", True),
+    "--disable-hybrid-kv-cache-manager": ("hybrid_allocator", False),
+}
+_KNOWN_FLAGS = (*PROFILE_KEY_FLAGS, *_VALUE_FLAGS, *_SWITCHES)
+
+
+def vllm_flag(word: str, where: str = "profile") -> str:
+    """The flag vLLM's parser reads ``word`` as, among those the plan knows.
+
+    vLLM's ``FlexibleArgumentParser`` turns underscores into dashes in a ``--`` flag's name
+    (up to its first ``.``), so ``--tensor_parallel_size`` is ``--tensor-parallel-size``;
+    argparse also takes a flag's leading part alone, which is refused here in favour of the
+    whole flag (vLLM reads it as that flag, or as ambiguous)."""
+    if not word.startswith("--"):
+        return word
+    name, dot, rest = word[2:].partition(".")
+    flag = f"--{name.replace('_', '-')}{dot}{rest}"
+    if flag in _KNOWN_FLAGS:
+        return flag
+    longer = [known for known in _KNOWN_FLAGS if known.startswith(flag)]
+    if longer:
+        raise ProfileError(
+            f"{where}: [serving] extra_args passes {word}, the start of "
+            f"{' and '.join(longer)}; vLLM's parser would take it for "
+            f"{'that flag' if len(longer) == 1 else 'any of them'}: write the flag in full"
+        )
+    return flag
 
 
 def cache_flags(serving: ServingSpec, where: str = "profile") -> CacheFlags:
@@ -61,10 +94,11 @@ def cache_flags(serving: ServingSpec, where: str = "profile") -> CacheFlags:
     values: dict[str, object] = {}
     i = 0
     while i < len(args):
-        flag, _, inline = args[i].partition("=")
+        word, _, inline = args[i].partition("=")
+        flag = vllm_flag(word, where)
         if flag in PROFILE_KEY_FLAGS:
             raise ProfileError(
-                f"{where}: [serving] extra_args passes {flag}; set [serving] "
+                f"{where}: [serving] extra_args passes {word}; set [serving] "
                 f"{PROFILE_KEY_FLAGS[flag]} instead, so the capacity plan sizes what vLLM runs"
             )
         if flag in _VALUE_FLAGS:
@@ -74,16 +108,18 @@ def cache_flags(serving: ServingSpec, where: str = "profile") -> CacheFlags:
             if name in _INT_FIELDS:
                 if not value.isdigit() or int(value) < 1:
                     raise ProfileError(
-                        f"{where}: [serving] extra_args {flag} {value!r} must be a positive integer"
+                        f"{where}: [serving] extra_args {word} {value!r} must be a positive integer"
                     )
                 values[name] = int(value)
+            elif value not in _CHOICE_FIELDS[name]:
+                raise ProfileError(
+                    f"{where}: [serving] extra_args {word} {value!r} is not one of vLLM's "
+                    f"choices for it: {', '.join(_CHOICE_FIELDS[name])}"
+                )
             else:
                 values[name] = value
-        elif flag == "--no-enable-prefix-caching":
-            values["prefix_caching"] = False
-        elif flag == "--enable-prefix-caching":
-            values["prefix_caching"] = True
-        elif flag == "--disable-hybrid-kv-cache-manager":
-            values["hybrid_allocator"] = False
+        elif flag in _SWITCHES:
+            name, on = _SWITCHES[flag]
+            values[name] = on
         i += 1
     return CacheFlags(**values)  # type: ignore[arg-type]

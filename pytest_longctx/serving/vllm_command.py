@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pytest_longctx.core.files import REDACTED
 from pytest_longctx.profiles import Profile
-from pytest_longctx.profiles.extra_args import cache_flags
+from pytest_longctx.profiles.extra_args import cache_flags, vllm_flag
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 #: Environment variables whose values never reach a log, a report or the terminal.
@@ -145,16 +145,18 @@ DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
 
 
 def without_flag(args: list[str], flag: str) -> list[str]:
-    """``args`` less ``flag`` and its value (``--flag N`` or ``--flag=N``)."""
+    """``args`` less ``flag`` and its value (``--flag N`` or ``--flag=N``, spelt with
+    underscores or dashes as vLLM's parser takes either)."""
     kept: list[str] = []
     skip = False
     for arg in args:
+        word, equals, _ = arg.partition("=")
         if skip:
             skip = False
-        elif arg == flag:
-            skip = True
-        elif not arg.startswith(f"{flag}="):
+        elif vllm_flag(word) != flag:
             kept.append(arg)
+        elif not equals:
+            skip = True
     return kept
 
 

@@ -223,10 +223,16 @@ def start(config: pytest.Config) -> ServerInfo:
             f"{run.plan.profile.name} was measured with {expected}: compare with care"
         )
     if info.mode == "launched" and cache_labels and capacity_check.layout_for(run.plan.profile):
-        with contextlib.suppress(KeyError, ValueError):
+        try:
             run.capacity_check = capacity_check.check_against_server(
                 run.plan.profile, cache_labels, info.max_model_len
             )
+        except ValueError as exc:
+            run.problems.append(
+                f"the capacity plan could not be compared with the server's "
+                f"vllm:cache_config_info: {exc}"
+            )
+        else:
             run.fingerprint["kv_cache_check"] = dataclasses.asdict(run.capacity_check)
     config.hook.pytest_longctx_server_ready(config=config, base_url=info.base_url, mode=info.mode)
     return info

@@ -1,0 +1,173 @@
+"""Real public model configs for every layer pattern, built from the transformers config
+classes in the environment with the public ``config.json`` values of the named checkpoints
+(nothing is downloaded), and vLLM 0.32's per-rank figure for each at 64Mi and TP=8.
+
+``tests/test_layer_kinds.py`` computes those figures with vLLM's own allocator on specs built
+from vLLM's model code; the plan's session tests compare against them.
+"""
+
+from __future__ import annotations
+
+import transformers
+
+#: vLLM 0.32's memory for one request of 64Mi tokens on one rank at TP=8, in GiB (BF16 KV;
+#: DeepSeek-V3.2 in FP8, fp8_ds_mla rows and the indexer), as tests/test_layer_kinds.py has
+#: vLLM's allocator compute them.
+VLLM_GIB_AT_64MI_TP8 = {
+    "gpt-oss-120b": 288.07,
+    "gemma-3-27b": 641.00,
+    "Llama-4-Scout": 384.42,
+    "Qwen3-Next-80B": 768.01,
+    "DeepSeek-V3.2": 3004.25,
+}
+
+
+def llama31_70b():
+    """meta-llama/Llama-3.1-70B: 80 layers of full attention, 64 heads, 8 KV heads of 128."""
+    return transformers.LlamaConfig(
+        num_hidden_layers=80,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        head_dim=128,
+        hidden_size=8192,
+    )
+
+
+def gpt_oss_120b():
+    """openai/gpt-oss-120b: 36 layers, 64 heads, 8 KV heads of 64, 128-token window."""
+    return transformers.GptOssConfig(
+        num_hidden_layers=36,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        head_dim=64,
+        hidden_size=2880,
+        sliding_window=128,
+        num_local_experts=128,
+    )
+
+
+def gemma3_27b():
+    """google/gemma-3-27b-it text config: 62 layers, 5 local : 1 global, window 1024."""
+    return transformers.Gemma3TextConfig(
+        num_hidden_layers=62,
+        num_attention_heads=32,
+        num_key_value_heads=16,
+        head_dim=128,
+        hidden_size=5376,
+        sliding_window=1024,
+        sliding_window_pattern=6,
+    )
+
+
+def llama4_scout():
+    """meta-llama/Llama-4-Scout-17B-16E text config: chunks of 8192, every 4th layer NoPE."""
+    return transformers.Llama4TextConfig(
+        num_hidden_layers=48,
+        num_attention_heads=40,
+        num_key_value_heads=8,
+        head_dim=128,
+        hidden_size=5120,
+        attention_chunk_size=8192,
+        no_rope_layer_interval=4,
+    )
+
+
+def qwen3_next_80b():
+    """Qwen/Qwen3-Next-80B-A3B-Instruct: Gated DeltaNet, full attention every 4th layer."""
+    return transformers.Qwen3NextConfig(
+        num_hidden_layers=48,
+        num_attention_heads=16,
+        num_key_value_heads=2,
+        head_dim=256,
+        hidden_size=2048,
+        linear_num_key_heads=16,
+        linear_num_value_heads=32,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        linear_conv_kernel_dim=4,
+        full_attention_interval=4,
+    )
+
+
+def deepseek_v32():
+    """deepseek-ai/DeepSeek-V3.2-Exp: 61 MLA layers (512 + 64), indexer head_dim 128."""
+    return transformers.DeepseekV32Config(
+        num_hidden_layers=61,
+        num_attention_heads=128,
+        num_key_value_heads=128,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        index_head_dim=128,
+        index_n_heads=64,
+        index_topk=2048,
+    )
+
+
+def jamba_v01():
+    """ai21labs/Jamba-v0.1: 32 layers, attention at 4 mod 8, Mamba1 (d_state 16, expand 2)."""
+    return transformers.JambaConfig(
+        num_hidden_layers=32,
+        attn_layer_period=8,
+        attn_layer_offset=4,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        hidden_size=4096,
+        mamba_d_state=16,
+        mamba_d_conv=4,
+        mamba_expand=2,
+    )
+
+
+NEMOTRON_H_8B_PATTERN = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"
+
+
+def nemotron_h_8b():
+    """nvidia/Nemotron-H-8B-Base-8K: Mamba2 (128 heads of 64, state 128, 8 groups)."""
+    return transformers.NemotronHConfig(
+        hybrid_override_pattern=NEMOTRON_H_8B_PATTERN,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        hidden_size=4096,
+        mamba_num_heads=128,
+        mamba_head_dim=64,
+        ssm_state_size=128,
+        n_groups=8,
+        conv_kernel=4,
+    )
+
+
+def as_dict(hf_config) -> dict:
+    """The config.json a checkpoint ships: what the plan reads."""
+    data = hf_config.to_dict()
+    if isinstance(hf_config, transformers.NemotronHConfig):  # its config.json spells it so
+        data["hybrid_override_pattern"] = NEMOTRON_H_8B_PATTERN
+        data["num_hidden_layers"] = len(NEMOTRON_H_8B_PATTERN)
+    return data
+
+
+def lfm2_1_2b():
+    """LiquidAI/LFM2-1.2B: 16 layers, short convolutions (conv_dim 2048, L_cache 3) and 6
+    GQA layers (32 heads, 8 KV heads of 64). ``conv_dim`` is no field of transformers'
+    Lfm2Config; the checkpoint's config.json carries it and vLLM's lfm2.py reads it."""
+    return transformers.Lfm2Config(
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        hidden_size=2048,
+        conv_L_cache=3,
+        conv_dim=2048,
+        full_attn_idxs=[2, 5, 8, 10, 12, 14],
+    )
+
+
+def mistral_7b_v01():
+    """mistralai/Mistral-7B-v0.1: 32 layers, every one windowed at 4096 tokens."""
+    return transformers.MistralConfig(
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        hidden_size=4096,
+        sliding_window=4096,
+    )

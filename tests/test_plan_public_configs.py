@@ -1,0 +1,146 @@
+"""`--longctx-plan` on an 8x H200 profile pointing at each layer pattern's public config.
+
+The plan's per-rank figure at 64Mi and TP=8 must come within 3% of vLLM's (the figures
+``tests/test_layer_kinds.py`` has vLLM's allocator compute), the session must end cleanly
+even where no change fits, and an invalid layout must be a usage error naming vLLM's rule.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import pytest
+from longctx_testing import SWEEP_TEST
+
+pytest.importorskip("transformers")
+
+from public_configs import (  # noqa: E402 - needs transformers
+    VLLM_GIB_AT_64MI_TP8,
+    as_dict,
+    deepseek_v32,
+    gemma3_27b,
+    gpt_oss_120b,
+    llama4_scout,
+    qwen3_next_80b,
+)
+
+#: An 8x H200 node (memory as the driver reports it), the model's config beside the profile.
+PROFILE = """\
+[profile]
+description = "{name}, 8x H200, TP=8"
+
+[model]
+source = "{name}"
+config = "{config}"
+weights_bytes = 100_000_000_000
+
+[serving]
+device = "cuda"
+dtype = "bfloat16"
+kv_cache_dtype = "{kv_cache_dtype}"
+tensor_parallel_size = 8
+gpu_memory_utilization = 0.95
+{serving}
+
+[sweep]
+from = "1Mi"
+to = "16Mi"
+decode_tokens = 16
+
+[hardware]
+devices = 8
+memory_per_device = 150_754_820_096
+"""
+
+
+def write_profile(
+    folder: Path, name: str, config: dict, kv_cache_dtype: str = "auto", serving: str = ""
+) -> Path:
+    (folder / f"{name}-config.json").write_text(json.dumps(config))
+    path = folder / f"{name}.toml"
+    path.write_text(
+        PROFILE.format(
+            name=name, config=f"{name}-config.json", kv_cache_dtype=kv_cache_dtype, serving=serving
+        )
+    )
+    return path
+
+
+def run_plan(pytester: pytest.Pytester, profile: Path) -> pytest.RunResult:
+    """A ``--longctx-plan`` session in its own process: this one has transformers (and so
+    torch) imported, which an in-process session's module snapshot would tear down."""
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    return pytester.runpytest_subprocess(
+        "-p",
+        "no:cacheprovider",
+        "--longctx-plan",
+        f"--longctx-profile={profile}",
+        "--longctx-to=64Mi",
+        timeout=600,
+    )
+
+
+#: The configs as their checkpoints ship them, built at import: pytester's module snapshot
+#: would drop what transformers imports lazily while building one inside a test.
+CONFIGS = {
+    "gpt-oss-120b": as_dict(gpt_oss_120b()),
+    "gemma-3-27b": as_dict(gemma3_27b()),
+    "Llama-4-Scout": as_dict(llama4_scout()),
+    "Qwen3-Next-80B": as_dict(qwen3_next_80b()),
+    "DeepSeek-V3.2": as_dict(deepseek_v32()),
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "kv_cache_dtype", "serving"),
+    [
+        ("gpt-oss-120b", "auto", ""),
+        ("gemma-3-27b", "auto", ""),
+        ("Llama-4-Scout", "auto", ""),
+        ("Qwen3-Next-80B", "auto", ""),
+        ("DeepSeek-V3.2", "fp8", 'attention_backend = "FLASHMLA_SPARSE"'),
+    ],
+)
+def test_the_plan_gives_vllms_figure_for_every_layer_pattern(
+    pytester: pytest.Pytester, name: str, kv_cache_dtype: str, serving: str
+) -> None:
+    profile = write_profile(
+        pytester.path, name, CONFIGS[name], kv_cache_dtype=kv_cache_dtype, serving=serving
+    )
+    result = run_plan(pytester, profile)
+    out = result.stdout.str()
+    assert result.ret == pytest.ExitCode.OK, out + result.stderr.str()
+    row = re.search(r"^64Mi\s+([\d,]+)\s+([\d.]+)\s+([\d.]+)\s", out, re.MULTILINE)
+    assert row, out
+    expected = VLLM_GIB_AT_64MI_TP8[name]
+    assert float(row.group(2)) == pytest.approx(expected, rel=0.03)  # KV GiB per rank
+    # Nothing this large fits one node: the point is skipped with a change that would fit it.
+    assert re.search(r"^64Mi: .*does not fit in .*; \S", out, re.MULTILINE), out
+    if importlib.util.find_spec("vllm") is not None:
+        asked = re.search(r"need ([\d,.]+) GiB per rank; the plan (\w+)", out)
+        assert asked, out
+        assert asked.group(2) == "agrees", asked.group(0)
+        assert float(asked.group(1).replace(",", "")) == pytest.approx(expected, rel=0.03)
+
+
+def test_an_invalid_layout_is_a_usage_error_before_anything_starts(
+    pytester: pytest.Pytester,
+) -> None:
+    qwen25_7b = {  # Qwen/Qwen2.5-7B-Instruct: 28 attention heads
+        "architectures": ["Qwen2ForCausalLM"],
+        "num_hidden_layers": 28,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "hidden_size": 3584,
+    }
+    result = run_plan(pytester, write_profile(pytester.path, "Qwen2.5-7B", qwen25_7b))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [
+            "*tensor_parallel_size = 8 does not divide the model's 28 attention heads: vLLM "
+            "requires num_attention_heads % tensor_parallel_size == 0; choose one of 1, 2, 4, 28"
+        ]
+    )
