@@ -7,7 +7,8 @@ import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 import pytest
-from longctx_testing import SWEEP_TEST, records_of, run_folder, run_session
+from fake_vllm import FakeVLLM
+from longctx_testing import SWEEP_TEST, fault_session, records_of, run_folder, run_session
 
 from pytest_longctx.profiles import load_profile
 from pytest_longctx.session.options import OPTIONS, read_settings
@@ -178,3 +179,26 @@ def test_junit_xml_carries_each_points_figures_and_the_gates_verdicts(
             assert gate[f"longctx_gate_{metric}"] in ("ok", "improved")
             assert float(gate[f"longctx_gate_{metric}_change_pct"]) > -100
         assert float(gate["longctx_gate_ttft_tolerance_pct"]) == 100000
+
+
+def test_junit_xml_names_the_class_of_a_point_that_did_not_pass(
+    pytester: pytest.Pytester, fake_vllm: FakeVLLM
+) -> None:
+    """CI reads why a point failed from its testcase, not only that it failed."""
+    junit = pytester.path / "junit.xml"
+    result, records = fault_session(pytester, fake_vllm)(
+        "--longctx-to=2Ki",
+        "--longctx-ttft-timeout=0.5",
+        f"--junitxml={junit}",
+        long_prompt_from=2048,
+        first_token_delay_s=2.0,
+    )
+    result.assert_outcomes(passed=1, failed=1)
+    cases = junit_cases(junit)
+    passed, failed = (cases[r.nodeid.rsplit("::", 1)[-1]] for r in records)
+    assert passed["longctx_outcome"] == "passed", passed
+    assert "longctx_failure_class" not in passed and "longctx_reason" not in passed, passed
+    assert failed["longctx_outcome"] == "failed", failed
+    assert failed["longctx_failure_class"] == "timeout", failed
+    assert "--longctx-ttft-timeout" in failed["longctx_reason"], failed
+    assert failed["longctx_reason"] == records[1].reason
