@@ -9,7 +9,7 @@ import pytest
 
 from pytest_longctx.client import CompletionClient
 from pytest_longctx.core.records import Record
-from pytest_longctx.measure import point as measure
+from pytest_longctx.measure.point import PointFailure, PointMeasurement, UnverifiedPoint, client_for
 from pytest_longctx.measure.target import ServerError, ServerInfo
 from pytest_longctx.plan.sweep import Point
 from pytest_longctx.prompts import Prompt, PromptBuilder, PromptError
@@ -44,7 +44,7 @@ def longctx_server(pytestconfig: pytest.Config, longctx_run: Run) -> Iterator[Se
 @pytest.fixture(scope="session")
 def longctx_client(longctx_server: ServerInfo, longctx_run: Run) -> Iterator[CompletionClient]:
     """A streaming client bound to the session's server."""
-    with measure.client_for(longctx_server, longctx_run.settings.tcp_keepalive_s) as client:
+    with client_for(longctx_server, longctx_run.settings.tcp_keepalive_s) as client:
         yield client
 
 
@@ -90,7 +90,7 @@ def longctx_prompt(
 @pytest.fixture
 def longctx_measure(
     request: pytest.FixtureRequest, longctx_point: Point, longctx_run: Run
-) -> Callable[[Prompt], measure.PointMeasurement]:
+) -> Callable[[Prompt], PointMeasurement]:
     """Measure one prompt: TTFT, decode throughput and the server's counters around it.
 
     It fails the item when the request did not complete or the server's counters cannot be
@@ -99,18 +99,18 @@ def longctx_measure(
     """
     recorded = longctx_run.resumed.get(longctx_point)
     if recorded is not None:
-        return lambda prompt: measure.PointMeasurement.from_record(recorded)
+        return lambda prompt: PointMeasurement.from_record(recorded)
     server: ServerInfo = request.getfixturevalue("longctx_server")
     client = request.getfixturevalue("longctx_client")
     restarts.before_point(request.config, longctx_run, longctx_point)
 
-    def run_measurement(prompt: Prompt) -> measure.PointMeasurement:
+    def run_measurement(prompt: Prompt) -> PointMeasurement:
         try:
             result = points.measure(longctx_run, server, client, longctx_point, prompt)
-        except measure.UnverifiedPoint as exc:
+        except UnverifiedPoint as exc:
             request.node.stash[MEASUREMENT_KEY] = exc.measurement  # its figures stay recorded
             raise
-        except measure.PointFailure as exc:
+        except PointFailure as exc:
             if exc.sent or not restarts.server_down(longctx_run):
                 restarts.after_failure(longctx_run, longctx_point, exc)
                 raise
