@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_longctx.plan.sweep import INTERFERENCE_MARK, SLOW_MARK, VERY_SLOW_MARK, WARM_MARK
-from pytest_longctx.session import hookspecs, outputs, sweep_session, workers
+from pytest_longctx.session import hookspecs, sweep_session, workers
 from pytest_longctx.session import items as sweep_items
 from pytest_longctx.session.controller import Controller
 from pytest_longctx.session.options import OPTIONS, asks_for_sweep, attach_resume_value
@@ -99,8 +99,8 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     """Profile, server and lengths, where the session asks for the sweep by name or option:
     the header is printed before collection, when whether a sweep runs is not yet known."""
     if not asks_for_sweep(config):
-        return None
-    return outputs.report_header(sweep_session.prepared(config).run)
+        return None  # a sweep collected later prints it after collection (late_header)
+    return sweep_session.header(config)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 from fake_vllm import FakeVLLM
-from longctx_testing import SWEEP_TEST, fault_session, records_of, run_folder, run_session
+from longctx_testing import (
+    SWEEP_TEST,
+    fault_session,
+    launch_fake_conftest,
+    records_of,
+    run_folder,
+    run_session,
+)
 
 from pytest_longctx.profiles import load_profile
 from pytest_longctx.session.options import OPTIONS, read_settings
@@ -116,6 +123,46 @@ def test_the_header_when_the_shipped_sweep_is_named(pytester: pytest.Pytester) -
         "-p", "no:cacheprovider", "--pyargs", "pytest_longctx.suite", "--co"
     )
     assert "longctx points: 1Ki..16Ki, 1 repeat(s), 32 decode tokens" in header_lines(result)
+
+
+HEADER_KEYS = ("profile", "model", "server", "points", "run")
+
+
+def sweep_header(result: pytest.RunResult) -> list[str]:
+    """The header's own lines (not the progress display's ``longctx next:``)."""
+    return [line for line in header_lines(result) if line.split(":")[0][8:] in HEADER_KEYS]
+
+
+def test_the_header_when_only_collection_finds_the_sweep(sweep_dir: pytest.Pytester) -> None:
+    """``pytest --co`` in a project whose sweep no option or ini key names: the header's lines
+    follow the collection, once; ``-q`` prints no header, so none of them either."""
+    sweep_dir.makeini("[pytest]\n")
+    result = sweep_dir.runpytest_subprocess("-p", "no:cacheprovider", "--co")
+    said = result.stdout.str()
+    lines = header_lines(result)
+    assert [line.split(":")[0] for line in lines] == [f"longctx {k}" for k in HEADER_KEYS], said
+    assert lines[0] == f"longctx profile: cpu-tiny: {load_profile('cpu-tiny').description}"
+    assert "longctx server: launched from the profile" in lines
+    assert "longctx points: 1Ki..16Ki, 1 repeat(s), 32 decode tokens" in lines
+    collected = next(i for i, line in enumerate(result.outlines) if line.startswith("collected"))
+    assert result.outlines.index(lines[0]) > collected, said
+    assert not (sweep_dir.path / "reports").exists()
+    quiet = sweep_dir.runpytest_subprocess("-p", "no:cacheprovider", "--co", "-q")
+    assert header_lines(quiet) == [], quiet.stdout.str()
+
+
+def test_the_header_of_a_sweep_run_without_any_option(sweep_dir: pytest.Pytester) -> None:
+    """Plain ``pytest`` (here launching the stand-in server): the header once, after the
+    collection, naming the server it launches."""
+    sweep_dir.makeini("[pytest]\n")
+    sweep_dir.makeconftest(launch_fake_conftest())
+    result = sweep_dir.runpytest_subprocess("-p", "no:cacheprovider", "-m", "len==1Ki")
+    said = result.stdout.str() + result.stderr.str()
+    assert result.ret in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED), said
+    lines = sweep_header(result)
+    assert [line.split(":")[0] for line in lines] == [f"longctx {k}" for k in HEADER_KEYS], said
+    assert "longctx server: launched from the profile" in lines, said
+    assert records_of(sweep_dir.path / "reports")[0].run_id in lines[-1], said
 
 
 def test_no_header_in_a_session_that_does_not_ask(pytester: pytest.Pytester) -> None:

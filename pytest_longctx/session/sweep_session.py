@@ -49,6 +49,8 @@ class PreparedSweep:
 
 PREPARED_KEY = pytest.StashKey[PreparedSweep]()
 SESSION_KEY = pytest.StashKey["SweepSession"]()
+#: Set once the sweep's header lines are printed (at the start, or after collection).
+HEADER_SHOWN_KEY = pytest.StashKey[bool]()
 
 
 def prepare(config: pytest.Config) -> PreparedSweep:
@@ -80,6 +82,22 @@ def prepare(config: pytest.Config) -> PreparedSweep:
 
 def prepared(config: pytest.Config) -> PreparedSweep:
     return config.stash[PREPARED_KEY]
+
+
+def header(config: pytest.Config) -> list[str]:
+    """The sweep's lines of pytest's header (profile, server, lengths, run), printed once."""
+    config.stash[HEADER_SHOWN_KEY] = True
+    return outputs.report_header(prepared(config).run)
+
+
+def late_header(config: pytest.Config) -> list[str]:
+    """The header's lines for a sweep only its collection revealed (``pytest test_sweep.py``,
+    no option or ini key named it): once, and only where pytest prints a header at all."""
+    if config.stash.get(HEADER_SHOWN_KEY, False):
+        return []
+    if config.option.verbose < 0 or getattr(config.option, "no_header", False):
+        return []
+    return header(config)
 
 
 def active(config: pytest.Config) -> SweepSession | None:
@@ -124,6 +142,11 @@ class SweepSession:
         selection.apply_selection(self.config, self.selection)
         self.follower = live_progress.start(self.config, self.run, self.on_controller)
         if self.on_controller and session is not None:  # xdist: the workers collected
+            lines = late_header(self.config)
+            reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+            if reporter is not None:
+                for line in lines:
+                    reporter.write_line(line)
             self.points_selected(session)
 
     def points_selected(self, session: pytest.Session) -> None:
@@ -148,6 +171,9 @@ class SweepSession:
         self.session = session
         sweep_items.arrange(config, self.run, self.selection.comparisons, items)
         self.points_selected(session)
+
+    def pytest_report_collectionfinish(self, config: pytest.Config) -> list[str]:
+        return late_header(config)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool | None:
