@@ -73,6 +73,32 @@ def test_every_ini_flag_turns_off_on_the_command_line(pytester: pytest.Pytester,
     assert getattr(read_settings(pytester.parseconfigure(f"--{spec.name}")), field) is True
 
 
+@pytest.mark.parametrize("spec", FLAGS, ids=[spec.name for spec in FLAGS])
+def test_a_bad_ini_flag_names_the_key_the_option_and_the_accepted_form(
+    pytester: pytest.Pytester,
+    spec,  # noqa: ANN001
+) -> None:
+    pytester.makeini(f"[pytest]\n{spec.dest} = maybe\n")
+    result = pytester.runpytest("-p", "no:cacheprovider", "--co")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stderr.str()
+    result.stderr.fnmatch_lines(
+        [
+            f"ERROR: {spec.dest} in {pytester.path / 'tox.ini'} (--{spec.name}): "
+            "invalid truth value 'maybe'; expected true or false (in an ini file also 1/0, "
+            "yes/no, on/off, y/n, t/f;*"
+        ]
+    )
+    # pyproject.toml's [tool.pytest] table is TOML: a quoted string is not a boolean there
+    (pytester.path / "tox.ini").unlink()
+    pytester.makepyprojecttoml(f'[tool.pytest]\n{spec.dest} = "yes"\n')
+    result = pytester.runpytest("-p", "no:cacheprovider", "--co")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stderr.str()
+    result.stderr.fnmatch_lines([f"ERROR: {spec.dest} in *pyproject.toml (--{spec.name}): *"])
+    # the command line wins: the ini file's value is not read at all
+    result = pytester.runpytest("-p", "no:cacheprovider", "--co", f"--no-{spec.name}")
+    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED, result.stderr.str()
+
+
 def test_every_flag_the_ini_file_can_set_has_an_off_switch() -> None:
     assert {spec.name for spec in OPTIONS if spec.flag and spec.ini} == {
         "longctx-allow-mixed-servers",
