@@ -7,7 +7,15 @@ import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 import pytest
-from longctx_testing import SWEEP_TEST, records_of, run_folder, run_session
+from fake_vllm import FakeVLLM
+from longctx_testing import (
+    SWEEP_TEST,
+    fault_session,
+    launch_fake_conftest,
+    records_of,
+    run_folder,
+    run_session,
+)
 
 from pytest_longctx.profiles import load_profile
 from pytest_longctx.session.options import OPTIONS, read_settings
@@ -65,6 +73,32 @@ def test_every_ini_flag_turns_off_on_the_command_line(pytester: pytest.Pytester,
     assert getattr(read_settings(pytester.parseconfigure(f"--{spec.name}")), field) is True
 
 
+@pytest.mark.parametrize("spec", FLAGS, ids=[spec.name for spec in FLAGS])
+def test_a_bad_ini_flag_names_the_key_the_option_and_the_accepted_form(
+    pytester: pytest.Pytester,
+    spec,  # noqa: ANN001
+) -> None:
+    pytester.makeini(f"[pytest]\n{spec.dest} = maybe\n")
+    result = pytester.runpytest("-p", "no:cacheprovider", "--co")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stderr.str()
+    result.stderr.fnmatch_lines(
+        [
+            f"ERROR: {spec.dest} in {pytester.path / 'tox.ini'} (--{spec.name}): "
+            "invalid truth value 'maybe'; expected true or false (in an ini file also 1/0, "
+            "yes/no, on/off, y/n, t/f;*"
+        ]
+    )
+    # pyproject.toml's [tool.pytest] table is TOML: a quoted string is not a boolean there
+    (pytester.path / "tox.ini").unlink()
+    pytester.makepyprojecttoml(f'[tool.pytest]\n{spec.dest} = "yes"\n')
+    result = pytester.runpytest("-p", "no:cacheprovider", "--co")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stderr.str()
+    result.stderr.fnmatch_lines([f"ERROR: {spec.dest} in *pyproject.toml (--{spec.name}): *"])
+    # the command line wins: the ini file's value is not read at all
+    result = pytester.runpytest("-p", "no:cacheprovider", "--co", f"--no-{spec.name}")
+    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED, result.stderr.str()
+
+
 def test_every_flag_the_ini_file_can_set_has_an_off_switch() -> None:
     assert {spec.name for spec in OPTIONS if spec.flag and spec.ini} == {
         "longctx-allow-mixed-servers",
@@ -115,6 +149,46 @@ def test_the_header_when_the_shipped_sweep_is_named(pytester: pytest.Pytester) -
         "-p", "no:cacheprovider", "--pyargs", "pytest_longctx.suite", "--co"
     )
     assert "longctx points: 1Ki..16Ki, 1 repeat(s), 32 decode tokens" in header_lines(result)
+
+
+HEADER_KEYS = ("profile", "model", "server", "points", "run")
+
+
+def sweep_header(result: pytest.RunResult) -> list[str]:
+    """The header's own lines (not the progress display's ``longctx next:``)."""
+    return [line for line in header_lines(result) if line.split(":")[0][8:] in HEADER_KEYS]
+
+
+def test_the_header_when_only_collection_finds_the_sweep(sweep_dir: pytest.Pytester) -> None:
+    """``pytest --co`` in a project whose sweep no option or ini key names: the header's lines
+    follow the collection, once; ``-q`` prints no header, so none of them either."""
+    sweep_dir.makeini("[pytest]\n")
+    result = sweep_dir.runpytest_subprocess("-p", "no:cacheprovider", "--co")
+    said = result.stdout.str()
+    lines = header_lines(result)
+    assert [line.split(":")[0] for line in lines] == [f"longctx {k}" for k in HEADER_KEYS], said
+    assert lines[0] == f"longctx profile: cpu-tiny: {load_profile('cpu-tiny').description}"
+    assert "longctx server: launched from the profile" in lines
+    assert "longctx points: 1Ki..16Ki, 1 repeat(s), 32 decode tokens" in lines
+    collected = next(i for i, line in enumerate(result.outlines) if line.startswith("collected"))
+    assert result.outlines.index(lines[0]) > collected, said
+    assert not (sweep_dir.path / "reports").exists()
+    quiet = sweep_dir.runpytest_subprocess("-p", "no:cacheprovider", "--co", "-q")
+    assert header_lines(quiet) == [], quiet.stdout.str()
+
+
+def test_the_header_of_a_sweep_run_without_any_option(sweep_dir: pytest.Pytester) -> None:
+    """Plain ``pytest`` (here launching the stand-in server): the header once, after the
+    collection, naming the server it launches."""
+    sweep_dir.makeini("[pytest]\n")
+    sweep_dir.makeconftest(launch_fake_conftest())
+    result = sweep_dir.runpytest_subprocess("-p", "no:cacheprovider", "-m", "len==1Ki")
+    said = result.stdout.str() + result.stderr.str()
+    assert result.ret in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED), said
+    lines = sweep_header(result)
+    assert [line.split(":")[0] for line in lines] == [f"longctx {k}" for k in HEADER_KEYS], said
+    assert "longctx server: launched from the profile" in lines, said
+    assert records_of(sweep_dir.path / "reports")[0].run_id in lines[-1], said
 
 
 def test_no_header_in_a_session_that_does_not_ask(pytester: pytest.Pytester) -> None:
@@ -178,3 +252,26 @@ def test_junit_xml_carries_each_points_figures_and_the_gates_verdicts(
             assert gate[f"longctx_gate_{metric}"] in ("ok", "improved")
             assert float(gate[f"longctx_gate_{metric}_change_pct"]) > -100
         assert float(gate["longctx_gate_ttft_tolerance_pct"]) == 100000
+
+
+def test_junit_xml_names_the_class_of_a_point_that_did_not_pass(
+    pytester: pytest.Pytester, fake_vllm: FakeVLLM
+) -> None:
+    """CI reads why a point failed from its testcase, not only that it failed."""
+    junit = pytester.path / "junit.xml"
+    result, records = fault_session(pytester, fake_vllm)(
+        "--longctx-to=2Ki",
+        "--longctx-ttft-timeout=0.5",
+        f"--junitxml={junit}",
+        long_prompt_from=2048,
+        first_token_delay_s=2.0,
+    )
+    result.assert_outcomes(passed=1, failed=1)
+    cases = junit_cases(junit)
+    passed, failed = (cases[r.nodeid.rsplit("::", 1)[-1]] for r in records)
+    assert passed["longctx_outcome"] == "passed", passed
+    assert "longctx_failure_class" not in passed and "longctx_reason" not in passed, passed
+    assert failed["longctx_outcome"] == "failed", failed
+    assert failed["longctx_failure_class"] == "timeout", failed
+    assert "--longctx-ttft-timeout" in failed["longctx_reason"], failed
+    assert failed["longctx_reason"] == records[1].reason

@@ -3,9 +3,12 @@ collects no sweep item must be exactly what it would be without it."""
 
 from __future__ import annotations
 
+import ast
+import re
+
 import pytest
 from fake_vllm import FakeVLLM
-from longctx_testing import SWEEP_TEST
+from longctx_testing import KEEP_BURSTS, SWEEP_TEST
 
 #: An ordinary project's tests, which look at what a plugin could have changed.
 ORDINARY = """
@@ -76,36 +79,104 @@ def test_under_xdist_a_session_without_a_sweep_is_untouched(pytester: pytest.Pyt
     assert not (pytester.path / "reports").exists()
 
 
+#: Prints which heavy modules the session imported: the measurement's HTTP client and numpy,
+#: the reports' plotting, and the sweep's own session modules.
+IMPORTS = """
+import sys
+
+WATCHED = (
+    "numpy", "httpx", "httpcore", "matplotlib",
+    "pytest_longctx.session.sweep_session",
+    "pytest_longctx.measure.point", "pytest_longctx.client", "pytest_longctx.reporting",
+)
+
+
+def test_imports():
+    print("IMPORTED", sorted(name for name in WATCHED if name in sys.modules))
+"""
+
+
+def test_a_session_without_a_sweep_imports_no_measurement(pytester: pytest.Pytester) -> None:
+    """The plugin loads in every session: without a sweep it adds none of the modules that
+    measure and report (what other installed plugins import is theirs, and the same both
+    ways)."""
+    pytester.makepyfile(test_ordinary=IMPORTS)
+    pytester.makeini(INI)
+
+    def imported(*args: str) -> list[str]:
+        result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-s", *args)
+        said = result.stdout.str()
+        assert result.ret == 0, said + result.stderr.str()
+        return ast.literal_eval(said.split("IMPORTED ", 1)[1].splitlines()[0])
+
+    with_plugin = imported()
+    assert "numpy" not in with_plugin and "httpx" not in with_plugin, with_plugin
+    assert with_plugin == imported("-p", "no:pytest_longctx"), with_plugin
+    # the fixtures are there all the same (a test of the user's own may ask for them)
+    listed = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--fixtures")
+    assert "longctx_measure" in listed.stdout.str()
+
+
+#: Each phase's SIGTERM, SIGHUP and SIGINT handlers, as whether each is Python's own (SIG_DFL;
+#: ``default_int_handler`` for SIGINT, which pytest leaves alone).
+SIGNALS_CONFTEST = """
+import signal
+
+import pytest
+
+OWN = {
+    signal.SIGTERM: signal.SIG_DFL,
+    signal.SIGHUP: signal.SIG_DFL,
+    signal.SIGINT: signal.default_int_handler,
+}
+
+
+def state():
+    return " ".join(f"{s.name}={signal.getsignal(s) is own}" for s, own in OWN.items())
+
+
+def pytest_sessionstart(session):
+    print("SIGNALS sessionstart", state())
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(session, config, items):
+    print("SIGNALS collected", state())  # the sweep's items are known, not yet arranged
+
+
+def pytest_runtest_call(item):
+    print("SIGNALS during", state())
+
+
+def pytest_unconfigure(config):
+    print("SIGNALS after", state())
+"""
+
+
 def test_the_sweep_holds_the_signals_only_while_it_runs(
     pytester: pytest.Pytester, fake_vllm: FakeVLLM
 ) -> None:
     """SIGTERM ends a sweep like Ctrl-C; before the sweep and after it, Python's own."""
     pytester.makepyfile(test_sweep=SWEEP_TEST)
-    pytester.makeconftest(
-        """
-import signal
-
-import pytest
-
-seen = {}
-
-
-def pytest_collection_finish(session):
-    seen["collected"] = signal.getsignal(signal.SIGTERM)
-
-
-def pytest_runtest_call(item):
-    seen["during"] = signal.getsignal(signal.SIGTERM)
-
-
-def pytest_unconfigure(config):
-    after = signal.getsignal(signal.SIGTERM)
-    print("SIGNALS", seen["during"] is not signal.SIG_DFL, after is signal.SIG_DFL)
-"""
-    )
+    pytester.makeconftest(SIGNALS_CONFTEST)
     result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "-s", f"--longctx-url={fake_vllm.url}", "--longctx-to=1Ki"
+        "-p",
+        "no:cacheprovider",
+        "-s",
+        f"--longctx-url={fake_vllm.url}",
+        "--longctx-to=1Ki",
+        KEEP_BURSTS,  # a starved host's burst is not what this test is about
     )
-    result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["*SIGNALS True True*"])
-    assert (pytester.path / "reports").is_dir()
+    said = result.stdout.str() + result.stderr.str()
+    outcomes = _outcomes(result)
+    outcomes.pop("deselected", None)  # the gate's item, without a baseline
+    assert outcomes == {"passed": 1}, said
+    phases = dict(re.findall(r"SIGNALS (\w+) (.*)", result.stdout.str()))
+    own = "SIGTERM=True SIGHUP=True SIGINT=True"
+    assert phases == {
+        "sessionstart": own,
+        "collected": own,
+        "during": "SIGTERM=False SIGHUP=False SIGINT=True",
+        "after": own,
+    }, said
+    assert (pytester.path / "reports").is_dir(), said

@@ -213,3 +213,79 @@ def test_the_public_api_is_stated() -> None:
     assert pytest_longctx.__version__
     for name in pytest_longctx.__all__:
         assert hasattr(pytest_longctx, name), name
+
+
+#: The packages of pytest_longctx by name: an import alias of one of these names that is not
+#: that package (``from pytest_longctx.measure import point as measure``) hides it from a reader.
+PACKAGES = {layer_of(module) for module in MODULES} - {"__init__", "plugin", "cli", "__main__"}
+
+
+def shadowing_aliases(source: str) -> list[str]:
+    """``import X as NAME`` where NAME is a package of pytest_longctx and X is not it."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        base = (node.module or "") if isinstance(node, ast.ImportFrom) else ""
+        for alias in node.names:
+            if alias.asname not in PACKAGES:
+                continue
+            imported = f"{base}.{alias.name}" if base else alias.name
+            if imported != f"{ROOT}.{alias.asname}":
+                found.append(f"line {node.lineno}: {imported} as {alias.asname}")
+    return found
+
+
+def hand_built_spreads(source: str) -> list[str]:
+    """A mean and its spread put together in place (``f"{mean} ± {std}"``, ``a + " ± " + b``)
+    instead of by ``core.stats.format_mean_std``; a heading's "mean ± std" is words, not this."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.JoinedStr):
+            parts = node.values
+            for index, part in enumerate(parts):
+                if not (isinstance(part, ast.Constant) and "±" in str(part.value)):
+                    continue
+                text = str(part.value)
+                before = index > 0 and isinstance(parts[index - 1], ast.FormattedValue)
+                after = index + 1 < len(parts) and isinstance(parts[index + 1], ast.FormattedValue)
+                if (before and text.lstrip().startswith("±")) or (
+                    after and text.rstrip().endswith("±")
+                ):
+                    found.append(f"line {node.lineno}: f-string")
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            for side in (node.left, node.right):
+                if isinstance(side, ast.Constant) and str(side.value).strip() == "±":
+                    found.append(f"line {node.lineno}: concatenation")
+    return found
+
+
+def test_the_layout_rules_catch_what_they_are_about() -> None:
+    assert shadowing_aliases("from pytest_longctx.measure import point as measure\n")
+    assert shadowing_aliases("from pytest_longctx.session import server as serving\n")
+    assert shadowing_aliases("import pytest_longctx.session.items as plan\n")
+    assert not shadowing_aliases("from pytest_longctx import measure as measure\n")
+    assert not shadowing_aliases("from pytest_longctx.session import items as sweep_items\n")
+    assert hand_built_spreads('f"{_seconds(summary.mean)} ± {_seconds(summary.std)}"\n')
+    assert hand_built_spreads('f"{mean:.3f} ± {std:.3f} s"\n')
+    assert hand_built_spreads('mean + " ± " + std\n')
+    assert not hand_built_spreads('f"Regression gate (mean ± std); {headline}"\n')
+    assert not hand_built_spreads('"TTFT (s) mean ± std"\n')
+
+
+def test_no_import_alias_takes_a_packages_name() -> None:
+    offenders = {
+        module: found
+        for module, path in MODULES.items()
+        if (found := shadowing_aliases(path.read_text()))
+    }
+    assert offenders == {}
+
+
+def test_a_mean_and_its_spread_are_written_by_the_one_formatter() -> None:
+    offenders = {
+        module: found
+        for module, path in MODULES.items()
+        if module != f"{ROOT}.core.stats" and (found := hand_built_spreads(path.read_text()))
+    }
+    assert offenders == {}

@@ -21,6 +21,7 @@ from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.core.stats import FigureSummary, latest_records, summarize
 from pytest_longctx.reporting.text_table import aligned_table, html_table, markdown_table_lines
+from pytest_longctx.reporting.view import format_summary
 
 REUSE_PLOT = "reuse.png"
 _MISSING = "–"
@@ -118,18 +119,19 @@ def format_bytes(value: float | None) -> str:
     return f"{value:,.0f} B"
 
 
+def _decimals(seconds: float) -> int:
+    """Milliseconds below ten seconds, hundredths above."""
+    return 3 if seconds < 10 else 2
+
+
 def _seconds(value: float | None) -> str:
     if value is None:
         return _MISSING
-    return f"{value:,.3f}" if value < 10 else f"{value:,.2f}"
+    return f"{value:,.{_decimals(value)}f}"
 
 
 def _mean_std(summary: FigureSummary | None) -> str:
-    if summary is None:
-        return _MISSING
-    if summary.n < 2:
-        return _seconds(summary.mean)
-    return f"{_seconds(summary.mean)} ± {_seconds(summary.std)}"
+    return format_summary(summary, _decimals(summary.mean) if summary else 3)
 
 
 def row_cells(row: ReuseRow) -> list[str]:

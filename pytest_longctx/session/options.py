@@ -268,11 +268,26 @@ def attach_resume_value(args: list[str]) -> None:
 SHIPPED_SUITE = "pytest_longctx.suite"
 
 
+#: What pytest reads as an ini file's boolean (``_pytest.config._strtobool``), any case.
+INI_TRUTH = (
+    "true or false (in an ini file also 1/0, yes/no, on/off, y/n, t/f; in pyproject.toml's "
+    "[tool.pytest] table, true or false unquoted)"
+)
+
+
 def _ini_value(config: pytest.Config, spec: OptionSpec) -> object:
     """The ini key's value, or None where the project's configuration does not set it."""
     if not spec.ini:
         return None
-    value = config.getini(spec.dest)
+    try:
+        value = config.getini(spec.dest)
+    except (ValueError, TypeError, pytest.UsageError) as exc:  # naming no key, no option
+        if not spec.flag:
+            raise
+        raise pytest.UsageError(
+            f"{spec.dest} in {config.inipath or 'the ini file'} (--{spec.name}): {exc}; "
+            f"expected {INI_TRUTH}"
+        ) from None
     return None if value in (None, "", []) else value
 
 
@@ -356,10 +371,8 @@ class _RawOptions:
         return str(self.values[name])
 
     def flag(self, name: str) -> bool:
-        value = self.values[name]
-        if isinstance(value, str):
-            return value.strip().lower() in ("1", "true", "yes", "on")
-        return bool(value)
+        """A switch: None (not given) is off; an ini file's text pytest already read."""
+        return bool(self.values[name])
 
     def seconds(self, name: str) -> float | None:
         if not self.given(name):

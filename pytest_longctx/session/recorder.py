@@ -31,13 +31,19 @@ PROPERTY_FIGURES = (("ttft", "longctx_ttft_s"), ("decode_throughput", "longctx_d
 
 def record_properties(item: pytest.Item, record: Record) -> None:
     """The point's figures as the item's ``user_properties`` (what ``record_property`` sets),
-    so JUnit XML and any report reading them gets the numbers, not only a name and duration."""
+    so JUnit XML and any report reading them gets the numbers, not only a name and duration;
+    a point that did not pass also carries its failure class and reason."""
     properties: list[tuple[str, object]] = [
         ("longctx_run_id", record.run_id),
         ("longctx_length", record.length),
         ("longctx_repeat", record.repeat),
         ("longctx_outcome", record.outcome),
     ]
+    if record.outcome != "passed":
+        if record.failure_class is not None:
+            properties.append(("longctx_failure_class", record.failure_class))
+        if record.reason:
+            properties.append(("longctx_reason", record.reason))
     properties += [
         (name, record.figures[figure])
         for figure, name in PROPERTY_FIGURES
