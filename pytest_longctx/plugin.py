@@ -3,7 +3,10 @@
 Everything a sweep does lives in :class:`~pytest_longctx.session.sweep_session.SweepSession`,
 registered only once the session collects a sweep item or asks for ``--longctx-plan``; under
 pytest-xdist the controller's part is registered when distribution is asked for and starts the
-sweep when the workers' collections hold its points. A session with neither is left as it was.
+sweep when the workers' collections hold its points. A session with neither is left as it was,
+and imports only what reads and checks the options: the modules that measure and report (the
+HTTP client, numpy, pytest-benchmark's session) load with the sweep, as pytest-xdist imports
+its ``DSession`` only when distribution is asked for.
 """
 
 from __future__ import annotations
@@ -11,9 +14,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_longctx.plan.sweep import INTERFERENCE_MARK, SLOW_MARK, VERY_SLOW_MARK, WARM_MARK
-from pytest_longctx.session import hookspecs, sweep_session, workers
-from pytest_longctx.session import items as sweep_items
-from pytest_longctx.session.controller import Controller
+from pytest_longctx.session import activation, hookspecs, workers
 from pytest_longctx.session.options import OPTIONS, asks_for_sweep, attach_resume_value
 
 pytest_plugins = ("pytest_longctx.session.fixtures",)
@@ -87,11 +88,13 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", f"{SLOW_MARK}: a length the profile calls slow (minutes)")
     config.addinivalue_line("markers", f"{VERY_SLOW_MARK}: a length the profile calls very slow")
     config.addinivalue_line("markers", "longctx_regression(len): a baseline comparison item")
-    prepared = sweep_session.prepare(config)
+    prepared = activation.prepare(config)
     if prepared.run.settings.plan_only:
         workers.keep_plan_serial(config)
-        sweep_session.activate(config)
+        activation.activate(config)
     elif workers.planned_workers(config):
+        from pytest_longctx.session.controller import Controller  # the sweep's weight, with it
+
         config.pluginmanager.register(Controller(config, prepared.run), "longctx-controller")
 
 
@@ -100,11 +103,11 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     the header is printed before collection, when whether a sweep runs is not yet known."""
     if not asks_for_sweep(config):
         return None  # a sweep collected later prints it after collection (late_header)
-    return sweep_session.header(config)
+    from pytest_longctx.session import sweep_session  # a session that names the sweep
+
+    return sweep_session.header(config, activation.prepared(config).run)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if not sweep_items.uses_the_sweep(metafunc.fixturenames):
-        return
-    sweep = sweep_session.activate(metafunc.config)
-    sweep_items.parametrize(metafunc, sweep.run, sweep.selection.comparisons)
+    if activation.uses_the_sweep(metafunc.fixturenames):
+        activation.activate(metafunc.config).parametrize(metafunc)

@@ -36,7 +36,10 @@ from pytest_longctx.serving.embedded import (
 def _import_all(*packages: str) -> None:
     """In-process pytester sessions drop the modules they imported when they end; a later
     session re-imports them as new classes, and httpx no longer recognises httpcore's
-    exceptions. Importing the HTTP stack fully here keeps one copy for every session."""
+    exceptions. Importing the HTTP stack fully here keeps one copy for every session. The
+    plugin's own modules too: a session without a sweep imports only a few of them (the rest
+    load with the sweep), and a package keeps its dropped submodule as an attribute, which
+    ``from package import module`` in a later session would mix with a fresh copy."""
     for name in packages:
         package = importlib.import_module(name)
         for module in pkgutil.walk_packages(package.__path__, f"{name}."):
@@ -44,7 +47,7 @@ def _import_all(*packages: str) -> None:
                 importlib.import_module(module.name)
 
 
-_import_all("h11", "httpcore", "httpx")
+_import_all("h11", "httpcore", "httpx", "pytest_longctx")
 
 # pytester points HOME at a temporary folder: keep sub-sessions on the real cache of embedded
 # models and built prompts, as a user's repeated sessions would be.

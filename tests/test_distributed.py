@@ -155,7 +155,7 @@ def schedule_on_two(config, run, collection: list[str]):  # noqa: ANN001, ANN201
 def test_the_longest_points_go_first_to_every_worker(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_sweep=SWEEP_TEST)
     config = pytester.parseconfigure("--tx=2*popen", "--longctx-repeats=2")
-    from pytest_longctx.session.sweep_session import PREPARED_KEY
+    from pytest_longctx.session.activation import PREPARED_KEY
 
     run = config.stash[PREPARED_KEY].run
     collection = ["test_sweep.py::test_regression[len=1Ki]", "test_other.py::test_unrelated"]
@@ -216,7 +216,7 @@ def test_a_gate_item_waits_for_its_lengths_points_from_other_workers(
     import time
 
     from pytest_longctx.core.records import Record
-    from pytest_longctx.session.sweep_session import PREPARED_KEY
+    from pytest_longctx.session.activation import PREPARED_KEY
     from pytest_longctx.session.workers import wait_for_length
 
     pytester.makepyfile(test_sweep=SWEEP_TEST)
@@ -265,8 +265,8 @@ def test_a_dead_workers_queue_goes_back_before_the_gate_items(pytester: pytest.P
     """Re-queued points behind gate items would leave the gate waiting for them forever."""
     pytester.makepyfile(test_sweep=SWEEP_TEST)
     config = pytester.parseconfigure("--tx=1*popen", "--longctx-to=2Ki", "--longctx-repeats=2")
+    from pytest_longctx.session.activation import PREPARED_KEY
     from pytest_longctx.session.scheduling import LongestFirstScheduling
-    from pytest_longctx.session.sweep_session import PREPARED_KEY
 
     run = config.stash[PREPARED_KEY].run
     collection = [f"t.py::test_prefill_decode[{p.id}]" for p in run.plan.points]
@@ -287,9 +287,9 @@ def test_a_dead_workers_queue_goes_back_before_the_gate_items(pytester: pytest.P
 
 
 def test_a_point_whose_worker_died_is_recorded_once(pytester: pytest.Pytester) -> None:
+    from pytest_longctx.session.activation import PREPARED_KEY
     from pytest_longctx.session.controller import Controller
     from pytest_longctx.session.outputs import REPORT_ATTRIBUTE
-    from pytest_longctx.session.sweep_session import PREPARED_KEY
 
     pytester.makepyfile(test_sweep=SWEEP_TEST)
     config = pytester.parseconfigure("--longctx-to=2Ki")

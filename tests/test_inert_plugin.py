@@ -3,6 +3,7 @@ collects no sweep item must be exactly what it would be without it."""
 
 from __future__ import annotations
 
+import ast
 import re
 
 import pytest
@@ -76,6 +77,44 @@ def test_under_xdist_a_session_without_a_sweep_is_untouched(pytester: pytest.Pyt
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2")
     result.assert_outcomes(passed=3)
     assert not (pytester.path / "reports").exists()
+
+
+#: Prints which heavy modules the session imported: the measurement's HTTP client and numpy,
+#: the reports' plotting, and the sweep's own session modules.
+IMPORTS = """
+import sys
+
+WATCHED = (
+    "numpy", "httpx", "httpcore", "matplotlib",
+    "pytest_longctx.session.sweep_session",
+    "pytest_longctx.measure.point", "pytest_longctx.client", "pytest_longctx.reporting",
+)
+
+
+def test_imports():
+    print("IMPORTED", sorted(name for name in WATCHED if name in sys.modules))
+"""
+
+
+def test_a_session_without_a_sweep_imports_no_measurement(pytester: pytest.Pytester) -> None:
+    """The plugin loads in every session: without a sweep it adds none of the modules that
+    measure and report (what other installed plugins import is theirs, and the same both
+    ways)."""
+    pytester.makepyfile(test_ordinary=IMPORTS)
+    pytester.makeini(INI)
+
+    def imported(*args: str) -> list[str]:
+        result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-s", *args)
+        said = result.stdout.str()
+        assert result.ret == 0, said + result.stderr.str()
+        return ast.literal_eval(said.split("IMPORTED ", 1)[1].splitlines()[0])
+
+    with_plugin = imported()
+    assert "numpy" not in with_plugin and "httpx" not in with_plugin, with_plugin
+    assert with_plugin == imported("-p", "no:pytest_longctx"), with_plugin
+    # the fixtures are there all the same (a test of the user's own may ask for them)
+    listed = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--fixtures")
+    assert "longctx_measure" in listed.stdout.str()
 
 
 #: Each phase's SIGTERM, SIGHUP and SIGINT handlers, as whether each is Python's own (SIG_DFL;

@@ -245,7 +245,7 @@ def test_under_xdist_the_interference_points_follow_every_cold_one(
     worker starts the interference points' server once."""
     from test_distributed import schedule_on_two
 
-    from pytest_longctx.session.sweep_session import PREPARED_KEY
+    from pytest_longctx.session.activation import PREPARED_KEY
 
     pytester.makepyfile(test_sweep=SWEEP_TEST)
     config = pytester.parseconfigure("--tx=2*popen", "--longctx-to=4Ki", LOAD)

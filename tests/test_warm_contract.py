@@ -284,7 +284,7 @@ def test_a_cold_point_and_its_follow_ups_go_to_one_worker_together(
 ) -> None:
     pytester.makepyfile(test_sweep=SWEEP_TEST)
     config = pytester.parseconfigure("--tx=2*popen", "--longctx-to=4Ki", WARM)
-    from pytest_longctx.session.sweep_session import PREPARED_KEY
+    from pytest_longctx.session.activation import PREPARED_KEY
 
     run = config.stash[PREPARED_KEY].run
     collection = [f"test_sweep.py::test_prefill_decode[{p.id}]" for p in run.plan.points]

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from pytest_longctx.core.records import Record
-from pytest_longctx.session import sweep_session
+from pytest_longctx.session import activation
 from pytest_longctx.session.items import point_of_nodeid, record_identity
 from pytest_longctx.session.outputs import REPORT_ATTRIBUTE, after_record
 from pytest_longctx.session.restarts import HANDED_BACK_ATTRIBUTE
@@ -58,7 +58,7 @@ class Controller:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Keep the records the workers appended (they travel on their reports); a point a
         worker handed back goes to the others."""
-        if sweep_session.active(self.config) is None:
+        if activation.active(self.config) is None:
             return
         node = getattr(report, "node", None)
         if getattr(report, HANDED_BACK_ATTRIBUTE, None) and self.scheduler and node is not None:
@@ -93,7 +93,7 @@ class Controller:
         if not points:
             return
         self.run.selected_points = points
-        sweep_session.activate(self.config, self.session)
+        activation.activate(self.config, self.session)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: object) -> None:

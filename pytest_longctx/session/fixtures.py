@@ -4,19 +4,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pytest
 
-from pytest_longctx.client import CompletionClient
 from pytest_longctx.core.records import Record
-from pytest_longctx.measure.point import PointFailure, PointMeasurement, UnverifiedPoint, client_for
-from pytest_longctx.measure.target import ServerError, ServerInfo
+from pytest_longctx.measure.target import ServerInfo
 from pytest_longctx.plan.sweep import Point
-from pytest_longctx.prompts import Prompt, PromptBuilder, PromptError
-from pytest_longctx.session import gate_items, points, restarts, sweep_session
-from pytest_longctx.session import server as session_server
+from pytest_longctx.session import gate_items
+from pytest_longctx.session.activation import activate
 from pytest_longctx.session.run import Run
-from pytest_longctx.session.stash import MEASUREMENT_KEY
+
+if TYPE_CHECKING:  # annotations only: a session without a sweep imports none of these
+    from pytest_longctx.client import CompletionClient
+    from pytest_longctx.measure.point import PointMeasurement
+    from pytest_longctx.prompts import Prompt, PromptBuilder
 
 
 @pytest.fixture(scope="session")
@@ -25,39 +27,32 @@ def longctx_run(pytestconfig: pytest.Config) -> Run:
 
     Asking for it starts the sweep's part of the session, as collecting a sweep item does: a
     test that only needs the server (``longctx_server``) gets the same run."""
-    return sweep_session.activate(pytestconfig).run
+    return activate(pytestconfig).run
 
 
 @pytest.fixture(scope="session")
 def longctx_server(pytestconfig: pytest.Config, longctx_run: Run) -> Iterator[ServerInfo]:
     """The server, launched from the profile or attached by URL, once per session, warmed up."""
-    try:
-        info = session_server.start(pytestconfig)
-        points.warm_up(longctx_run, info)
-    except ServerError as exc:
-        session_server.stop(pytestconfig)
-        raise restarts.failed(exc) from None
-    yield info
-    session_server.stop(pytestconfig)
+    sweep = activate(pytestconfig)
+    yield sweep.start_server()
+    sweep.stop_server()
 
 
 @pytest.fixture(scope="session")
-def longctx_client(longctx_server: ServerInfo, longctx_run: Run) -> Iterator[CompletionClient]:
+def longctx_client(
+    pytestconfig: pytest.Config, longctx_server: ServerInfo, longctx_run: Run
+) -> Iterator[CompletionClient]:
     """A streaming client bound to the session's server."""
-    with client_for(longctx_server, longctx_run.settings.tcp_keepalive_s) as client:
+    with activate(pytestconfig).client(longctx_server) as client:
         yield client
 
 
 @pytest.fixture(scope="session")
-def longctx_prompts(longctx_run: Run, longctx_server: ServerInfo) -> PromptBuilder:
+def longctx_prompts(
+    pytestconfig: pytest.Config, longctx_run: Run, longctx_server: ServerInfo
+) -> PromptBuilder:
     """Builds exact-length prompts with the served model's tokenizer."""
-    builder = points.prompt_builder(longctx_run, longctx_server)
-    if longctx_run.settings.prompt_format == "text":
-        try:
-            builder.check_text_prompts()
-        except PromptError as exc:  # one usage error, not one failure per item
-            pytest.exit(str(exc), returncode=pytest.ExitCode.USAGE_ERROR)
-    return builder
+    return activate(pytestconfig).prompt_builder(longctx_server)
 
 
 @pytest.fixture
@@ -83,8 +78,7 @@ def longctx_prompt(
     if recorded is not None:
         return RecordedPrompt(recorded.length, recorded.prompt_tokens or 0)
     builder: PromptBuilder = request.getfixturevalue("longctx_prompts")
-    restarts.before_point(request.config, longctx_run, longctx_point)  # the server may build it
-    return points.build_prompt(longctx_run, builder, longctx_point)
+    return activate(request.config).prompt(builder, longctx_point)
 
 
 @pytest.fixture
@@ -97,30 +91,13 @@ def longctx_measure(
     read; what the counts must be (exact, cold, alone) is the calling test's to assert, as
     ``test_prefill_decode`` does.
     """
+    sweep = activate(request.config)
     recorded = longctx_run.resumed.get(longctx_point)
     if recorded is not None:
-        return lambda prompt: PointMeasurement.from_record(recorded)
+        return sweep.recorded_measurement(recorded)
     server: ServerInfo = request.getfixturevalue("longctx_server")
     client = request.getfixturevalue("longctx_client")
-    restarts.before_point(request.config, longctx_run, longctx_point)
-
-    def run_measurement(prompt: Prompt) -> PointMeasurement:
-        try:
-            result = points.measure(longctx_run, server, client, longctx_point, prompt)
-        except UnverifiedPoint as exc:
-            request.node.stash[MEASUREMENT_KEY] = exc.measurement  # its figures stay recorded
-            raise
-        except PointFailure as exc:
-            if exc.sent or not restarts.server_down(longctx_run):
-                restarts.after_failure(longctx_run, longctx_point, exc)
-                raise
-            # Never sent: the server died just before it. Measured after the relaunch.
-            restarts.before_point(request.config, longctx_run, longctx_point)
-            return run_measurement(prompt)
-        request.node.stash[MEASUREMENT_KEY] = result
-        return result
-
-    return run_measurement
+    return sweep.measurement(request.node, longctx_point, server, client)
 
 
 @pytest.fixture(scope="session")

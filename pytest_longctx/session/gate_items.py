@@ -13,7 +13,6 @@ import pytest
 from pytest_longctx import gate
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
-from pytest_longctx.reporting import gate_report
 from pytest_longctx.session.run import Run
 
 TOLERANCE_OPTION = "--longctx-tolerance"
@@ -155,20 +154,3 @@ def summary_lines(run: Run) -> list[str]:
             + ", ".join(format_size(n) for n in unmeasured)
         )
     return lines
-
-
-def report_view(run: Run, records: list[Record]) -> gate_report.GateView | None:
-    """The gate as the session's reports show it: the lengths this session selected."""
-    state: gate.GateState | None = getattr(run, "gate", None)
-    if state is None:
-        return None
-    return gate_report.build_view(
-        state.baseline,
-        records,
-        state.tolerances,
-        level=state.level,
-        lengths={point.length for point in run.selected_points},
-        force=run.settings.baseline_force,
-        baseline_label=str(run.settings.baseline),
-        tolerance_source=state.tolerance_source,
-    )

@@ -19,10 +19,7 @@ from pytest_longctx.profiles import ProfileError
 from pytest_longctx.session import resume
 from pytest_longctx.session.run import Run
 from pytest_longctx.session.selection import Comparison
-from pytest_longctx.session.stash import CAPACITY_KEY
-
-POINT_FIXTURE = "longctx_point"
-REGRESSION_FIXTURE = "longctx_regression_length"
+from pytest_longctx.session.stash import CAPACITY_KEY, POINT_FIXTURE, REGRESSION_FIXTURE
 
 
 def _marks(point: Point, bands: tuple[str, ...], comparisons: tuple[Comparison, ...]) -> list:
@@ -45,11 +42,6 @@ def _marks(point: Point, bands: tuple[str, ...], comparisons: tuple[Comparison, 
         if c.holds(point.length, point.repeat)
     ]
     return marks
-
-
-def uses_the_sweep(fixturenames: list[str] | tuple[str, ...]) -> bool:
-    """Whether a test function is a sweep item (a point or a gate item)."""
-    return POINT_FIXTURE in fixturenames or REGRESSION_FIXTURE in fixturenames
 
 
 def parametrize(metafunc: pytest.Metafunc, run: Run, comparisons: tuple[Comparison, ...]) -> None:

@@ -146,16 +146,33 @@ def finish(config: pytest.Config) -> None:
         records,
         run.run_dir,
         title=_title(run),
-        gate=gate_items.report_view(run, records),
+        gate=gate_report_view(run, records),
         html=False,  # pytest-html writes report.html, with its table of the session's tests
     )
     run.plot_paths = [path for path in written if path.suffix == ".png" and path.name != GATE_PLOT]
     hand_to_pytest_benchmark(config, records)
 
 
+def gate_report_view(run: Run, records: list[Record]) -> gate_report.GateView | None:
+    """The gate as the session's reports show it: the lengths this session selected."""
+    state = run.gate
+    if state is None:
+        return None
+    return gate_report.build_view(
+        state.baseline,
+        records,
+        state.tolerances,
+        level=state.level,
+        lengths={point.length for point in run.selected_points},
+        force=run.settings.baseline_force,
+        baseline_label=str(run.settings.baseline),
+        tolerance_source=state.tolerance_source,
+    )
+
+
 def _gate_view(run: Run, records: list[Record]) -> gate_report.GateView | None:
     """The gate with the chart :func:`finish` drew, for pytest-html's summary."""
-    gate = gate_items.report_view(run, records)
+    gate = gate_report_view(run, records)
     chart = run.run_dir / GATE_PLOT
     if gate is None or not chart.is_file():
         return gate

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 import time
@@ -44,39 +43,9 @@ from pytest_longctx.serving.vllm_command import (
     cluster_commands,
     redact_env,
 )
+from pytest_longctx.session.api_key import API_KEY_ENV_FOR_VLLM, api_key, api_key_env_name
 from pytest_longctx.session.run import Run
 from pytest_longctx.session.stash import RUN_KEY
-
-API_KEY_ENV_FOR_VLLM = "VLLM_API_KEY"
-
-
-def api_key_env_name(run: Run) -> str | None:
-    return run.settings.api_key_env or run.plan.profile.serving.api_key_env
-
-
-class ApiKeyError(ValueError):
-    """The variable named to hold the API key is not set."""
-
-
-def check_api_key_env(run: Run) -> None:
-    """A named key variable must be set before anything starts (a plan needs no key)."""
-    name = api_key_env_name(run)
-    if name is None or run.settings.plan_only or name in os.environ:
-        return
-    where = (
-        f"--longctx-api-key-env={name}"
-        if run.settings.api_key_env
-        else f"profile {run.plan.profile.name}'s [serving] api_key_env = {name!r}"
-    )
-    raise ApiKeyError(
-        f"{where}: ${name} is not set; expected the name of an environment variable that "
-        "holds the server's API key"
-    )
-
-
-def api_key(run: Run) -> str | None:
-    name = api_key_env_name(run)
-    return os.environ.get(name) if name else None
 
 
 def model_location(profile: Profile, build: bool) -> str:

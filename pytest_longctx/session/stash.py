@@ -1,4 +1,5 @@
-"""Keys of what the plugin keeps on the config and on items, instead of globals."""
+"""Keys of what the plugin keeps on the config and on items, instead of globals, and the
+parameters that make an item a sweep item."""
 
 from __future__ import annotations
 
@@ -12,3 +13,8 @@ COMPARISONS_KEY = pytest.StashKey["tuple[Comparison, ...]"]()
 MEASUREMENT_KEY = pytest.StashKey[Any]()
 #: On a sweep item: the fitted-or-not capacity verdict.
 CAPACITY_KEY = pytest.StashKey[Any]()
+#: Set once the sweep's lines of pytest's header are printed (at the start, or after collection).
+HEADER_SHOWN_KEY = pytest.StashKey[bool]()
+#: The parameter of a sweep point's item, and of a gate item (``callspec.params`` keys).
+POINT_FIXTURE = "longctx_point"
+REGRESSION_FIXTURE = "longctx_regression_length"

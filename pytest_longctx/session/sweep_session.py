@@ -1,122 +1,56 @@
 """The sweep's part of a pytest session: one object, registered only once there is a sweep.
 
-pytest-longctx is a ``pytest11`` plugin, so it loads in every session of its environment.
-Until a session collects a sweep item (a test using ``longctx_point`` or the gate's
-``longctx_regression_length``), or asks for ``--longctx-plan``, the plugin only adds its
-options, markers and fixtures: it installs no signal handler, creates no folder, changes no
-option of another plugin and rewrites no ``-m``/``-k``. :func:`activate` is the one switch,
-the way pytest-xdist registers its ``DSession`` only when distribution is asked for.
-
-What the options say is still read and checked when the session is configured
-(:func:`prepare`), so a bad option stops the session before collection, with or without a sweep;
-reading them changes nothing.
+:func:`pytest_longctx.session.activation.activate` registers it (see there for when); its
+hooks act on the run it owns, and the plugin's fixtures hand a sweep item what its methods
+give (the server, the client, prompts, the measurement).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import pytest
 
+from pytest_longctx.client import CompletionClient
+from pytest_longctx.core.records import Record
+from pytest_longctx.measure.point import PointFailure, PointMeasurement, UnverifiedPoint, client_for
+from pytest_longctx.measure.target import ServerError, ServerInfo
 from pytest_longctx.plan import capacity_check
-from pytest_longctx.plan.sweep import PlanError, build_plan
-from pytest_longctx.profiles import ProfileError, load_profile
+from pytest_longctx.plan.sweep import Point
+from pytest_longctx.prompts import Prompt, PromptBuilder, PromptError
+from pytest_longctx.session import items as sweep_items
 from pytest_longctx.session import (
-    gate_items,
     live_progress,
     outputs,
+    points,
     recorder,
+    restarts,
     selection,
     server,
     workers,
 )
-from pytest_longctx.session import items as sweep_items
 from pytest_longctx.session.live_progress import ControllerProgress
-from pytest_longctx.session.options import read_settings
-from pytest_longctx.session.run import ResumeError, Run
+from pytest_longctx.session.run import Run
 from pytest_longctx.session.signals import SessionSignals
-from pytest_longctx.session.stash import COMPARISONS_KEY, RUN_KEY
+from pytest_longctx.session.stash import HEADER_SHOWN_KEY, MEASUREMENT_KEY
 
 
-@dataclass(frozen=True)
-class PreparedSweep:
-    """What the options describe, read and checked at configure time; nothing started."""
-
-    run: Run
-    selection: selection.Selection
-
-
-PREPARED_KEY = pytest.StashKey[PreparedSweep]()
-SESSION_KEY = pytest.StashKey["SweepSession"]()
-#: Set once the sweep's header lines are printed (at the start, or after collection).
-HEADER_SHOWN_KEY = pytest.StashKey[bool]()
-
-
-def prepare(config: pytest.Config) -> PreparedSweep:
-    """Read the options into a run; a usage error naming the option for anything bad."""
-    try:
-        chosen = selection.read_selection(config)
-        settings = read_settings(config)
-        plan = build_plan(settings, load_profile(settings.profile))
-        run = Run.create(settings, plan, config.rootpath, workers.run_from_controller(config))
-        run.servers = workers.split(config, run)
-        run.worker = workers.worker_id(config)
-        run.slot = workers.own_slot(config, run)
-        run.started_at = workers.session_started_at(config)
-        server.check_api_key_env(run)
-        gate_items.configure(run)
-    except (
-        selection.SelectionError,
-        ProfileError,
-        PlanError,
-        ResumeError,
-        server.ApiKeyError,
-    ) as exc:
-        raise pytest.UsageError(str(exc)) from None
-    selection.register_markers(config, chosen)
-    prepared = PreparedSweep(run, chosen)
-    config.stash[PREPARED_KEY] = prepared
-    return prepared
-
-
-def prepared(config: pytest.Config) -> PreparedSweep:
-    return config.stash[PREPARED_KEY]
-
-
-def header(config: pytest.Config) -> list[str]:
+def header(config: pytest.Config, run: Run) -> list[str]:
     """The sweep's lines of pytest's header (profile, server, lengths, run), printed once."""
     config.stash[HEADER_SHOWN_KEY] = True
-    return outputs.report_header(prepared(config).run)
+    return outputs.report_header(run)
 
 
-def late_header(config: pytest.Config) -> list[str]:
+def late_header(config: pytest.Config, run: Run) -> list[str]:
     """The header's lines for a sweep only its collection revealed (``pytest test_sweep.py``,
     no option or ini key named it): once, and only where pytest prints a header at all."""
     if config.stash.get(HEADER_SHOWN_KEY, False):
         return []
     if config.option.verbose < 0 or getattr(config.option, "no_header", False):
         return []
-    return header(config)
-
-
-def active(config: pytest.Config) -> SweepSession | None:
-    return config.stash.get(SESSION_KEY, None)
-
-
-def activate(config: pytest.Config, session: pytest.Session | None = None) -> SweepSession:
-    """Register the sweep's session object (once); from here the plugin acts."""
-    current = active(config)
-    if current is not None:
-        return current
-    ready = prepared(config)
-    sweep = SweepSession(config, ready.run, ready.selection)
-    config.stash[SESSION_KEY] = sweep
-    config.stash[RUN_KEY] = ready.run
-    config.stash[COMPARISONS_KEY] = ready.selection.comparisons
-    config.pluginmanager.register(sweep, "longctx-sweep")
-    sweep.start(session)
-    return sweep
+    return header(config, run)
 
 
 class SweepSession:
@@ -142,7 +76,7 @@ class SweepSession:
         selection.apply_selection(self.config, self.selection)
         self.follower = live_progress.start(self.config, self.run, self.on_controller)
         if self.on_controller and session is not None:  # xdist: the workers collected
-            lines = late_header(self.config)
+            lines = late_header(self.config, self.run)
             reporter = self.config.pluginmanager.get_plugin("terminalreporter")
             if reporter is not None:
                 for line in lines:
@@ -162,7 +96,73 @@ class SweepSession:
         if self.run.signals is not None:
             self.run.signals.restore()
 
+    # -- what the fixtures hand a sweep item (session/fixtures.py) --------------------------
+
+    def start_server(self) -> ServerInfo:
+        """The server, launched from the profile or attached by URL, warmed up; a failure
+        fails the item that asked for it, with the reason."""
+        try:
+            info = server.start(self.config)
+            points.warm_up(self.run, info)
+        except ServerError as exc:
+            server.stop(self.config)
+            raise restarts.failed(exc) from None
+        return info
+
+    def stop_server(self) -> None:
+        server.stop(self.config)
+
+    def client(self, info: ServerInfo) -> AbstractContextManager[CompletionClient]:
+        return client_for(info, self.run.settings.tcp_keepalive_s)
+
+    def prompt_builder(self, info: ServerInfo) -> PromptBuilder:
+        builder = points.prompt_builder(self.run, info)
+        if self.run.settings.prompt_format == "text":
+            try:
+                builder.check_text_prompts()
+            except PromptError as exc:  # one usage error, not one failure per item
+                pytest.exit(str(exc), returncode=pytest.ExitCode.USAGE_ERROR)
+        return builder
+
+    def prompt(self, builder: PromptBuilder, point: Point) -> Prompt:
+        restarts.before_point(self.config, self.run, point)  # the server may build it
+        return points.build_prompt(self.run, builder, point)
+
+    def recorded_measurement(self, record: Record) -> Callable[[Prompt], PointMeasurement]:
+        """A resumed point's measurement: its record, not a request."""
+        return lambda prompt: PointMeasurement.from_record(record)
+
+    def measurement(
+        self, item: pytest.Item, point: Point, info: ServerInfo, client: CompletionClient
+    ) -> Callable[[Prompt], PointMeasurement]:
+        """Measures one prompt of ``point``; what it produced is kept on ``item`` for its
+        record, figures included when the point fails."""
+        run = self.run
+        restarts.before_point(self.config, run, point)
+
+        def run_measurement(prompt: Prompt) -> PointMeasurement:
+            try:
+                result = points.measure(run, info, client, point, prompt)
+            except UnverifiedPoint as exc:
+                item.stash[MEASUREMENT_KEY] = exc.measurement  # its figures stay recorded
+                raise
+            except PointFailure as exc:
+                if exc.sent or not restarts.server_down(run):
+                    restarts.after_failure(run, point, exc)
+                    raise
+                # Never sent: the server died just before it. Measured after the relaunch.
+                restarts.before_point(self.config, run, point)
+                return run_measurement(prompt)
+            item.stash[MEASUREMENT_KEY] = result
+            return result
+
+        return run_measurement
+
     # -- collection ------------------------------------------------------------------------
+
+    def parametrize(self, metafunc: pytest.Metafunc) -> None:
+        """A sweep test's items: one per point, or per length for the gate's."""
+        sweep_items.parametrize(metafunc, self.run, self.selection.comparisons)
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(
@@ -173,7 +173,7 @@ class SweepSession:
         self.points_selected(session)
 
     def pytest_report_collectionfinish(self, config: pytest.Config) -> list[str]:
-        return late_header(config)
+        return late_header(config, self.run)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool | None:
