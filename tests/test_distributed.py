@@ -180,6 +180,36 @@ def test_the_longest_points_go_first_to_every_worker(pytester: pytest.Pytester) 
     assert a.shutting_down and b.shutting_down
 
 
+def test_a_workers_run_is_created_with_its_place_in_the_campaign(
+    pytester: pytest.Pytester,
+) -> None:
+    """What the controller hands a worker (its slot, the run's start, a split error) is the
+    worker's run from its creation on, not patched in afterwards."""
+    from pytest_longctx.session import workers
+    from pytest_longctx.session.activation import PREPARED_KEY
+    from pytest_longctx.session.run import Run
+
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    config = pytester.parseconfigure("--longctx-to=2Ki")
+    settings, plan = config.stash[PREPARED_KEY].run.settings, config.stash[PREPARED_KEY].run.plan
+    serial = workers.place(config, settings, plan)
+    assert (serial.worker, serial.split_error, serial.started_at) == (None, None, None)
+    assert serial.slot == serial.servers[0]
+    config.workerinput = {  # what pytest_configure_node hands worker gw1
+        "workerid": "gw1",
+        workers.RUN_ID_KEY: "20260101T000000Z-abcdef",
+        workers.STARTED_KEY: 1234.5,
+        workers.SPLIT_ERROR_KEY: "no room for two servers",
+        workers.SLOT_KEY: {"index": 1, "endpoint": "http://127.0.0.1:9", "cores": [3]},
+    }
+    placement = workers.place(config, settings, plan)
+    run = Run.create(settings, plan, pytester.path, workers.run_from_controller(config), placement)
+    assert (run.run_id, run.worker, run.started_at) == ("20260101T000000Z-abcdef", "gw1", 1234.5)
+    assert run.split_error == "no room for two servers"
+    assert (run.slot.index, run.slot.endpoint, run.slot.cores) == (1, "http://127.0.0.1:9", (3,))
+    assert run.server_name == "server-gw1"
+
+
 needs_two_cores = pytest.mark.skipif(
     len(os.sched_getaffinity(0)) < 2, reason="two launched CPU servers need two cores"
 )

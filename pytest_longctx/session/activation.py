@@ -61,11 +61,13 @@ def prepare(config: pytest.Config) -> PreparedSweep:
         chosen = selection.read_selection(config)
         settings = read_settings(config)
         plan = build_plan(settings, load_profile(settings.profile))
-        run = Run.create(settings, plan, config.rootpath, workers.run_from_controller(config))
-        run.servers = workers.split(config, run)
-        run.worker = workers.worker_id(config)
-        run.slot = workers.own_slot(config, run)
-        run.started_at = workers.session_started_at(config)
+        run = Run.create(
+            settings,
+            plan,
+            config.rootpath,
+            workers.run_from_controller(config),
+            workers.place(config, settings, plan),
+        )
         check_api_key_env(run)
         gate_items.configure(run)
     except (

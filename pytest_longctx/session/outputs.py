@@ -26,7 +26,6 @@ from pytest_longctx.reporting.pipeline import write_reports
 from pytest_longctx.reporting.reuse import terminal_table as reuse_terminal_table
 from pytest_longctx.session import gate_items
 from pytest_longctx.session.run import Run
-from pytest_longctx.session.stash import RUN_KEY
 
 #: What pytest-benchmark raises from its summary when ``--benchmark-compare-fail`` trips.
 BenchmarkRegression = PerformanceRegression
@@ -53,7 +52,7 @@ def open_html_page(session: pytest.Session, run: Run) -> None:
     into pytest-html; ``tests/test_browser.py`` renders the page it makes.
     """
     config = session.config
-    _add_to_metadata_table(config)
+    _add_to_metadata_table(config, run)
     if not _may_run_sweep(config) or not config.pluginmanager.hasplugin("html"):
         return
     if getattr(config.option, "htmlpath", None) is None:
@@ -71,21 +70,18 @@ def open_html_page(session: pytest.Session, run: Run) -> None:
                 plugin.pytest_sessionstart(session)
 
 
-def _add_to_metadata_table(config: pytest.Config) -> None:
+def _add_to_metadata_table(config: pytest.Config, run: Run) -> None:
     """pytest-metadata fills its table when it is configured, before a sweep is known: the
     sweep's setup is added to it when the sweep starts."""
     with contextlib.suppress(ImportError):
         from pytest_metadata.plugin import metadata_key
 
         if metadata_key in config.stash:
-            describe_environment(config, config.stash[metadata_key])
+            describe_environment(run, config.stash[metadata_key])
 
 
-def describe_environment(config: pytest.Config, metadata: dict) -> None:
+def describe_environment(run: Run, metadata: dict) -> None:
     """The sweep's setup in pytest-metadata's table (pytest-html's Environment section)."""
-    run = config.stash.get(RUN_KEY, None)
-    if run is None:
-        return
     metadata["longctx run"] = run.run_id
     for name, words in describe_sweep(run).items():
         metadata[f"longctx {name}"] = words
@@ -136,10 +132,9 @@ def _title(run: Run) -> str:
     return f"Long-context sweep {run.run_id} ({run.plan.profile.name})"
 
 
-def finish(config: pytest.Config) -> None:
+def finish(config: pytest.Config, run: Run) -> None:
     """Runs before pytest-benchmark saves and before pytest-html writes its page."""
-    run = config.stash.get(RUN_KEY, None)
-    if run is None or run.worker is not None or not (run.written or run.resumed):
+    if run.worker is not None or not (run.written or run.resumed):
         return
     records = run.all_records()
     written = write_reports(
@@ -179,10 +174,9 @@ def _gate_view(run: Run, records: list[Record]) -> gate_report.GateView | None:
     return gate.with_plot(chart)
 
 
-def write_index(config: pytest.Config) -> None:
+def write_index(run: Run) -> None:
     """After the pages are written: the output root's list of runs, this one included."""
-    run = config.stash.get(RUN_KEY, None)
-    if run is not None and run.worker is None and (run.written or run.resumed):
+    if run.worker is None and (run.written or run.resumed):
         write_run_index(run.output_root)
 
 
@@ -209,10 +203,7 @@ def hand_to_pytest_benchmark(config: pytest.Config, records: list[Record]) -> No
     session.benchmarks.extend(benchmark.metadata() for benchmark in sweep_benchmarks(records))
 
 
-def terminal_summary(terminalreporter, config: pytest.Config) -> None:  # noqa: ANN001
-    run = config.stash.get(RUN_KEY, None)
-    if run is None:
-        return
+def terminal_summary(terminalreporter, run: Run) -> None:  # noqa: ANN001
     for problem in run.problems:
         terminalreporter.write_line(f"pytest-longctx: {problem}", yellow=True)
     if run.capacity_check is not None:
@@ -276,9 +267,8 @@ def html_table_row(report: pytest.TestReport, cells: list[str]) -> None:
     cells[2:2] = html_report.table_row_cells(Record.from_json(data) if data else None)
 
 
-def html_summary(config: pytest.Config, prefix: list[str]) -> None:
-    run = config.stash.get(RUN_KEY, None)
-    if run is None or not (run.written or run.resumed):
+def html_summary(run: Run, prefix: list[str]) -> None:
+    if not (run.written or run.resumed):
         return
     records = run.all_records()
     prefix.append(html_report.summary_fragment(records, run.plot_paths))

@@ -12,7 +12,7 @@ from pytest_longctx.session.items import point_of, record_identity
 from pytest_longctx.session.outputs import REPORT_ATTRIBUTE
 from pytest_longctx.session.restarts import HANDED_BACK_ATTRIBUTE
 from pytest_longctx.session.run import Run
-from pytest_longctx.session.stash import MEASUREMENT_KEY, RUN_KEY
+from pytest_longctx.session.stash import MEASUREMENT_KEY
 
 
 def _reason(call: pytest.CallInfo[None], report: pytest.TestReport) -> str | None:
@@ -84,24 +84,20 @@ def _server_start(run: Run) -> dict:
     return dict(run.starts[-1]) if run.starts else {}
 
 
-def on_item_start(item: pytest.Item) -> None:
-    run = item.config.stash.get(RUN_KEY, None)
+def on_item_start(run: Run, item: pytest.Item) -> None:
     point = point_of(item)
-    if run is None or point is None or run.settings.plan_only or point in run.resumed:
+    if point is None or run.settings.plan_only or point in run.resumed:
         return
     run.in_flight = (item.nodeid, point, time.time())
 
 
-def on_item_end(item: pytest.Item) -> None:
-    run = item.config.stash.get(RUN_KEY, None)
-    if run is not None:
-        run.in_flight = None
+def on_item_end(run: Run) -> None:
+    run.in_flight = None
 
 
-def record_interrupted(config: pytest.Config) -> None:
+def record_interrupted(config: pytest.Config, run: Run) -> None:
     """The point a stopped session was measuring: kept as interrupted, measured on resume."""
-    run = config.stash.get(RUN_KEY, None)
-    if run is None or run.in_flight is None:
+    if run.in_flight is None:
         return
     nodeid, point, started = run.in_flight
     run.in_flight = None
@@ -124,11 +120,12 @@ def record_interrupted(config: pytest.Config) -> None:
     config.hook.pytest_longctx_record(config=config, record=record)
 
 
-def on_report(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport) -> None:
+def on_report(
+    run: Run, item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport
+) -> None:
     config = item.config
-    run = config.stash.get(RUN_KEY, None)
     point = point_of(item)
-    if run is None or point is None or run.settings.plan_only:
+    if point is None or run.settings.plan_only:
         return
     if point in run.resumed:
         if report.when == "call":

@@ -69,9 +69,23 @@ def end_last_line(path: Path) -> None:
             handle.write(b"\n")
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where a session stands in its campaign, known when it is configured: the servers, the
+    one it measures, its pytest-xdist worker id and the campaign's start."""
+
+    #: See :class:`Placement` (given to :meth:`create`).
+    servers: tuple[ServerSlot, ...] = (ServerSlot(0),)
+    slot: ServerSlot = ServerSlot(0)
+    worker: str | None = None
+    split_error: str | None = None
+    started_at: float | None = None
+
+
 @dataclass
 class Run:
-    """Mutable state of a session, kept in ``config.stash``."""
+    """A session's run: what it is (settings, plan, folder, placement), fixed at creation, and
+    what it learns as it goes (the server, records, starts), filled in by the session."""
 
     settings: Settings
     plan: SweepPlan
@@ -108,15 +122,11 @@ class Run:
     in_flight: tuple[str, Point, float] | None = None
     #: SIGTERM/SIGHUP turned into Ctrl-C for this session (signals.py).
     signals: SessionSignals | None = None
-    #: The campaign's servers, one per pytest-xdist worker (one in a serial session).
+    #: See :class:`Placement` (given to :meth:`create`).
     servers: tuple[ServerSlot, ...] = (ServerSlot(0),)
-    #: The server this session measures (a worker's own slot under xdist).
     slot: ServerSlot = ServerSlot(0)
-    #: The pytest-xdist worker id, or None in a serial session and on the controller.
     worker: str | None = None
-    #: Why the machine cannot give each worker a server of its own (then no server starts).
     split_error: str | None = None
-    #: When the campaign's session started (the controller's clock, under xdist).
     started_at: float | None = None
     #: Progress inside points: display, progress.json, the ETA model (progress.py).
     progress: WatchFactory | None = None
@@ -151,20 +161,36 @@ class Run:
         plan: SweepPlan,
         rootdir: Path,
         controller_run: tuple[str, bool] | None = None,
+        placement: Placement = Placement(),
     ) -> Run:
         """A new or resumed run; on a pytest-xdist worker, the controller's (id, resumed)."""
         output_root = (
             settings.output if settings.output.is_absolute() else rootdir / settings.output
         )
+
+        def new(run_id: str, run_dir: Path) -> Run:
+            return cls(
+                settings,
+                plan,
+                output_root,
+                run_id,
+                run_dir,
+                servers=placement.servers,
+                slot=placement.slot,
+                worker=placement.worker,
+                split_error=placement.split_error,
+                started_at=placement.started_at,
+            )
+
         if controller_run is not None:
             run_id, resumed = controller_run
-            run = cls(settings, plan, output_root, run_id, output_root / run_id)
+            run = new(run_id, output_root / run_id)
             if resumed and run.results_path.exists():
                 run._read_resumed()
             return run
         if settings.resume:
             run_dir = resolve_resume(output_root, settings.resume)
-            run = cls(settings, plan, output_root, run_dir.name, run_dir)
+            run = new(run_dir.name, run_dir)
             previous = read_records(run.results_path)
             run.problems.extend(previous.problems)
             profiles = {r.fingerprint.get("profile") for r in previous.records} - {None}
@@ -177,7 +203,7 @@ class Run:
             run._read_resumed(previous.records)
             return run
         run_id = new_run_id()
-        return cls(settings, plan, output_root, run_id, output_root / run_id)
+        return new(run_id, output_root / run_id)
 
     def _read_resumed(self, records: list[Record] | None = None) -> None:
         if records is None:

@@ -186,15 +186,15 @@ class SweepSession:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None):
-        recorder.on_item_start(item)
+        recorder.on_item_start(self.run, item)
         result = yield
-        recorder.on_item_end(item)
+        recorder.on_item_end(self.run)
         return result
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]):
         report = yield
-        recorder.on_report(item, call, report)
+        recorder.on_report(self.run, item, call, report)
         return report
 
     def pytest_longctx_fingerprint(self, config: pytest.Config, fingerprint: dict) -> None:
@@ -206,11 +206,11 @@ class SweepSession:
     # sweep's benchmarks are handed to it here) and pytest-html writes the page with the plots.
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int):
-        recorder.record_interrupted(self.config)
+        recorder.record_interrupted(self.config, self.run)
         live_progress.finish(self.run, self.follower)
-        outputs.finish(self.config)
+        outputs.finish(self.config, self.run)
         result = yield
-        outputs.write_index(self.config)  # after pytest-html's page: the index links it
+        outputs.write_index(self.run)  # after pytest-html's page: the index links it
         return result
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
@@ -237,7 +237,7 @@ class SweepSession:
             )
             return None
         finally:
-            outputs.terminal_summary(terminalreporter, config)
+            outputs.terminal_summary(terminalreporter, self.run)
             live_progress.summary(terminalreporter, self.run)
 
     # -- pytest-html, pytest-metadata ------------------------------------------------------
@@ -256,11 +256,11 @@ class SweepSession:
     def pytest_html_results_summary(
         self, prefix: list[str], summary: list[str], postfix: list[str], session: pytest.Session
     ) -> None:
-        outputs.html_summary(session.config, prefix)
+        outputs.html_summary(self.run, prefix)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_metadata(self, metadata: dict, config: pytest.Config) -> None:
-        outputs.describe_environment(config, metadata)
+        outputs.describe_environment(self.run, metadata)
 
 
 def print_plan(session: pytest.Session, run: Run) -> None:

@@ -20,9 +20,10 @@ from pytest_longctx.plan.servers import (
     ServerSplitError,
     split_servers,
 )
-from pytest_longctx.plan.sweep import Point
+from pytest_longctx.plan.settings import Settings
+from pytest_longctx.plan.sweep import Point, SweepPlan
 from pytest_longctx.profiles.hardware import core_siblings
-from pytest_longctx.session.run import Run
+from pytest_longctx.session.run import Placement, Run
 
 RUN_ID_KEY = "longctx_run_id"
 STARTED_KEY = "longctx_started_at"
@@ -59,26 +60,42 @@ def run_from_controller(config: pytest.Config) -> tuple[str, bool] | None:
     return str(workerinput[RUN_ID_KEY]), bool(workerinput.get(RESUMED_KEY))
 
 
-def split(config: pytest.Config, run: Run) -> tuple[ServerSlot, ...]:
-    """The campaign's servers; a usage error when the workers cannot each have one."""
+def place(config: pytest.Config, settings: Settings, plan: SweepPlan) -> Placement:
+    """This session's place in its campaign: the servers, its own, its worker id."""
+    servers, split_error = split(config, settings, plan)
+    return Placement(
+        servers=servers,
+        slot=own_slot(config, servers),
+        worker=worker_id(config),
+        split_error=split_error,
+        started_at=session_started_at(config),
+    )
+
+
+def split(
+    config: pytest.Config, settings: Settings, plan: SweepPlan
+) -> tuple[tuple[ServerSlot, ...], str | None]:
+    """The campaign's servers, and why the workers cannot each have one (then none starts);
+    a usage error where that is the command line's own doing."""
+    split_error = None
     workerinput = getattr(config, "workerinput", None)
     if workerinput and workerinput.get(SPLIT_ERROR_KEY):
-        run.split_error = str(workerinput[SPLIT_ERROR_KEY])
+        split_error = str(workerinput[SPLIT_ERROR_KEY])
     workers = planned_workers(config)
-    if not workers and run.settings.plan_only:
+    if not workers and settings.plan_only:
         workers = _requested_workers(config)
     if workers and config.getoption("dist", "no") == "each":
         # Every worker would measure every point: a run holds each point once.
-        run.split_error = (
+        split_error = (
             "--dist each runs every sweep point on every worker; a run measures each point "
             "once: use -n N (--dist load)"
         )
     cores = sorted(os.sched_getaffinity(0))
-    inherited = os.environ.get(VISIBLE_DEVICES_ENV.get(run.plan.profile.serving.device, ""), "")
+    inherited = os.environ.get(VISIBLE_DEVICES_ENV.get(plan.profile.serving.device, ""), "")
     try:
-        return split_servers(
-            run.settings,
-            run.plan.profile,
+        servers = split_servers(
+            settings,
+            plan.profile,
             workers,
             cores,
             visible_devices=[d for d in inherited.split(",") if d.strip()] or None,
@@ -88,12 +105,12 @@ def split(config: pytest.Config, run: Run) -> tuple[ServerSlot, ...]:
         on_command_line = config.getoption("longctx_url", None) or config.getoption(
             "longctx_devices_per_server", None
         )
-        if on_command_line or run.settings.plan_only:
+        if on_command_line or settings.plan_only:
             raise pytest.UsageError(str(exc)) from None
         # `-n 8` over a project's other tests must not fail for a sweep it does not select:
         # the sweep's items fail with the reason once one needs a server.
-        run.split_error = str(exc)
-        return tuple(ServerSlot(i) for i in range(max(workers, 1)))
+        return tuple(ServerSlot(i) for i in range(max(workers, 1))), str(exc)
+    return servers, split_error
 
 
 def _requested_workers(config: pytest.Config) -> int:
@@ -101,7 +118,7 @@ def _requested_workers(config: pytest.Config) -> int:
     return value if isinstance(value, int) else 0
 
 
-def own_slot(config: pytest.Config, run: Run) -> ServerSlot:
+def own_slot(config: pytest.Config, servers: tuple[ServerSlot, ...]) -> ServerSlot:
     """The server this session (or this worker) measures."""
     workerinput = getattr(config, "workerinput", None)
     if workerinput and SLOT_KEY in workerinput:
@@ -113,7 +130,7 @@ def own_slot(config: pytest.Config, run: Run) -> ServerSlot:
             cores=tuple(data.get("cores") or ()),
             env=dict(data.get("env") or {}),
         )
-    return run.servers[0]
+    return servers[0]
 
 
 def keep_plan_serial(config: pytest.Config) -> None:
