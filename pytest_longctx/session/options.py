@@ -518,7 +518,14 @@ def _workload_parts(value: object) -> list[str]:
 
 def read_settings(config: pytest.Config) -> Settings:
     """Validate every option before collection, so bad input never becomes a traceback."""
-    ini = {spec.name: _ini_value(config, spec) for spec in OPTIONS}
+    # A flag given on the command line wins without its ini value being read (a bad one there
+    # must not stop a session that overrides it); other keys are read as the ini file has them.
+    ini = {
+        spec.name: None
+        if spec.flag and config.getoption(spec.dest, None) is not None
+        else _ini_value(config, spec)
+        for spec in OPTIONS
+    }
     raw = _RawOptions(
         {spec.name: _raw(config, spec) for spec in OPTIONS},
         {name: value for name, value in ini.items() if value is not None},
