@@ -143,7 +143,9 @@ def test_the_api_key_is_sent_and_never_shown(session, monkeypatch) -> None:  # n
 
 def test_text_prompts_through_the_servers_detokenize(session) -> None:  # noqa: ANN001
     """No local tokenizer (the fake's model is no profile's): /tokenize and /detokenize."""
-    result, records = session("-m", "len==1Ki", "--longctx-prompt-format=text")
+    result, records = session(
+        "-m", "len==1Ki", "--longctx-prompt-format=text", token_delay_s=0.01
+    )  # a decode of 70 ms: a busy host's scheduling does not read as a burst
     result.assert_outcomes(passed=1)
     assert records[0].prompt_tokens == 1024
 
