@@ -132,8 +132,19 @@ def _own_test_sweep_module(request: pytest.FixtureRequest):
         sys.modules["test_sweep"] = saved
 
 
+#: Fixtures that start or attach to a real vLLM server: a test using one is a ``vllm`` test.
+REAL_SERVER_FIXTURES = frozenset(
+    {"vllm_url", "longctx_server", "foreign_model_url", "stream_interval_8_url", "second_vllm_url"}
+)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The sweep's own items measure real vLLM too: ``-m "not vllm"`` leaves them out."""
+    """The sweep's own items and every test on a real server's fixture measure real vLLM:
+    ``-m "not vllm"`` leaves them out."""
     for item in items:
-        if item.get_closest_marker("longctx") or item.get_closest_marker("longctx_regression"):
+        if (
+            item.get_closest_marker("longctx")
+            or item.get_closest_marker("longctx_regression")
+            or REAL_SERVER_FIXTURES & set(getattr(item, "fixturenames", ()))
+        ):
             item.add_marker(pytest.mark.vllm)
