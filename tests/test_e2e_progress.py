@@ -1,47 +1,31 @@
-"""Progress inside a point on real vLLM: a cpu-tiny server that prefills 2,048 tokens per step
-(``--max-num-batched-tokens 2048``), so a 16Ki prompt takes eight chunks: several seconds on an
-AVX2 host, well under one on an AMX host. Sampling every 50 ms sees the chunks on either."""
+"""Progress inside a point on real vLLM: the suite's loaded cpu-tiny server prefills 2,048 tokens
+per step (``--max-num-batched-tokens 2048``), so a 16Ki prompt takes eight chunks: several
+seconds on an AVX2 host, well under one on an AMX host. Sampling every 50 ms sees the chunks on
+either."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
-from longctx_testing import records_of, run_folder, run_session, serving
+from longctx_testing import records_of, run_folder, run_session
+from server_pool import SMALL_CHUNK
 
-from pytest_longctx.profiles import load_profile
 from pytest_longctx.progress.samples import read_samples
-from pytest_longctx.serving.embedded import ensure_embedded_model
 
 pytestmark = pytest.mark.vllm
 
-CHUNK = 2048
+CHUNK = SMALL_CHUNK
 LENGTH = 16384
 DECODE = 128
 #: Short enough to see several of the eight chunks on the fastest CPU host.
 INTERVAL = "--longctx-progress-interval=50ms"
 
 
-@pytest.fixture(scope="module")
-def chunked_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """cpu-tiny, prefilling one chunk of 2,048 tokens per engine step."""
-    profile = load_profile("cpu-tiny")
-    extra = (*profile.serving.extra_args, "--max-num-batched-tokens", str(CHUNK))
-    profile = dataclasses.replace(
-        profile, serving=dataclasses.replace(profile.serving, extra_args=extra)
-    )
-    model = str(ensure_embedded_model(profile.model.embedded_name))
-    log_dir = tmp_path_factory.mktemp("chunked")
-    with serving(profile, model, LENGTH + DECODE, log_dir) as url:
-        yield url
-
-
 def test_a_long_prefill_is_watched_chunk_by_chunk(
-    sweep_dir: pytest.Pytester, chunked_server: str
+    sweep_dir: pytest.Pytester, loaded_url: str
 ) -> None:
     output = sweep_dir.path / "reports"
     seen: list[dict] = []
@@ -66,7 +50,7 @@ def test_a_long_prefill_is_watched_chunk_by_chunk(
             f"--longctx-decode-tokens={DECODE}",
             INTERVAL,
             "--longctx-progress-throttle=0",
-            url=chunked_server,
+            url=loaded_url,
         )
     finally:
         stop.set()
@@ -124,7 +108,7 @@ def test_a_long_prefill_is_watched_chunk_by_chunk(
     assert "predicted_ttft" not in records[0].figures  # 4Ki: before two lengths
 
 
-def test_quiet_mode_prints_nothing(sweep_dir: pytest.Pytester, chunked_server: str) -> None:
+def test_quiet_mode_prints_nothing(sweep_dir: pytest.Pytester, loaded_url: str) -> None:
     result, output = run_session(
         sweep_dir,
         "-m",
@@ -132,7 +116,7 @@ def test_quiet_mode_prints_nothing(sweep_dir: pytest.Pytester, chunked_server: s
         "--longctx-progress=off",
         INTERVAL,
         "--longctx-progress-throttle=0",
-        url=chunked_server,
+        url=loaded_url,
     )
     result.assert_outcomes(passed=1)
     text = result.stdout.str()

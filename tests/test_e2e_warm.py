@@ -1,9 +1,9 @@
 """Warm follow-ups against real vLLM: the prefix served from its cache, refused without one.
 
-Each session launches its own server: a warm run's ``--max-model-len`` covers the suffix and
-its command turns on ``--enable-prompt-tokens-details``, which the shared server lacks. They
-keep points whose stream a busy host held back (``--longctx-allow-bursts``): the cache is
-their subject, not the stream.
+Each session attaches to one of the suite's shared servers: the follow-ups to one that reports
+the cache's share of each prompt (``--enable-prompt-tokens-details``) and resets its prefix
+cache on request (development mode); the refusal to one with prefix caching off. What a
+launched warm run's own command holds is shown by its plan (``test_warm_contract.py``).
 """
 
 from __future__ import annotations
@@ -21,39 +21,23 @@ EVICTING_CONFTEST = textwrap.dedent(
     """
     import urllib.request
 
-    from pytest_longctx.serving.vllm_command import ServerCommand
-    from pytest_longctx.session.stash import RUN_KEY
-
-
-    def pytest_longctx_server_command(config, plan, command):
-        return ServerCommand(command.argv, {**command.env, "VLLM_SERVER_DEV_MODE": "1"})
+    URL = {url!r}
 
 
     def pytest_runtest_call(item):
         if item.name.endswith("-warm=3]"):
-            server = item.config.stash[RUN_KEY].server
-            request = urllib.request.Request(server.base_url + "/reset_prefix_cache", method="POST")
+            request = urllib.request.Request(URL + "/reset_prefix_cache", method="POST")
             assert urllib.request.urlopen(request, timeout=60).status == 200
-    """
-)
-
-CACHING_OFF_CONFTEST = textwrap.dedent(
-    """
-    from pytest_longctx.serving.vllm_command import ServerCommand
-
-
-    def pytest_longctx_server_command(config, plan, command):
-        return ServerCommand((*command.argv, "--no-enable-prefix-caching"), command.env)
     """
 )
 
 
 def test_warm_follow_ups_at_16ki_are_served_from_cache_and_an_eviction_is_named(
-    sweep_dir: pytest.Pytester,
+    sweep_dir: pytest.Pytester, whole_chunk_url: str
 ) -> None:
-    sweep_dir.makeconftest(EVICTING_CONFTEST)
+    sweep_dir.makeconftest(EVICTING_CONFTEST.format(url=whole_chunk_url))
     result, output = run_session(
-        sweep_dir, "-m", "len==16Ki", "--longctx-workload=cold,warm", "--longctx-allow-bursts"
+        sweep_dir, "-m", "len==16Ki", "--longctx-workload=cold,warm", url=whole_chunk_url
     )
     result.assert_outcomes(passed=3, failed=1)
     records = records_of(output)
@@ -61,10 +45,6 @@ def test_warm_follow_ups_at_16ki_are_served_from_cache_and_an_eviction_is_named(
     assert [r.cache_state for r in records] == ["cold", "warm", "warm", "warm"]
     assert [r.question for r in warm] == [1, 2, 3]
     assert cold.outcome == "passed" and cold.cache["served"] == 0
-    fingerprint = cold.fingerprint
-    assert "--enable-prompt-tokens-details" in fingerprint["server_command"]
-    max_len = fingerprint["server_command"].index("--max-model-len") + 1
-    assert fingerprint["server_command"][max_len] == str(16384 + 256 + 32)
     for record in warm[:2]:
         assert record.outcome == "passed", record.reason
         assert record.prompt_tokens == 16384 + 256
@@ -95,12 +75,11 @@ def test_warm_follow_ups_at_16ki_are_served_from_cache_and_an_eviction_is_named(
 
 
 def test_a_server_without_prefix_caching_fails_the_warm_points_with_the_reason(
-    sweep_dir: pytest.Pytester,
+    sweep_dir: pytest.Pytester, stream_interval_8_url: str
 ) -> None:
-    sweep_dir.makeconftest(CACHING_OFF_CONFTEST)
     result, output = run_session(
         sweep_dir, "-m", "len==1Ki", "--longctx-workload=cold,warm", "--longctx-warm-questions=2",
-        "--longctx-allow-bursts",
+        url=stream_interval_8_url,
     )  # fmt: skip
     result.assert_outcomes(passed=1, failed=2)
     cold, *warm = records_of(output)

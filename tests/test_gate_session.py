@@ -763,12 +763,18 @@ def test_gate_against_real_vllm(pytester: pytest.Pytester, vllm_url: str) -> Non
 
     # The run against its own records: every change is exactly 0%, so every length passes.
     # Resumed, the session reports the first one's measurements without asking the server.
-    again = session(f"--longctx-baseline={same}", f"--longctx-resume={run_dir.name}")
+    # ITL is left out: a point whose stream a busy host delivered in a burst has no per-token
+    # figure to compare, and the gate's handling of that is tested on the fake server.
+    again = session(
+        f"--longctx-baseline={same}",
+        f"--longctx-resume={run_dir.name}",
+        "--longctx-tolerance=ttft=10%,decode=10%,itl=off",
+    )
     assert again.ret == pytest.ExitCode.OK, again.stdout.str()
     assert regression_outcomes(again) == {"1Ki": "PASSED", "2Ki": "PASSED"}
     assert sweep_outcomes(again) == {"PASSED"}
 
-    # The same records five times faster: TTFT and ITL / 5, decode throughput x 5. Each metric
+    # The same records five times faster: TTFT / 5, decode throughput x 5. Each metric
     # is 5x worse now (+400% or -80%), beyond these tolerances, and beyond noise whatever the
     # machine's spread. With now's two repeats at mean m and std s (CV = s / m), the baseline's
     # are m/5 and s/5: Welch's t = 0.8 m / sqrt(s^2/2 + (s/5)^2/2) = 4/sqrt(26) * sqrt(2)/CV
@@ -781,14 +787,13 @@ def test_gate_against_real_vllm(pytester: pytest.Pytester, vllm_url: str) -> Non
         figures = {
             **record.figures,
             "ttft": record.figures["ttft"] / 5,
-            "itl_median": record.figures["itl_median"] / 5,
             "decode_throughput": record.figures["decode_throughput"] * 5,
         }
         append_record(faster, Record(**{**record.__dict__, "figures": figures}))
     slower = session(
         f"--longctx-baseline={faster}",
         f"--longctx-resume={run_dir.name}",
-        "--longctx-tolerance=ttft=200%,decode=60%,itl=300%",
+        "--longctx-tolerance=ttft=200%,decode=60%,itl=off",
         "--longctx-gate-level=0.3",
     )
     assert slower.ret == pytest.ExitCode.TESTS_FAILED, slower.stdout.str()

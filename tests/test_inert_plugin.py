@@ -153,6 +153,7 @@ def pytest_unconfigure(config):
 """
 
 
+@pytest.mark.usefixtures("default_signals")
 def test_the_sweep_holds_the_signals_only_while_it_runs(
     pytester: pytest.Pytester, fake_vllm: FakeVLLM
 ) -> None:

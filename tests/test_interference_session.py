@@ -11,7 +11,7 @@ import sys
 
 import pytest
 from fake_vllm import Behaviour, FakeVLLMProcess
-from longctx_testing import SWEEP_TEST, fake_session_args, records_of, run_folder
+from longctx_testing import SWEEP_TEST, fake_session_args, records_of, run_folder, run_session
 
 from pytest_longctx.core.records import read_records
 from pytest_longctx.gate import Tolerances, compare_length
@@ -370,3 +370,18 @@ def test_the_ini_file_sets_the_workload_and_its_streams(pytester: pytest.Pyteste
     )
     assert bad.ret == pytest.ExitCode.USAGE_ERROR
     bad.stderr.fnmatch_lines(["*--longctx-background-streams=two: expected a whole number >= 1*"])
+
+
+def test_a_server_that_runs_one_sequence_at_a_time_is_refused_with_the_reason(
+    sweep_dir: pytest.Pytester, vllm_url: str
+) -> None:
+    """The suite's shared server is the study's, --max-num-seqs 1: real vLLM, probed."""
+    result, output = run_session(
+        sweep_dir, "-m", "len==1Ki", "--longctx-workload=interference", url=vllm_url
+    )
+    result.assert_outcomes(failed=1)
+    (record,) = records_of(output)
+    assert record.failure_class == "refused"
+    assert f"the server at {vllm_url} cannot run 5 requests at once" in record.reason
+    assert "at most 1 ran at once" in record.reason
+    assert "serve it with --max-num-seqs 5 or more" in record.reason

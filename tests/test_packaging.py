@@ -13,7 +13,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from longctx_testing import KEEP_BURSTS, REPO, SHIPPED_SWEEP, records_of
+from longctx_testing import ATTACHED_TIMEOUT_S, KEEP_BURSTS, REPO, SHIPPED_SWEEP, records_of
 
 import pytest_longctx
 from pytest_longctx.core.records import read_records
@@ -104,7 +104,9 @@ def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return python
 
 
-def run_in_empty_folder(python: Path, folder: Path, *args: str, timeout: float = 600):  # noqa: ANN201
+def run_in_empty_folder(
+    python: Path, folder: Path, *args: str, timeout: float = ATTACHED_TIMEOUT_S
+):  # noqa: ANN201
     folder.mkdir()
     return subprocess.run(
         [str(python), *SHIPPED_SWEEP, *args],
@@ -124,10 +126,10 @@ def test_a_plan_from_an_empty_folder(installed: Path, tmp_path: Path) -> None:
     assert not (tmp_path / "elsewhere" / "reports").exists()
 
 
-@pytest.mark.vllm
-def test_a_real_sweep_from_an_empty_folder(installed: Path, tmp_path: Path) -> None:
+def test_a_real_sweep_from_an_empty_folder(installed: Path, tmp_path: Path, vllm_url: str) -> None:
+    """The installed suite measures real vLLM (the suite's shared server, attached)."""
     folder = tmp_path / "some-serving-repo"
-    done = run_in_empty_folder(installed, folder, "--longctx-to=2Ki", KEEP_BURSTS)
+    done = run_in_empty_folder(installed, folder, "--longctx-to=2Ki", f"--longctx-url={vllm_url}")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "2 passed" in done.stdout
     records = records_of(folder / "reports")
@@ -139,7 +141,6 @@ def test_a_real_sweep_from_an_empty_folder(installed: Path, tmp_path: Path) -> N
     ]
 
 
-@pytest.mark.vllm
 def test_calibrate_runs_the_shipped_sweep_from_an_empty_folder(
     installed: Path, tmp_path: Path, vllm_url: str
 ) -> None:
@@ -164,7 +165,7 @@ def test_calibrate_runs_the_shipped_sweep_from_an_empty_folder(
         cwd=folder,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=ATTACHED_TIMEOUT_S,
         # the wheel's package, not a checkout on the path
         env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTEST_ADDOPTS")},
     )

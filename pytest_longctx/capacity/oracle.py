@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import io
 import json
 import logging
@@ -20,8 +21,12 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+
+from pytest_longctx.core.files import write_atomically
+from pytest_longctx.profiles.embedded_models import cache_root
 
 from .groups import AllocatorSettings, layer_specs
 from .kinds import LayerKind
@@ -222,7 +227,11 @@ def ask_in_subprocess(
 ) -> OracleAnswer:
     """:func:`ask_for_layout` in a Python of its own: importing vLLM (and torch) here would
     bring the CPU platform's logging and state into the session, and a torch that a test
-    runner's module snapshot dropped cannot be imported twice in one process."""
+    runner's module snapshot dropped cannot be imported twice in one process.
+
+    The answer depends only on the request and the installed vLLM, and importing vLLM takes
+    seconds: answers are kept in the user's cache (beside the embedded models), one file per
+    request and vLLM version, and a later plan of the same layout reads it there."""
     request = {
         "layers": [dataclasses.asdict(layer) for layer in layers],
         "settings": dataclasses.asdict(settings),
@@ -230,6 +239,9 @@ def ask_in_subprocess(
         "kv_element_bytes": kv_element_bytes,
         "max_model_len": max_model_len,
     }
+    kept = answer_file(request)
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        return answer_from_json(json.loads(kept.read_text()))
     done = subprocess.run(
         [sys.executable, "-m", __name__],
         input=json.dumps(request),
@@ -242,12 +254,25 @@ def ask_in_subprocess(
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"the vLLM oracle exited with {done.returncode}: {tail}")
     answer = json.loads(done.stdout.strip().splitlines()[-1])
+    with contextlib.suppress(OSError):
+        write_atomically(kept, json.dumps(answer) + "\n")
+    return answer_from_json(answer)
+
+
+def answer_from_json(answer: Mapping[str, Any]) -> OracleAnswer:
     return OracleAnswer(
         answer["version"],
         tuple(answer["per_stage_bytes"]),
         tuple(answer["bytes_per_block"]),
         answer["num_groups"],
     )
+
+
+def answer_file(request: Mapping[str, Any]) -> Path:
+    """Where the answer to ``request`` from the installed vLLM is kept."""
+    key = json.dumps({"request": request, "vllm": vllm_version()}, sort_keys=True)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:32]
+    return cache_root() / "capacity-oracle" / f"{digest}.json"
 
 
 def _layer_from_json(data: Mapping[str, Any]) -> LayerKind:

@@ -1,0 +1,49 @@
+"""vLLM's allocator is asked once per layout and vLLM version: the answer is kept in the user's
+cache, and a later plan of the same layout reads it instead of importing vLLM again."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from pytest_longctx.capacity import oracle
+from pytest_longctx.plan import capacity_check
+from pytest_longctx.profiles import load_profile
+from pytest_longctx.profiles.embedded_models import CACHE_ENV
+
+pytestmark = pytest.mark.skipif(not oracle.available(), reason="vLLM is not installed here")
+
+
+def ask(max_model_len: int) -> oracle.OracleAnswer:
+    layout = capacity_check.layout_for(load_profile("cpu-tiny"))
+    allocation = layout.allocation
+    return oracle.ask_in_subprocess(
+        layout.layers, allocation.settings, allocation.stages, layout.element_bytes, max_model_len
+    )
+
+
+def test_the_answer_is_kept_and_read_back_without_vllm(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # noqa: ANN001
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    first = ask(4096)
+    kept = list((tmp_path / "capacity-oracle").glob("*.json"))
+    assert len(kept) == 1
+    assert first.per_rank_bytes == 4096 * 512  # cpu-tiny: 512 B per token, one rank
+
+    def no_subprocess(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise AssertionError("vLLM was asked again")
+
+    monkeypatch.setattr(subprocess, "run", no_subprocess)
+    assert ask(4096) == first
+    with pytest.raises(AssertionError, match="asked again"):
+        ask(8192)  # another request: another answer
+
+
+def test_another_vllm_version_is_another_answer(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    request = {"max_model_len": 4096}
+    here = oracle.answer_file(request)
+    monkeypatch.setattr(oracle, "vllm_version", lambda: "vllm 9.9.9")
+    assert oracle.answer_file(request) != here
