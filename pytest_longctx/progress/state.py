@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -209,10 +209,3 @@ def read_progress_file(path: Path) -> ProgressState:
     if path.is_dir():
         path = path / PROGRESS_FILE
     return ProgressState.from_json(json.loads(path.read_text(encoding="utf-8")))
-
-
-def remaining_points(
-    points: Sequence[tuple[int, int]], cost: Mapping[int, float | None]
-) -> tuple[RemainingPoint, ...]:
-    """``(length, repeat)`` pairs with the predicted cost of their length."""
-    return tuple(RemainingPoint(length, repeat, cost.get(length)) for length, repeat in points)

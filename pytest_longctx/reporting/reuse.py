@@ -203,25 +203,6 @@ def html_fragment(records: Sequence[Record]) -> str:
     )
 
 
-def benchmark_extra(records: Sequence[Record]) -> list[dict]:
-    """The reuse figures per length, for ``benchmark.json``'s machine_info-free extra."""
-    return [
-        {
-            "length": row.length,
-            "suffix_tokens": row.suffix_tokens,
-            "cold_ttft": row.cold.mean if row.cold else None,
-            "warm_ttft": row.warm.mean,
-            "warm_ttft_std": row.warm.std,
-            "warm_n": row.warm.n,
-            "warm_over_cold": row.ratio,
-            "suffix_prefill_rate": row.suffix_rate,
-            "served_from_cache_min": row.served_min,
-            "resident_kv_bytes": row.resident_kv_bytes,
-        }
-        for row in reuse_rows(records)
-    ]
-
-
 def draw_reuse_plot(records: Sequence[Record], run_dir: Path) -> Path | None:
     """``reuse.png``: cold against warm TTFT over the ladder (log-log, mean ± std)."""
     rows = [row for row in reuse_rows(records) if row.warm.mean > 0]
