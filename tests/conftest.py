@@ -29,7 +29,7 @@ from longctx_testing import (
 from longctx_testing import serving as launched_server
 
 from pytest_longctx.profiles import load_profile
-from pytest_longctx.serving.embedded import (
+from pytest_longctx.profiles.embedded_models import (
     CACHE_ENV,
     cache_root,
     default_models_dir,

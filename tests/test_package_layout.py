@@ -216,6 +216,39 @@ def test_no_module_imports_another_modules_private_names() -> None:
     assert offenders == {}
 
 
+#: Suffixes of the files a session writes into its run folder and output root.
+OUTPUT_SUFFIXES = (".jsonl", ".json", ".md", ".html", ".png", ".log")
+#: Named elsewhere on purpose: the marker of a built model's folder, not a session's output.
+NOT_SESSION_OUTPUTS = {".pytest-longctx-build.json"}
+
+
+def output_file_names(source: str) -> list[str]:
+    """Module-level names bound to an output file's name (``X = "report.md"``, also in a tuple)."""
+    found = []
+    for node in ast.parse(source).body:
+        if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
+            continue
+        for constant in ast.walk(node.value):
+            text = constant.value if isinstance(constant, ast.Constant) else None
+            if (
+                isinstance(text, str)
+                and text.endswith(OUTPUT_SUFFIXES)
+                and text not in NOT_SESSION_OUTPUTS
+            ):
+                found.append(f"line {node.lineno}: {text}")
+    return found
+
+
+def test_every_output_file_is_named_in_one_module() -> None:
+    offenders = {
+        module: found
+        for module, path in MODULES.items()
+        if module != f"{ROOT}.core.file_names" and (found := output_file_names(path.read_text()))
+    }
+    assert offenders == {}
+    assert output_file_names((PACKAGE / "core" / "file_names.py").read_text())
+
+
 def test_no_two_modules_share_a_name() -> None:
     """A reader should never have to guess which ``progress`` or ``compare`` is meant."""
     seen: dict[str, list[str]] = {}
@@ -291,6 +324,9 @@ def test_the_layout_rules_catch_what_they_are_about() -> None:
     assert private_imports("from pytest_longctx.gate.noise import DEFAULT_LEVEL, _variance\n")
     assert not private_imports("from .noise import sample_mean, __all__\n")
     assert not private_imports("from os.path import _get_sep\n")
+    assert output_file_names('PLOTS = ("compare_ttft.png", "compare_decode.png")\n')
+    assert output_file_names('MEASURED_BY_FILE: str = "measured-by.json"\n')
+    assert not output_file_names('def f():\n    return folder / "config.json"\n')
 
 
 def test_no_import_alias_takes_a_packages_name() -> None:

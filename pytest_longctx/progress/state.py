@@ -15,11 +15,10 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from pytest_longctx.core.file_names import PROGRESS_FILE, progress_file_name
 from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.progress.eta import format_duration
-
-PROGRESS_FILE = "progress.json"
 
 #: ``phase`` values: a point's request before its first token, after it; the session
 #: between points; the session over.
@@ -145,11 +144,6 @@ def upcoming_line(state: ProgressState) -> str:
         f"longctx next: {state.point_label}: {predicted}, point "
         f"~{format_duration(state.point_eta_s)}; {state.sweep_words()}"
     )
-
-
-def progress_file_name(worker: str | None = None) -> str:
-    """``progress.json``; a pytest-xdist worker's own is ``progress-gw0.json``."""
-    return f"progress-{worker}.json" if worker else PROGRESS_FILE
 
 
 def write_progress_file(run_dir: Path, state: ProgressState, worker: str | None = None) -> Path:

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from pytest_longctx.core.file_names import REUSE_PLOT
 from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
@@ -23,7 +24,6 @@ from pytest_longctx.core.stats import FigureSummary, latest_records, summarize
 from pytest_longctx.reporting.text_table import aligned_table, html_table, markdown_table_lines
 from pytest_longctx.reporting.view import format_summary
 
-REUSE_PLOT = "reuse.png"
 _MISSING = "–"
 
 COLUMNS = (
