@@ -33,11 +33,8 @@ PYTHON = ROOT / ".venv" / "bin" / "python"
 #: Where each target's code lives, under pytest_longctx/.
 FILES: dict[str, tuple[str, ...]] = {
     "client": (
-        "measure/client/events.py",
-        "measure/client/result.py",
-        "measure/client/watchdog.py",
-        "measure/client/transport.py",
-        "measure/client/client.py",
+        "client/result.py",
+        "client/client.py",
     ),
     "stats": ("core/stats.py",),
     "timeouts": ("measure/timeouts.py",),

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_longctx.core.records import RESULTS_FILE, Record, read_runs, results_path
+from pytest_longctx.core.file_names import LATEST, RESULTS_FILE
+from pytest_longctx.core.records import Record, read_runs, results_path
 from pytest_longctx.reporting import gate_report
 from pytest_longctx.reporting.gate_report import GateView
 from pytest_longctx.reporting.index import write_index
@@ -292,7 +293,7 @@ def _run_sessions(args: argparse.Namespace) -> list[Record]:
             *pytest_args,
         ]
         print(f"session {session}/{args.sessions}: {' '.join(command)}", flush=True)
-        latest = output / "latest"
+        latest = output / LATEST
         before = latest.resolve() if latest.exists() else None
         completed = subprocess.run(command, check=False)
         run_dir = latest.resolve() if latest.exists() else None

@@ -31,7 +31,7 @@ from longctx_testing import (
 from server_census import CensusPlugin
 from server_pool import FIXTURES, PoolSchedule, ServerPool
 
-from pytest_longctx.serving.embedded import CACHE_ENV, cache_root
+from pytest_longctx.profiles.embedded_models import CACHE_ENV, cache_root
 from pytest_longctx.session.activation import active
 
 

@@ -231,7 +231,7 @@ def failure_classes(records: list[Record]) -> list[str | None]:
 def fine_grained_qwen_spec():  # noqa: ANN201 - an EmbeddedModelSpec
     """A model no profile describes: Qwen2 architecture, and a byte-level tokenizer of only
     320 tokens, which splits text (digits above all) into many small tokens."""
-    from pytest_longctx.serving.embedded import (
+    from pytest_longctx.profiles.embedded_models import (
         MAX_POSITION_EMBEDDINGS,
         ROPE_THETA,
         EmbeddedModelSpec,
@@ -289,7 +289,7 @@ def cpu_tiny_streaming(stream_interval: int, log_dir: Path) -> Iterator[str]:
     the first token alone, then chunks of N. Its model is built first if it is not cached,
     in a process of its own (torch imported here would not survive a pytester session)."""
     from pytest_longctx.profiles import load_profile
-    from pytest_longctx.serving.embedded import default_models_dir, get_spec, is_complete
+    from pytest_longctx.profiles.embedded_models import default_models_dir, get_spec, is_complete
 
     profile = load_profile("cpu-tiny")
     extra = (*profile.serving.extra_args, "--stream-interval", str(stream_interval))

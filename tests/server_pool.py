@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from pytest_longctx.profiles import Profile, load_profile
-from pytest_longctx.serving.embedded import default_models_dir, get_spec, is_complete
+from pytest_longctx.profiles.embedded_models import default_models_dir, get_spec, is_complete
 from pytest_longctx.serving.process import LaunchedServer, free_port
 from pytest_longctx.serving.vllm_command import ServerCommand, build_server_command
 

@@ -40,9 +40,8 @@ from pytest_longctx.client import (
     encode_token_ids,
     quantile,
     summarize_stream,
-    transport,
 )
-from pytest_longctx.client import events as sse_events
+from pytest_longctx.client import client as client_module
 from pytest_longctx.client import request as request_module
 from pytest_longctx.client import result as result_module
 from pytest_longctx.core.sizes import format_size, parse_size, powers_of_two_between
@@ -178,16 +177,16 @@ def test_event_stream_split_anywhere() -> None:
     )
     expected = ['{"a": 1}', '{"b":\n2}', "[DONE]"]
     for step in (1, 2, 5, len(stream)):
-        decoder = sse_events._SSEDecoder()
+        decoder = client_module._SSEDecoder()
         events = []
         for start in range(0, len(stream), step):
             events += decoder.feed(stream[start : start + step])
         assert events + decoder.finish() == expected, step
-    unterminated = sse_events._SSEDecoder()
+    unterminated = client_module._SSEDecoder()
     assert unterminated.feed(b"data: x") == []
     assert unterminated.finish() == ["x"]
     # the space after "data:" is optional in server-sent events: one is dropped, no more
-    spaced = sse_events._SSEDecoder()
+    spaced = client_module._SSEDecoder()
     assert spaced.feed(b'data:{"c": 3}\n\ndata:  two spaces\n\n') == ['{"c": 3}', " two spaces"]
 
 
@@ -283,7 +282,7 @@ def test_a_staged_connection_serves_only_its_address() -> None:
             opened.append((host, port))
             return Stream()
 
-    backend = transport._PreopenedBackend(Inner())  # type: ignore[arg-type]
+    backend = client_module._PreopenedBackend(Inner())  # type: ignore[arg-type]
     staged = backend.open("127.0.0.1", 80, timeout=1)
     assert backend.connect_tcp("127.0.0.1", 80) is staged  # taken, not reconnected
     assert opened == [("127.0.0.1", 80)]
@@ -366,7 +365,7 @@ def test_an_empty_text_last_token_ends_the_decode(server: FakeVLLM) -> None:
     ],
 )
 def test_what_a_choice_counts(choice: dict, expected: tuple[int, str]) -> None:
-    assert sse_events._choice_tokens(choice) == expected
+    assert client_module._choice_tokens(choice) == expected
 
 
 @pytest.mark.parametrize("running_usage", [True, False], ids=["usage", "token_ids"])
@@ -851,14 +850,14 @@ def test_inter_token_latencies_leave_out_chunks_a_stream_interval_1_server_coale
 
 
 def test_chunk_counts_come_from_the_running_usage_count_when_every_chunk_has_one() -> None:
-    counter = sse_events._ChunkCounter()
+    counter = client_module._ChunkCounter()
     assert [counter.add(1, "text", running) for running in (1, 9, 17, 20)] == [1, 8, 8, 3]
     assert counter.add(0, "text", None) == 0  # the final usage-only chunk carries nothing
     assert counter.counts() == ((1, 8, 8, 3), "usage")
     # a count that did not rise, or a chunk without one: the chunks count themselves
-    stalled = sse_events._ChunkCounter()
+    stalled = client_module._ChunkCounter()
     assert [stalled.add(1, "text", running) for running in (1, 9, 9, 17)] == [1, 8, 1, 8]
     assert stalled.counts() == ((1, 1, 1, 1), "text")
-    partial = sse_events._ChunkCounter()
+    partial = client_module._ChunkCounter()
     assert [partial.add(2, "token_ids", running) for running in (2, None)] == [2, 2]
     assert partial.counts() == ((2, 2), "token_ids")

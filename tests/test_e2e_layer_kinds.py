@@ -25,7 +25,7 @@ from longctx_testing import serving
 from pytest_longctx.measure.server_metrics import cache_config_labels
 from pytest_longctx.plan import capacity_check
 from pytest_longctx.profiles import load_profile
-from pytest_longctx.serving.embedded import (
+from pytest_longctx.profiles.embedded_models import (
     MAX_POSITION_EMBEDDINGS,
     EmbeddedModelSpec,
     default_models_dir,

@@ -19,16 +19,15 @@ from pathlib import Path
 import pytest
 
 from pytest_longctx.profiles import embedded_models as embedded_spec
-from pytest_longctx.prompts.corpus import generate_corpus
-from pytest_longctx.serving import embedded
-from pytest_longctx.serving.embedded import (
+from pytest_longctx.profiles.embedded_models import (
     COMPLETE_MARKER,
     EMBEDDED_MODELS,
     EmbeddedModelSpec,
     UnknownEmbeddedModelError,
-    ensure_embedded_model,
 )
-from pytest_longctx.serving.embedded import build as embedded_build
+from pytest_longctx.prompts.corpus import generate_corpus
+from pytest_longctx.serving import embedded
+from pytest_longctx.serving.embedded import ensure_embedded_model
 
 MODEL_NAMES = sorted(EMBEDDED_MODELS)
 
@@ -192,7 +191,7 @@ def test_second_ensure_reuses_the_cached_folder(
     def must_not_build(*args: object, **kwargs: object) -> None:
         raise AssertionError("a cached model was rebuilt")
 
-    monkeypatch.setattr(embedded_build, "build_embedded_model", must_not_build)
+    monkeypatch.setattr(embedded, "build_embedded_model", must_not_build)
     assert ensure_embedded_model("tiny-llama", cache_dir=cache) == folder
     assert (folder / COMPLETE_MARKER).stat().st_mtime_ns == marker_mtime
 
@@ -220,7 +219,7 @@ def test_unmarked_folder_is_rebuilt_not_served(
         (Path(destination) / COMPLETE_MARKER).write_text("{}")
         return Path(destination)
 
-    monkeypatch.setattr(embedded_build, "build_embedded_model", recording_build)
+    monkeypatch.setattr(embedded, "build_embedded_model", recording_build)
     folder = ensure_embedded_model("tiny-llama", cache_dir=tmp_path)
     assert folder == leftover
     assert len(builds) == 1 and builds[0] != leftover
@@ -237,7 +236,7 @@ def test_failed_build_leaves_nothing_that_looks_complete(
         (Path(destination) / "config.json").write_text("{}")
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(embedded_build, "build_embedded_model", crashing_build)
+    monkeypatch.setattr(embedded, "build_embedded_model", crashing_build)
     with pytest.raises(RuntimeError, match="disk full"):
         ensure_embedded_model("tiny-mla", cache_dir=tmp_path)
     assert [path.name for path in tmp_path.iterdir() if not path.name.endswith(".lock")] == []
@@ -246,17 +245,16 @@ def test_failed_build_leaves_nothing_that_looks_complete(
 def test_cache_location_honours_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv(embedded.CACHE_ENV, raising=False)
+    monkeypatch.delenv(embedded_spec.CACHE_ENV, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert embedded.default_models_dir() == tmp_path / "xdg" / "pytest-longctx" / "models"
-    monkeypatch.setenv(embedded.CACHE_ENV, str(tmp_path / "explicit"))
-    assert embedded.default_models_dir() == tmp_path / "explicit" / "models"
-    monkeypatch.delenv(embedded.CACHE_ENV)
+    assert embedded_spec.default_models_dir() == tmp_path / "xdg" / "pytest-longctx" / "models"
+    monkeypatch.setenv(embedded_spec.CACHE_ENV, str(tmp_path / "explicit"))
+    assert embedded_spec.default_models_dir() == tmp_path / "explicit" / "models"
+    monkeypatch.delenv(embedded_spec.CACHE_ENV)
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert (
-        embedded.default_models_dir() == tmp_path / "home" / ".cache" / "pytest-longctx" / "models"
-    )
+    home_cache = tmp_path / "home" / ".cache" / "pytest-longctx"
+    assert embedded_spec.default_models_dir() == home_cache / "models"
 
 
 def test_spec_hash_tracks_every_input(monkeypatch: pytest.MonkeyPatch) -> None:

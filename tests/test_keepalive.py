@@ -14,7 +14,7 @@ import pytest
 from fake_vllm import FakeVLLM
 
 from pytest_longctx.client import ClientConfig, CompletionClient, CompletionRequest
-from pytest_longctx.client import transport as client_transport
+from pytest_longctx.client import client as client_module
 from pytest_longctx.client.errors import FirstTokenTimeoutError
 
 
@@ -28,7 +28,7 @@ def test_the_measured_socket_carries_the_keepalive_settings(
     """The socket the measured request goes over (the one opened before t0, handed to the
     pool) probes after 7 s of silence, every 7 s, and gives up after 4 unanswered probes."""
     seen: list[dict[str, int]] = []
-    taken = client_transport._PreopenedBackend.connect_tcp
+    taken = client_module._PreopenedBackend.connect_tcp
 
     def spy(self, host, port, timeout=None, local_address=None, socket_options=None):  # noqa: ANN001, ANN202
         stream = taken(self, host, port, timeout, local_address, socket_options)
@@ -44,7 +44,7 @@ def test_the_measured_socket_carries_the_keepalive_settings(
         )
         return stream
 
-    monkeypatch.setattr(client_transport._PreopenedBackend, "connect_tcp", spy)
+    monkeypatch.setattr(client_module._PreopenedBackend, "connect_tcp", spy)
     config = ClientConfig(base_url=fake_vllm.url, tcp_keepalive_s=7)
     with CompletionClient(config) as client:
         measured = client.measure(_request(), first_token_budget_s=10)
@@ -53,7 +53,7 @@ def test_the_measured_socket_carries_the_keepalive_settings(
 
 
 def test_keepalive_off_leaves_the_socket_as_the_kernel_makes_it(fake_vllm: FakeVLLM) -> None:
-    assert client_transport.keepalive_options(0) == []
+    assert client_module.keepalive_options(0) == []
     with CompletionClient(ClientConfig(base_url=fake_vllm.url, tcp_keepalive_s=0)) as client:
         assert client.measure(_request(), first_token_budget_s=10).completion_tokens == 4
 

@@ -191,13 +191,62 @@ def test_the_reports_read_progress_files_but_never_sample() -> None:
     assert offenders == []
 
 
-def test_no_module_is_over_600_lines() -> None:
-    long = {
-        module: lines
+def private_imports(source: str) -> list[str]:
+    """``from <a module of this package> import _name``: another module's private name, which
+    says either that the two are one module split apart or that the name is an interface."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (
+            node.level or (node.module or "").split(".")[0] == ROOT
+        ):
+            found += [
+                f"line {node.lineno}: {node.module or '.'} {alias.name}"
+                for alias in node.names
+                if alias.name.startswith("_") and not alias.name.startswith("__")
+            ]
+    return found
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    offenders = {
+        module: found
         for module, path in MODULES.items()
-        if (lines := len(path.read_text().splitlines())) > 600
+        if (found := private_imports(path.read_text()))
     }
-    assert long == {}
+    assert offenders == {}
+
+
+#: Suffixes of the files a session writes into its run folder and output root.
+OUTPUT_SUFFIXES = (".jsonl", ".json", ".md", ".html", ".png", ".log")
+#: Named elsewhere on purpose: the marker of a built model's folder, not a session's output.
+NOT_SESSION_OUTPUTS = {".pytest-longctx-build.json"}
+
+
+def output_file_names(source: str) -> list[str]:
+    """Module-level names bound to an output file's name (``X = "report.md"``, also in a tuple)."""
+    found = []
+    for node in ast.parse(source).body:
+        if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
+            continue
+        for constant in ast.walk(node.value):
+            text = constant.value if isinstance(constant, ast.Constant) else None
+            if (
+                isinstance(text, str)
+                and text.endswith(OUTPUT_SUFFIXES)
+                and text not in NOT_SESSION_OUTPUTS
+            ):
+                found.append(f"line {node.lineno}: {text}")
+    return found
+
+
+def test_every_output_file_is_named_in_one_module() -> None:
+    offenders = {
+        module: found
+        for module, path in MODULES.items()
+        if module != f"{ROOT}.core.file_names" and (found := output_file_names(path.read_text()))
+    }
+    assert offenders == {}
+    assert output_file_names((PACKAGE / "core" / "file_names.py").read_text())
 
 
 def test_no_two_modules_share_a_name() -> None:
@@ -271,6 +320,13 @@ def test_the_layout_rules_catch_what_they_are_about() -> None:
     assert hand_built_spreads('mean + " ± " + std\n')
     assert not hand_built_spreads('f"Regression gate (mean ± std); {headline}"\n')
     assert not hand_built_spreads('"TTFT (s) mean ± std"\n')
+    assert private_imports("from .noise import _mean\n")
+    assert private_imports("from pytest_longctx.gate.noise import DEFAULT_LEVEL, _variance\n")
+    assert not private_imports("from .noise import sample_mean, __all__\n")
+    assert not private_imports("from os.path import _get_sep\n")
+    assert output_file_names('PLOTS = ("compare_ttft.png", "compare_decode.png")\n')
+    assert output_file_names('MEASURED_BY_FILE: str = "measured-by.json"\n')
+    assert not output_file_names('def f():\n    return folder / "config.json"\n')
 
 
 def test_no_import_alias_takes_a_packages_name() -> None:

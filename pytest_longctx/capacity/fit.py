@@ -9,7 +9,7 @@ from typing import Any
 
 from pytest_longctx.core.sizes import format_size
 
-from .layout import FP8_CACHE_DTYPE, GIB, CacheLayout, _text_fields, describe_layout
+from .layout import FP8_CACHE_DTYPE, GIB, CacheLayout, describe_layout, text_fields
 
 
 def token_capacity(
@@ -177,7 +177,7 @@ def _needs(
 
 def _alternative_ranks(layout: CacheLayout, hardware: Hardware) -> list[int]:
     """Rank counts above the configured one that this node has and vLLM could shard to."""
-    query_heads = _text_fields(layout.config).get("num_attention_heads")
+    query_heads = text_fields(layout.config).get("num_attention_heads")
     counts = []
     for ranks in range(
         layout.tensor_parallel + 1, hardware.devices // layout.pipeline_parallel + 1

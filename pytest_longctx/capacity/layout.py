@@ -70,7 +70,7 @@ def load_model_config(path: str | Path) -> dict[str, Any]:
     return config
 
 
-def _text_fields(config: Mapping[str, Any]) -> Mapping[str, Any]:
+def text_fields(config: Mapping[str, Any]) -> Mapping[str, Any]:
     """Multimodal configs keep the language model's fields under ``text_config``."""
     text = config.get("text_config")
     if "num_hidden_layers" not in config and isinstance(text, Mapping):
@@ -80,7 +80,7 @@ def _text_fields(config: Mapping[str, Any]) -> Mapping[str, Any]:
 
 def uses_mla(config: Mapping[str, Any]) -> bool:
     """Whether vLLM caches the config's attention as an MLA latent."""
-    return _text_fields(config).get("kv_lora_rank") is not None
+    return text_fields(config).get("kv_lora_rank") is not None
 
 
 def _architecture(config: Mapping[str, Any]) -> str:
@@ -252,7 +252,7 @@ def cache_layout(
     pipeline_parallel = _parallel_int("pipeline_parallel", pipeline_parallel)
     tensor_parallel = _parallel_int("tensor_parallel", tensor_parallel)
     dcp = _parallel_int("decode_context_parallel", decode_context_parallel)
-    fields = _text_fields(config)
+    fields = text_fields(config)
     model_dtype = config_model_dtype(fields) if model_dtype is None else model_dtype
     model_dtype = model_dtype_name(model_dtype)
     element_bytes = cache_element_bytes(cache_dtype, model_dtype)

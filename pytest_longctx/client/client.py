@@ -1,9 +1,14 @@
-"""The client: control endpoints, and one streamed completion timed from t0."""
+"""The client: control endpoints, and one streamed completion timed from t0: the stream's
+server-sent events and token counts, the connection opened before t0, and the two deadlines
+that cut a stalled stream."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
+import socket
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,13 +36,319 @@ from .errors import (
     StreamError,
     TruncatedStreamError,
 )
-from .events import _choice_tokens, _ChunkCounter, _running_count, _SSEDecoder
 from .rejections import count_message, describe, int_or_none, read_limited, rejection
 from .request import CompletionRequest, RequestBody, encode_request
 from .result import StreamMeasurement, inter_token_gaps, quantile, summarize_stream
 from .stream_progress import StreamProgress
-from .transport import _preopening_transport
-from .watchdog import _BACKSTOP_S, _FIRST_TOKEN, _INTER_TOKEN, _Exchange, _Watchdog
+
+# Server-sent events from raw bytes, and how many tokens a streamed choice carries.
+
+
+class _SSEDecoder:
+    """Server-sent events from raw bytes; linear in the input even for a huge single event."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._scanned = 0
+        self._data_lines: list[bytes] = []
+
+    def feed(self, data: bytes) -> list[str]:
+        self._buffer += data
+        events: list[str] = []
+        start = 0
+        while True:
+            newline = self._buffer.find(b"\n", max(start, self._scanned))
+            if newline < 0:
+                break
+            line = bytes(self._buffer[start:newline]).rstrip(b"\r")
+            start = newline + 1
+            if not line:
+                if self._data_lines:
+                    events.append(b"\n".join(self._data_lines).decode("utf-8", "replace"))
+                    self._data_lines = []
+            elif line.startswith(b"data:"):
+                payload = line[5:]
+                self._data_lines.append(payload[1:] if payload.startswith(b" ") else payload)
+            # comments (":...") and event:/id:/retry: fields carry nothing measured
+        del self._buffer[:start]
+        self._scanned = len(self._buffer)
+        return events
+
+    def finish(self) -> list[str]:
+        """Events left when the stream ends without a final blank line."""
+        events = self.feed(b"\n\n") if (self._buffer or self._data_lines) else []
+        return events
+
+
+def _choice_tokens(choice: Mapping[str, Any]) -> tuple[int, str]:
+    """Tokens a streamed choice carries and how they were counted."""
+    token_ids = choice.get("token_ids")
+    if isinstance(token_ids, list):
+        return len(token_ids), "token_ids"
+    logprobs = choice.get("logprobs")
+    if isinstance(logprobs, Mapping) and isinstance(logprobs.get("tokens"), list):
+        return len(logprobs["tokens"]), "logprobs"
+    if isinstance(choice.get("text"), str):
+        return 1, "text"  # "" too: a token whose text the detokenizer holds back
+    delta = choice.get("delta")
+    if isinstance(delta, Mapping) and isinstance(delta.get("content"), str):
+        # a chat role announcement carries "content": "" beside "role" and no token
+        return (0 if "role" in delta and not delta["content"] else 1), "text"
+    return 0, "text"
+
+
+def _running_count(chunk: Mapping[str, Any]) -> int | None:
+    """A chunk's running ``usage.completion_tokens`` (``continuous_usage_stats``), if any.
+
+    Only chunks with choices: the final usage-only chunk repeats the total and carries nothing.
+    """
+    usage = chunk.get("usage")
+    if not chunk.get("choices") or not isinstance(usage, Mapping):
+        return None
+    value = usage.get("completion_tokens")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class _ChunkCounter:
+    """Tokens per carrying chunk: from the running usage count when every chunk has one.
+
+    vLLM's ``continuous_usage_stats`` puts the running ``completion_tokens`` in every chunk,
+    so a chunk carries the difference to the previous one, exactly, for chunks of any size.
+    A server that omits it is counted chunk by chunk (:func:`_choice_tokens`), and the
+    measurement says which source counted.
+    """
+
+    def __init__(self) -> None:
+        self.choice_counts: list[int] = []
+        self.running: list[int | None] = []
+        self.choice_source = "text"
+        self.total = 0  # tokens so far, as best known while the stream runs
+
+    def add(self, choice_count: int, choice_source: str, running: int | None) -> int:
+        """One chunk; the tokens it carries (0: it carries none and stops no clock)."""
+        previous = next((value for value in reversed(self.running) if value is not None), 0)
+        delta = running - previous if running is not None else None
+        carried = delta if delta is not None and delta > 0 else 0
+        if not choice_count and not carried:
+            return 0
+        if choice_count:
+            self.choice_source = choice_source
+        self.choice_counts.append(choice_count)
+        self.running.append(running)
+        tokens = carried or choice_count  # a count that did not rise: the chunk's own count
+        self.total = running if running is not None else self.total + tokens
+        return tokens
+
+    def counts(self) -> tuple[tuple[int, ...], str]:
+        """Tokens per carrying chunk and their source: ``usage`` when every carrying chunk had
+        a running count that rose, else the chunks' own counts."""
+        running = self.running
+        if running and all(value is not None for value in running):
+            values = [0, *(value or 0 for value in running)]
+            deltas = tuple(values[i + 1] - values[i] for i in range(len(running)))
+            if all(delta >= 1 for delta in deltas):
+                return deltas, "usage"
+        return tuple(self.choice_counts), self.choice_source
+
+
+# A TCP connection opened just before t0, so connecting is not timed as TTFT.
+
+
+#: Unanswered keepalive probes after which the kernel gives up on the peer.
+KEEPALIVE_PROBES = 4
+
+
+def keepalive_options(interval_s: float) -> list[tuple[int, int, int]]:
+    """Socket options for TCP keepalive probes every ``interval_s`` seconds of silence.
+
+    A prefill of hours keeps its connection silent; a NAT or an L4 load balancer between
+    client and server drops an idle connection after minutes. Probes are answered by the
+    server's kernel, so they keep the path's state alive without a byte in the stream.
+    """
+    if not interval_s > 0:
+        return []
+    seconds = max(1, round(interval_s))
+    options = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
+    idle = getattr(socket, "TCP_KEEPIDLE", None) or getattr(socket, "TCP_KEEPALIVE", None)
+    if idle is not None:  # Linux: TCP_KEEPIDLE; macOS: TCP_KEEPALIVE
+        options.append((socket.IPPROTO_TCP, idle, seconds))
+    if hasattr(socket, "TCP_KEEPINTVL"):
+        options.append((socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, seconds))
+    if hasattr(socket, "TCP_KEEPCNT"):
+        options.append((socket.IPPROTO_TCP, socket.TCP_KEEPCNT, KEEPALIVE_PROBES))
+    return options
+
+
+class _PreopenedBackend(httpcore.NetworkBackend):
+    """httpcore's network backend, able to hand over a TCP connection opened in advance.
+
+    :meth:`CompletionClient.measure` opens its request's connection just before ``t0`` and
+    stages it here; the pool, which keeps no idle connection, takes it instead of connecting
+    inside the timed window. Any other connection, or a staged one for another address, is
+    opened as usual.
+    """
+
+    def __init__(
+        self, inner: httpcore.NetworkBackend, socket_options: Sequence[tuple[int, int, int]] = ()
+    ) -> None:
+        self._inner = inner
+        self._lock = threading.Lock()
+        self._staged: tuple[str, int, httpcore.NetworkStream] | None = None
+        #: The options every connection gets (keepalive), staged ones included.
+        self.socket_options = list(socket_options)
+
+    def open(self, host: str, port: int, timeout: float) -> httpcore.NetworkStream:
+        stream = self._inner.connect_tcp(
+            host, port, timeout=timeout, socket_options=self.socket_options or None
+        )
+        with self._lock:
+            staged, self._staged = self._staged, (host, port, stream)
+        if staged is not None:
+            staged[2].close()
+        return stream
+
+    def discard(self) -> None:
+        """Close a staged connection nobody took (the request failed before sending)."""
+        with self._lock:
+            staged, self._staged = self._staged, None
+        if staged is not None:
+            staged[2].close()
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Any = None,
+    ) -> httpcore.NetworkStream:
+        with self._lock:
+            staged, self._staged = self._staged, None
+        if staged is not None:
+            same_options = list(socket_options or ()) == self.socket_options
+            if staged[:2] == (host, port) and local_address is None and same_options:
+                return staged[2]
+            staged[2].close()
+        return self._inner.connect_tcp(host, port, timeout, local_address, socket_options)
+
+    def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Any = None
+    ) -> httpcore.NetworkStream:
+        return self._inner.connect_unix_socket(path, timeout, socket_options)
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
+
+
+def _preopening_transport(
+    keepalive_s: float = 0.0,
+) -> tuple[httpx.HTTPTransport, _PreopenedBackend | None]:
+    """httpx's transport with :class:`_PreopenedBackend` under its pool (None if httpx changed);
+    every connection probes with TCP keepalive every ``keepalive_s`` seconds (0: none)."""
+    options = keepalive_options(keepalive_s)
+    transport = httpx.HTTPTransport(
+        limits=httpx.Limits(max_keepalive_connections=0), socket_options=options or None
+    )
+    pool = getattr(transport, "_pool", None)
+    inner = getattr(pool, "_network_backend", None)
+    if not isinstance(inner, httpcore.NetworkBackend):
+        return transport, None
+    backend = _PreopenedBackend(inner, options)
+    pool._network_backend = backend  # type: ignore[union-attr]
+    return transport, backend
+
+
+# Deadlines for a stream: httpx fixes one read timeout, a long prefill needs two.
+
+
+class _Exchange:
+    """httpcore trace hook: phase times and the socket, so a watchdog can cut a stalled stream."""
+
+    def __init__(self, on_socket: Any) -> None:
+        self.times: dict[str, float] = {}
+        self._on_socket = on_socket
+
+    def __call__(self, name: str, info: Mapping[str, Any]) -> None:
+        self.times[name] = time.perf_counter()
+        if name == "connection.connect_tcp.complete":
+            stream = info.get("return_value")
+            sock = stream.get_extra_info("socket") if stream is not None else None
+            if sock is not None:
+                self._on_socket(sock)
+
+    def span(self, begin: str, end: str) -> float | None:
+        if begin in self.times and end in self.times:
+            return self.times[end] - self.times[begin]
+        return None
+
+
+class _Watchdog:
+    """Shuts the socket down when the current deadline passes; the blocked read then returns.
+
+    httpx fixes one read timeout per response, but the first token may take hours while later
+    tokens should follow within the inter-token limit: this thread enforces both.
+    """
+
+    def __init__(self) -> None:
+        self._deadline = math.inf
+        self._phase = ""
+        self._sleeping_until = math.inf
+        self._socket: socket.socket | None = None
+        self._stopped = False
+        self.expired_phase: str | None = None
+        self._wake = threading.Condition()
+        self._waiting = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="longctx-watchdog", daemon=True)
+
+    def start(self, deadline: float, phase: str) -> None:
+        """Start the thread and return once it sleeps, so it takes no time from the caller."""
+        self.extend(deadline, phase)
+        self._thread.start()
+        self._waiting.wait()
+        with self._wake:  # acquired once the thread's wait() released it
+            pass
+
+    def extend(self, deadline: float, phase: str) -> None:
+        """Move the deadline; the thread is woken only when it must fire sooner."""
+        with self._wake:
+            self._deadline, self._phase = deadline, phase
+            if deadline < self._sleeping_until:
+                self._wake.notify()
+
+    def attach(self, sock: socket.socket) -> None:
+        with self._wake:
+            self._socket = sock
+            if self.expired_phase is not None:
+                _shutdown(sock)
+
+    def stop(self) -> None:
+        with self._wake:
+            self._stopped = True
+            self._wake.notify()
+
+    def _run(self) -> None:
+        with self._wake:
+            while not self._stopped:
+                remaining = self._deadline - time.perf_counter()
+                if remaining <= 0:
+                    self.expired_phase = self._phase
+                    if self._socket is not None:
+                        _shutdown(self._socket)
+                    return
+                self._sleeping_until = self._deadline
+                self._waiting.set()
+                self._wake.wait(None if math.isinf(remaining) else remaining)
+                self._sleeping_until = math.inf
+
+
+def _shutdown(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):  # already closed: nothing left to wake
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+_FIRST_TOKEN = "first_token"
+_INTER_TOKEN = "inter_token"
+_BACKSTOP_S = 30.0  # httpx's own limits trail the watchdog's by this much
 
 
 class CompletionClient:

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_longctx.core.file_names import RESULTS_FILE
+
 SCHEMA_VERSION = 1
-#: The records of one run, in its folder.
-RESULTS_FILE = "results.jsonl"
 
 #: Every figure a measurement can carry, with its unit. Reports read units from here.
 FIGURE_UNITS: Mapping[str, str] = {

@@ -14,9 +14,9 @@ from pytest_longctx.core.sizes import format_size
 from pytest_longctx.core.stats import latest_records
 
 from .baseline import BaselineInfo, sessions_of
-from .noise import DEFAULT_LEVEL, _mean, _variance, student_t_isf
+from .noise import DEFAULT_LEVEL, sample_mean, sample_variance, student_t_isf
 from .tolerances import DEFAULT_TOLERANCES, METRICS, Tolerances
-from .verdicts import _decimals, _passed_by_length, _session_values
+from .verdicts import passed_by_length, session_values, shown_decimals
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ class Calibration:
         for row in self.rows:
             metric = METRICS[row.metric]
             within = f"{row.within_cv:.1%}" if row.within_cv is not None else "-"
-            mean = f"{row.mean:.{_decimals(row.mean)}f} {metric.unit}"
+            mean = f"{row.mean:.{shown_decimals(row.mean)}f} {metric.unit}"
             lines.append(
                 f"{format_size(row.length):>8}  {row.metric:<7} {mean:>12}  "
                 f"{row.between_cv:>10.1%}  {within:>9}  {row.proposed_pct:>8g}%"
@@ -110,29 +110,29 @@ def calibrate(records: Iterable[Record], level: float = DEFAULT_LEVEL) -> Calibr
             f"calibration needs two or more sessions with passed points, got {len(run_ids)}"
         )
     rows = []
-    for length, group in sorted(_passed_by_length(passed).items()):
+    for length, group in sorted(passed_by_length(passed).items()):
         for metric in METRICS.values():
             state = [r for r in group if r.cache_state == metric.cache_state]
-            groups = _session_values(state, metric.figure)
+            groups = session_values(state, metric.figure)
             if len(groups) < 2:
                 continue
-            means = [_mean(values) for values in groups]
-            centre = _mean(means)
+            means = [sample_mean(values) for values in groups]
+            centre = sample_mean(means)
             if min(means) <= 0:
                 continue
             count = len(groups)
-            between_cv = math.sqrt(_variance(means)) / centre
+            between_cv = math.sqrt(sample_variance(means)) / centre
             within_df = sum(len(values) - 1 for values in groups)
             within_cv = (
                 math.sqrt(
-                    math.fsum(_variance(values) * (len(values) - 1) for values in groups)
+                    math.fsum(sample_variance(values) * (len(values) - 1) for values in groups)
                     / within_df
                 )
                 / centre
                 if within_df
                 else None
             )
-            log_spread = math.sqrt(_variance([math.log(mean) for mean in means]))
+            log_spread = math.sqrt(sample_variance([math.log(mean) for mean in means]))
             bound = student_t_isf(level, count - 1) * log_spread * math.sqrt(1 + 1 / count)
             ratio = math.expm1(bound) if metric.higher_is_worse else -math.expm1(-bound)
             proposed = max(1.0, float(math.ceil(100 * ratio - 1e-9)))

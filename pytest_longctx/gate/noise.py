@@ -16,7 +16,7 @@ DEFAULT_MAX_SESSIONS = 10
 
 #: Changes this close to the tolerance (in percentage points) count as within it, so that
 #: ``1.0 s -> 1.1 s`` passes a 10% tolerance despite binary floating point.
-_PERCENT_SLACK = 1e-9
+PERCENT_SLACK = 1e-9
 
 
 class LevelError(ValueError):
@@ -136,11 +136,11 @@ def welch_test(before: Sequence[float], after: Sequence[float], worse_sign: floa
     n_before, n_after = len(before), len(after)
     if n_before < 2 or n_after < 2:
         raise ValueError("Welch's test needs two or more values on each side")
-    var_before = _variance(before) / n_before
-    var_after = _variance(after) / n_after
+    var_before = sample_variance(before) / n_before
+    var_after = sample_variance(after) / n_after
     se2 = var_before + var_after
     terms = [(var_before, n_before - 1), (var_after, n_after - 1)]
-    delta = _mean(after) - _mean(before)
+    delta = sample_mean(after) - sample_mean(before)
     return _noise_test("within-session", worse_sign * delta, se2, terms, sessions=1)
 
 
@@ -156,20 +156,20 @@ def session_test(
     count = len(groups)
     if count < 2 or not after:
         raise ValueError("the between-session test needs two or more baseline sessions")
-    means = [_mean(values) for values in groups]
-    between = _variance(means) * (1.0 + 1.0 / count)
+    means = [sample_mean(values) for values in groups]
+    between = sample_variance(means) * (1.0 + 1.0 / count)
     terms = [(between, count - 1)]
     within_df = sum(len(values) - 1 for values in (*groups, after))
     n_base = count / sum(1.0 / len(values) for values in groups)  # harmonic mean of repeats
     n_now = len(after)
     if within_df > 0 and n_now < n_base:
         pooled = (
-            math.fsum(_variance(values) * (len(values) - 1) for values in (*groups, after))
+            math.fsum(sample_variance(values) * (len(values) - 1) for values in (*groups, after))
             / within_df
         )
         terms.append((pooled * (1.0 / n_now - 1.0 / n_base), within_df))
     se2 = math.fsum(term for term, _ in terms)
-    delta = _mean(after) - _mean(means)
+    delta = sample_mean(after) - sample_mean(means)
     return _noise_test("between-session", worse_sign * delta, se2, terms, sessions=count)
 
 
@@ -194,13 +194,13 @@ def _noise_test(
     )
 
 
-def _mean(values: Sequence[float]) -> float:
+def sample_mean(values: Sequence[float]) -> float:
     return math.fsum(values) / len(values)
 
 
-def _variance(values: Sequence[float]) -> float:
+def sample_variance(values: Sequence[float]) -> float:
     """Sample variance (divisor n - 1); 0.0 for a single value."""
     if len(values) < 2:
         return 0.0
-    mean = _mean(values)
+    mean = sample_mean(values)
     return math.fsum((value - mean) ** 2 for value in values) / (len(values) - 1)

@@ -15,11 +15,11 @@ from pytest_longctx.core.sizes import format_size
 from pytest_longctx.core.stats import format_mean_std, latest_records, summarize_values
 
 from .noise import (
-    _PERCENT_SLACK,
     DEFAULT_LEVEL,
+    PERCENT_SLACK,
     NoiseTest,
-    _mean,
-    _variance,
+    sample_mean,
+    sample_variance,
     session_test,
     welch_test,
 )
@@ -55,11 +55,11 @@ class Stats:
         groups = [values for values in groups if values]
         if len(groups) == 1:
             return cls.of("", list(groups[0]))
-        means = [_mean(values) for values in groups]
+        means = [sample_mean(values) for values in groups]
         return cls(
             n=sum(len(values) for values in groups),
-            mean=_mean(means),
-            std=math.sqrt(_variance(means)),
+            mean=sample_mean(means),
+            std=math.sqrt(sample_variance(means)),
             sessions=len(groups),
         )
 
@@ -209,9 +209,9 @@ def compare(
     """
     tolerances = tolerances or Tolerances()
     baseline_list = latest_records(baseline)
-    baseline_by_length = _passed_by_length(baseline_list)
+    baseline_by_length = passed_by_length(baseline_list)
     current_list = latest_records(current)
-    current_by_length = _passed_by_length(current_list)
+    current_by_length = passed_by_length(current_list)
     attempted = Counter(record.length for record in current_list)
     lengths = sorted(set(baseline_by_length) | set(current_by_length))
     verdicts = tuple(
@@ -255,7 +255,8 @@ def compare_length(
     )
 
 
-def _passed_by_length(records: Iterable[Record]) -> dict[int, list[Record]]:
+def passed_by_length(records: Iterable[Record]) -> dict[int, list[Record]]:
+    """The passed records by length: what a verdict and a calibration compare."""
     grouped: dict[int, list[Record]] = {}
     for record in records:
         if record.outcome == "passed":
@@ -310,7 +311,7 @@ def _figure_values(records: list[Record], figure: str) -> list[float]:
     return [float(value) for value in values if value is not None and math.isfinite(value)]
 
 
-def _session_values(records: list[Record], figure: str) -> list[list[float]]:
+def session_values(records: list[Record], figure: str) -> list[list[float]]:
     """The figure's values grouped by server start (:func:`session_key`), in the order they
     first appear."""
     by_session: dict[tuple[str, int], list[Record]] = {}
@@ -332,7 +333,7 @@ def _judge_metric(
     current_records = [r for r in current_records if r.cache_state == metric.cache_state]
     if metric.cache_state != "cold" and not (baseline_records and current_records):
         return None  # warm points are gated only where both sides measured them
-    before_groups = _session_values(baseline_records, metric.figure)
+    before_groups = session_values(baseline_records, metric.figure)
     after_values = _figure_values(current_records, metric.figure)
     chunked = (
         _chunked_stream(baseline_records, current_records)
@@ -435,7 +436,7 @@ def _status_and_message(
 ) -> tuple[str, str]:
     """A regression needs both: beyond the tolerance, and significant at ``level``."""
     worse_pct = (1.0 if metric.higher_is_worse else -1.0) * change_pct
-    beyond_tolerance = abs(change_pct) > tolerance + _PERCENT_SLACK
+    beyond_tolerance = abs(change_pct) > tolerance + PERCENT_SLACK
     significant_worse = test is None or test.p_worse < level
     significant_better = test is None or test.p_better < level
     sides = f"baseline {_describe(before, metric)}, now {_describe(after, metric)}"
@@ -484,7 +485,7 @@ def _test_words(test: NoiseTest, level: float, worse: bool) -> str:
     )
 
 
-def _decimals(mean: float, spread: float | None = None) -> int:
+def shown_decimals(mean: float, spread: float | None = None) -> int:
     """Three significant digits of the mean and at least one of the spread, at most six:
     ``0.670 ± 0.010 s``, ``275.0 ± 0.2 tok/s``, ``18.4 ± 0.2 s``, ``40172 ± 115 s``."""
     wanted = 2 - _exponent(mean, digits=3)
@@ -505,7 +506,7 @@ def _describe(stats: Stats, metric: Metric) -> str:
     return format_mean_std(
         stats.mean,
         stats.std,
-        _decimals(stats.mean, stats.std),
+        shown_decimals(stats.mean, stats.std),
         unit=metric.unit,
         after_unit=f"between {stats.sessions} sessions" if stats.sessions > 1 else "",
         count=f"n={stats.n}",

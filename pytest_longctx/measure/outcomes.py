@@ -54,7 +54,6 @@ _WRAPPERS = (
 )
 #: vLLM's start-up refusal (``v1/core/kv_cache_utils._check_enough_kv_cache_memory``).
 _ESTIMATED_MAX_RE = re.compile(r"the estimated maximum model length is (\d+)")
-_MAX_SEQ_LEN_RE = re.compile(r"with the model's max seq len \((\d+)\)")
 
 
 @dataclass(frozen=True)
@@ -99,12 +98,6 @@ def final_exception(lines: Iterable[str]) -> str | None:
 def estimated_max_model_len(text: str) -> int | None:
     """The longest model length vLLM said at start-up that its KV cache holds, if it said so."""
     match = _ESTIMATED_MAX_RE.search(text)
-    return int(match.group(1)) if match else None
-
-
-def refused_max_seq_len(text: str) -> int | None:
-    """The ``--max-model-len`` vLLM refused for lack of KV cache, if that is why it stopped."""
-    match = _MAX_SEQ_LEN_RE.search(text)
     return int(match.group(1)) if match else None
 
 

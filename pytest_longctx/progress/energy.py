@@ -15,15 +15,6 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-#: Figures this module adds to a record, with their units (see core.records.FIGURE_UNITS).
-ENERGY_FIGURES = (
-    "energy",
-    "prefill_energy",
-    "decode_energy",
-    "energy_per_prompt_token",
-    "energy_per_generated_token",
-)
-
 
 def integrate(times: Sequence[float], values: Sequence[float], start: float, end: float) -> float:
     """The integral of the piecewise-linear curve through ``(times, values)`` over

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SAMPLES_DIR = "samples"
+from pytest_longctx.core.file_names import SAMPLES_DIR
+
 SAMPLES_VERSION = 1
 
 

@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from pytest_longctx.core.file_names import PROGRESS_FILE, progress_file_name
 from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.progress.eta import format_duration
-
-PROGRESS_FILE = "progress.json"
 
 #: ``phase`` values: a point's request before its first token, after it; the session
 #: between points; the session over.
@@ -147,11 +146,6 @@ def upcoming_line(state: ProgressState) -> str:
     )
 
 
-def progress_file_name(worker: str | None = None) -> str:
-    """``progress.json``; a pytest-xdist worker's own is ``progress-gw0.json``."""
-    return f"progress-{worker}.json" if worker else PROGRESS_FILE
-
-
 def write_progress_file(run_dir: Path, state: ProgressState, worker: str | None = None) -> Path:
     """``progress.json`` replaced atomically: a reader never sees half of it."""
     text = json.dumps(state.to_json(), indent=2, sort_keys=True) + "\n"
@@ -209,10 +203,3 @@ def read_progress_file(path: Path) -> ProgressState:
     if path.is_dir():
         path = path / PROGRESS_FILE
     return ProgressState.from_json(json.loads(path.read_text(encoding="utf-8")))
-
-
-def remaining_points(
-    points: Sequence[tuple[int, int]], cost: Mapping[int, float | None]
-) -> tuple[RemainingPoint, ...]:
-    """``(length, repeat)`` pairs with the predicted cost of their length."""
-    return tuple(RemainingPoint(length, repeat, cost.get(length)) for length, repeat in points)

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_longctx import gate
+from pytest_longctx.core.file_names import GATE_PLOT
 from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.core.stats import format_mean_std, latest_records
-from pytest_longctx.reporting.file_names import GATE_PLOT
 from pytest_longctx.reporting.html import embedded_image
 from pytest_longctx.reporting.plots import length_axis
 

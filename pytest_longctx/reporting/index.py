@@ -14,19 +14,17 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from pytest_longctx.core.file_names import HTML, INDEX, LATEST, MARKDOWN, RESULTS_FILE
 from pytest_longctx.core.files import write_atomically
-from pytest_longctx.core.records import OUTCOMES, RESULTS_FILE, read_records
+from pytest_longctx.core.records import OUTCOMES, read_records
 from pytest_longctx.core.stats import latest_records
-from pytest_longctx.reporting.file_names import HTML, INDEX, MARKDOWN
 from pytest_longctx.reporting.view import format_fingerprint_value
 
-#: The symlink a session points at its run (session/run.py's LATEST).
-LATEST = "latest"
 #: (label, file) of the links each run gets, when the file is there.
 LINKS: tuple[tuple[str, str], ...] = (
-    ("report.html", HTML),
-    ("report.md", MARKDOWN),
-    ("results.jsonl", RESULTS_FILE),
+    (HTML, HTML),
+    (MARKDOWN, MARKDOWN),
+    (RESULTS_FILE, RESULTS_FILE),
 )
 
 

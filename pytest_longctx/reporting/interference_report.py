@@ -18,14 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_longctx.core.file_names import INTERFERENCE_ITL_PLOT as ITL_PLOT
+from pytest_longctx.core.file_names import INTERFERENCE_TTFT_PLOT as TTFT_PLOT
 from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.core.stats import FigureSummary, format_mean_std, latest_records, summarize
 from pytest_longctx.reporting.text_table import aligned_table, html_table, markdown_table_lines
 
-ITL_PLOT = "interference_itl.png"
-TTFT_PLOT = "interference_ttft.png"
 WINDOWS = ("idle", "prefill", "decode")
 STATISTICS = ("median", "p99", "max")
 _MISSING = "–"

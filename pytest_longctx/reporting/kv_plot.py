@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pytest_longctx.core.file_names import KV_CACHE_PLOT as FILENAME
 from pytest_longctx.core.records import Record
-from pytest_longctx.reporting.file_names import KV_CACHE_PLOT as FILENAME
 
 
 def kv_plot_info(records: Sequence[Record]) -> Mapping[str, Any] | None:

@@ -6,12 +6,12 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from pytest_longctx.core.file_names import BENCHMARK as BENCHMARK_FILENAME
+from pytest_longctx.core.file_names import HTML as HTML_FILENAME
+from pytest_longctx.core.file_names import MARKDOWN as MARKDOWN_FILENAME
 from pytest_longctx.core.records import Record
 from pytest_longctx.reporting import gate_report
 from pytest_longctx.reporting.benchmark_json import write_benchmark_json
-from pytest_longctx.reporting.file_names import BENCHMARK as BENCHMARK_FILENAME
-from pytest_longctx.reporting.file_names import HTML as HTML_FILENAME
-from pytest_longctx.reporting.file_names import MARKDOWN as MARKDOWN_FILENAME
 from pytest_longctx.reporting.gate_report import GateView
 from pytest_longctx.reporting.html import write_standalone_html
 from pytest_longctx.reporting.interference_report import draw_itl_plot, draw_ttft_plot

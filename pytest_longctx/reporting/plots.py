@@ -10,12 +10,12 @@ import io
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
+from pytest_longctx.core.file_names import DECODE_PLOT as DECODE_FILENAME
+from pytest_longctx.core.file_names import TTFT_PLOT as TTFT_FILENAME
 from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.core.stats import summarize
-from pytest_longctx.reporting.file_names import DECODE_PLOT as DECODE_FILENAME
-from pytest_longctx.reporting.file_names import TTFT_PLOT as TTFT_FILENAME
 
 #: A plot another module contributes: draws from records into the run folder, or returns None.
 ExtraPlot = Callable[[Sequence[Record], Path], "Path | None"]

@@ -12,11 +12,11 @@ import io
 from collections.abc import Sequence
 from pathlib import Path
 
+from pytest_longctx.core.file_names import PREFILL_RATE_PLOT as FILENAME
 from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.progress.samples import longest_curves, read_run_samples
-from pytest_longctx.reporting.file_names import PREFILL_RATE_PLOT as FILENAME
 
 #: How many of the longest lengths the plot shows.
 CURVES = 3

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from pytest_longctx.core.file_names import REUSE_PLOT
 from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
@@ -23,7 +24,6 @@ from pytest_longctx.core.stats import FigureSummary, latest_records, summarize
 from pytest_longctx.reporting.text_table import aligned_table, html_table, markdown_table_lines
 from pytest_longctx.reporting.view import format_summary
 
-REUSE_PLOT = "reuse.png"
 _MISSING = "–"
 
 COLUMNS = (
@@ -201,25 +201,6 @@ def html_fragment(records: Sequence[Record]) -> str:
         + table(COLUMNS, [row_cells(row) for row in rows])
         + table(PAYBACK_COLUMNS, [c for row in rows for c in payback_cells(row)])
     )
-
-
-def benchmark_extra(records: Sequence[Record]) -> list[dict]:
-    """The reuse figures per length, for ``benchmark.json``'s machine_info-free extra."""
-    return [
-        {
-            "length": row.length,
-            "suffix_tokens": row.suffix_tokens,
-            "cold_ttft": row.cold.mean if row.cold else None,
-            "warm_ttft": row.warm.mean,
-            "warm_ttft_std": row.warm.std,
-            "warm_n": row.warm.n,
-            "warm_over_cold": row.ratio,
-            "suffix_prefill_rate": row.suffix_rate,
-            "served_from_cache_min": row.served_min,
-            "resident_kv_bytes": row.resident_kv_bytes,
-        }
-        for row in reuse_rows(records)
-    ]
 
 
 def draw_reuse_plot(records: Sequence[Record], run_dir: Path) -> Path | None:

@@ -15,6 +15,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from pytest_longctx.core.file_names import COMPARE_HTML as HTML
+from pytest_longctx.core.file_names import COMPARE_INTERFERENCE_PLOT as INTERFERENCE_PLOT
+from pytest_longctx.core.file_names import COMPARE_MARKDOWN as MARKDOWN
+from pytest_longctx.core.file_names import COMPARE_PLOTS as PLOTS
 from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import Record, read_records, results_path
 from pytest_longctx.core.sizes import format_size
@@ -24,13 +28,6 @@ from pytest_longctx.reporting.html import embedded_image
 from pytest_longctx.reporting.interference_report import chunk_words
 from pytest_longctx.reporting.plots import length_axis
 from pytest_longctx.reporting.view import format_fingerprint_value
-
-MARKDOWN = "compare.md"
-HTML = "compare.html"
-PLOTS = ("compare_ttft.png", "compare_decode.png", "compare_ratio.png")
-#: With interference points: each run's TTFT under load over its background's p99 gap
-#: during the prefill, the trade a chunk size makes.
-INTERFERENCE_PLOT = "compare_interference.png"
 
 #: Fingerprint keys that say nothing about the setup (when, where, how it was invoked).
 _NOT_SETUP = {"command_line", "server_url", "kv_cache_check", "server_env"}

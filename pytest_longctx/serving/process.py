@@ -31,7 +31,6 @@ from pytest_longctx.measure.target import ServerError
 from pytest_longctx.serving.vllm_command import ServerCommand
 
 LOG_TAIL_LINES = 40
-SERVER_FILE = "server.json"
 
 #: The guard: waits on its stdin; end of file without the word "stopped" means the session
 #: died, and the server's process group gets SIGTERM, then SIGKILL after the grace period.

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 import pytest
 from pytest_benchmark.session import PerformanceRegression
 
+from pytest_longctx.core.file_names import GATE_PLOT, HTML, MARKDOWN
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.reporting import gate_report, interference_report
 from pytest_longctx.reporting import html as html_report
 from pytest_longctx.reporting.benchmark_json import sweep_benchmarks
-from pytest_longctx.reporting.file_names import GATE_PLOT, HTML, MARKDOWN
 from pytest_longctx.reporting.index import write_index as write_run_index
 from pytest_longctx.reporting.markdown import render_terminal_table, write_markdown
 from pytest_longctx.reporting.pipeline import write_reports

@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from pytest_longctx.core.file_names import LATEST, RESULTS_FILE, server_file_stem
 from pytest_longctx.core.files import exclusive_lock
-from pytest_longctx.core.records import RESULTS_FILE, Record, append_record, read_records
+from pytest_longctx.core.records import Record, append_record, read_records
 from pytest_longctx.gate import GateState
 from pytest_longctx.plan.servers import ServerSlot
 from pytest_longctx.plan.settings import Settings
@@ -24,8 +25,6 @@ if TYPE_CHECKING:  # only annotations: these modules import this one
     from pytest_longctx.serving.process import LaunchedServer
     from pytest_longctx.serving.served_model import ModelDescription
     from pytest_longctx.session.signals import SessionSignals
-
-LATEST = "latest"
 
 
 class WatchFactory(Protocol):
@@ -225,7 +224,7 @@ class Run:
     @property
     def server_name(self) -> str:
         """``server`` in a serial session, ``server-gw1`` for a worker's: its log and files."""
-        return f"server-{self.worker}" if self.worker else "server"
+        return server_file_stem(self.worker)
 
     @property
     def results_path(self) -> Path:

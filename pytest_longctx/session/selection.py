@@ -24,7 +24,6 @@ _OPERATORS: dict[str, tuple[str, Callable[[int, int], bool]]] = {
     "<": ("lt", operator.lt),
     ">": ("gt", operator.gt),
 }
-_FIELDS = ("len", "rep")
 _COMPARISON_RE = re.compile(
     r"(?<![\w.\[=/-])(?P<field>len|rep)\s*(?P<op><=|>=|==|!=|=<|=>|<|>|=)\s*(?P<value>[^\s()]*)"
 )

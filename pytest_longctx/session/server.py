@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from pytest_longctx.client import MeasurementError, RequestRejectedError, ServedModel
+from pytest_longctx.core.file_names import MEASURED_BY_FILE
 from pytest_longctx.core.files import exclusive_lock, write_atomically
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.gate import fingerprint_mismatch
@@ -55,11 +56,13 @@ def model_location(profile: Profile, build: bool) -> str:
     name = profile.model.embedded_name
     if name is None:
         return profile.model.source
-    from pytest_longctx.serving import embedded
-
     if build:
-        return str(embedded.ensure_embedded_model(name))
-    return str(embedded.default_models_dir() / embedded.get_spec(name).folder_name)
+        from pytest_longctx.serving.embedded import ensure_embedded_model
+
+        return str(ensure_embedded_model(name))
+    from pytest_longctx.profiles.embedded_models import default_models_dir, get_spec
+
+    return str(default_models_dir() / get_spec(name).folder_name)
 
 
 def tokenizer_location(profile: Profile, build: bool) -> str:
@@ -463,9 +466,6 @@ def _server_identity(run: Run, info: ServerInfo) -> dict[str, Any]:
     if run.slot.devices:
         identity["devices"] = list(run.slot.devices)
     return identity
-
-
-MEASURED_BY_FILE = "measured-by.json"
 
 
 def check_same_servers(run: Run) -> None:

@@ -1,4 +1,14 @@
-"""Building an embedded model folder from its spec: weights, tokenizer and marker."""
+"""Building an embedded model folder from its spec: weights, tokenizer and marker. The specs
+and their cache folders are :mod:`pytest_longctx.profiles.embedded_models`.
+
+Nothing can be downloaded in CI, yet the sweep needs a real model behind a real server. The
+embedded models are generated on first use from a seed (weights via ``transformers``, a
+byte-level BPE tokenizer trained on :mod:`pytest_longctx.prompts.corpus`) and cached outside the
+repository, one folder per spec hash, so a changed spec or generator rebuilds instead of
+serving a stale folder. Building the same spec twice gives byte-identical files.
+
+Importing this module does not import torch or transformers: the plugin's core runs without
+them; only :func:`build_embedded_model` needs them."""
 
 from __future__ import annotations
 
