@@ -861,3 +861,24 @@ def test_chunk_counts_come_from_the_running_usage_count_when_every_chunk_has_one
     partial = client_module._ChunkCounter()
     assert [partial.add(2, "token_ids", running) for running in (2, None)] == [2, 2]
     assert partial.counts() == ((2, 2), "token_ids")
+
+
+def test_clients_load_the_certificates_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A session makes a client for every health and metrics check; each loading the CA
+    bundle anew cost about 0.1 s of CPU."""
+    import ssl
+
+    from pytest_longctx.client.client import verified_tls
+
+    verified_tls.cache_clear()
+    loads = []
+    original = ssl.SSLContext.load_verify_locations
+
+    def counting(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        loads.append(args or kwargs)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(ssl.SSLContext, "load_verify_locations", counting)
+    for _ in range(5):
+        CompletionClient(ClientConfig(base_url="http://127.0.0.1:9")).close()
+    assert len(loads) == 1

@@ -5,9 +5,11 @@ that cut a stalled stream."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -240,6 +242,14 @@ class _PreopenedBackend(httpcore.NetworkBackend):
         self._inner.sleep(seconds)
 
 
+@functools.cache
+def verified_tls() -> ssl.SSLContext:
+    """The TLS context of every client (certificates verified, as httpx's default): loading
+    the CA bundle costs about 0.1 s, and a session makes a client for every health and
+    metrics check, so it is loaded once per process."""
+    return httpx.create_ssl_context()
+
+
 def _preopening_transport(
     keepalive_s: float = 0.0,
 ) -> tuple[httpx.HTTPTransport, _PreopenedBackend | None]:
@@ -247,7 +257,9 @@ def _preopening_transport(
     every connection probes with TCP keepalive every ``keepalive_s`` seconds (0: none)."""
     options = keepalive_options(keepalive_s)
     transport = httpx.HTTPTransport(
-        limits=httpx.Limits(max_keepalive_connections=0), socket_options=options or None
+        verify=verified_tls(),
+        limits=httpx.Limits(max_keepalive_connections=0),
+        socket_options=options or None,
     )
     pool = getattr(transport, "_pool", None)
     inner = getattr(pool, "_network_backend", None)
