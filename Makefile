@@ -40,8 +40,23 @@ $(VENV)/.installed: pyproject.toml
 lint: install
 	$(VENV)/bin/ruff check .
 
+# The real-vLLM tests and the others run side by side: the first half mostly waits on its
+# servers, the second on fake servers and sub-sessions, and the machine has two cores. Each
+# half prints its slowest tests; the first also every vLLM server the run started. With ARGS,
+# one session runs what they select.
+TEST = $(PY) -m pytest -p no:cacheprovider --durations=25 tests
 test: install lint
-	$(PY) -m pytest -p no:cacheprovider --durations=25 tests $(ARGS)
+ifeq ($(strip $(ARGS)),)
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-vllm test-other
+else
+	$(TEST) $(ARGS)
+endif
+
+.PHONY: test-vllm test-other
+test-vllm: install
+	$(TEST) -m vllm
+test-other: install
+	$(TEST) -m "not vllm"
 
 run: install
 	$(PY) -m pytest -p no:cacheprovider tests/test_sweep.py $(SWEEP_ARGS) $(ARGS)
