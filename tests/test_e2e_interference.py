@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 from longctx_testing import (
-    KEEP_BURSTS,
     SWEEP_TEST,
     Session,
     records_of,
@@ -43,7 +42,7 @@ def chunk_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, tuple[Sess
         session = run_process(
             folder, "-m", "pytest", "-p", "no:cacheprovider", "test_sweep.py", "-m", "len==16Ki",
             "--longctx-workload=interference", f"--longctx-max-num-batched-tokens={chunk}",
-            "--longctx-output=reports", "--longctx-progress=off", KEEP_BURSTS, timeout=900,
+            "--longctx-output=reports", "--longctx-progress=off", timeout=900,
         )  # fmt: skip
         runs[chunk] = (session, folder / "reports")
     return runs

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from longctx_testing import KEEP_BURSTS, SWEEP_TEST, Session, raw_lines, run_folder, run_process
+from longctx_testing import SWEEP_TEST, Session, raw_lines, run_folder, run_process
 
 from pytest_longctx.core.records import Record, read_records
 from pytest_longctx.core.stats import latest_records, outcome_label
@@ -98,14 +98,13 @@ def project(directory: Path, conftest: str | None = None) -> Path:
 
 def run_pytest(directory: Path, *args: str) -> Session:
     """A sweep session as a user runs it; a point whose stream a busy host held back is kept
-    with the server's decode figure (``KEEP_BURSTS``): these tests are about the reports."""
+    with the server's decode figure, as by default."""
     return run_process(
         directory,
         "-m",
         "pytest",
         "-p",
         "no:cacheprovider",
-        KEEP_BURSTS,
         *args,
         timeout=SESSION_TIMEOUT_S,
     )
@@ -789,7 +788,6 @@ def test_compare_two_real_runs_made_with_different_decode_lengths(
             "--longctx-to=2Ki",
             "--longctx-repeats=2",
             f"--longctx-decode-tokens={decode}",
-            KEEP_BURSTS,
             timeout=600,
         )
         result.assert_outcomes(passed=4)

@@ -1,8 +1,8 @@
 """Warm follow-ups against real vLLM: the prefix served from its cache, refused without one.
 
 Each session launches its own server: a warm run's ``--max-model-len`` covers the suffix and
-its command turns on ``--enable-prompt-tokens-details``, which the shared server lacks. They
-keep points whose stream a busy host held back (``--longctx-allow-bursts``): the cache is
+its command turns on ``--enable-prompt-tokens-details``, which the shared server lacks. A point
+whose stream a busy host held back keeps the server's decode figure (the default): the cache is
 their subject, not the stream.
 """
 
@@ -52,9 +52,7 @@ def test_warm_follow_ups_at_16ki_are_served_from_cache_and_an_eviction_is_named(
     sweep_dir: pytest.Pytester,
 ) -> None:
     sweep_dir.makeconftest(EVICTING_CONFTEST)
-    result, output = run_session(
-        sweep_dir, "-m", "len==16Ki", "--longctx-workload=cold,warm", "--longctx-allow-bursts"
-    )
+    result, output = run_session(sweep_dir, "-m", "len==16Ki", "--longctx-workload=cold,warm")
     result.assert_outcomes(passed=3, failed=1)
     records = records_of(output)
     cold, *warm = records
@@ -100,7 +98,6 @@ def test_a_server_without_prefix_caching_fails_the_warm_points_with_the_reason(
     sweep_dir.makeconftest(CACHING_OFF_CONFTEST)
     result, output = run_session(
         sweep_dir, "-m", "len==1Ki", "--longctx-workload=cold,warm", "--longctx-warm-questions=2",
-        "--longctx-allow-bursts",
     )  # fmt: skip
     result.assert_outcomes(passed=1, failed=2)
     cold, *warm = records_of(output)

@@ -13,7 +13,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from longctx_testing import KEEP_BURSTS, REPO, SHIPPED_SWEEP, records_of
+from longctx_testing import REPO, SHIPPED_SWEEP, records_of
 
 import pytest_longctx
 from pytest_longctx.core.records import read_records
@@ -127,7 +127,7 @@ def test_a_plan_from_an_empty_folder(installed: Path, tmp_path: Path) -> None:
 @pytest.mark.vllm
 def test_a_real_sweep_from_an_empty_folder(installed: Path, tmp_path: Path) -> None:
     folder = tmp_path / "some-serving-repo"
-    done = run_in_empty_folder(installed, folder, "--longctx-to=2Ki", KEEP_BURSTS)
+    done = run_in_empty_folder(installed, folder, "--longctx-to=2Ki")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "2 passed" in done.stdout
     records = records_of(folder / "reports")
@@ -156,7 +156,6 @@ def test_calibrate_runs_the_shipped_sweep_from_an_empty_folder(
             f"--output={stored}",
             "--",
             f"--longctx-url={vllm_url}",
-            KEEP_BURSTS,
             "--longctx-to=1Ki",
             "--longctx-repeats=2",
             "--longctx-progress=off",
