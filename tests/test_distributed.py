@@ -17,7 +17,6 @@ from types import SimpleNamespace
 
 import pytest
 from longctx_testing import (
-    KEEP_BURSTS,
     SWEEP_TEST,
     assert_bursts_kept_with_the_servers_figure,
     launch_fake_conftest,
@@ -369,7 +368,6 @@ def test_two_attached_servers_share_one_run(
         f"--longctx-url={vllm_url},{loaded_url}",
         "--longctx-to=8Ki",
         "--longctx-repeats=2",
-        KEEP_BURSTS,
         "--longctx-progress=plain",
         "--longctx-progress-interval=200ms",
         "--longctx-progress-throttle=0",
@@ -416,7 +414,6 @@ def test_two_attached_servers_share_one_run(
         "--longctx-repeats=2",
         f"--longctx-baseline={baseline}",
         "--longctx-tolerance=ttft=100000%,decode=99%,itl=off",
-        KEEP_BURSTS,
         "-rA",
     )
     result.assert_outcomes(passed=6)
@@ -430,7 +427,7 @@ def test_servers_unlike_each_other_are_refused_unless_mixing_is_allowed(
 ) -> None:
     urls = f"--longctx-url={vllm_url},{foreign_model_url}"
     result, output = run_session(
-        sweep_dir, "-n", "2", urls, "--longctx-to=1Ki", "--longctx-repeats=2", KEEP_BURSTS
+        sweep_dir, "-n", "2", urls, "--longctx-to=1Ki", "--longctx-repeats=2"
     )
     result.assert_outcomes(passed=1, errors=1)
     refused = [r for r in records_of(output) if r.outcome == "error"]
@@ -446,7 +443,6 @@ def test_servers_unlike_each_other_are_refused_unless_mixing_is_allowed(
         "--longctx-to=1Ki",
         "--longctx-repeats=2",
         "--longctx-allow-mixed-servers",
-        KEEP_BURSTS,
     )
     result.assert_outcomes(passed=2)
     records = records_of(output)
@@ -487,7 +483,7 @@ def test_a_dead_server_loses_only_its_worker_and_resume_completes_the_run(
     pytester.makepyfile(test_sweep=SWEEP_TEST)
     # the session's own bookkeeping over two workers: the stand-in server is launched
     pytester.makeconftest(KILL_GW1_SERVER + launch_fake_conftest())
-    args = ("-n", "2", "--longctx-to=8Ki", "--longctx-repeats=2", KEEP_BURSTS)
+    args = ("-n", "2", "--longctx-to=8Ki", "--longctx-repeats=2")
     result, output = run_session(pytester, *args, "--longctx-max-relaunches=0")
     assert (pytester.path / "killed").exists()
     records = records_of(output)

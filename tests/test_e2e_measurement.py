@@ -16,12 +16,10 @@ pytestmark = pytest.mark.vllm
 
 
 def test_sweep_1ki_to_4ki_two_repeats(sweep_dir: pytest.Pytester, vllm_url: str) -> None:
-    """``--longctx-allow-bursts``: on this repository's 2-core host, shared with other work, a
-    point in six or so has its stream held back (the fake-server tests fail such points); it
-    is kept with the server's decode figure, and which figure each point has is checked."""
-    result, output = run_session(
-        sweep_dir, "--longctx-to=4Ki", "--longctx-repeats=2", "--longctx-allow-bursts", url=vllm_url
-    )
+    """On this repository's 2-core host, shared with other work, a point in six or so has its
+    stream held back; it is kept with the server's decode figure (the default), and which
+    figure each point has is checked."""
+    result, output = run_session(sweep_dir, "--longctx-to=4Ki", "--longctx-repeats=2", url=vllm_url)
     result.assert_outcomes(passed=6)
     records = records_of(output)
     assert [(r.length, r.repeat) for r in records] == [
@@ -66,10 +64,8 @@ def test_sweep_1ki_to_4ki_two_repeats(sweep_dir: pytest.Pytester, vllm_url: str)
 def test_repeats_of_a_length_are_cold(sweep_dir: pytest.Pytester, vllm_url: str) -> None:
     """Three repeats of 4Ki: were the prefix cache hit, repeats would be ~10x faster. About
     prefill: a stream that a host busy with other work held back keeps the server's decode
-    figure (``--longctx-allow-bursts``) rather than fail a point this test does not judge."""
-    result, output = run_session(
-        sweep_dir, "-m", "len==4Ki", "--longctx-repeats=3", "--longctx-allow-bursts", url=vllm_url
-    )
+    figure (the default) rather than fail a point this test does not judge."""
+    result, output = run_session(sweep_dir, "-m", "len==4Ki", "--longctx-repeats=3", url=vllm_url)
     result.assert_outcomes(passed=3)
     ttfts = [r.figures["server_prefill"] for r in records_of(output)]
     assert all(r.server_metrics["prefix_cache_hits"] == 0 for r in records_of(output))

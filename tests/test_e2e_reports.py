@@ -27,7 +27,6 @@ import httpx
 import pytest
 from longctx_testing import (
     ATTACHED_TIMEOUT_S,
-    KEEP_BURSTS,
     SWEEP_TEST,
     Session,
     raw_lines,
@@ -106,14 +105,13 @@ def project(directory: Path, conftest: str | None = None) -> Path:
 
 def run_pytest(directory: Path, *args: str) -> Session:
     """A sweep session as a user runs it; a point whose stream a busy host held back is kept
-    with the server's decode figure (``KEEP_BURSTS``): these tests are about the reports."""
+    with the server's decode figure, as by default."""
     return run_process(
         directory,
         "-m",
         "pytest",
         "-p",
         "no:cacheprovider",
-        KEEP_BURSTS,
         *args,
         timeout=SESSION_TIMEOUT_S,
     )
@@ -797,7 +795,6 @@ def test_compare_two_real_runs_made_with_different_decode_lengths(
             "--longctx-to=2Ki",
             "--longctx-repeats=2",
             f"--longctx-decode-tokens={decode}",
-            KEEP_BURSTS,
             timeout=ATTACHED_TIMEOUT_S,
         )
         result.assert_outcomes(passed=4)

@@ -919,3 +919,51 @@ def test_calibration_reports_both_spreads_and_proposes_tolerances_at_the_level()
 def test_calibration_needs_two_sessions():
     with pytest.raises(ValueError, match="two or more sessions with passed points, got 1"):
         calibrate(points("only", KI, [0.1, 0.1]))
+
+
+def held_back(records: list[Record], source: str = "server") -> list[Record]:
+    """The records as a busy host leaves them: each stream arrived in bursts, so its gaps are
+    kept as ``stream_*`` figures and its decode figure is the server's (``none``: absent)."""
+    held = []
+    for record in records:
+        figures = {k: v for k, v in record.figures.items() if k != "itl_median"}
+        figures["stream_itl_median"] = record.figures["itl_median"]
+        if source == "none":
+            figures["stream_decode_throughput"] = figures.pop("decode_throughput")
+        stream = {"decode_source": source, "agreement": "the stream delivered 31 tokens"}
+        held.append(Record(**{**vars(record), "figures": figures, "stream": stream}))
+    return held
+
+
+def test_itl_of_streams_held_back_is_not_compared_and_fails_no_length():
+    """Every point of this run kept the server's decode figure: the gate still compares TTFT
+    and decode throughput, saying whose decode figures they are, and says why ITL is not
+    compared, without failing the length a test not about the stream measured."""
+    current = held_back(points("now", 4 * KI, *BASELINE_FIGURES[4 * KI]))
+    verdict = compare_length(baseline_sweep(), current, 4 * KI)
+    assert verdict.status == "ok"
+    itl = by_metric(verdict)["itl"]
+    assert itl.status == "unjudged" and itl.current is None
+    assert itl.message.startswith(
+        "median inter-token latency at 4Ki: not compared, this run recorded no per-token gap: "
+        "its streams arrived in bursts"
+    )
+    decode = by_metric(verdict)["decode"]
+    assert decode.status == "ok"
+    assert decode.sources == (
+        "decode figures: this run's from the server at 3 of 3 points (their streams arrived "
+        "in bursts)"
+    )
+    assert decode.message.endswith("; " + decode.sources)
+    # only where ITL is asked
+    off = compare_length(baseline_sweep(), current, 4 * KI, parse_tolerances("itl=off"))
+    assert set(by_metric(off)) == {"ttft", "decode"} and off.status == "ok"
+    # a run whose points have no decode figure at all (neither the stream's nor the server's)
+    none = held_back(points("now", 4 * KI, *BASELINE_FIGURES[4 * KI]), "none")
+    lost = by_metric(compare_length(baseline_sweep(), none, 4 * KI))
+    assert lost["ttft"].status == "ok" and lost["itl"].status == "unjudged"
+    assert lost["decode"].status == "insufficient"
+    assert "this run's absent at 3 of 3 points" in lost["decode"].message
+    # a stream that agreed at one repeat: ITL compares over the points that have it
+    mixed = current[:2] + points("now", 4 * KI, *BASELINE_FIGURES[4 * KI])[2:]
+    assert by_metric(compare_length(baseline_sweep(), mixed, 4 * KI))["itl"].current.n == 1

@@ -206,3 +206,30 @@ def test_index_command(tmp_path: Path, capsys) -> None:  # noqa: ANN001
     assert (tmp_path / "index.html").is_file()
     assert main(["index", str(tmp_path / "missing")]) == 2
     assert "is not a folder" in capsys.readouterr().err
+
+
+def test_lengths_whose_streams_were_held_back_say_so_and_pass() -> None:
+    """A run whose 1Ki points all kept the server's decode figure (a busy host): the length
+    passes, and the report says whose decode figures were compared and why ITL was not."""
+    current = []
+    for record in make_records(NOW_RUN, NOW):
+        if record.length == 1 * KI:
+            figures = {k: v for k, v in record.figures.items() if k != "itl_median"}
+            record = Record(
+                **{**record.__dict__, "figures": figures, "stream": {"decode_source": "server"}}
+            )
+        current.append(record)
+    gate = view(NOW, current)
+    one = gate.rows[0]
+    assert (one.length, one.status, one.failing) == (1 * KI, "ok", False)
+    assert one.metrics["itl"].status == "unjudged"
+    markdown = gate_report.markdown_section(gate)
+    assert "Streams in bursts:" in markdown
+    assert (
+        "- 1Ki: decode throughput: decode figures: this run's from the server at 3 of 3 points"
+        in markdown
+    )
+    assert (
+        "- 1Ki: median inter-token latency at 1Ki: not compared, this run recorded no" in markdown
+    )
+    assert "Streams in bursts:" in gate_report.html_fragment(gate)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from fabricated_runs import FINGERPRINT, NOW, Figures, make_records
-from longctx_testing import KEEP_BURSTS, SWEEP_TEST, run_folder
+from longctx_testing import SWEEP_TEST, run_folder
 
 from pytest_longctx.core.records import Record, append_record, read_records
 from pytest_longctx.core.sizes import format_size
@@ -744,7 +744,6 @@ def test_gate_against_real_vllm(pytester: pytest.Pytester, vllm_url: str) -> Non
             f"--longctx-output={output}",
             "--longctx-to=2Ki",
             "--longctx-repeats=2",
-            KEEP_BURSTS,
             *args,
         )
 
@@ -789,6 +788,8 @@ def test_gate_against_real_vllm(pytester: pytest.Pytester, vllm_url: str) -> Non
             "ttft": record.figures["ttft"] / 5,
             "decode_throughput": record.figures["decode_throughput"] * 5,
         }
+        if "itl_median" in record.figures:  # none where a busy host held the stream back
+            figures["itl_median"] = record.figures["itl_median"] / 5
         append_record(faster, Record(**{**record.__dict__, "figures": figures}))
     slower = session(
         f"--longctx-baseline={faster}",

@@ -8,7 +8,7 @@ import re
 
 import pytest
 from fake_vllm import FakeVLLM
-from longctx_testing import KEEP_BURSTS, SWEEP_TEST
+from longctx_testing import SWEEP_TEST
 
 #: An ordinary project's tests, which look at what a plugin could have changed.
 ORDINARY = """
@@ -166,7 +166,6 @@ def test_the_sweep_holds_the_signals_only_while_it_runs(
         "-s",
         f"--longctx-url={fake_vllm.url}",
         "--longctx-to=1Ki",
-        KEEP_BURSTS,  # a starved host's burst is not what this test is about
     )
     said = result.stdout.str() + result.stderr.str()
     outcomes = _outcomes(result)

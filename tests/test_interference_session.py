@@ -267,24 +267,36 @@ def test_under_xdist_the_interference_points_follow_every_cold_one(
     ]
 
 
-def test_gaps_the_servers_histogram_does_not_confirm_fail_unless_kept(
+def test_gaps_the_servers_histogram_does_not_confirm_keep_the_ttft_without_a_decode_figure(
     pytester: pytest.Pytester,
 ) -> None:
-    """A stream held back and flushed at once (a starved host): its gaps are not the
-    server's. The point fails; --longctx-allow-bursts keeps it and the report says so."""
+    """A stream held back and flushed at once (a starved host): its gaps are not the server's,
+    and the server's decode time counts the background requests too, so the long prompt has
+    no decode figure of its own. The point passes with its TTFT, its decode figures set aside
+    and the reason said; --longctx-strict-stream fails it."""
     args = ("-m", "len==1Ki", "-k", "interference", LOAD)
     with FakeVLLMProcess(_behaviour(deliver_at_once=True)) as fake:
-        result, records = _session(pytester, fake.url, *args, output="strict")
-        result.assert_outcomes(failed=1)
-        assert "disagree with the server's inter-token histogram" in records[-1].reason
-        assert "--longctx-allow-bursts keeps such points" in records[-1].reason
-        result, records = _session(
-            pytester, fake.url, *args, "--longctx-allow-bursts", output="kept"
+        result, records = _session(pytester, fake.url, *args, output="kept")
+        result.assert_outcomes(passed=1)
+        (record,) = [r for r in records if r.cache_state == "interference"]
+        strict, strict_records = _session(
+            pytester, fake.url, *args, "--longctx-strict-stream", output="strict"
         )
-    result.assert_outcomes(passed=1)
-    assert records[-1].interference["server_itl"]["kept"] == "--longctx-allow-bursts"
+    figures = record.figures
+    assert figures["ttft"] > PREFILL_S
+    assert not {"decode_throughput", "itl_median", "itl_p90", "itl_max"} & set(figures)
+    assert figures["stream_decode_throughput"] > 0  # measured, kept, not the point's
+    assert "bg_itl_idle_p99" in figures  # the background streams' figures, kept as said
+    assert record.stream["decode_source"] == "none"
+    assert "disagree with the server's inter-token histogram" in record.stream["decode_problem"]
+    assert "this point has no decode figure" in record.stream["decode_problem"]
+    assert "--longctx-strict-stream fails such points" in record.interference["server_itl"]["kept"]
     report = (run_folder(pytester.path / "kept") / "report.md").read_text()
-    assert "Kept with --longctx-allow-bursts although the streams' gaps disagree" in report
+    assert "Kept although the streams' gaps disagree" in report
+    assert "Decode figures: 1 point without a decode figure, TTFT kept" in report
+    strict.assert_outcomes(failed=1)
+    assert "disagree with the server's inter-token histogram" in strict_records[-1].reason
+    assert "(--longctx-strict-stream fails such points)" in strict_records[-1].reason
 
 
 #: Launches the fake in place of vLLM, as the command asks: one sequence for the study's

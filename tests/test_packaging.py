@@ -13,7 +13,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from longctx_testing import ATTACHED_TIMEOUT_S, KEEP_BURSTS, REPO, SHIPPED_SWEEP, records_of
+from longctx_testing import ATTACHED_TIMEOUT_S, REPO, SHIPPED_SWEEP, records_of
 
 import pytest_longctx
 from pytest_longctx.core.records import read_records
@@ -157,7 +157,6 @@ def test_calibrate_runs_the_shipped_sweep_from_an_empty_folder(
             f"--output={stored}",
             "--",
             f"--longctx-url={vllm_url}",
-            KEEP_BURSTS,
             "--longctx-to=1Ki",
             "--longctx-repeats=2",
             "--longctx-progress=off",

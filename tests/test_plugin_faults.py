@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 from fake_vllm import FakeVLLM
-from longctx_testing import SWEEP_TEST, fault_session, run_folder
+from longctx_testing import STRICT_STREAM, SWEEP_TEST, fault_session, run_folder
 
 
 @pytest.fixture
@@ -165,10 +165,26 @@ def test_text_prompts_without_detokenize_are_one_usage_error(
     )
 
 
-def test_a_stream_delivered_in_one_burst_fails_the_point_with_both_figures(session) -> None:  # noqa: ANN001
-    """The server decodes a token every 20 ms but hands the stream over at once at the end."""
+@pytest.mark.parametrize(
+    "strict", [STRICT_STREAM, "--no-longctx-allow-bursts", "ini"], ids=["flag", "no-bursts", "ini"]
+)
+def test_strict_stream_fails_a_stream_delivered_in_one_burst_with_both_figures(
+    session,  # noqa: ANN001
+    pytester: pytest.Pytester,
+    strict: str,
+) -> None:
+    """The server decodes a token every 20 ms but hands the stream over at once at the end:
+    under --longctx-strict-stream (or its older spelling, or the ini key) the point fails."""
+    if strict == "ini":
+        pytester.makeini("[pytest]\nlongctx_strict_stream = true\n")
+    args = () if strict == "ini" else (strict,)
     result, records = session(
-        "-m", "len==1Ki", "--longctx-decode-tokens=16", token_delay_s=0.02, deliver_at_once=True
+        "-m",
+        "len==1Ki",
+        "--longctx-decode-tokens=16",
+        *args,
+        token_delay_s=0.02,
+        deliver_at_once=True,
     )
     result.assert_outcomes(failed=1)
     (record,) = records
@@ -178,17 +194,25 @@ def test_a_stream_delivered_in_one_burst_fails_the_point_with_both_figures(sessi
     assert "the stream delivered 15 tokens within" in record.reason
     assert f"the server decoded them at {server_rate:,.0f} tok/s" in record.reason
     assert f"{record.figures['decode_throughput']:,.1f} tok/s" in record.reason
-    assert "--longctx-allow-bursts" in record.reason
+    assert "or fails with --longctx-strict-stream" in record.reason
     assert record.stream["decode_source"] == "stream"
     assert record.stream["largest_burst"]["tokens"] == 15
     assert record.failure_class == "contract"
+    assert record.fingerprint["stream"]["bursts_allowed"] is False
+    report = (run_folder(pytester.path / "reports") / "report.md").read_text()
+    assert "points whose stream disagrees with the server's decode fail" in report
 
 
-def test_a_stream_delivered_in_one_chunk_fails_the_point_with_both_figures(session) -> None:  # noqa: ANN001
+def test_strict_stream_fails_a_stream_delivered_in_one_chunk_with_both_figures(session) -> None:  # noqa: ANN001
     """The server decodes a token every 20 ms and hands all 16 over in one chunk, as a starved
     API server that merged the deltas: no gap to judge and no client rate, and yet a burst."""
     result, records = session(
-        "-m", "len==1Ki", "--longctx-decode-tokens=16", token_delay_s=0.02, tokens_per_chunk=16
+        "-m",
+        "len==1Ki",
+        "--longctx-decode-tokens=16",
+        STRICT_STREAM,
+        token_delay_s=0.02,
+        tokens_per_chunk=16,
     )
     result.assert_outcomes(failed=1)
     (record,) = records
@@ -208,39 +232,51 @@ def test_a_stream_delivered_in_one_chunk_fails_the_point_with_both_figures(sessi
     ("shape", "delivered"),
     [
         ({"deliver_at_once": True}, "the stream delivered 15 tokens within"),
+        # the first held token ends a long gap; the 14 after it come at once
+        ({"flush_last_tokens": 15}, "the stream delivered 14 tokens within"),
         ({"tokens_per_chunk": 16}, "the stream delivered 16 tokens within 0 ms, all in one chunk"),
     ],
-    ids=["flushed", "one-chunk"],
+    ids=["flushed", "first-on-time", "one-chunk"],
 )
-def test_allow_bursts_keeps_the_point_with_the_servers_decode(
+@pytest.mark.parametrize("given", [(), ("--longctx-allow-bursts",)], ids=["default", "old-flag"])
+def test_a_burst_keeps_the_point_with_the_servers_decode(
     session,  # noqa: ANN001
     pytester: pytest.Pytester,
     shape: dict,
     delivered: str,
+    given: tuple[str, ...],
 ) -> None:
+    """A busy host's API server flushes the stream late: the point passes with the server's
+    decode figure, by default (``--longctx-allow-bursts`` says the same), its TTFT its own."""
     result, records = session(
         "-m",
         "len==1Ki",
         "--longctx-decode-tokens=16",
-        "--longctx-allow-bursts",
+        *given,
+        first_token_delay_s=0.2,
         token_delay_s=0.02,
         **shape,
     )
     result.assert_outcomes(passed=1)
     (record,) = records
     figures = record.figures
+    assert figures["ttft"] >= figures["server_ttft"] >= 0.2
+    if "flush_last_tokens" in shape:  # the first token on time: the TTFT is the server's
+        assert figures["ttft"] < figures["server_ttft"] + 0.1
     assert figures["decode_throughput"] == pytest.approx(figures["server_decode_throughput"])
     assert "itl_median" not in figures  # not gated as ITL
     if "tokens_per_chunk" in shape:  # one chunk: the stream had no rate of its own to keep
         assert "stream_decode_throughput" not in figures
     else:
-        assert figures["stream_decode_throughput"] > 10 * figures["decode_throughput"]
         assert "stream_itl_median" in figures
+    if "deliver_at_once" in shape:  # the whole decode at once: the stream's rate is fiction
+        assert figures["stream_decode_throughput"] > 10 * figures["decode_throughput"]
     assert record.stream["decode_source"] == "server"
     assert delivered in record.stream["agreement"]
     assert record.fingerprint["stream"]["bursts_allowed"] is True
     report = (run_folder(pytester.path / "reports") / "report.md").read_text()
-    assert "Decode figures: 1 point kept with the server's decode throughput" in report
+    assert "Decode figures: 1 point kept the server's decode throughput" in report
+    assert "1Ki rep 0. First: the stream delivered" in report
 
 
 @pytest.mark.parametrize("how", ["default", "option", "ini"])
@@ -253,7 +289,7 @@ def test_the_stream_tolerance_decides_a_partial_flush(
     third of the decode (10 of 31 tokens) in one burst, within the default 50%, beyond 25%.
     A token every 50 ms: a busy host pausing the fake or the client mid-flush for less than a
     token's time does not break the burst in two."""
-    args = ["-m", "len==1Ki", "--longctx-decode-tokens=32"]
+    args = ["-m", "len==1Ki", "--longctx-decode-tokens=32", STRICT_STREAM]
     if how == "option":
         args.append("--longctx-stream-tolerance=25%")
     elif how == "ini":

@@ -30,7 +30,7 @@ def test_a_stream_flushed_at_once_is_a_burst_with_both_figures() -> None:
     assert "the stream delivered 31 tokens within 0.062 ms" in verdict.problem
     assert "the server decoded them at 455 tok/s (in 68 ms)" in verdict.problem
     assert "the stream's decode rate, 500,000.0 tok/s" in verdict.problem
-    assert "455" in verdict.problem and "--longctx-allow-bursts" in verdict.problem
+    assert "455" in verdict.problem and "--longctx-strict-stream" in verdict.problem
 
 
 @pytest.mark.parametrize("interval", [1, 8, 32])
@@ -126,7 +126,7 @@ def test_a_stream_in_one_chunk_is_a_burst_of_its_whole_decode() -> None:
         "at 455 tok/s (in 68 ms): 100% of the decode in one burst" in verdict.problem
     )
     assert "decode rate" not in verdict.problem  # no rate without two chunks
-    assert "--longctx-allow-bursts" in verdict.problem
+    assert "--longctx-strict-stream" in verdict.problem
 
 
 def test_a_first_chunk_of_many_tokens_is_a_burst_with_the_flush_after_it() -> None:

@@ -46,8 +46,9 @@ def test_prefill_decode(longctx_point, longctx_prompt, longctx_measure):
             "is not this request's alone"
         )
     # Streamed as decoded: the stream's decode rate and its chunks agree with the server's own
-    # decode (a stream held back and flushed at once is not; None when the server's figure is
-    # unknown, or the point keeps the server's figure with --longctx-allow-bursts).
+    # decode, a stream held back and flushed at once does not; this fails only with
+    # --longctx-strict-stream: by default such a point keeps the server's decode figure, or
+    # none where the server has none of this request's own (None also when it is unknown).
     assert result.stream_problem is None, result.stream_problem
 
 

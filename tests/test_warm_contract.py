@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import pytest
 from fake_vllm import FakeVLLM
 from longctx_testing import (
-    KEEP_BURSTS,
     SWEEP_TEST,
     fake_session_args,
     launch_fake_conftest,
@@ -155,13 +154,12 @@ def session(pytester: pytest.Pytester, fake_vllm: FakeVLLM):  # noqa: ANN201
 
     def run(*args: str, warm: int = 0, **changes):  # noqa: ANN202
         # decoded at a pace the stream check can tell from the client's own overhead; a busy
-        # host still delays a stream now and then and flushes it in one burst: the cache, not
-        # the stream check, is these sessions' subject (KEEP_BURSTS)
+        # host still delays a stream now and then and flushes it in one burst, which keeps the
+        # point with the server's decode figure: the cache is these sessions' subject
         changes.setdefault("token_delay_s", 0.004)
         result = pytester.runpytest(
             *fake_session_args(fake_vllm.url, output),
             "--longctx-progress=off",
-            KEEP_BURSTS,
             *args,
             plugins=[_HitsPerItem(fake_vllm, warm, changes)],
         )
@@ -586,7 +584,7 @@ def test_under_xdist_each_follow_up_runs_on_its_cold_points_server(
         result = pytester.runpytest_subprocess(
             "-p", "no:cacheprovider", "-n", "2", f"--longctx-url={one.url},{two.url}",
             f"--longctx-output={output}", "--longctx-decode-tokens=8", "--longctx-to=4Ki",
-            WARM, "--longctx-warm-questions=2", "--longctx-progress=off", KEEP_BURSTS,
+            WARM, "--longctx-warm-questions=2", "--longctx-progress=off",
         )  # fmt: skip
     result.assert_outcomes(passed=9)
     records = records_of(output)

@@ -20,8 +20,9 @@ SCHEMA_VERSION = 1
 #: Every figure a measurement can carry, with its unit. Reports read units from here.
 FIGURE_UNITS: Mapping[str, str] = {
     "ttft": "s",  # client-side time to first generated token
-    # (N-1) / (t_last - t_first); the server's figure for a point kept with
-    # --longctx-allow-bursts (the record's stream.decode_source says which)
+    # (N-1) / (t_last - t_first); the server's, (N-1) / its decode time, for a point whose
+    # stream disagreed with it, and absent where neither is this request's own (the record's
+    # stream.decode_source says which: stream, server or none)
     "decode_throughput": "tok/s",
     # Inter-token latencies: only when every chunk carried one token.
     "itl_median": "s",
@@ -125,8 +126,10 @@ class Record:
     server_metrics: Mapping[str, float] = field(default_factory=dict)
     #: What was measured: profile, model, revision, command, versions, hardware.
     fingerprint: Mapping[str, Any] = field(default_factory=dict)
-    #: How the stream was chunked (tokens per chunk, their source, the stream interval) and
-    #: whether it agreed with the server's decode (measure/agreement.py).
+    #: How the stream was chunked (tokens per chunk, their source, the stream interval),
+    #: whether it agreed with the server's decode (measure/agreement.py) and whose figure
+    #: ``decode_throughput`` is (``decode_source``: ``stream``, ``server``, or ``none`` with
+    #: ``decode_problem`` saying why); a record without ``decode_source`` is ``stream``.
     stream: Mapping[str, Any] = field(default_factory=dict)
     #: The point's workload, as the cache sees its prompt: ``cold`` (a prefill no cache
     #: served), ``warm`` (a follow-up on a cold point's prefix) or ``interference`` (a cold

@@ -31,6 +31,11 @@ class Metric:
     falls_back_to: str | None = None
 
     @property
+    def is_decode(self) -> bool:
+        """Whether it reads the decode throughput, whose source a record's stream says."""
+        return self.figure == "decode_throughput"
+
+    @property
     def unit(self) -> str:
         return FIGURE_UNITS.get(self.figure, "")
 

@@ -25,7 +25,9 @@ from .noise import (
 )
 from .tolerances import METRICS, Metric, Tolerances
 
-VERDICT_STATUSES = ("ok", "regressed", "improved", "insufficient")
+#: ``unjudged``: not compared, and no failure: a side has no per-token gap because its streams
+#: did not show the server's decode (bursts on a busy host), which is not the run's fault.
+VERDICT_STATUSES = ("ok", "regressed", "improved", "insufficient", "unjudged")
 LENGTH_STATUSES = (*VERDICT_STATUSES, "missing_in_current", "missing_in_baseline")
 
 WITHIN_ONLY = "one-session baseline: within-session noise only"
@@ -78,6 +80,9 @@ class MetricVerdict:
     test: NoiseTest | None
     level: float
     message: str
+    #: Whose decode figures a decode verdict compared where not all were the streams'
+    #: (``decode figures: this run's from the server at 2 of 3 points ...``); else empty.
+    sources: str = ""
 
     @property
     def noise(self) -> str:
@@ -102,7 +107,7 @@ class LengthVerdict:
         """Regressions first, then the rest: what a failing test item shows."""
         if not self.verdicts:
             return self.note
-        order = {"regressed": 0, "insufficient": 1, "improved": 2, "ok": 3}
+        order = {"regressed": 0, "insufficient": 1, "improved": 2, "unjudged": 3, "ok": 4}
         ranked = sorted(self.verdicts, key=lambda verdict: order[verdict.status])
         return "\n".join(verdict.message for verdict in ranked)
 
@@ -358,20 +363,75 @@ def _judge_metric(
             test=figures.get("test"),
             level=level,
             message=message,
+            sources=figures.get("sources", ""),
         )
 
     missing = _why_not_compared(metric, before, after)
     if missing is not None and chunked is not None:
         missing = chunked
+    elif missing is not None and metric.figure in STREAM_GAP_METRICS:
+        set_aside = _stream_set_aside(
+            baseline_records if before is None else [],
+            current_records if after is None else [],
+        )
+        if set_aside is not None:
+            return verdict("unjudged", f"{where}: not compared, {set_aside}")
+    sources = _decode_sources(baseline_records, current_records) if metric.is_decode else ""
+    said = f"; {sources}" if sources else ""
     if missing is not None or before is None or after is None:
-        return verdict("insufficient", f"{where}: not compared, {missing}")
+        return verdict("insufficient", f"{where}: not compared, {missing}{said}", sources=sources)
     worse_sign = 1.0 if metric.higher_is_worse else -1.0
     test = _noise_test_for(before_groups, after_values, before, after, worse_sign)
     change_pct = 100.0 * (after.mean - before.mean) / before.mean
     status, message = _status_and_message(
         metric, where, before, after, change_pct, tolerance, test, level
     )
-    return verdict(status, message, change_pct=change_pct, test=test)
+    return verdict(status, message + said, change_pct=change_pct, test=test, sources=sources)
+
+
+#: Gated figures read from the stream's per-token gaps: a point whose stream did not show the
+#: server's decode keeps them only as ``stream_*``.
+STREAM_GAP_METRICS = frozenset({"itl_median"})
+
+
+def _stream_set_aside(baseline: list[Record], current: list[Record]) -> str | None:
+    """Why a side has no per-token gap figure: every one of its points kept the server's
+    decode figure (or none), its stream having arrived in bursts; None otherwise."""
+    sides = {"the baseline": baseline, "this run": current}
+    set_aside = {
+        side: records
+        for side, records in sides.items()
+        if records and all(_decode_source(r) != "stream" for r in records)
+    }
+    if not set_aside or any(side not in set_aside for side, rs in sides.items() if rs):
+        return None
+    return (
+        f"{' and '.join(set_aside)} recorded no per-token gap: "
+        f"{'their' if len(set_aside) > 1 else 'its'} streams arrived in bursts or off the "
+        "server's decode (a busy host), so their gaps are kept as stream_* figures and are "
+        "not the server's; TTFT and decode throughput still compare (--longctx-strict-stream "
+        "fails such points instead)"
+    )
+
+
+def _decode_source(record: Record) -> str:
+    return str(record.stream.get("decode_source") or "stream") if record.stream else "stream"
+
+
+def _decode_sources(baseline: list[Record], current: list[Record]) -> str:
+    """``decode figures: this run's from the server at 2 of 3 points ...``: where a side's
+    decode figures are not all its streams'; empty where they are."""
+    parts = []
+    for side, records in (("the baseline's", baseline), ("this run's", current)):
+        server = sum(_decode_source(r) == "server" for r in records)
+        none = sum(_decode_source(r) == "none" for r in records)
+        if server:
+            parts.append(f"{side} from the server at {server} of {len(records)} points")
+        if none:
+            parts.append(f"{side} absent at {none} of {len(records)} points")
+    if not parts:
+        return ""
+    return f"decode figures: {', '.join(parts)} (their streams arrived in bursts)"
 
 
 def _why_not_compared(metric: Metric, before: Stats | None, after: Stats | None) -> str | None:

@@ -12,7 +12,7 @@ point is checked two ways:
   per-token time ``tau`` to decode. Chunks that arrive, together, within a tenth of their
   decode time after the chunk before them were not streamed as decoded but held back and
   handed over at once: a burst. A burst of more than the tolerance's share of the decoded
-  tokens (two at least) fails the point. A chunk of eight tokens eight token-times after the
+  tokens (two at least) disagrees. A chunk of eight tokens eight token-times after the
   previous one is no burst, so a large ``--stream-interval`` or speculative decoding passes,
   and so does a decode that runs unevenly on a busy host (its fast steps are not ten times
   the mean). The first chunk has no gap before it, but its tokens after the first arrived
@@ -21,7 +21,9 @@ point is checked two ways:
   compare) is a burst of ``k - 1`` tokens the server took ``(k - 1) * tau`` to decode, judged
   as any other (vLLM sends the first token alone, whatever its stream interval).
 
-Neither fails a point over less than :data:`MIN_DISAGREEMENT_S` of decode time.
+Neither finds a disagreement over less than :data:`MIN_DISAGREEMENT_S` of decode time. A
+disagreeing point keeps the server's decode figure (measure/point.py), or fails with
+``--longctx-strict-stream``.
 """
 
 from __future__ import annotations
@@ -39,10 +41,10 @@ BURST_FACTOR = 10.0
 #: A burst must bring at least this many tokens: one chunk early is jitter.
 MIN_BURST_TOKENS = 2.0
 #: Disagreements of less decode time than this are the instrument's own overhead (reading a
-#: chunk, a thread switch), not the server's: neither check fails a point for them.
+#: chunk, a thread switch), not the server's: neither check counts them.
 MIN_DISAGREEMENT_S = 0.005
 TOLERANCE_OPTION = "--longctx-stream-tolerance"
-KEEP_OPTION = "--longctx-allow-bursts"
+STRICT_OPTION = "--longctx-strict-stream"
 
 
 @dataclass(frozen=True)
@@ -142,8 +144,8 @@ def judge_stream(
         problem = (
             "; ".join(problems)
             + f". The stream does not show the server's decode: its figures are not this "
-            f"point's ({TOLERANCE_OPTION} sets the tolerance; {KEEP_OPTION} keeps such points "
-            "with the server's decode figure)"
+            f"point's ({TOLERANCE_OPTION} sets the tolerance; such a point keeps the server's "
+            f"decode figure, or fails with {STRICT_OPTION})"
         )
     return StreamAgreement(client_rate, server_rate, tolerance, burst, problem)
 

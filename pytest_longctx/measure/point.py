@@ -97,8 +97,9 @@ class PointMeasurement:
     #: record's ``stream``): see :meth:`StreamMeasurement.chunking` and agreement.py.
     stream: dict[str, Any] = field(default_factory=dict)
     #: Why the stream's decode figures are not the server's decode (a burst, or a rate off
-    #: the server's own); None when they agree, cannot be checked, or the point was kept
-    #: with the server's figure (--longctx-allow-bursts).
+    #: the server's own), under --longctx-strict-stream; None when they agree, cannot be
+    #: checked, or the point was kept (the default: with the server's decode figure, or with
+    #: none where the server has no figure of this request's own; ``stream`` says which).
     stream_problem: str | None = None
     #: What the prefix cache served (the record's ``cache``): for a warm point the prefix, the
     #: tokens required and each source's figure (cache_state.py).
@@ -221,8 +222,9 @@ class PointSettings:
     allow_unverified: bool = False
     #: How far the stream's decode may stray from the server's (agreement.py).
     stream_tolerance: float = DEFAULT_STREAM_TOLERANCE
-    #: Keep a point whose stream disagrees, with the server's decode figure.
-    allow_bursts: bool = False
+    #: Fail a point whose stream disagrees (--longctx-strict-stream) instead of keeping it
+    #: with the server's decode figure.
+    strict_stream: bool = False
     #: A warm follow-up's prefix: its cold point's length (0: a cold point).
     prefix_tokens: int = 0
     #: Seconds since this server last computed that prefix; None when it never did.
@@ -332,7 +334,9 @@ def measure_point(
         server_view["usage_cached_prompt_tokens"] = float(stream.cached_prompt_tokens)
     cached = _cached_tokens(server_view)
     requests = _whole(view.requests) if view is not None else None
-    stream_figures, stream_info, stream_problem = _stream_check(stream, server_view, settings)
+    stream_figures, stream_info, stream_problem = _stream_check(
+        stream, server_view, settings, alone=requests == 1
+    )
     cache_problem = None
     cache_entries: dict[str, Any] = {"served": cached}
     if settings.prefix_tokens:
@@ -389,12 +393,36 @@ STREAM_GAP_FIGURES = (
 )
 
 
+#: ``stream.decode_source``: whose figure ``decode_throughput`` is. ``none``: the stream's
+#: disagreed with the server and the server had no figure of this request's own.
+DECODE_SOURCES = ("stream", "server", "none")
+
+
+def set_aside_stream_figures(
+    figures: dict[str, float], stream_decode_throughput: float | None
+) -> dict[str, float]:
+    """The figures with the stream's decode figures under ``stream_*`` names: measured and
+    kept, but not the point's (its stream did not show the server's decode)."""
+    kept = {
+        (f"stream_{name}" if name in STREAM_GAP_FIGURES else name): value
+        for name, value in figures.items()
+        if name != "decode_throughput"
+    }
+    if stream_decode_throughput is not None:
+        kept["stream_decode_throughput"] = stream_decode_throughput
+    return kept
+
+
 def _stream_check(
-    stream: StreamMeasurement, server_view: dict[str, float], settings: PointSettings
+    stream: StreamMeasurement,
+    server_view: dict[str, float],
+    settings: PointSettings,
+    alone: bool,
 ) -> tuple[dict[str, float], dict[str, Any], str | None]:
-    """The stream's figures, its chunking and its agreement with the server's decode; with
-    ``allow_bursts`` a disagreeing point's decode figure is the server's, its own kept under
-    ``stream_*`` names."""
+    """The stream's figures, its chunking and its agreement with the server's decode. A
+    disagreeing point fails under ``strict_stream``; otherwise its stream's own figures are
+    kept under ``stream_*`` names and its decode figure is the server's, when the server ran
+    this request ``alone``, or absent (``decode_source`` ``none``, ``decode_problem`` why)."""
     figures = stream.figures()
     info: dict[str, Any] = stream.chunking()
     agreement = judge_stream(
@@ -416,17 +444,18 @@ def _stream_check(
         info["agreement"] = "agrees"
         return figures, info, None
     info["agreement"] = agreement.problem
-    if not settings.allow_bursts:
+    if settings.strict_stream:
         return figures, info, agreement.problem
-    info["decode_source"] = "server"
-    kept = {
-        (f"stream_{name}" if name in STREAM_GAP_FIGURES else name): value
-        for name, value in figures.items()
-        if name != "decode_throughput"
-    }
-    if stream.decode_throughput is not None:
-        kept["stream_decode_throughput"] = stream.decode_throughput
-    kept["decode_throughput"] = agreement.server_rate
+    kept = set_aside_stream_figures(figures, stream.decode_throughput)
+    if alone:
+        info["decode_source"] = "server"
+        kept["decode_throughput"] = agreement.server_rate
+    else:
+        info["decode_source"] = "none"
+        info["decode_problem"] = (
+            "the stream does not show the server's decode, and the server's decode time "
+            "counts other requests too: this point has no decode figure"
+        )
     return kept, info, None
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pytest_longctx.client import CompletionClient, RequestRejectedError
+from pytest_longctx.measure.agreement import STRICT_OPTION
 from pytest_longctx.measure.background import (
     BackgroundError,
     BackgroundSpec,
@@ -45,6 +46,7 @@ from pytest_longctx.measure.point import (
     UnverifiedPoint,
     point_request,
     send_measured,
+    set_aside_stream_figures,
     snapshot,
 )
 from pytest_longctx.measure.server_metrics import (
@@ -62,6 +64,8 @@ STREAMING_TIMEOUT_S = 300.0
 #: How long the sequence probe waits for K + 1 requests to run at once before it gives up.
 PROBE_TIMEOUT_S = 60.0
 PROBE_INTERVAL_S = 0.1
+#: ``interference.server_itl.kept`` of a point kept although its gaps disagree.
+KEPT_DISAGREEING = f"kept (the default; {STRICT_OPTION} fails such points)"
 NO_SERVER_INFO = (
     "the server does not say its chunk: vLLM reports its scheduler's config only at "
     "/server_info, served with VLLM_SERVER_DEV_MODE=1"
@@ -76,9 +80,11 @@ class LoadSettings:
     idle_s: float = IDLE_REFERENCE_S
     #: How far the streams' gaps may stray from the server's inter-token histogram.
     tolerance: float = 0.5
-    #: Keep a point whose gaps disagree with the histogram (``--longctx-allow-bursts``: on a
-    #: starved host the streams see tokens late and in bursts), saying so in its record.
-    keep_disagreeing: bool = False
+    #: Keep a point whose gaps disagree with the histogram (the default: on a starved host the
+    #: streams see tokens late and in bursts), saying so in its record, its long stream's
+    #: decode figures set aside (the server's decode time counts the background requests, so
+    #: it has no figure of the long request's own); False fails it (--longctx-strict-stream).
+    keep_disagreeing: bool = True
     #: The server's effective chunk and limits (``/server_info``), when it says them.
     server_config: dict[str, Any] | None = None
     #: The sequence probe's finding on this server start.
@@ -218,6 +224,7 @@ def measure_under_load(
             f"the {load.idle_s:g} s idle reference holds no background gap to compare with"
         )
     server_view: dict[str, float] = {}
+    disagreement: str | None = None
     if before is not None and after is not None:
         server_view = delta(before, after).counters()
         preempted = preemptions(before, after)
@@ -239,11 +246,10 @@ def measure_under_load(
             details["server_itl"] = itl.record()
             if itl.problem is not None and not counts["failed"]:
                 if load.keep_disagreeing:
-                    details["server_itl"]["kept"] = "--longctx-allow-bursts"
+                    details["server_itl"]["kept"] = KEPT_DISAGREEING
+                    disagreement = itl.problem
                 else:
-                    problems.append(
-                        itl.problem + " (--longctx-allow-bursts keeps such points, saying so)"
-                    )
+                    problems.append(itl.problem + f" ({STRICT_OPTION} fails such points)")
 
     details["chunk"] = {
         **(load.server_config or {"unknown": NO_SERVER_INFO}),
@@ -255,13 +261,21 @@ def measure_under_load(
         "unchecked: the server's decode time counts the background requests too; the "
         "inter-token histogram is checked instead"
     )
+    stream_figures = stream.figures()
+    if disagreement is not None:
+        stream_info["decode_source"] = "none"
+        stream_info["decode_problem"] = (
+            f"{disagreement}; the server's decode time counts the background requests too: "
+            "this point has no decode figure"
+        )
+        stream_figures = set_aside_stream_figures(stream_figures, stream.decode_throughput)
     result = PointMeasurement(
         length=point.length,
         requested_tokens=settings.decode_tokens,
         prompt_tokens=stream.prompt_tokens if stream.prompt_tokens is not None else -1,
         completion_tokens=stream.completion_tokens,
         ttft_s=stream.ttft_s,
-        stream_figures=stream.figures(),
+        stream_figures=stream_figures,
         server_view=server_view,
         prompt_build_s=prompt.build_s,
         cached_prompt_tokens=stream.cached_prompt_tokens,

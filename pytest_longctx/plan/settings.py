@@ -41,8 +41,9 @@ class Settings:
     allow_mixed_servers: bool = False
     #: How far a point's stream may disagree with the server's decode (a fraction).
     stream_tolerance: float = 0.5
-    #: Keep points whose stream disagrees, with the server's decode figure.
-    allow_bursts: bool = False
+    #: Fail points whose stream disagrees with the server's decode (``--longctx-strict-stream``)
+    #: instead of keeping them with the server's decode figure.
+    strict_stream: bool = False
     #: What each length measures: some of "cold", "warm", "interference" (--longctx-workload).
     workload: tuple[str, ...] = ("cold",)
     #: Warm follow-ups per cold point, and the new tokens each appends.

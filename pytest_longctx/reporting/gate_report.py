@@ -34,6 +34,7 @@ STATUS_WORDS: Mapping[str, str] = {
     "improved": "improved",
     "regressed": "regressed",
     "insufficient": "not compared",
+    "unjudged": "not compared (stream in bursts)",
     "missing_in_current": "no passed point now",
     "missing_in_baseline": "not in baseline",
     "refused": "refused: another setup",
@@ -64,6 +65,9 @@ class GateRow:
     metrics: Mapping[str, MetricRow]  # by metric name, in gate.METRICS order
     #: What the length's item says: every non-ok verdict, or the note of a one-sided length.
     messages: tuple[str, ...]
+    #: What a passing length says too: a metric not compared for its streams' bursts, and
+    #: whose decode figures were compared where not all were the streams'.
+    remarks: tuple[str, ...] = ()
 
     @property
     def failing(self) -> bool:
@@ -89,6 +93,11 @@ class GateView:
     @property
     def failing(self) -> tuple[GateRow, ...]:
         return tuple(row for row in self.rows if row.failing)
+
+    def remarks(self) -> list[tuple[int, str]]:
+        """(length, remark) of every length whose streams arrived in bursts: a metric not
+        compared for them, whose decode figures were compared."""
+        return [(row.length, remark) for row in self.rows for remark in row.remarks]
 
     @property
     def metric_names(self) -> tuple[str, ...]:
@@ -179,7 +188,14 @@ def build_view(
             messages = tuple(v.message for v in verdict.verdicts if v.status != "ok") or (
                 (verdict.note,) if verdict.note and verdict.status != "ok" else ()
             )
-        rows.append(GateRow(length, status, metrics, messages))
+        remarks = tuple(
+            f"{gate.METRICS[v.metric].label}: {v.sources}"
+            if v.sources and v.status != "unjudged"
+            else v.message
+            for v in verdict.verdicts
+            if v.status == "unjudged" or v.sources
+        )
+        rows.append(GateRow(length, status, metrics, messages, () if refused else remarks))
     measured_lengths = set(lengths)
     return GateView(
         rows=tuple(rows),
@@ -300,6 +316,10 @@ def markdown_section(view: GateView, report_path: Path | None = None) -> str:
     if plot_link:
         lines += [f"![gate]({plot_link})", ""]
     lines += _failing_markdown(view)
+    if view.remarks():
+        lines += ["Streams in bursts:", ""]
+        lines += [f"- {format_size(n)}: {_md(remark)}" for n, remark in view.remarks()]
+        lines.append("")
     if view.unmeasured:
         sizes = ", ".join(format_size(n) for n in view.unmeasured)
         lines += [f"Baseline lengths not measured in this run: {sizes}.", ""]
@@ -378,6 +398,12 @@ def html_fragment(view: GateView) -> str:
             for message in row.messages or (STATUS_WORDS[row.status],)
         )
         parts.append(f'<ul class="longctx-gate-failures">{items}</ul>')
+    if view.remarks():
+        items = "".join(
+            f"<li><b>{html.escape(format_size(n))}</b>: {html.escape(remark)}</li>"
+            for n, remark in view.remarks()
+        )
+        parts.append(f'<p>Streams in bursts:</p><ul class="longctx-gate-remarks">{items}</ul>')
     if view.unmeasured:
         sizes = ", ".join(format_size(n) for n in view.unmeasured)
         parts.append(f"<p>Baseline lengths not measured in this run: {html.escape(sizes)}.</p>")

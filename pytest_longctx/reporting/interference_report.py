@@ -178,7 +178,7 @@ def gap_cells(row: InterferenceRow) -> list[str]:
 
 def kept_words(records: Iterable[Record]) -> str | None:
     """The points kept although their streams' gaps disagree with the server's inter-token
-    histogram (``--longctx-allow-bursts``), or None."""
+    histogram (the default; ``--longctx-strict-stream`` fails them), or None."""
     kept = [
         r
         for r in latest_records(records)
@@ -193,8 +193,10 @@ def kept_words(records: Iterable[Record]) -> str | None:
         for r in kept
     )
     return (
-        f"Kept with --longctx-allow-bursts although the streams' gaps disagree with the "
-        f"server's inter-token histogram (tokens delivered late on a busy host): {points}"
+        "Kept although the streams' gaps disagree with the server's inter-token histogram "
+        "(tokens delivered late on a busy host; --longctx-strict-stream fails such points), "
+        f"the long prompt's decode figures left out (the server's decode time counts the "
+        f"background requests too): {points}"
     )
 
 

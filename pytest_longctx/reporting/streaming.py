@@ -1,5 +1,6 @@
 """What the reports say about the stream: its chunking when a chunk carried more than one token,
-and the points whose decode figure is the server's because the stream disagreed with it."""
+and the points whose decode figure is the server's (or absent) because the stream disagreed with
+the server's decode."""
 
 from __future__ import annotations
 
@@ -47,29 +48,46 @@ def stream_items(records: Sequence[Record]) -> list[tuple[str, str]]:
                 "derived from them (derived_itl_*), and no ITL is recorded or gated for them",
             )
         )
-    kept = [record for record in passed if record.stream.get("decode_source") == "server"]
+    kept = _ordered(r for r in passed if r.stream.get("decode_source") == "server")
     if kept:
-        kept = _ordered(kept)
-        lengths = ", ".join(f"{format_size(record.length)} rep {record.repeat}" for record in kept)
         items.append(
             (
                 "Decode figures",
-                f"{len(kept)} point{'s' if len(kept) != 1 else ''} kept with the server's decode "
-                f"throughput, its stream disagreeing with the server (--longctx-allow-bursts): "
-                f"{lengths}. First: {kept[0].stream.get('agreement')}",
+                f"{_count(kept)} kept the server's decode throughput, the stream arriving in "
+                f"bursts or off the server's rate (--longctx-strict-stream fails such points; "
+                f"the stream's own figures are kept as stream_*): {_points(kept)}. First: "
+                f"{kept[0].stream.get('agreement')}",
+            )
+        )
+    lost = _ordered(r for r in passed if r.stream.get("decode_source") == "none")
+    if lost:
+        items.append(
+            (
+                "Decode figures",
+                f"{_count(lost)} without a decode figure, TTFT kept: neither the stream nor the "
+                f"server shows this request's decode (the stream's own figures are kept as "
+                f"stream_*): {_points(lost)}. First: {lost[0].stream.get('decode_problem')}",
             )
         )
     fingerprint = next((r.fingerprint for r in reversed(records) if r.fingerprint), {})
     check = fingerprint.get("stream") if isinstance(fingerprint, Mapping) else None
-    if isinstance(check, Mapping) and check.get("bursts_allowed") and not kept:
+    if isinstance(check, Mapping) and check.get("bursts_allowed") is False:
         items.append(
             (
                 "Decode figures",
-                "points whose stream disagrees with the server's decode are kept with the "
-                "server's figure (--longctx-allow-bursts); none did",
+                "points whose stream disagrees with the server's decode fail "
+                "(--longctx-strict-stream)",
             )
         )
     return items
+
+
+def _count(records: Sequence[Record]) -> str:
+    return f"{len(records)} point{'s' if len(records) != 1 else ''}"
+
+
+def _points(records: Iterable[Record]) -> str:
+    return ", ".join(f"{format_size(record.length)} rep {record.repeat}" for record in records)
 
 
 def _ordered(records: Iterable[Record]) -> list[Record]:

@@ -145,10 +145,18 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "PERCENT",
     ),
     OptionSpec(
+        "longctx-strict-stream",
+        "fail points whose stream disagrees with the server's decode (a burst, or a rate off "
+        "the server's) instead of keeping them, as by default, with the server's decode "
+        "throughput (a point with no figure of the server's own keeps its TTFT, its decode "
+        "figures left out); --no-longctx-allow-bursts means the same",
+        flag=True,
+    ),
+    OptionSpec(
         "longctx-allow-bursts",
-        "keep points whose stream disagrees with the server's decode (a burst, or a rate off "
-        "the server's), with the server's decode throughput (recorded in the fingerprint and "
-        "the reports)",
+        "now the default, accepted for older command lines and ini files: points whose stream "
+        "disagrees with the server's decode keep the server's decode throughput "
+        "(--no-longctx-allow-bursts is --longctx-strict-stream)",
         flag=True,
     ),
     OptionSpec(
@@ -574,7 +582,7 @@ def read_settings(config: pytest.Config) -> Settings:
         progress_interval_s=raw.duration("longctx-progress-interval", 1.0, zero=True),
         progress_throttle_s=raw.duration("longctx-progress-throttle", 60.0, zero=True),
         stream_tolerance=raw.percent("longctx-stream-tolerance", DEFAULT_STREAM_TOLERANCE),
-        allow_bursts=raw.flag("longctx-allow-bursts"),
+        strict_stream=_strict_stream(raw),
         workload=workload,
         warm_questions=raw.whole("longctx-warm-questions", DEFAULT_WARM_QUESTIONS)
         or DEFAULT_WARM_QUESTIONS,
@@ -587,6 +595,35 @@ def read_settings(config: pytest.Config) -> Settings:
         tcp_keepalive_s=raw.duration("longctx-tcp-keepalive", 15.0, zero=True),
         sse_keep_alive_s=_whole_seconds(raw, "longctx-sse-keep-alive", 30),
     )
+
+
+def _strict_stream(raw: _RawOptions) -> bool:
+    """``--longctx-strict-stream``, or its older spelling ``--no-longctx-allow-bursts``; the
+    command line wins over the ini file, and one place saying both ways is a usage error."""
+    strict, bursts = "longctx-strict-stream", "longctx-allow-bursts"
+    for from_ini in (False, True):
+        said = {
+            name: raw.values[name]
+            for name in (strict, bursts)
+            if raw.values[name] is not None and (name in raw.from_ini) == from_ini
+        }
+        wants = {name: bool(value) if name == strict else not value for name, value in said.items()}
+        if len(set(wants.values())) > 1:
+            words = (
+                f"{strict.replace('-', '_')} = {said[strict]} and "
+                f"{bursts.replace('-', '_')} = {said[bursts]} in the ini file"
+                if from_ini
+                else f"--{'' if said[strict] else 'no-'}{strict} and "
+                f"--{'' if said[bursts] else 'no-'}{bursts}"
+            )
+            raise pytest.UsageError(
+                f"{words} contradict each other: expected --{strict} (fail points whose stream "
+                f"disagrees with the server's decode; --no-{bursts} says the same) or neither "
+                "(keep them with the server's decode figure, the default)"
+            )
+        if wants:
+            return next(iter(wants.values()))
+    return False
 
 
 def _whole_seconds(raw: _RawOptions, name: str, default: int) -> int:

@@ -137,7 +137,8 @@ def stream_fingerprint(run: Run, warm_up: StreamMeasurement | None) -> dict[str,
         "stream_interval": chunking.get("stream_interval"),
         "token_count_source": chunking.get("token_count_source"),
         "tolerance": run.settings.stream_tolerance,
-        "bursts_allowed": run.settings.allow_bursts,
+        # kept with the server's decode figure (the default), or failed (--longctx-strict-stream)
+        "bursts_allowed": not run.settings.strict_stream,
     }
 
 
@@ -166,7 +167,7 @@ def measure(
         budget_source=source,
         allow_unverified=run.settings.allow_unverified,
         stream_tolerance=run.settings.stream_tolerance,
-        allow_bursts=run.settings.allow_bursts,
+        strict_stream=run.settings.strict_stream,
         prefix_tokens=point.length if point.warm else 0,
         prefix_sent_s_ago=None if sent is None else time.monotonic() - sent,
         # a launched server serves the profile's layout; an attached one, its own
@@ -274,7 +275,7 @@ def measure_interference(
     load = LoadSettings(
         background=background_spec(run, server, point, point.background),
         tolerance=run.settings.stream_tolerance,
-        keep_disagreeing=run.settings.allow_bursts,
+        keep_disagreeing=not run.settings.strict_stream,
         server_config=known["server_config"],
         sequence_limit=known["sequence_limit"],
     )
