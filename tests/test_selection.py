@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from pytest_longctx.core.sizes import SizeError, format_size, parse_size, powers_of_two_between
+from pytest_longctx.session.options import read_settings
 from pytest_longctx.session.selection import Comparison, SelectionError, translate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -222,6 +223,8 @@ def test_mark_kwargs_are_available(sweep: pytest.Pytester) -> None:
         (["-k", "rep>=two"], "not a repeat index"),
         (["--longctx-order=random"], "--longctx-order=random: expected 'pass' or 'length'"),
         (["--longctx-profile=nope"], "--longctx-profile='nope': no such profile"),
+        (["--longctx-ttft-timeout=soon"], "--longctx-ttft-timeout=soon: expected a duration > 0"),
+        (["--longctx-ttft-timeout=0"], "--longctx-ttft-timeout=0: expected a duration > 0"),
     ],
 )
 def test_bad_input_is_a_usage_error(sweep: pytest.Pytester, args: list[str], needle: str) -> None:
@@ -230,6 +233,16 @@ def test_bad_input_is_a_usage_error(sweep: pytest.Pytester, args: list[str], nee
     errors = [line for line in result.errlines if line.startswith("ERROR:")]
     assert len(errors) == 1 and needle in errors[0], result.errlines
     assert "Traceback" not in result.stderr.str()
+
+
+@pytest.mark.parametrize(
+    ("given", "seconds"), [("2m", 120.0), ("500ms", 0.5), ("90", 90.0), ("1.5h", 5400.0)]
+)
+def test_ttft_timeout_takes_a_duration_like_the_other_time_options(
+    sweep: pytest.Pytester, given: str, seconds: float
+) -> None:
+    config = sweep.parseconfig(f"--longctx-ttft-timeout={given}")
+    assert read_settings(config).ttft_timeout_s == seconds
 
 
 def test_help_shows_the_option_group(pytester: pytest.Pytester) -> None:

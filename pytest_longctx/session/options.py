@@ -117,8 +117,9 @@ OPTIONS: tuple[OptionSpec, ...] = (
     ),
     OptionSpec(
         "longctx-ttft-timeout",
-        "seconds allowed for the first token, overriding the budget grown from measured points",
-        "SECONDS",
+        "time allowed for the first token, e.g. 90s, 30m, 6h or plain seconds, overriding the "
+        "budget grown from measured points",
+        "DURATION",
     ),
     OptionSpec(
         "longctx-prompt-format", "send prompts as token 'ids' (default) or 'text'", "ids|text"
@@ -382,17 +383,6 @@ class _RawOptions:
         """A switch: None (not given) is off; an ini file's text pytest already read."""
         return bool(self.values[name])
 
-    def seconds(self, name: str) -> float | None:
-        if not self.given(name):
-            return None
-        try:
-            value = float(str(self.values[name]))
-        except ValueError:
-            value = -1.0
-        if not value > 0:
-            raise _fail(name, self.values[name], "a number of seconds > 0")
-        return value
-
     def urls(self, name: str) -> tuple[str, ...]:
         value = self.values[name]
         given = value if isinstance(value, (list, tuple)) else [value]
@@ -424,7 +414,7 @@ class _RawOptions:
         except ValueError as exc:
             raise _fail(name, self.values[name], f"a percentage such as 25% ({exc})") from None
 
-    def duration(self, name: str, default: float, zero: bool = False) -> float:
+    def duration(self, name: str, default: float | None, zero: bool = False) -> float | None:
         """``1s``, ``500ms``, ``2m``, ``1h`` or plain seconds; 0 only where ``zero``."""
         if not self.given(name):
             return default
@@ -566,7 +556,7 @@ def read_settings(config: pytest.Config) -> Settings:
         api_key_env=raw.text("longctx-api-key-env"),
         output=Path(raw.text("longctx-output", "reports") or "reports"),
         decode_tokens=raw.whole("longctx-decode-tokens", None, minimum=2),
-        ttft_timeout_s=raw.seconds("longctx-ttft-timeout"),
+        ttft_timeout_s=raw.duration("longctx-ttft-timeout", None),
         prompt_format=prompt_format,
         seed=raw.whole("longctx-seed", 0, minimum=0) or 0,
         baseline=Path(baseline) if baseline else None,
