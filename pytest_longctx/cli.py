@@ -325,11 +325,14 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     report = commands.add_parser(
         "report",
-        help="rebuild report.md, plots, report.html and benchmark.json from results.jsonl",
+        help="rebuild report.md, report.html, benchmark.json and the plots from results.jsonl",
         description=(
-            "Rebuild report.md, ttft.png, decode.png, report.html and benchmark.json from "
-            "one or more runs' results.jsonl. Several runs are merged: records of the same "
-            "length count as repeats. Corrupt lines are reported and skipped, never rewritten."
+            "Rebuild report.md, report.html, benchmark.json and the plots a session writes "
+            "(ttft.png, decode.png, kv_cache.png; prefill_rate.png, reuse.png, "
+            "interference_itl.png, interference_ttft.png and gate.png where the run's samples, "
+            "its records or --baseline call for them) from one or more runs' results.jsonl. "
+            "Several runs are merged into --output: records of the same length count as "
+            "repeats. Corrupt lines are reported and skipped, never rewritten."
         ),
     )
     report.add_argument(

@@ -125,7 +125,12 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "longctx-prompt-format", "send prompts as token 'ids' (default) or 'text'", "ids|text"
     ),
     OptionSpec("longctx-seed", "seed of the prompt text (default 0)", "N"),
-    OptionSpec("longctx-baseline", "run folder or results.jsonl to gate against", "PATH"),
+    OptionSpec(
+        "longctx-baseline",
+        "what to gate against: a baseline file (python -m pytest_longctx baseline or "
+        "calibrate writes it), a run folder or a results.jsonl",
+        "PATH",
+    ),
     OptionSpec(
         "longctx-tolerance",
         "allowed change in the bad direction, e.g. ttft=10%,decode=5%,64Ki:ttft=20%",
