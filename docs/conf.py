@@ -19,3 +19,5 @@ html_title = "pytest-longctx"
 html_static_path = ["_static"]
 myst_enable_extensions = ["colon_fence", "deflist"]
 myst_heading_anchors = 3
+# Flags such as --longctx-to appear in plain text too: keep their dashes as typed.
+smartquotes = False

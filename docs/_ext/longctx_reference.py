@@ -205,7 +205,7 @@ def profile_page() -> str:
             name = _FIELD_OF_KEY.get((table, key), key)
             spec = fields.get(name)
             if spec is None:
-                rows.append((f"`{key}`", "string", "", ""))
+                rows.append((f"`{key}`", "str", "''", "one line on what it serves, in the reports"))
                 continue
             if spec.default is not dataclasses.MISSING:
                 default = repr(spec.default)

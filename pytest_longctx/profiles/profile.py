@@ -28,11 +28,11 @@ class ProfileError(ValueError):
 @dataclass(frozen=True)
 class ModelSpec:
     source: str  # a hub id, a local folder, or "embedded:NAME"
-    revision: str | None = None
-    tokenizer: str | None = None
-    served_name: str | None = None
-    trust_remote_code: bool = False
-    weights_bytes: int | None = None
+    revision: str | None = None  # the commit or tag to serve; pin it, the records name it
+    tokenizer: str | None = None  # a tokenizer other than the model's own
+    served_name: str | None = None  # vLLM's --served-model-name
+    trust_remote_code: bool = False  # vLLM's --trust-remote-code
+    weights_bytes: int | None = None  # the checkpoint's size: the plan counts it per rank
     #: A copy of the checkpoint's config.json, so the capacity plan needs no download.
     config: Path | None = None
     #: Fixed memory the KV-cache plot compares against (label -> bytes), e.g. the checkpoint.
@@ -48,35 +48,37 @@ class ModelSpec:
 @dataclass(frozen=True)
 class ServingSpec:
     device: str = "cuda"  # cpu, cuda or rocm
-    dtype: str = "auto"
-    kv_cache_dtype: str = "auto"
-    tensor_parallel_size: int = 1
-    data_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
+    dtype: str = "auto"  # vLLM's --dtype
+    kv_cache_dtype: str = "auto"  # vLLM's --kv-cache-dtype, e.g. fp8_e4m3
+    tensor_parallel_size: int = 1  # vLLM's --tensor-parallel-size
+    data_parallel_size: int = 1  # vLLM's --data-parallel-size
+    pipeline_parallel_size: int = 1  # vLLM's --pipeline-parallel-size (stages over nodes)
     #: vLLM's --decode-context-parallel-size: the KV cache sharded over this many TP ranks.
     decode_context_parallel_size: int = 1
-    attention_backend: str | None = None
+    attention_backend: str | None = None  # vLLM's --attention-backend, e.g. FLASHMLA
     kv_cache_memory: int | None = None  # bytes, explicit cache size (required on CPU)
-    gpu_memory_utilization: float | None = None
-    max_num_seqs: int | None = 1
-    enforce_eager: bool = False
+    gpu_memory_utilization: float | None = None  # vLLM's --gpu-memory-utilization
+    max_num_seqs: int | None = 1  # vLLM's --max-num-seqs (one request at a time is measured)
+    enforce_eager: bool = False  # vLLM's --enforce-eager
     executor: str | None = None  # --distributed-executor-backend
-    compilation_config: str | None = None
+    compilation_config: str | None = None  # vLLM's --compilation-config, as JSON text
+    #: Any other vLLM flags; those a key owns are refused, those that shape the cache are read.
     extra_args: tuple[str, ...] = ()
-    env: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)  # [serving.env]: the server's environment
+    #: Versions the profile was measured with (``vllm = "0.32.0"``): another is warned of.
     expected_versions: Mapping[str, str] = field(default_factory=dict)
-    api_key_env: str | None = None
-    startup_timeout_s: float = 1800.0
+    api_key_env: str | None = None  # the variable holding the API key (never the key)
+    startup_timeout_s: float = 1800.0  # how long the server may take to answer /health
 
 
 @dataclass(frozen=True)
 class SweepSpec:
-    from_length: int = 1024
-    to_length: int = 64 * 1024**2
-    decode_tokens: int = 64
-    slow_from: int | None = None
-    very_slow_from: int | None = None
-    warmup_prompts: int = 3
+    from_length: int = 1024  # [sweep] from: the smallest length
+    to_length: int = 64 * 1024**2  # [sweep] to: the largest length
+    decode_tokens: int = 64  # tokens generated per request
+    slow_from: int | None = None  # lengths from here are marked longctx_slow
+    very_slow_from: int | None = None  # lengths from here are marked longctx_very_slow
+    warmup_prompts: int = 3  # unmeasured requests after the server starts
     #: First-token limit before any length is measured (then it grows from measurements).
     first_token_timeout_s: float = 6 * 3600.0
 

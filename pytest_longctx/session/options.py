@@ -1,7 +1,7 @@
 """Options and ini keys, read once and validated into one frozen object.
 
-Every option also exists as an ini key of the same name with underscores (``--longctx-to`` ->
-``longctx_to``); the command line wins. A flag set in the ini file is turned off for one
+Every option but ``--longctx-plan`` and ``--longctx-resume`` also exists as an ini key of the
+same name with underscores (``--longctx-to`` -> ``longctx_to``); the command line wins. A flag set in the ini file is turned off for one
 session by its ``--no-`` form (``--no-longctx-allow-unverified``). Errors name the option and
 the accepted form.
 """
