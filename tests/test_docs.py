@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pytest_longctx.core.records import FAILURE_CLASSES
-from pytest_longctx.profiles import load_profile
+from pytest_longctx.profiles import available_profiles, load_profile
 from pytest_longctx.session.options import OPTIONS, RESUME_FLAG
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -150,6 +150,12 @@ def test_the_annotated_profile_is_one_the_reader_accepts(tmp_path: Path) -> None
     profile = load_profile(str(path))
     assert profile.serving.tensor_parallel_size == 8
     assert profile.sweep.to_length == 1024**2
+
+
+def test_every_shipped_profile_is_shown_in_the_profile_guide() -> None:
+    text = (DOCS / "guides" / "profiles.md").read_text()
+    for name in available_profiles():
+        assert f"profiles/shipped/{name}.toml" in text, name
 
 
 @pytest.mark.parametrize("page", sorted(reference.PAGES))
