@@ -88,9 +88,9 @@ def option_names() -> set[str]:
 
 
 def options_page() -> str:
-    rows = []
+    entries = []
     for row in plugin_options():
-        form = " / ".join(
+        form = ", ".join(
             f"`{name}={row.metavar}`"
             if row.metavar and not name.startswith("--no-")
             else f"`{name}`"
@@ -98,8 +98,12 @@ def options_page() -> str:
         )
         if row.names[0] == "--longctx-resume":
             form = "`--longctx-resume`, `--longctx-resume=RUN_ID`"
-        ini = f"`{row.ini_key}` ({row.ini_type})" if row.ini_key else "none (command line only)"
-        rows.append((form, ini, row.help))
+        ini = (
+            f"ini key `{row.ini_key}` ({row.ini_type})"
+            if row.ini_key
+            else "command line only, no ini key"
+        )
+        entries.append(f"{form}\n: {_cell(row.help)}\n\n  *{ini}*\n")
     return (
         "# Options and ini keys\n\n"
         "Generated from the plugin's option declarations (`pytest_longctx/session/options.py`, "
@@ -109,8 +113,7 @@ def options_page() -> str:
         "`1h` or plain seconds; percentages `25%` or `25`. In `pyproject.toml`'s "
         "`[tool.pytest.ini_options]`, flags are `true`/`false` unquoted and `longctx_url` may "
         "be a list. Bad input stops the session before collection with one line naming the "
-        "option and the accepted form.\n\n"
-        + _table(("option (accepted form)", "ini key (type)", "meaning and default"), rows)
+        "option and the accepted form.\n\n" + "\n".join(entries)
     )
 
 
