@@ -258,7 +258,8 @@ def test_help_shows_the_option_group(pytester: pytest.Pytester) -> None:
 
 
 def test_repository_suite_collects_only_the_selected_sweep_items() -> None:
-    """The command from the README, on this repository: 11 lengths, none of the plugin's tests."""
+    """`pytest` at this repository's root runs the sweep alone: 11 lengths, none of the plugin's
+    tests."""
     done = subprocess.run(
         [
             sys.executable,
