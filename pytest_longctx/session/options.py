@@ -1,9 +1,9 @@
 """Options and ini keys, read once and validated into one frozen object.
 
 Every option but ``--longctx-plan`` and ``--longctx-resume`` also exists as an ini key of the
-same name with underscores (``--longctx-to`` -> ``longctx_to``); the command line wins. A flag set in the ini file is turned off for one
-session by its ``--no-`` form (``--no-longctx-allow-unverified``). Errors name the option and
-the accepted form.
+same name with underscores (``--longctx-to`` -> ``longctx_to``); the command line wins. A flag
+set in the ini file is turned off for one session by its ``--no-`` form
+(``--no-longctx-allow-unverified``). Errors name the option and the accepted form.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec(
         "longctx-baseline",
         "what to gate against: a baseline file (python -m pytest_longctx baseline or "
-        "calibrate writes it), a run folder or a results.jsonl",
+        "calibrate writes it), a results.jsonl or its run folder",
         "PATH",
     ),
     OptionSpec(
