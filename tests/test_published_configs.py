@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from pytest_longctx.capacity import GIB, cache_layout, load_model_config
+from pytest_longctx.capacity import GIB, ModelConfigError, cache_layout, load_model_config
 
 torch = pytest.importorskip("torch")
 vllm_config = pytest.importorskip("vllm.transformers_utils.config")
@@ -102,3 +104,30 @@ def test_a_remote_code_model_type_is_read_as_written(tmp_path: Path) -> None:
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
     assert load_model_config(path) == config
+
+
+def test_a_config_its_class_rejects_is_an_error_naming_the_file(tmp_path: Path) -> None:
+    """vLLM would refuse to load it; the plan says so rather than sizing what it guessed."""
+    config = {**PUBLISHED["gemma-2-9b-it"].config(), "layer_types": ["full_attention"]}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    with pytest.raises(ModelConfigError, match=r"config\.json: transformers' Gemma2Config rejects"):
+        load_model_config(path)
+
+
+def test_a_process_without_transformers_reads_the_same_without_importing_it() -> None:
+    """Where transformers is not imported yet, its class runs in a Python of its own: the
+    plan's process does not pay for torch, and reads what this one reads."""
+    path = PUBLISHED["gemma-3-27b-it"].file
+    code = (
+        "import json, sys\n"
+        "from pytest_longctx.capacity import load_model_config\n"
+        f"config = load_model_config({str(path)!r})\n"
+        "assert 'transformers' not in sys.modules and 'torch' not in sys.modules\n"
+        "print(json.dumps(config))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == load_model_config(path)

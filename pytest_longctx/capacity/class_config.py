@@ -64,9 +64,10 @@ def fill(config: dict[str, Any]) -> dict[str, Any]:
         return config
     try:
         hf = CONFIG_MAPPING[model_type].from_dict(dict(config))
-    except (TypeError, ValueError, KeyError) as exc:
+    except Exception as exc:  # the classes' validators raise their own error types
+        reason = " ".join(str(exc).split())
         raise ConfigClassError(
-            f"transformers' {CONFIG_MAPPING[model_type].__name__} rejects it: {exc}"
+            f"transformers' {CONFIG_MAPPING[model_type].__name__} rejects it: {reason}"
         ) from exc
     filled = hf.to_dict()
     text = hf.get_text_config()
