@@ -41,14 +41,17 @@ def filled_config(config: Mapping[str, Any]) -> dict[str, Any]:
 def _filled(canonical: str) -> str:
     if "transformers" in sys.modules:
         return json.dumps(fill(json.loads(canonical)))
-    done = subprocess.run(
-        [sys.executable, "-c", f"import sys; from {__name__} import main; sys.exit(main())"],
-        input=canonical,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", f"import sys; from {__name__} import main; sys.exit(main())"],
+            input=canonical,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise ConfigClassError("the transformers config class did not answer in 300 s") from None
     if done.returncode != 0:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise ConfigClassError(f"the transformers config class could not read it: {tail}")
