@@ -9,17 +9,25 @@ same way; a ``model_type`` transformers does not know (remote code) is read as w
 
 transformers imports torch, which takes seconds and, once a test runner's module snapshot has
 dropped it, cannot be imported again in that process: the class runs in a Python of its own
-unless transformers is already imported here, and each config is filled once per process.
+unless transformers is already imported here, and each config is filled once: the answer is
+kept in the user's cache per transformers version.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
 import json
 import subprocess
 import sys
 from collections.abc import Mapping
+from importlib import metadata
+from pathlib import Path
 from typing import Any
+
+from pytest_longctx.core.files import write_atomically
+from pytest_longctx.profiles.embedded_models import cache_root
 
 
 class ConfigClassError(ValueError):
@@ -41,6 +49,9 @@ def filled_config(config: Mapping[str, Any]) -> dict[str, Any]:
 def _filled(canonical: str) -> str:
     if "transformers" in sys.modules:
         return json.dumps(fill(json.loads(canonical)))
+    kept = filled_file(canonical)
+    with contextlib.suppress(OSError):
+        return kept.read_text(encoding="utf-8")
     try:
         done = subprocess.run(
             [sys.executable, "-c", f"import sys; from {__name__} import main; sys.exit(main())"],
@@ -55,7 +66,22 @@ def _filled(canonical: str) -> str:
     if done.returncode != 0:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise ConfigClassError(f"the transformers config class could not read it: {tail}")
-    return done.stdout.strip().splitlines()[-1]
+    answer = done.stdout.strip().splitlines()[-1]
+    with contextlib.suppress(OSError):
+        write_atomically(kept, answer)
+    return answer
+
+
+def filled_file(canonical: str) -> Path:
+    """Where the filled form of ``canonical`` is kept across processes (the user's cache,
+    beside the embedded models), per transformers version: a later session reads it there
+    instead of starting a Python that imports torch."""
+    try:
+        version = metadata.version("transformers")
+    except metadata.PackageNotFoundError:
+        version = "none"
+    digest = hashlib.sha256(f"{version}\n{canonical}".encode()).hexdigest()[:32]
+    return cache_root() / "model-configs" / f"{digest}.json"
 
 
 def fill(config: dict[str, Any]) -> dict[str, Any]:
