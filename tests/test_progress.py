@@ -382,6 +382,38 @@ def test_samples_rise_chunk_by_chunk_to_the_whole_prompt(tmp_path: Path) -> None
     assert figures == {"predicted_ttft": pytest.approx(1.6384)}  # no device tool: no energy
 
 
+@pytest.mark.parametrize(
+    ("first_token_delay_s", "token_delay_s", "slowest"),
+    [(1.2, 0.01, 0.3), (0.1, 0.4, 0.4)],
+    ids=["prefill-steps", "decode-steps"],
+)
+def test_the_slowest_step_the_point_showed(
+    first_token_delay_s: float, token_delay_s: float, slowest: float
+) -> None:
+    """A 4Ki prompt prefilled in four chunks of 1024 over ``first_token_delay_s`` (the gauge
+    moves once a chunk), then four tokens ``token_delay_s`` apart: the slowest step is the
+    longer of a chunk's time and a token's, to a sampling interval (50 ms)."""
+    behaviour = Behaviour(
+        first_token_delay_s=first_token_delay_s,
+        token_delay_s=token_delay_s,
+        prefill_chunk_tokens=1024,
+    )
+    with FakeVLLM(behaviour) as fake:
+        watch, _ = _watch(fake, 4096)
+        assert watch.slowest_step_s() is None  # nothing seen yet
+        with CompletionClient(ClientConfig(fake.url)) as client:
+            watch.start()
+            try:
+                client.measure(
+                    CompletionRequest(model="fake-model", prompt=[7] * 4096, decode_tokens=4),
+                    first_token_budget_s=30,
+                    progress=watch.stream,
+                )
+            finally:
+                watch.stop()
+    assert watch.slowest_step_s() == pytest.approx(slowest, abs=0.1)
+
+
 def test_energy_from_a_fake_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake_tool(tmp_path, "nvidia-smi", "0, 1000, 143771, 90, 400.0\n1, 1000, 143771, 90, 100.0\n")
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")

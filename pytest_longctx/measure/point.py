@@ -210,6 +210,8 @@ class PointWatcher(Protocol):
         self, prompt_tokens: int | None, completion_tokens: int | None
     ) -> dict[str, float]: ...
 
+    def slowest_step_s(self) -> float | None: ...
+
 
 @dataclass(frozen=True)
 class PointSettings:
@@ -261,6 +263,12 @@ def point_request(
     )
 
 
+def slowest_step(watch: PointWatcher | None) -> float | None:
+    """The slowest engine step the watch saw, which sets how long an abandoned request may
+    take to be dropped; None without a watch."""
+    return watch.slowest_step_s() if watch is not None else None
+
+
 def send_measured(
     client: CompletionClient,
     server: ServerInfo,
@@ -288,9 +296,13 @@ def send_measured(
             raise PointFailure(refusal(exc), "refused") from None
         if exc.status_code is not None and exc.status_code < 500:
             raise PointFailure(f"{type(exc).__name__}: {exc}", "refused") from None
-        raise PointFailure(*outcomes.failed_request(exc, server, check_alive, others)) from None
+        raise PointFailure(
+            *outcomes.failed_request(exc, server, check_alive, others, slowest_step(watch))
+        ) from None
     except MeasurementError as exc:
-        raise PointFailure(*outcomes.failed_request(exc, server, check_alive, others)) from None
+        raise PointFailure(
+            *outcomes.failed_request(exc, server, check_alive, others, slowest_step(watch))
+        ) from None
     finally:
         if watch is not None:
             watch.stop()

@@ -312,6 +312,30 @@ class PointWatch:
                 return (p1 - p0) / (t1 - t0)
         return None
 
+    def slowest_step_s(self) -> float | None:
+        """The longest an engine step took that this point showed; None before one ended.
+
+        vLLM allocates a prefill chunk's KV blocks as it schedules the chunk, so the readings
+        that saw the prefilled count move mark step boundaries (to a sampling interval), and
+        the first token ends the last prefill step; with no move seen, the prefill is taken
+        as one step from t0. Between tokens, each gap between the stream's chunks is a step
+        at least. The watch stays readable after ``stop()``."""
+        stream = self.stream
+        with self._lock:
+            series = [
+                (s["at"], s["prefilled"])
+                for s in self.samples
+                if s["phase"] in ("before", PREFILL) and s.get("prefilled") is not None
+            ]
+        moves = [t for (_, p0), (t, p1) in zip(series, series[1:], strict=False) if p1 > p0]
+        if stream.first_token_at is not None:
+            start = stream.t0 if stream.t0 is not None else self._started
+            moves = [*(moves or [start]), stream.first_token_at]
+        steps = [t1 - t0 for t0, t1 in zip(moves, moves[1:], strict=False)]
+        if stream.slowest_gap_s:
+            steps.append(stream.slowest_gap_s)
+        return max(steps) if steps else None
+
     def state(self, now: float | None = None) -> ProgressState:
         """Where this point (and the sweep) stands now."""
         now = self.clock() if now is None else now
