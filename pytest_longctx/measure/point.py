@@ -93,6 +93,9 @@ class PointMeasurement:
     finish_reason: str | None = None
     #: What a watcher of the point adds: the predicted TTFT, the energy (progress/).
     watch_figures: dict[str, float] = field(default_factory=dict)
+    #: The devices the energy covers and the energy figures not measured, with why (the
+    #: record's ``energy``).
+    energy: dict[str, Any] = field(default_factory=dict)
     #: How the stream was chunked and whether it agreed with the server's decode (the
     #: record's ``stream``): see :meth:`StreamMeasurement.chunking` and agreement.py.
     stream: dict[str, Any] = field(default_factory=dict)
@@ -166,6 +169,7 @@ class PointMeasurement:
             stream=dict(record.stream),
             cache=dict(record.cache),
             interference=dict(record.interference),
+            energy=dict(record.energy),
         )
 
 
@@ -209,6 +213,10 @@ class PointWatcher(Protocol):
     def figures(
         self, prompt_tokens: int | None, completion_tokens: int | None
     ) -> dict[str, float]: ...
+
+    def energy(
+        self, prompt_tokens: int | None, completion_tokens: int | None
+    ) -> dict[str, Any]: ...
 
     def slowest_step_s(self) -> float | None: ...
 
@@ -368,6 +376,7 @@ def measure_point(
         watch_figures=(
             watch.figures(stream.prompt_tokens, stream.completion_tokens) if watch else {}
         ),
+        energy=watch.energy(stream.prompt_tokens, stream.completion_tokens) if watch else {},
         stream=stream_info,
         stream_problem=stream_problem,
         cache=cache_entries,

@@ -38,7 +38,7 @@ from pytest_longctx.progress.energy import energy_figures
 from pytest_longctx.progress.eta import CostModel, first_token_eta
 from pytest_longctx.progress.samples import SampleWriter
 from pytest_longctx.progress.state import DECODE, PREFILL, ProgressState, RemainingPoint
-from pytest_longctx.progress.telemetry import DeviceTelemetry
+from pytest_longctx.progress.telemetry import POWER_AVERAGING_S, DeviceTelemetry
 
 #: How often the thread looks at the stream counter between readings (for the first token).
 POLL_S = 0.02
@@ -394,16 +394,38 @@ class PointWatch:
             devices=devices,
         )
 
-    def figures(self, prompt_tokens: int | None, completion_tokens: int | None) -> dict[str, float]:
-        """What the record keeps from the watch: the prediction and the energy."""
-        figures: dict[str, float] = {}
-        if self.predicted_ttft_s is not None:
-            figures["predicted_ttft"] = self.predicted_ttft_s
+    def _energy(
+        self, prompt_tokens: int | None, completion_tokens: int | None
+    ) -> tuple[dict[str, float], dict[str, str]]:
         stream = self.stream
         origin = self._origin()
         with self._lock:
             readings = [(s["at"] - origin, s["devices"]) for s in self.samples if s.get("devices")]
         first = stream.first_token_at - origin if stream.first_token_at is not None else None
         last = stream.last_token_at - origin if stream.last_token_at is not None else None
-        figures.update(energy_figures(readings, first, last, prompt_tokens, completion_tokens))
+        return energy_figures(
+            readings, first, last, prompt_tokens, completion_tokens, POWER_AVERAGING_S
+        )
+
+    def figures(self, prompt_tokens: int | None, completion_tokens: int | None) -> dict[str, float]:
+        """What the record keeps from the watch: the prediction and the energy measured."""
+        figures: dict[str, float] = {}
+        if self.predicted_ttft_s is not None:
+            figures["predicted_ttft"] = self.predicted_ttft_s
+        figures.update(self._energy(prompt_tokens, completion_tokens)[0])
         return figures
+
+    def energy(self, prompt_tokens: int | None, completion_tokens: int | None) -> dict[str, Any]:
+        """What the record says of its energy besides the figures: the devices read (and what
+        they cover of a server over several nodes), and each figure not measured with why;
+        empty without device telemetry."""
+        if self.telemetry is None or self.telemetry.tool is None:
+            return {}
+        described = self.telemetry.describe()
+        said: dict[str, Any] = {"devices": described["devices"]}
+        if "coverage" in described:
+            said["coverage"] = described["coverage"]
+        unmeasured = self._energy(prompt_tokens, completion_tokens)[1]
+        if unmeasured:
+            said["not_measured"] = unmeasured
+        return said
