@@ -5,6 +5,8 @@ transformers config class, see tests/test_layer_kinds.py), per-rank memory for o
 of the given length: the plan, vLLM 0.32's ``get_kv_cache_groups`` +
 ``_max_memory_usage_bytes_from_groups`` on specs built from its model code, and what counting
 every layer as full attention (the plan before it knew the layer kinds) would have said.
+Then each published config.json under tests/published_configs/ as its checkpoint ships it:
+the plan reading the file, vLLM's own config loader reading it for vLLM's side.
 
     .venv/bin/python benchmarks/bench_capacity.py            # 64Mi
     .venv/bin/python benchmarks/bench_capacity.py --length 1Mi
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -24,8 +27,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
 import test_layer_kinds as models  # noqa: E402
+import test_published_configs as published  # noqa: E402
 
-from pytest_longctx.capacity import GIB, cache_layout  # noqa: E402
+from pytest_longctx.capacity import GIB, cache_layout, load_model_config  # noqa: E402
 from pytest_longctx.capacity.oracle import vllm_version  # noqa: E402
 from pytest_longctx.core.sizes import parse_size  # noqa: E402
 
@@ -96,12 +100,44 @@ def sparse_mla_row(tokens: int) -> tuple[str, str, float, float, float]:
     )
 
 
+def published_rows(tokens: int) -> list[tuple[str, str, float, float, float]]:
+    """The published files, read as written by the plan and by vLLM's config loader."""
+    out = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for key, cache_dtype, pattern_of in published.CASES:
+            folder = Path(scratch) / key
+            folder.mkdir()
+            hf = published.vllm_text_config(key, folder)
+            fp8 = cache_dtype == "fp8"
+            kv_dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
+            specs = models.vllm_specs(hf, pattern_of(hf), kv_dtype=kv_dtype, block=16)
+            config = load_model_config(published.PUBLISHED[key].file)
+            layout = cache_layout(
+                config,
+                tensor_parallel=models.TP,
+                in_flight_tokens=models.IN_FLIGHT,
+                cache_dtype=cache_dtype,
+            )
+            per_layer = 2 * max(1, hf.num_key_value_heads // models.TP) * hf.head_dim
+            full = hf.num_hidden_layers * per_layer * (1 if fp8 else 2) * tokens
+            out.append(
+                (
+                    "published config.json" + (", FP8" if fp8 else ""),
+                    published.PUBLISHED[key].model,
+                    sum(layout.request_bytes(tokens)) / GIB,
+                    models.vllm_bytes(specs, tokens) / GIB,
+                    full / GIB,
+                )
+            )
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--length", default="64Mi")
     tokens = parse_size(parser.parse_args().length)
     started = time.perf_counter()
-    table = [*rows(tokens), sparse_mla_row(tokens)]
+    table = [*rows(tokens), sparse_mla_row(tokens), *published_rows(tokens)]
     print(
         f"per-rank KV memory for one request of {tokens:,} tokens, TP=8, BF16 unless said;"
         f" oracle {vllm_version()}"

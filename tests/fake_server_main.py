@@ -5,7 +5,10 @@ death (its log, its exit), not about vLLM: ``--die-at N`` ends the process durin
 completion request, after printing ``--die-line`` to its log, by ``os._exit(--exit-code)`` or,
 with ``--exit-code=-9``, by SIGKILL; ``--freeze-at N`` freezes the whole server there (no
 answer to anything, ``/health`` included); ``--stick-at N`` sticks its engine there (that
-request and every later one taken and never answered, ``/health`` still 200). ``--once
+request and every later one taken and never answered, ``/health`` still 200); ``--slow-at N``
+serves that request alone with the :class:`Behaviour` fields of ``--slow JSON`` (a prefill of
+slow steps whose KV gauge still rises after its client went away, as an engine drops an
+abandoned request only between steps). ``--once
 FILE`` does any of them only while FILE does not exist. ``--fail-start-once FILE`` has the
 process fail its start-up (exit 1) once FILE exists, the first time only. ``--behaviour
 JSON`` sets other fields of its :class:`Behaviour`.
@@ -19,6 +22,7 @@ import os
 import signal
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -37,6 +41,8 @@ def main() -> None:
     parser.add_argument("--exit-code", type=int, default=1)
     parser.add_argument("--freeze-at", type=int, default=0)
     parser.add_argument("--stick-at", type=int, default=0)
+    parser.add_argument("--slow-at", type=int, default=0)
+    parser.add_argument("--slow", default="{}", help="Behaviour fields of that request, as JSON")
     parser.add_argument("--fail-start-once", default="")
     parser.add_argument("--once", default="")
     parser.add_argument("--behaviour", default="{}", help="Behaviour fields, as JSON")
@@ -55,6 +61,10 @@ def main() -> None:
                 if once:
                     once.touch()
                 behaviour = fake.configure(fault=fault).behaviour
+        if count == args.slow_at and not (once and once.exists()):
+            if once:
+                once.touch()
+            behaviour = replace(behaviour, **json.loads(args.slow))
         if count == args.die_at and not (once and once.exists()):
             if once:
                 once.touch()

@@ -244,8 +244,10 @@ class FakeVLLM:
         self._stopping = threading.Event()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
-        #: The request in flight: [t_body, prompt tokens, tokens sent], for the KV gauge.
+        #: The request in flight: [t_body, prompt tokens, tokens sent], for the KV gauge, and
+        #: the behaviour it is served with (its prefill's pace).
         self._active: list[float] | None = None
+        self._active_behaviour: Behaviour | None = None
         #: Requests streaming now, and those waiting for a slot (``max_num_seqs``).
         self.running = 0
         self.waiting = 0
@@ -379,23 +381,25 @@ class FakeVLLM:
         with self._lock:
             totals = replace(self.totals)
             active = list(self._active) if self._active else None
+            behaviour = self._active_behaviour or self.behaviour
         return _exposition(
-            self.behaviour, totals, self._kv_usage(active), (self.running, self.waiting)
+            self.behaviour, totals, self._kv_usage(active, behaviour), (self.running, self.waiting)
         )
 
-    def track(self, active: list[float] | None) -> None:
-        """The request in flight (``[t_body, prompt tokens, tokens sent]``), or None."""
+    def track(self, active: list[float] | None, behaviour: Behaviour | None = None) -> None:
+        """The request in flight (``[t_body, prompt tokens, tokens sent]``) and the behaviour
+        it is served with, or None."""
         with self._lock:
             self._active = active
+            self._active_behaviour = behaviour
 
-    def _kv_usage(self, active: list[float] | None) -> float:
+    def _kv_usage(self, active: list[float] | None, behaviour: Behaviour) -> float:
         """vLLM's gauge: blocks of the tokens computed so far over all blocks but the null one.
 
         Before the first token the prompt is computed a chunk per ``first_token_delay_s *
         chunk / prompt`` seconds; after it, the prompt plus the tokens sent are held."""
         if active is None:
             return 0.0
-        behaviour = self.behaviour
         started, prompt, sent = active
         if sent:
             tokens = prompt + sent
@@ -679,7 +683,7 @@ class _Handler(BaseHTTPRequestHandler):
             return b"data: " + json.dumps(body).encode() + b"\n\n"
 
         active = [t_body, prompt_tokens, 0]
-        self.fake.track(active)
+        self.fake.track(active, behaviour)
         long = behaviour.is_long(prompt_tokens)
         first_delay = behaviour.first_token_delay_s if long else behaviour.short_first_token_delay_s
         if long and behaviour.prefill_interference != "none":
@@ -746,7 +750,7 @@ class _Handler(BaseHTTPRequestHandler):
                     self._write(event)
                 counts.append(count)
                 sent += count
-                self.fake.track([t_body, prompt_tokens, sent])
+                self.fake.track([t_body, prompt_tokens, sent], behaviour)
             for event in held:
                 written.append(time.perf_counter())
                 self._write(event)

@@ -4,11 +4,53 @@ classes in the environment with the public ``config.json`` values of the named c
 
 ``tests/test_layer_kinds.py`` computes those figures with vLLM's own allocator on specs built
 from vLLM's model code; the plan's session tests compare against them.
+
+Configs built from the classes carry every default the class fills in; a checkpoint's
+``config.json`` as published often does not. :data:`PUBLISHED` names the published files kept
+under ``tests/published_configs/``, each with the public copy it was transcribed from
+(``SOURCES.json``).
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
 import transformers
+
+PUBLISHED_DIR = Path(__file__).parent / "published_configs"
+
+
+@dataclass(frozen=True)
+class Published:
+    """A checkpoint's config.json as published, and where its copy here was transcribed from."""
+
+    key: str
+    model: str
+    repo: str
+    path: str
+    commit: str
+
+    @property
+    def file(self) -> Path:
+        return PUBLISHED_DIR / f"{self.key}.json"
+
+    def config(self) -> dict:
+        """The file's fields as written, nothing filled in."""
+        return json.loads(self.file.read_text(encoding="utf-8"))
+
+
+def _published() -> dict[str, Published]:
+    sources = json.loads((PUBLISHED_DIR / "SOURCES.json").read_text(encoding="utf-8"))["files"]
+    return {
+        name.removesuffix(".json"): Published(name.removesuffix(".json"), **source)
+        for name, source in sources.items()
+    }
+
+
+#: The published config.json files, by file name without ``.json``.
+PUBLISHED = _published()
 
 #: vLLM 0.32's memory for one request of 64Mi tokens on one rank at TP=8, in GiB (BF16 KV;
 #: DeepSeek-V3.2 in FP8, fp8_ds_mla rows and the indexer), as tests/test_layer_kinds.py has

@@ -11,13 +11,17 @@ a request whose client went away. The fake server plays both (faults ``engine_de
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 from fake_vllm import ENGINE_DEAD_MESSAGE, FakeVLLM
 from longctx_testing import (
     failure_classes,
 )
 
-from pytest_longctx.measure.target import ServerError
+from pytest_longctx.measure import outcomes
+from pytest_longctx.measure.target import ServerError, ServerInfo
 from pytest_longctx.serving.process import check_attached
 
 
@@ -74,3 +78,29 @@ def test_a_request_the_engine_drops_after_its_budget_is_a_timeout(attached) -> N
     result.assert_outcomes(failed=1)
     assert failure_classes(records) == ["timeout"]
     assert records[0].evidence == ()
+
+
+@pytest.mark.parametrize(
+    ("slowest_step_s", "klass"), [(None, "hang"), (3.5, "timeout")], ids=["no-step", "slow-steps"]
+)
+def test_the_grace_after_an_abort_covers_two_of_the_points_slowest_steps(
+    fake_vllm: FakeVLLM, slowest_step_s: float | None, klass: str
+) -> None:
+    """The engine keeps an abandoned request 5.7 s, no counter moving, as an engine does
+    whose step in progress outlasts the floor of 5 s: stuck for a point that showed no step,
+    a timeout for one whose steps took 3.5 s (a grace of two of them, 7 s)."""
+    fake_vllm.running = 1  # the abandoned request, held by the step in progress
+    dropped = threading.Timer(5.7, setattr, (fake_vllm, "running", 0))
+    dropped.start()
+    server = ServerInfo(fake_vllm.url, "fake-model", None, "launched")
+    try:
+        got, evidence = outcomes.abandoned_request(server, time.monotonic(), 0, slowest_step_s)
+    finally:
+        dropped.cancel()
+    assert got == klass
+    (line,) = evidence
+    if klass == "hang":
+        assert "no step counter moved for 5.0 s" in line
+    else:
+        assert "within 7.0 s, two of the point's slowest steps (3.5 s)" in line
+        assert "the server is kept" in line

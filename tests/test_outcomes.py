@@ -513,6 +513,30 @@ def test_a_launched_server_that_hangs_is_classed_hang_stopped_and_relaunched(
     assert cause.startswith("hang: the server hung during len=2Ki") and evidence in cause
 
 
+def test_a_budget_that_runs_out_on_an_engine_still_stepping_is_a_timeout_and_the_server_kept(
+    pytester: pytest.Pytester,
+) -> None:
+    """2Ki's prefill takes 10 s in steps of 1.25 s, and the engine notices its client gone
+    only at the first token: the 2 s budget runs out, the request stays running 8 s after
+    it, but the KV gauge keeps rising meanwhile. A stepping engine is not stuck: the point is
+    a timeout, the server is not restarted, and 4Ki passes on the same start."""
+    once = pytester.path / "slowed"
+    slow = '{"first_token_delay_s": 10, "prefill_chunk_tokens": 256}'
+    launched(pytester, "--slow-at=5", f"--slow={slow}", f"--once={once}")
+    result, output = run_session(pytester, "--longctx-to=4Ki", "--longctx-ttft-timeout=2")
+    result.assert_outcomes(passed=2, failed=1)
+    records = records_of(output)
+    assert [(r.outcome, r.failure_class, r.server_start["index"]) for r in records] == [
+        ("passed", None, 0),
+        ("failed", "timeout", 0),
+        ("passed", None, 0),
+    ]
+    assert "FirstTokenTimeoutError" in records[1].reason
+    (line,) = records[1].evidence
+    assert "stepping meanwhile (vllm:kv_cache_usage_perc" in line
+    assert "a slow step, not a stuck engine; the server is kept" in line
+
+
 def test_under_xdist_a_worker_whose_server_is_lost_hands_its_points_to_the_others(
     pytester: pytest.Pytester,
 ) -> None:

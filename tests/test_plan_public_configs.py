@@ -18,6 +18,7 @@ from longctx_testing import SWEEP_TEST
 pytest.importorskip("transformers")
 
 from public_configs import (  # noqa: E402 - needs transformers
+    PUBLISHED,
     VLLM_GIB_AT_64MI_TP8,
     as_dict,
     deepseek_v32,
@@ -110,12 +111,27 @@ def test_the_plan_gives_vllms_figure_for_every_layer_pattern(
     profile = write_profile(
         pytester.path, name, CONFIGS[name], kv_cache_dtype=kv_cache_dtype, serving=serving
     )
+    assert_vllms_figure_and_no_fit(run_plan(pytester, profile), VLLM_GIB_AT_64MI_TP8[name])
+
+
+def test_a_published_config_json_does_not_fit_where_vllm_refuses(
+    pytester: pytest.Pytester,
+) -> None:
+    """Gemma 3 27B's config.json as published leaves its local/global interleave to the config
+    class: read as written, all 62 layers looked windowed (1.03 GiB per rank at 64Mi) and the
+    plan said the length fits where vLLM, reading it through the class, needs 641 GiB."""
+    published = PUBLISHED["gemma-3-27b-it"]
+    profile = write_profile(pytester.path, "gemma-3-27b-it", published.config())
     result = run_plan(pytester, profile)
+    assert_vllms_figure_and_no_fit(result, VLLM_GIB_AT_64MI_TP8["gemma-3-27b"])
+
+
+def assert_vllms_figure_and_no_fit(result: pytest.RunResult, expected: float) -> None:
+    """The 64Mi row gives vLLM's per-rank GiB, and the point is skipped as not fitting."""
     out = result.stdout.str()
     assert result.ret == pytest.ExitCode.OK, out + result.stderr.str()
     row = re.search(r"^64Mi\s+([\d,]+)\s+([\d.]+)\s+([\d.]+)\s", out, re.MULTILINE)
     assert row, out
-    expected = VLLM_GIB_AT_64MI_TP8[name]
     assert float(row.group(2)) == pytest.approx(expected, rel=0.03)  # KV GiB per rank
     # Nothing this large fits one node: the point is skipped with a change that would fit it.
     assert re.search(r"^64Mi: .*does not fit in .*; \S", out, re.MULTILINE), out

@@ -121,9 +121,12 @@ def fake_tool(folder: Path, name: str, output: str, status: int = 0) -> None:
     path.chmod(0o755)
 
 
-#: nvidia-smi --query-gpu=index,memory.used,memory.total,utilization.gpu,power.draw
-#: --format=csv,noheader,nounits on two H200s, the second without a power reading.
-NVIDIA_OUTPUT = "0, 81234, 143771, 97, 612.45\n1, 1024, 143771, 0, [N/A]\n"
+#: nvidia-smi --query-gpu=index,pci.bus_id,uuid,memory.used,memory.total,utilization.gpu,
+#: power.draw --format=csv,noheader,nounits on two H200s, the second without a power reading.
+NVIDIA_OUTPUT = (
+    "0, 00000000:1B:00.0, GPU-5e2f0c3a-0000-1111-2222-333344445555, 81234, 143771, 97, 612.45\n"
+    "1, 00000000:3B:00.0, GPU-8a11d2b7-0000-1111-2222-333344445555, 1024, 143771, 0, [N/A]\n"
+)
 
 #: amd-smi metric --usage --power --mem-usage --json (ROCm 6.x: a list of GPUs).
 AMD_OUTPUT = json.dumps(
@@ -158,6 +161,7 @@ ROCM_OUTPUT = json.dumps(
             "Current Socket Graphics Package Power (W)": "133.0",
             "VRAM Total Memory (B)": "206141652992",
             "VRAM Total Used Memory (B)": "296583168",
+            "PCI Bus": "0000:05:00.0",
         },
         "system": {"Driver version": "6.8.5"},
     }
@@ -166,7 +170,15 @@ ROCM_OUTPUT = json.dumps(
 
 def test_nvidia_smi_output_is_read_per_device() -> None:
     first, second = telemetry.parse_nvidia_smi(NVIDIA_OUTPUT)
-    assert first == telemetry.DeviceReading(0, 81234 * 2**20, 143771 * 2**20, 97.0, 612.45)
+    assert first == telemetry.DeviceReading(
+        0,
+        81234 * 2**20,
+        143771 * 2**20,
+        97.0,
+        612.45,
+        "0000:1b:00.0",
+        "GPU-5e2f0c3a-0000-1111-2222-333344445555",
+    )
     assert second.power_w is None and second.utilization_pct == 0.0
     with pytest.raises(telemetry.TelemetryError):
         telemetry.parse_nvidia_smi("No devices were found")
@@ -182,7 +194,7 @@ def test_amd_smi_output_is_read_in_both_layouts() -> None:
 
 def test_rocm_smi_output_is_read_per_card() -> None:
     (card,) = telemetry.parse_rocm_smi(ROCM_OUTPUT)
-    assert card == telemetry.DeviceReading(0, 296583168, 206141652992, 12.0, 133.0)
+    assert card == telemetry.DeviceReading(0, 296583168, 206141652992, 12.0, 133.0, "0000:05:00.0")
 
 
 def test_the_first_tool_on_path_is_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -233,18 +245,31 @@ def test_a_points_energy_splits_at_the_first_token_and_sums_devices() -> None:
     readings = [
         (-0.5, devices(100.0, 50.0)),
         (2.0, devices(300.0, None)),
+        (3.0, devices(300.0, 50.0)),
+        (5.0, devices(300.0, 50.0)),
         (6.0, devices(300.0, 50.0)),
     ]
-    figures = energy.energy_figures(readings, 4.0, 6.0, 4096, 33)
+    figures, unmeasured = energy.energy_figures(readings, 4.0, 6.0, 4096, 33, 1.0)
+    assert unmeasured == {}
     # device 0: 100 -> 300 W between -0.5 and 2 s, then 300 W; device 1: 50 W throughout
-    device0_prefill = energy.integrate([-0.5, 2.0, 6.0], [100.0, 300.0, 300.0], 0.0, 4.0)
+    device0_prefill = energy.integrate([-0.5, 2.0, 3.0], [100.0, 300.0, 300.0], 0.0, 4.0)
     assert figures["prefill_energy"] == pytest.approx(device0_prefill + 4 * 50.0)
     assert figures["decode_energy"] == pytest.approx(2 * 300.0 + 2 * 50.0)
     assert figures["energy"] == pytest.approx(figures["prefill_energy"] + figures["decode_energy"])
     assert figures["energy_per_prompt_token"] == pytest.approx(figures["prefill_energy"] / 4096)
     assert figures["energy_per_generated_token"] == pytest.approx(figures["decode_energy"] / 32)
-    assert energy.energy_figures(readings, None, None, 4096, 0) == {}  # no token, no split
-    assert energy.energy_figures([(0.0, devices(None))], 1.0, 2.0, 10, 10) == {}
+    assert energy.energy_figures(readings, None, None, 4096, 0) == ({}, {})  # no token
+    assert energy.energy_figures([(0.0, devices(None))], 1.0, 2.0, 10, 10) == ({}, {})
+    # a phase read once, or no longer than the averaging window, is not measured
+    figures, unmeasured = energy.energy_figures(readings, 3.5, 4.5, 4096, 33, 1.0)
+    assert set(figures) == {"prefill_energy", "energy_per_prompt_token"}
+    assert unmeasured["decode_energy"] == (
+        "not measured: the decode took 1 s, not more than the power tool's 1 s averaging window"
+    )
+    figures, unmeasured = energy.energy_figures(readings[:3], 1.5, 6.0, 4096, 33, 1.0)
+    assert unmeasured["prefill_energy"] == (
+        "not measured: 0 power reading(s) during the prefill (1.5 s); 2 are needed"
+    )
 
 
 # -- the progress file and the sample files ---------------------------------------------------
@@ -382,15 +407,55 @@ def test_samples_rise_chunk_by_chunk_to_the_whole_prompt(tmp_path: Path) -> None
     assert figures == {"predicted_ttft": pytest.approx(1.6384)}  # no device tool: no energy
 
 
+@pytest.mark.parametrize(
+    ("first_token_delay_s", "token_delay_s", "slowest"),
+    [(2.0, 0.01, 0.5), (0.1, 0.4, 0.4)],
+    ids=["prefill-steps", "decode-steps"],
+)
+def test_the_slowest_step_the_point_showed(
+    first_token_delay_s: float, token_delay_s: float, slowest: float
+) -> None:
+    """A 4Ki prompt prefilled in four chunks of 1024 over ``first_token_delay_s`` (the gauge
+    moves once a chunk), then four tokens ``token_delay_s`` apart: the slowest step is the
+    longer of a chunk's time and a token's, to a sampling interval (50 ms; more on a busy
+    host, whose readings come late, never less)."""
+    behaviour = Behaviour(
+        first_token_delay_s=first_token_delay_s,
+        token_delay_s=token_delay_s,
+        prefill_chunk_tokens=1024,
+    )
+    with FakeVLLM(behaviour) as fake:
+        watch, _ = _watch(fake, 4096)
+        assert watch.slowest_step_s() is None  # nothing seen yet
+        with CompletionClient(ClientConfig(fake.url)) as client:
+            watch.start()
+            try:
+                client.measure(
+                    CompletionRequest(model="fake-model", prompt=[7] * 4096, decode_tokens=4),
+                    first_token_budget_s=30,
+                    progress=watch.stream,
+                )
+            finally:
+                watch.stop()
+    assert slowest - 0.06 <= watch.slowest_step_s() <= slowest + 0.25
+
+
 def test_energy_from_a_fake_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    fake_tool(tmp_path, "nvidia-smi", "0, 1000, 143771, 90, 400.0\n1, 1000, 143771, 90, 100.0\n")
+    fake_tool(
+        tmp_path,
+        "nvidia-smi",
+        "0, 00000000:1B:00.0, GPU-a, 1000, 143771, 90, 400.0\n"
+        "1, 00000000:3B:00.0, GPU-b, 1000, 143771, 90, 100.0\n",
+    )
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     tool = telemetry.DeviceTelemetry.detect()
     assert tool.tool == "nvidia-smi"
-    with FakeVLLM(Behaviour(first_token_delay_s=0.3, token_delay_s=0.02)) as fake:
+    with FakeVLLM(Behaviour(first_token_delay_s=1.3, token_delay_s=0.08)) as fake:
         watch, _ = _watch(fake, 4096, telemetry=tool)
         measured = _measure(fake, watch, 4096)
     figures = watch.figures(measured.prompt_tokens, measured.completion_tokens)
+    # both phases last over the tools' 1 s averaging window, read many times: measured
+    assert "not_measured" not in watch.energy(measured.prompt_tokens, measured.completion_tokens)
     # a constant 500 W over both devices: energy is 500 W times the time
     assert figures["prefill_energy"] == pytest.approx(500 * measured.ttft_s)
     decode_s = measured.token_times_s[-1] - measured.ttft_s
@@ -399,6 +464,140 @@ def test_energy_from_a_fake_nvidia_smi(tmp_path: Path, monkeypatch: pytest.Monke
     assert figures["energy_per_generated_token"] == pytest.approx(500 * decode_s / 15)
     assert all(s["devices"] for s in watch.samples)  # every reading carries the devices
     assert math.isclose(figures["energy"], figures["prefill_energy"] + figures["decode_energy"])
+
+
+def test_a_sub_second_prefill_has_no_energy_measured_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nvidia-smi's power is a one-second average: a 0.3 s prefill's reading is mostly the
+    second before it. Its prefill energy (and the total) is left out, said as not measured;
+    the 1.2 s decode, read many times, keeps its figures."""
+    fake_tool(tmp_path, "nvidia-smi", "0, 00000000:1B:00.0, GPU-a, 1000, 143771, 90, 400.0\n")
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    tool = telemetry.DeviceTelemetry.detect()
+    with FakeVLLM(Behaviour(first_token_delay_s=0.3, token_delay_s=0.08)) as fake:
+        watch, _ = _watch(fake, 4096, telemetry=tool)
+        measured = _measure(fake, watch, 4096)
+    figures = watch.figures(measured.prompt_tokens, measured.completion_tokens)
+    assert "prefill_energy" not in figures and "energy_per_prompt_token" not in figures
+    assert "energy" not in figures
+    decode_s = measured.token_times_s[-1] - measured.ttft_s
+    assert figures["decode_energy"] == pytest.approx(400 * decode_s)
+    said = watch.energy(measured.prompt_tokens, measured.completion_tokens)
+    why = said["not_measured"]["prefill_energy"]
+    assert why.startswith(f"not measured: the prefill took {measured.ttft_s:.3g} s")
+    assert "not more than the power tool's 1 s averaging window" in why
+    assert said["not_measured"]["energy"] == "not measured: the prefill energy is not"
+    assert set(said["not_measured"]) == {"prefill_energy", "energy"}
+
+
+#: Four GPUs as nvidia-smi lists them (PCI order), each drawing its own power.
+NVIDIA_FOUR = "".join(
+    f"{i}, 00000000:{bus}:00.0, GPU-{i}aaa, {1000 * (i + 1)}, 143771, 50, {100.0 * (i + 1)}\n"
+    for i, bus in enumerate(("1B", "3B", "5B", "7B"))
+)
+
+
+@pytest.mark.parametrize(
+    ("ids", "indices"),
+    [(("2", "3"), [2, 3]), (("GPU-1aaa",), [1]), ((), [0, 1, 2, 3])],
+    ids=["indices", "uuid", "no-ids"],
+)
+def test_only_the_servers_own_gpus_are_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ids: tuple[str, ...], indices: list[int]
+) -> None:
+    """A server given CUDA_VISIBLE_DEVICES=2,3 (its -n slot) has the power and memory of
+    those two read, not of the other servers' GPUs beside it."""
+    fake_tool(tmp_path, "nvidia-smi", NVIDIA_FOUR)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    scope = telemetry.DeviceScope(ids, "CUDA_VISIBLE_DEVICES")
+    tool = telemetry.DeviceTelemetry.detect(scope)
+    assert [r.index for r in tool.read()] == indices
+    assert telemetry.memory_used(scope) == {i: 1000 * (i + 1) * 2**20 for i in indices}
+    if ids == ("2", "3"):
+        assert tool.describe()["devices"] == (
+            "CUDA_VISIBLE_DEVICES=2,3: bus 0000:5b:00.0, 0000:7b:00.0"
+        )
+
+
+def _by_subcommand(folder: Path, name: str, outputs: dict[str, str]) -> None:
+    """A tool whose output depends on its first argument (``amd-smi list`` / ``metric``)."""
+    for sub, output in outputs.items():
+        fake_tool(folder, f"{name}-{sub}", output)
+    cases = "".join(f'  {sub}) exec "{folder}/{name}-{sub}" ;;\n' for sub in outputs)
+    path = folder / name
+    path.write_text(f'#!/bin/sh\ncase "$1" in\n{cases}esac\nexit 2\n')
+    path.chmod(0o755)
+
+
+#: amd-smi numbers these two MI355X 0 and 1; HIP, which enumerates differently on this
+#: host, numbers the one at 0000:05:00.0 as 0.
+AMD_TWO = json.dumps(
+    [
+        {"gpu": 0, "power": {"socket_power": {"value": 900, "unit": "W"}}, "mem_usage": "N/A"},
+        {"gpu": 1, "power": {"socket_power": {"value": 300, "unit": "W"}}, "mem_usage": "N/A"},
+    ]
+)
+
+
+@pytest.mark.parametrize("hip_id", [True, False], ids=["hip-id-listed", "pci-order"])
+def test_amd_gpus_are_matched_to_hips_numbers_by_pci_bus_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hip_id: bool
+) -> None:
+    """HIP_VISIBLE_DEVICES=0 is HIP's device 0: amd-smi's GPU 1 here (its list says so, by
+    hip_id, or by PCI bus order where it does not), not amd-smi's GPU 0."""
+    listed = [
+        {"gpu": 0, "bdf": "0000:c5:00.0", "uuid": "u-c5", **({"hip_id": 1} if hip_id else {})},
+        {"gpu": 1, "bdf": "0000:05:00.0", "uuid": "u-05", **({"hip_id": 0} if hip_id else {})},
+    ]
+    _by_subcommand(tmp_path, "amd-smi", {"metric": AMD_TWO, "list": json.dumps(listed)})
+    monkeypatch.setenv("PATH", str(tmp_path))
+    tool = telemetry.DeviceTelemetry.detect(telemetry.DeviceScope(("0",), "HIP_VISIBLE_DEVICES"))
+    assert tool.tool == "amd-smi"
+    (reading,) = tool.read()
+    assert (reading.index, reading.bus_id, reading.power_w) == (1, "0000:05:00.0", 300.0)
+
+
+def test_rocm_smi_cards_are_matched_to_hips_numbers_by_pci_bus_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cards = {
+        f"card{n}": {"Current Socket Graphics Package Power (W)": watts, "PCI Bus": bus}
+        for n, watts, bus in ((0, "700.0", "0000:C5:00.0"), (1, "200.0", "0000:05:00.0"))
+    }
+    fake_tool(tmp_path, "rocm-smi", json.dumps(cards))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    scope = telemetry.DeviceScope(("0",), "HIP_VISIBLE_DEVICES")
+    (reading,) = telemetry.DeviceTelemetry.detect(scope).read()
+    assert (reading.index, reading.power_w) == (1, 200.0)
+
+
+def test_a_device_the_tool_does_not_list_leaves_telemetry_missing_with_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_tool(tmp_path, "nvidia-smi", NVIDIA_FOUR)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    scope = telemetry.DeviceScope(("6",), "CUDA_VISIBLE_DEVICES")
+    tool = telemetry.DeviceTelemetry.detect(scope)
+    assert tool.tool is None and tool.read() is None
+    assert "CUDA_VISIBLE_DEVICES=6: device 6 is not among the 4" in tool.missing
+    assert telemetry.memory_used(scope) is None
+
+
+def test_a_server_over_several_nodes_says_what_its_telemetry_covers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The 4-node Ray profile: this head node's 8 GPUs are read, the other 24 are not."""
+    eight = "".join(
+        f"{i}, 00000000:{16 * i + 11:02X}:00.0, GPU-{i}, 1000, 143771, 50, 700.0\n"
+        for i in range(8)
+    )
+    fake_tool(tmp_path, "nvidia-smi", eight)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    tool = telemetry.DeviceTelemetry.detect(telemetry.DeviceScope((), "HIP_VISIBLE_DEVICES", 4, 8))
+    assert tool.describe()["coverage"] == "8 of 32 GPUs (head node only; the other 3 nodes unread)"
+    single = telemetry.DeviceTelemetry.detect(telemetry.DeviceScope())
+    assert "coverage" not in single.describe()
 
 
 def test_a_server_without_the_gauge_still_shows_time_and_tokens() -> None:
@@ -479,12 +678,49 @@ def test_old_records_get_no_progress_section_and_a_cpu_host_says_why(tmp_path: P
     assert f"Energy not measured: {telemetry.MISSING}." in text
 
 
+def test_reports_say_what_the_energy_covers_and_which_points_have_none(tmp_path: Path) -> None:
+    """A record's ``energy`` reaches the report and the session's summary line: the share of
+    a multi-node server's GPUs read, and the points whose prefill was too short to measure."""
+    from pytest_longctx.reporting.markdown import render_markdown
+    from pytest_longctx.session.live_progress import energy_line
+
+    covers = "8 of 32 GPUs (head node only; the other 3 nodes unread)"
+    why = "not measured: the prefill took 0.3 s, not more than the power tool's 1 s window"
+    short = Record(
+        run_id="r",
+        nodeid="t[1Ki]",
+        length=1024,
+        repeat=0,
+        outcome="passed",
+        figures={"ttft": 0.3, "decode_energy": 900.0},
+        energy={"coverage": covers, "not_measured": {"prefill_energy": why, "energy": "x"}},
+    )
+    long = Record(
+        run_id="r",
+        nodeid="t[64Ki]",
+        length=65536,
+        repeat=0,
+        outcome="passed",
+        figures={"ttft": 30.0, "energy": 25000.0, "prefill_energy": 24000.0},
+        energy={"coverage": covers},
+    )
+    assert Record.from_json(short.to_json()) == short
+    text = render_markdown([short, long])
+    assert f"Energy covers {covers}." in text
+    assert f"Energy of 1 point(s) not measured in full: {why} (1Ki rep 0)." in text
+    line = energy_line([short, long], {"tool": "amd-smi", "coverage": covers})
+    assert line.startswith("energy: 25,000.0 J over 1 points (amd-smi)")
+    assert f"[{covers}]; 1 point(s) without energy, e.g. {why}" in line
+
+
 def test_devices_are_read_only_where_the_server_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from types import SimpleNamespace
 
+    from pytest_longctx.plan.servers import ServerSlot
     from pytest_longctx.plan.settings import Settings
+    from pytest_longctx.profiles import load_profile
     from pytest_longctx.session.live_progress import SessionProgress
 
     fake_tool(tmp_path, "nvidia-smi", NVIDIA_OUTPUT)
@@ -511,9 +747,18 @@ def test_devices_are_read_only_where_the_server_runs(
             False,
             None,
         )
-        return SessionProgress(config, SimpleNamespace(settings=settings))  # type: ignore[arg-type]
+        run = SimpleNamespace(settings=settings, plan=SimpleNamespace(profile=profile), slot=slot)
+        return SessionProgress(config, run)  # type: ignore[arg-type]
 
+    profile, slot = load_profile("cpu-tiny"), ServerSlot(0)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert session(None).describe_telemetry()["tool"] == "nvidia-smi"  # launched here
     assert session("http://127.0.0.1:8000").describe_telemetry()["tool"] == "nvidia-smi"
     remote = session("http://gpu-node-7:8000").describe_telemetry()
     assert remote["tool"] is None and "is not on this host" in remote["missing"]
+    # an -n slot's launched server: only the GPU its slot gives it
+    profile = load_profile("kimi-linear-h200")
+    slot = ServerSlot(1, devices=("1",), env={"CUDA_VISIBLE_DEVICES": "1"})
+    own = session(None)
+    assert [r.index for r in own.telemetry.read()] == [1]
+    assert own.describe_telemetry()["devices"] == "CUDA_VISIBLE_DEVICES=1: bus 0000:3b:00.0"

@@ -8,7 +8,8 @@ test hands it (this host has no GPU).
 
 from __future__ import annotations
 
-import sys
+import os
+from pathlib import Path
 
 import pytest
 from longctx_testing import SWEEP_TEST, launch_fake_conftest, records_of, run_folder, run_session
@@ -112,19 +113,27 @@ def test_a_length_skipped_for_its_crashes_carries_their_class(pytester: pytest.P
 # -- a GPU server's memory, released before a relaunch -------------------------------------
 
 
-def test_device_memory_is_read_per_device_from_the_tools_output() -> None:
-    """The progress telemetry's own reader, on nvidia-smi's documented output."""
-    lines = "0, 81920, 143771, 50, 300.5\\n1, 512, 143771, 0, 70.1"
-    reader = telemetry.DeviceTelemetry(
-        tool="nvidia-smi",
-        argv=(sys.executable, "-c", f"print('{lines}')"),
-        parser=telemetry.parse_nvidia_smi,
+@pytest.mark.parametrize(
+    ("ids", "expected"),
+    [(("1",), {1: 512}), (("GPU-5e2f",), {0: 81920}), ((), {0: 81920, 1: 512})],
+    ids=["index", "uuid", "every-device"],
+)
+def test_device_memory_is_read_for_the_servers_own_devices(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ids: tuple[str, ...], expected: dict
+) -> None:
+    """The progress telemetry's own reader, on nvidia-smi's documented output: the devices
+    the server was given (by index or by UUID), not its neighbours' on the same node."""
+    tool = tmp_path / "nvidia-smi"
+    tool.write_text(
+        "#!/bin/sh\n"
+        "echo '0, 00000000:1B:00.0, GPU-5e2f, 81920, 143771, 50, 300.5'\n"
+        "echo '1, 00000000:3B:00.0, GPU-77aa, 512, 143771, 0, 70.1'\n"
     )
-    assert telemetry.memory_used(("1",), reader) == {1: 512 * 1024**2}
-    assert telemetry.memory_used((), reader) == {0: 81920 * 1024**2, 1: 512 * 1024**2}
-    # ids that are not indices (a job's GPU UUIDs): every device is read
-    assert set(telemetry.memory_used(("GPU-5e2f",), reader) or {}) == {0, 1}
-    assert telemetry.memory_used((), telemetry.DeviceTelemetry(tool=None)) is None
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    scope = telemetry.DeviceScope(ids, "CUDA_VISIBLE_DEVICES")
+    assert telemetry.memory_used(scope) == {i: mib * 1024**2 for i, mib in expected.items()}
+    assert telemetry.memory_used(scope, telemetry.DeviceTelemetry(tool=None)) is None
 
 
 def test_a_relaunch_waits_for_the_devices_memory_to_fall_back() -> None:

@@ -2,7 +2,9 @@
 
 Pure stdlib (plus matplotlib, imported only by :func:`plot_kv_footprint`), so a plan can be
 printed on a machine without torch or vLLM and for remote-code models whose ``config.json``
-transformers cannot load without their code.
+transformers cannot load without their code. A ``config.json`` whose ``model_type``
+transformers knows is first read through that config class, as vLLM reads it, in a Python of
+its own (``class_config.py``), so the defaults a published file leaves out are counted.
 
 The layout rules follow vLLM's cache code:
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .class_config import ConfigClassError, filled_config
 from .groups import Allocation, AllocatorSettings, allocate, describe_groups
 from .kinds import DTypes, LayerConfigError, LayerKind, pp_partition, read_layers
 from .parallel import check_parallel, check_tensor_parallel
@@ -47,9 +48,10 @@ class ModelConfigError(ValueError):
 
 
 def load_model_config(path: str | Path) -> dict[str, Any]:
-    """The parsed ``config.json`` at ``path`` (the file itself, or a model folder holding it).
-
-    Read as plain JSON so remote-code models (Kimi Linear) work without their Python code.
+    """The ``config.json`` at ``path`` (the file itself, or a model folder holding it) as vLLM
+    reads it: through its ``model_type``'s transformers config class, defaults filled in and
+    a multimodal wrapper's text config on top (:func:`.class_config.filled_config`). A
+    ``model_type`` transformers does not know (remote code) is read as plain JSON.
     """
     given = Path(path)
     config_path = given / "config.json" if given.is_dir() else given
@@ -67,7 +69,10 @@ def load_model_config(path: str | Path) -> dict[str, Any]:
             f"{config_path} holds a JSON {type(config).__name__}, expected an object of "
             "Hugging Face config fields"
         )
-    return config
+    try:
+        return filled_config(config)
+    except ConfigClassError as exc:
+        raise ModelConfigError(f"{config_path}: {exc}") from exc
 
 
 def text_fields(config: Mapping[str, Any]) -> Mapping[str, Any]:

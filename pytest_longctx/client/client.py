@@ -706,6 +706,10 @@ class CompletionClient:
             watched = context.progress_counter
             if watched is not None:
                 watched.tokens += tokens
+                if watched.last_token_at is not None:
+                    watched.slowest_gap_s = max(
+                        watched.slowest_gap_s, arrived - watched.last_token_at
+                    )
                 watched.last_token_at = arrived
                 if watched.first_token_at is None:
                     watched.first_token_at = arrived

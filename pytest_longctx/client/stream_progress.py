@@ -22,5 +22,7 @@ class StreamProgress:
     last_token_at: float | None = None
     #: Tokens received so far, as the stream counts them.
     tokens: int = 0
+    #: The longest wait between two chunks that carried tokens (an engine step at least).
+    slowest_gap_s: float = 0.0
     #: The stream ended (``[DONE]``, an error or a timeout).
     finished: bool = False

@@ -153,6 +153,10 @@ class Record:
     #: against them, its effective chunk size, sequence limit and preemptions
     #: (measure/interference.py). Empty for other points.
     interference: Mapping[str, Any] = field(default_factory=dict)
+    #: The devices the energy figures cover (the server's own; on a server over several
+    #: nodes, what share of its GPUs) and each energy figure not measured, with why
+    #: (``not_measured``: a phase shorter than the power tool's averaging window).
+    energy: Mapping[str, Any] = field(default_factory=dict)
 
     def figure(self, name: str) -> float | None:
         return self.figures.get(name)
@@ -203,6 +207,7 @@ class Record:
             "evidence": list(self.evidence),
             "server_start": dict(self.server_start),
             "interference": dict(self.interference),
+            "energy": dict(self.energy),
         }
 
     @classmethod
@@ -238,6 +243,7 @@ class Record:
             evidence=tuple(str(line) for line in data.get("evidence") or ()),
             server_start=dict(data.get("server_start") or {}),
             interference=dict(data.get("interference") or {}),
+            energy=dict(data.get("energy") or {}),
         )
 
 

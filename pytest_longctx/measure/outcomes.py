@@ -26,7 +26,14 @@ from pytest_longctx.client import (
     ServerUnavailableError,
     TruncatedStreamError,
 )
-from pytest_longctx.measure.server_metrics import REQUESTS_RUNNING, MetricsSnapshot
+from pytest_longctx.measure.server_metrics import (
+    GENERATION_TOKENS,
+    ITERATION_TOKENS,
+    KV_CACHE_USAGE,
+    PROMPT_TOKENS,
+    REQUESTS_RUNNING,
+    MetricsSnapshot,
+)
 from pytest_longctx.measure.target import ServerError, ServerInfo
 
 #: ``vllm.v1.engine.exceptions.EngineDeadError``'s message, inside error frames and bodies.
@@ -133,11 +140,19 @@ def death(log_lines: Iterable[str], exit_code: int | None, oom_kills: int = 0) -
 #: How long a server may take to answer ``/health`` after a failed point before it counts as
 #: not answering (a hung server, or an attached one that is gone).
 PROBE_TIMEOUT_S = 10.0
-#: How long a working engine may take to drop a request whose client went away: vLLM aborts
+#: The least a working engine may take to drop a request whose client went away: vLLM aborts
 #: a request when its client disconnects, at the engine's next step. Still running after
-#: that, behind a front that answers ``/health``, the engine is stuck.
+#: that, behind a front that answers ``/health``, the engine is stuck. A point whose steps
+#: were slower gets two of its slowest steps instead (:func:`abort_grace_s`).
 ABORT_GRACE_S = 5.0
 ABORT_POLL_S = 0.25
+#: How many graces an engine that keeps stepping is waited for to drop the request; past
+#: that the point is still a timeout, with the request said to be still running.
+STEPPING_GRACES = 10
+#: Counters and gauges that move with each engine step: a prefill chunk allocates KV blocks
+#: (the usage gauge) and a step's tokens count in the token counters and the per-step
+#: histogram. Any of them moving while the abandoned request runs shows the engine stepping.
+_STEP_SIGNS = (KV_CACHE_USAGE, PROMPT_TOKENS, GENERATION_TOKENS, f"{ITERATION_TOKENS}_count")
 #: The classes a dead engine's error frame replaces when the check after it only shows the
 #: server unhealthy (vLLM's ``/health`` answers 503 once its engine is dead), gone or silent.
 _FRAME_WINS_OVER = ("error", "engine_died", "server_gone", "hang")
@@ -158,38 +173,115 @@ def _answers(server: ServerInfo) -> bool:
         return client.health_status() is not None
 
 
-def stuck_engine(server: ServerInfo, since: float, others: int = 0) -> tuple[str, ...] | None:
-    """The evidence that the engine is stuck after a request's budget ran out: ``/metrics``
-    still counts more than ``others`` requests running (the background streams of an
-    interference point) :data:`ABORT_GRACE_S` after the client abandoned its request at
-    ``since`` (monotonic). None when the request was dropped, or ``/metrics`` cannot say.
+def abort_grace_s(slowest_step_s: float | None) -> float:
+    """How long the engine may keep an abandoned request before it counts as stuck: two of
+    the slowest steps the point showed (an abort waits for the step in progress, and a
+    prefill's last steps over the longest context are its slowest), never under
+    :data:`ABORT_GRACE_S`."""
+    return max(ABORT_GRACE_S, 2.0 * (slowest_step_s or 0.0))
 
-    One engine step longer than the grace (an unchunked prefill of millions of tokens) reads
-    the same: the server could not take the next point before that step ends either."""
-    running: float | None = None
+
+def _step_signs(snapshot: MetricsSnapshot) -> tuple[float | None, ...]:
+    return tuple(snapshot.total(name) for name in _STEP_SIGNS)
+
+
+def abandoned_request(
+    server: ServerInfo, since: float, others: int = 0, slowest_step_s: float | None = None
+) -> tuple[str, tuple[str, ...]]:
+    """What the engine did with a request whose budget ran out, abandoned at ``since``
+    (monotonic): ``timeout`` when ``/metrics`` stops counting it running beyond ``others``
+    (the background streams of an interference point) or cannot say, and ``hang`` when it
+    still counts it after readings that span a grace (:func:`abort_grace_s`) saw no step.
+
+    An engine still stepping (a KV or token counter moved since the request was abandoned)
+    is slow, not stuck: it is waited for while it steps, up to :data:`STEPPING_GRACES`
+    graces, and the point is a ``timeout`` even if the request still runs then. A step
+    longer than the grace that shows no counter move reads as stuck: the server could not
+    take the next point before that step ends either."""
+    grace = abort_grace_s(slowest_step_s)
+    first: tuple[float | None, ...] | None = None
+    signs: tuple[float | None, ...] = ()
+    moved_at: float | None = None
+    first_at = since
     with _probe(server) as client:
         while True:
             try:
-                running = MetricsSnapshot.from_text(client.metrics_text()).total(REQUESTS_RUNNING)
+                snapshot = MetricsSnapshot.from_text(client.metrics_text())
             except (MeasurementError, ValueError):
-                return None
+                return "timeout", ()
+            running = snapshot.total(REQUESTS_RUNNING)
+            now = time.monotonic()
             if running is None or running <= others:
-                return None
-            if time.monotonic() >= since + ABORT_GRACE_S:
+                return "timeout", _dropped_late(now - since, grace, slowest_step_s, first, signs)
+            seen = _step_signs(snapshot)
+            if first is None:
+                first, first_at = seen, now
+            elif seen != signs:
+                moved_at = now
+            signs = seen
+            # Stuck needs readings that span a whole grace without a move: the first one
+            # comes only after the check that the process lives, which takes a while.
+            if now >= (moved_at or first_at) + grace or now >= since + STEPPING_GRACES * grace:
                 break
             time.sleep(ABORT_POLL_S)
+    waited = now - since
     besides = f", {others} of them the background streams'" if others else ""
+    if moved_at is not None and now < moved_at + grace:
+        return "timeout", (
+            f"{REQUESTS_RUNNING} was {running:g}{besides} {waited:.1f} s after the client "
+            f"abandoned the request, but the engine is still stepping "
+            f"({_moves(first, signs)}): it drops the request at a later step; the server is "
+            "kept",
+        )
+    step = (
+        f" (two of the point's slowest steps, {slowest_step_s:.1f} s)"
+        if grace > ABORT_GRACE_S and slowest_step_s is not None
+        else ""
+    )
     evidence = [
-        f"{REQUESTS_RUNNING} was {running:g}{besides} {time.monotonic() - since:.1f} s after "
-        "the client abandoned the request, while /health answers: the engine did not drop it "
-        "(vLLM aborts a request whose client disconnected at its next step), so it is stuck"
+        f"{REQUESTS_RUNNING} was {running:g}{besides} {waited:.1f} s after "
+        f"the client abandoned the request, while /health answers and no step counter moved "
+        f"for {grace:.1f} s{step}: the engine did not drop it (vLLM aborts a request whose "
+        "client disconnected at its next step), so it is stuck"
     ]
     if server.mode != "launched":
         evidence.append(
             f"the server at {server.base_url} is attached: it cannot be restarted from here, "
             "and its later points wait behind the stuck request"
         )
-    return tuple(evidence)
+    return "hang", tuple(evidence)
+
+
+def _moves(first: tuple[float | None, ...] | None, last: tuple[float | None, ...]) -> str:
+    """The step signs that moved, as ``name before -> after``."""
+    return ", ".join(
+        f"{name} {before:g} -> {after:g}"
+        for name, before, after in zip(_STEP_SIGNS, first or (), last, strict=False)
+        if before is not None and after is not None and before != after
+    )
+
+
+def _dropped_late(
+    waited: float,
+    grace: float,
+    slowest_step_s: float | None,
+    first: tuple[float | None, ...] | None,
+    last: tuple[float | None, ...],
+) -> tuple[str, ...]:
+    """What a timeout keeps when the engine dropped the request later than the least grace:
+    how long it took, and what showed it working meanwhile."""
+    if waited <= ABORT_GRACE_S:
+        return ()
+    moves = _moves(first, last)
+    why = (
+        f"stepping meanwhile ({moves})"
+        if moves
+        else f"within {grace:.1f} s, two of the point's slowest steps ({slowest_step_s or 0:.1f} s)"
+    )
+    return (
+        f"the engine dropped the abandoned request {waited:.1f} s after its client left it, "
+        f"{why}: a slow step, not a stuck engine; the server is kept",
+    )
 
 
 def failed_request(
@@ -197,6 +289,7 @@ def failed_request(
     server: ServerInfo,
     check_alive: Callable[[float], None],
     others: int = 0,
+    slowest_step_s: float | None = None,
 ) -> tuple[str, str, tuple[str, ...], bool]:
     """A failed request's (message, class, evidence, sent), from the error and from the
     server's state after it.
@@ -205,9 +298,10 @@ def failed_request(
     engine's error frame is ``engine_died`` (or ``oom``) whatever the check after it shows of
     an attached server (unhealthy, gone, silent). A budget that ran out is a ``timeout``
     while the server still answers and drops the abandoned request, and a ``hang`` when it
-    does not answer, or answers with the request still running (:func:`stuck_engine`;
-    ``others``: requests of other clients expected to run); a broken connection to a server
-    that still answers was cut between the two.
+    does not answer, or answers with the request still running and the engine not stepping
+    (:func:`abandoned_request`; ``others``: requests of other clients expected to run;
+    ``slowest_step_s``: the slowest engine step the point showed, which sets the grace); a
+    broken connection to a server that still answers was cut between the two.
     """
     abandoned = time.monotonic()
     text = f"{type(exc).__name__}: {exc}"
@@ -230,10 +324,8 @@ def failed_request(
         return text, frame[0], (said,), sent
     if isinstance(exc, MeasurementTimeoutError):
         if _answers(server):
-            stuck = stuck_engine(server, abandoned, others)
-            if stuck:
-                return text, "hang", stuck, sent
-            return text, "timeout", (), sent
+            klass, evidence = abandoned_request(server, abandoned, others, slowest_step_s)
+            return text, klass, evidence, sent
         return (
             text,
             "hang",

@@ -93,6 +93,9 @@ class PointMeasurement:
     finish_reason: str | None = None
     #: What a watcher of the point adds: the predicted TTFT, the energy (progress/).
     watch_figures: dict[str, float] = field(default_factory=dict)
+    #: The devices the energy covers and the energy figures not measured, with why (the
+    #: record's ``energy``).
+    energy: dict[str, Any] = field(default_factory=dict)
     #: How the stream was chunked and whether it agreed with the server's decode (the
     #: record's ``stream``): see :meth:`StreamMeasurement.chunking` and agreement.py.
     stream: dict[str, Any] = field(default_factory=dict)
@@ -167,6 +170,7 @@ class PointMeasurement:
             stream=dict(record.stream),
             cache=dict(record.cache),
             interference=dict(record.interference),
+            energy=dict(record.energy),
         )
 
 
@@ -210,6 +214,12 @@ class PointWatcher(Protocol):
     def figures(
         self, prompt_tokens: int | None, completion_tokens: int | None
     ) -> dict[str, float]: ...
+
+    def energy(
+        self, prompt_tokens: int | None, completion_tokens: int | None
+    ) -> dict[str, Any]: ...
+
+    def slowest_step_s(self) -> float | None: ...
 
 
 @dataclass(frozen=True)
@@ -263,6 +273,12 @@ def point_request(
     )
 
 
+def slowest_step(watch: PointWatcher | None) -> float | None:
+    """The slowest engine step the watch saw, which sets how long an abandoned request may
+    take to be dropped; None without a watch."""
+    return watch.slowest_step_s() if watch is not None else None
+
+
 def send_measured(
     client: CompletionClient,
     server: ServerInfo,
@@ -290,9 +306,13 @@ def send_measured(
             raise PointFailure(refusal(exc), "refused") from None
         if exc.status_code is not None and exc.status_code < 500:
             raise PointFailure(f"{type(exc).__name__}: {exc}", "refused") from None
-        raise PointFailure(*outcomes.failed_request(exc, server, check_alive, others)) from None
+        raise PointFailure(
+            *outcomes.failed_request(exc, server, check_alive, others, slowest_step(watch))
+        ) from None
     except MeasurementError as exc:
-        raise PointFailure(*outcomes.failed_request(exc, server, check_alive, others)) from None
+        raise PointFailure(
+            *outcomes.failed_request(exc, server, check_alive, others, slowest_step(watch))
+        ) from None
     finally:
         if watch is not None:
             watch.stop()
@@ -360,6 +380,7 @@ def measure_point(
         watch_figures=(
             watch.figures(stream.prompt_tokens, stream.completion_tokens) if watch else {}
         ),
+        energy=watch.energy(stream.prompt_tokens, stream.completion_tokens) if watch else {},
         stream=stream_info,
         stream_problem=stream_problem,
         cache=cache_entries,

@@ -19,6 +19,10 @@ DECODE = "vllm:request_decode_time_seconds"
 INTER_TOKEN = "vllm:inter_token_latency_seconds"
 E2E = "vllm:e2e_request_latency_seconds"
 PROMPT_TOKENS = "vllm:prompt_tokens_total"
+#: Tokens the engine generated, counted at each step.
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+#: Tokens each engine step computed (a histogram, observed once a step).
+ITERATION_TOKENS = "vllm:iteration_tokens_total"
 PROMPT_TOKENS_CACHED = "vllm:prompt_tokens_cached_total"
 PROMPT_TOKENS_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
 PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries_total"

@@ -284,6 +284,7 @@ def measure_under_load(
         watch_figures=(
             watch.figures(stream.prompt_tokens, stream.completion_tokens) if watch else {}
         ),
+        energy=watch.energy(stream.prompt_tokens, stream.completion_tokens) if watch else {},
         stream=stream_info,
         cache={"served": stream.cached_prompt_tokens},
         interference=details,

@@ -38,7 +38,7 @@ from pytest_longctx.progress.energy import energy_figures
 from pytest_longctx.progress.eta import CostModel, first_token_eta
 from pytest_longctx.progress.samples import SampleWriter
 from pytest_longctx.progress.state import DECODE, PREFILL, ProgressState, RemainingPoint
-from pytest_longctx.progress.telemetry import DeviceTelemetry
+from pytest_longctx.progress.telemetry import POWER_AVERAGING_S, DeviceTelemetry
 
 #: How often the thread looks at the stream counter between readings (for the first token).
 POLL_S = 0.02
@@ -312,6 +312,30 @@ class PointWatch:
                 return (p1 - p0) / (t1 - t0)
         return None
 
+    def slowest_step_s(self) -> float | None:
+        """The longest an engine step took that this point showed; None before one ended.
+
+        vLLM allocates a prefill chunk's KV blocks as it schedules the chunk, so the readings
+        that saw the prefilled count move mark step boundaries (to a sampling interval), and
+        the first token ends the last prefill step; with no move seen, the prefill is taken
+        as one step from t0. Between tokens, each gap between the stream's chunks is a step
+        at least. The watch stays readable after ``stop()``."""
+        stream = self.stream
+        with self._lock:
+            series = [
+                (s["at"], s["prefilled"])
+                for s in self.samples
+                if s["phase"] in ("before", PREFILL) and s.get("prefilled") is not None
+            ]
+        moves = [t for (_, p0), (t, p1) in zip(series, series[1:], strict=False) if p1 > p0]
+        if stream.first_token_at is not None:
+            start = stream.t0 if stream.t0 is not None else self._started
+            moves = [*(moves or [start]), stream.first_token_at]
+        steps = [t1 - t0 for t0, t1 in zip(moves, moves[1:], strict=False)]
+        if stream.slowest_gap_s:
+            steps.append(stream.slowest_gap_s)
+        return max(steps) if steps else None
+
     def state(self, now: float | None = None) -> ProgressState:
         """Where this point (and the sweep) stands now."""
         now = self.clock() if now is None else now
@@ -370,16 +394,38 @@ class PointWatch:
             devices=devices,
         )
 
-    def figures(self, prompt_tokens: int | None, completion_tokens: int | None) -> dict[str, float]:
-        """What the record keeps from the watch: the prediction and the energy."""
-        figures: dict[str, float] = {}
-        if self.predicted_ttft_s is not None:
-            figures["predicted_ttft"] = self.predicted_ttft_s
+    def _energy(
+        self, prompt_tokens: int | None, completion_tokens: int | None
+    ) -> tuple[dict[str, float], dict[str, str]]:
         stream = self.stream
         origin = self._origin()
         with self._lock:
             readings = [(s["at"] - origin, s["devices"]) for s in self.samples if s.get("devices")]
         first = stream.first_token_at - origin if stream.first_token_at is not None else None
         last = stream.last_token_at - origin if stream.last_token_at is not None else None
-        figures.update(energy_figures(readings, first, last, prompt_tokens, completion_tokens))
+        return energy_figures(
+            readings, first, last, prompt_tokens, completion_tokens, POWER_AVERAGING_S
+        )
+
+    def figures(self, prompt_tokens: int | None, completion_tokens: int | None) -> dict[str, float]:
+        """What the record keeps from the watch: the prediction and the energy measured."""
+        figures: dict[str, float] = {}
+        if self.predicted_ttft_s is not None:
+            figures["predicted_ttft"] = self.predicted_ttft_s
+        figures.update(self._energy(prompt_tokens, completion_tokens)[0])
         return figures
+
+    def energy(self, prompt_tokens: int | None, completion_tokens: int | None) -> dict[str, Any]:
+        """What the record says of its energy besides the figures: the devices read (and what
+        they cover of a server over several nodes), and each figure not measured with why;
+        empty without device telemetry."""
+        if self.telemetry is None or self.telemetry.tool is None:
+            return {}
+        described = self.telemetry.describe()
+        said: dict[str, Any] = {"devices": described["devices"]}
+        if "coverage" in described:
+            said["coverage"] = described["coverage"]
+        unmeasured = self._energy(prompt_tokens, completion_tokens)[1]
+        if unmeasured:
+            said["not_measured"] = unmeasured
+        return said

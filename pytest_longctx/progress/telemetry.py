@@ -1,19 +1,25 @@
 """Device telemetry from the vendors' command-line tools: memory used, utilization and power
 per device, read at the progress sampler's cadence.
 
-* NVIDIA: ``nvidia-smi --query-gpu=index,memory.used,memory.total,utilization.gpu,power.draw
-  --format=csv,noheader,nounits``: one line per GPU, memory in MiB, utilization in %, power in
-  W; a field the GPU does not report reads ``[N/A]`` or ``[Not Supported]``.
+* NVIDIA: ``nvidia-smi --query-gpu=index,pci.bus_id,uuid,memory.used,memory.total,
+  utilization.gpu,power.draw --format=csv,noheader,nounits``: one line per GPU, memory in MiB,
+  utilization in %, power in W; a field the GPU does not report reads ``[N/A]`` or
+  ``[Not Supported]``.
 * AMD: ``amd-smi metric --usage --power --mem-usage --json``: one object per GPU (a list, or
   ``{"gpu_data": [...]}`` in newer releases) whose figures are ``{"value": v, "unit": u}``
   objects or ``"N/A"``: ``usage.gfx_activity`` (%), ``power.socket_power`` (W),
-  ``mem_usage.used_vram`` and ``total_vram`` (MB, which amd-smi counts in MiB).
-* AMD without amd-smi: ``rocm-smi --showuse --showpower --showmeminfo vram --json``: ``{"card0":
-  {"GPU use (%)": "12", "... Power (W)": "35.0", "VRAM Total Memory (B)": ..., "VRAM Total
-  Used Memory (B)": ...}}``.
+  ``mem_usage.used_vram`` and ``total_vram`` (MB, which amd-smi counts in MiB). Its GPU
+  numbers are amd-smi's own: ``amd-smi list --json`` gives each one's ``bdf`` (PCI bus id),
+  ``uuid`` and, in recent releases, ``hip_id`` (the number HIP gives it).
+* AMD without amd-smi: ``rocm-smi --showuse --showpower --showmeminfo vram --showbus
+  --json``: ``{"card0": {"GPU use (%)": "12", "... Power (W)": "35.0", "VRAM Total Memory
+  (B)": ..., "VRAM Total Used Memory (B)": ..., "PCI Bus": "0000:05:00.0"}}``.
 
-A host without any of them (a CPU host) has telemetry recorded as missing, with the reason;
-a tool that fails is a missing reading, never an error.
+Only the server's own devices are read: those its ``CUDA_VISIBLE_DEVICES`` or
+``HIP_VISIBLE_DEVICES`` names (:class:`DeviceScope`), matched to the tool's devices by PCI
+bus id (a tool's numbers are not the runtime's: nvidia-smi counts in PCI order, amd-smi and
+rocm-smi in their own). A host without any of the tools (a CPU host) has telemetry recorded
+as missing, with the reason; a tool that fails is a missing reading, never an error.
 """
 
 from __future__ import annotations
@@ -24,16 +30,22 @@ import re
 import shutil
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 NVIDIA_SMI = (
     "nvidia-smi",
-    "--query-gpu=index,memory.used,memory.total,utilization.gpu,power.draw",
+    "--query-gpu=index,pci.bus_id,uuid,memory.used,memory.total,utilization.gpu,power.draw",
     "--format=csv,noheader,nounits",
 )
 AMD_SMI = ("amd-smi", "metric", "--usage", "--power", "--mem-usage", "--json")
-ROCM_SMI = ("rocm-smi", "--showuse", "--showpower", "--showmeminfo", "vram", "--json")
+#: amd-smi's static list: each GPU's number, PCI bus id, UUID and HIP number.
+AMD_SMI_LIST = ("amd-smi", "list", "--json")
+ROCM_SMI = ("rocm-smi", "--showuse", "--showpower", "--showmeminfo", "vram", "--showbus", "--json")
+#: The tools average power over about a second (nvidia-smi's power.draw is a one-second
+#: average on recent drivers, amd-smi's socket power likewise): a span shorter than this,
+#: or read fewer than twice, has no energy that was measured.
+POWER_AVERAGING_S = 1.0
 
 TOOL_TIMEOUT_S = 15.0
 MIB = 1024**2
@@ -61,6 +73,9 @@ class DeviceReading:
     memory_total_bytes: int | None = None
     utilization_pct: float | None = None
     power_w: float | None = None
+    #: The PCI bus id (``0000:3b:00.0``), the same in every tool and runtime.
+    bus_id: str | None = None
+    uuid: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -76,23 +91,38 @@ def _number(text: Any) -> float | None:
     return float(match.group(1)) if match else None
 
 
+def bus_id(text: Any) -> str | None:
+    """A PCI bus id as every tool can be compared on: ``domain:bus:device.function`` in
+    lower case with a 4-digit domain (nvidia-smi prints an 8-digit one: ``00000000:3B:00.0``)."""
+    match = re.fullmatch(
+        r"\s*(?:([0-9a-fA-F]+):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])\s*", str(text)
+    )
+    if not match:
+        return None
+    domain, bus, device, function = match.groups()
+    return f"{int(domain or '0', 16):04x}:{int(bus, 16):02x}:{int(device, 16):02x}.{function}"
+
+
 def parse_nvidia_smi(text: str) -> list[DeviceReading]:
-    """``index, memory.used [MiB], memory.total [MiB], utilization.gpu [%], power.draw [W]``."""
+    """``index, pci.bus_id, uuid, memory.used [MiB], memory.total [MiB], utilization.gpu [%],
+    power.draw [W]``."""
     readings = []
     for line in text.strip().splitlines():
         if not line.strip():
             continue
         fields = [field.strip() for field in line.split(",")]
-        if len(fields) != 5 or not fields[0].isdigit():
-            raise TelemetryError(f"nvidia-smi: expected 5 fields starting with an index: {line!r}")
-        used, total = _number(fields[1]), _number(fields[2])
+        if len(fields) != 7 or not fields[0].isdigit():
+            raise TelemetryError(f"nvidia-smi: expected 7 fields starting with an index: {line!r}")
+        used, total = _number(fields[3]), _number(fields[4])
         readings.append(
             DeviceReading(
                 index=int(fields[0]),
                 memory_used_bytes=int(used * MIB) if used is not None else None,
                 memory_total_bytes=int(total * MIB) if total is not None else None,
-                utilization_pct=_number(fields[3]),
-                power_w=_number(fields[4]),
+                utilization_pct=_number(fields[5]),
+                power_w=_number(fields[6]),
+                bus_id=bus_id(fields[1]),
+                uuid=fields[2] or None,
             )
         )
     return readings
@@ -178,9 +208,105 @@ def parse_rocm_smi(text: str) -> list[DeviceReading]:
                 memory_total_bytes=int(total) if total is not None else None,
                 utilization_pct=_number(card.get("GPU use (%)")),
                 power_w=power,
+                bus_id=bus_id(card.get("PCI Bus")),
             )
         )
     return readings
+
+
+@dataclass(frozen=True)
+class ListedDevice:
+    """One GPU as ``amd-smi list`` names it: amd-smi's number, bus id, UUID, HIP's number."""
+
+    index: int
+    bus_id: str | None
+    uuid: str | None = None
+    hip_id: int | None = None
+
+
+def parse_amd_smi_list(text: str) -> list[ListedDevice]:
+    """``amd-smi list --json``: ``[{"gpu": 0, "bdf": "0000:05:00.0", "uuid": ..., "hip_id":
+    0}, ...]`` (``hip_id`` only in recent releases)."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise TelemetryError(f"amd-smi list: not JSON ({exc})") from None
+    if isinstance(data, Mapping):
+        data = data.get("gpu_data", [data])
+    if not isinstance(data, list):
+        raise TelemetryError("amd-smi list: expected a list of GPUs")
+    listed = []
+    for position, gpu in enumerate(data):
+        if not isinstance(gpu, Mapping):
+            raise TelemetryError(f"amd-smi list: GPU entry {position} is not an object")
+        index, hip = gpu.get("gpu", position), gpu.get("hip_id")
+        listed.append(
+            ListedDevice(
+                index=int(index) if str(index).isdigit() else position,
+                bus_id=bus_id(gpu.get("bdf")),
+                uuid=str(gpu["uuid"]) if gpu.get("uuid") else None,
+                hip_id=int(hip) if str(hip).isdigit() else None,
+            )
+        )
+    return listed
+
+
+def _uuid_key(text: str) -> str:
+    """A GPU UUID as CUDA, HIP and the tools write it, compared without ``GPU-`` and dashes."""
+    text = text.strip().lower()
+    return (text[4:] if text.startswith("gpu-") else text).replace("-", "")
+
+
+@dataclass(frozen=True)
+class DeviceScope:
+    """The devices one server was given: the ids of its ``variable`` (``CUDA_VISIBLE_DEVICES``
+    or ``HIP_VISIBLE_DEVICES``; none: every device of this host), and the nodes its profile
+    spans with their devices each (a Ray server's other nodes are not read from here)."""
+
+    ids: tuple[str, ...] = ()
+    variable: str = "CUDA_VISIBLE_DEVICES"
+    nodes: int = 1
+    devices_per_node: int | None = None
+
+    def bus_ids(
+        self, readings: Sequence[DeviceReading], listed: Sequence[ListedDevice] = ()
+    ) -> frozenset[str] | None:
+        """The PCI bus ids of the scope's devices; None for every device. A number is the
+        runtime's: HIP's ``hip_id`` where amd-smi lists it, else the place in PCI bus order
+        (nvidia-smi's own order, and CUDA's under ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` or on a
+        node of one GPU model); a UUID is matched as such. Raises TelemetryError naming an
+        id no device matches."""
+        if not self.ids:
+            return None
+        by_pci = sorted((r for r in readings if r.bus_id), key=lambda r: r.bus_id or "")
+        hip = {d.hip_id: d.bus_id for d in listed if d.hip_id is not None and d.bus_id}
+        uuids = {_uuid_key(r.uuid): r.bus_id for r in readings if r.uuid and r.bus_id}
+        uuids.update({_uuid_key(d.uuid): d.bus_id for d in listed if d.uuid and d.bus_id})
+        found = set()
+        for device in self.ids:
+            if device.strip().isdigit():
+                number = int(device)
+                if hip:
+                    found_id = hip.get(number)
+                else:
+                    found_id = by_pci[number].bus_id if number < len(by_pci) else None
+            else:
+                found_id = uuids.get(_uuid_key(device))
+            if found_id is None:
+                raise TelemetryError(
+                    f"{self.variable}={','.join(self.ids)}: device {device} is not among the "
+                    f"{len(readings)} the tool lists with a PCI bus id, so no reading can be "
+                    "told to be the server's"
+                )
+            found.add(found_id)
+        return frozenset(found)
+
+    def coverage(self, read: int) -> str | None:
+        """What the readings cover of a server over several nodes: None on one node."""
+        if self.nodes <= 1:
+            return None
+        total = f"{self.nodes * self.devices_per_node}" if self.devices_per_node else "?"
+        return f"{read} of {total} GPUs (head node only; the other {self.nodes - 1} nodes unread)"
 
 
 #: Each tool, in the order they are tried, with its query and parser.
@@ -209,60 +335,113 @@ def _run(argv: Sequence[str]) -> str:
 
 @dataclass
 class DeviceTelemetry:
-    """The tool this host has (or why there is none), read on demand."""
+    """The tool this host has (or why there is none), read on demand for the server's own
+    devices (:class:`DeviceScope`)."""
 
     tool: str | None
     argv: tuple[str, ...] = ()
     parser: Callable[[str], list[DeviceReading]] | None = None
-    #: Why there is no telemetry (no tool, or the tool failed its first reading).
+    #: Why there is no telemetry (no tool, the tool failed its first reading, or the
+    #: server's devices are not among those it lists).
     missing: str | None = None
     #: The last failed reading, if any (a reading failing mid-run is kept as a gap).
     problem: str | None = None
+    scope: DeviceScope = DeviceScope()
+    #: amd-smi's list (its numbers to bus ids and HIP's numbers); empty for other tools.
+    listed: tuple[ListedDevice, ...] = ()
+    #: The bus ids of the server's devices; None: every device the tool lists.
+    own: frozenset[str] | None = None
+    #: How many devices the first reading counted as the server's.
+    devices_read: int = 0
 
     @classmethod
-    def detect(cls) -> DeviceTelemetry:
-        """The first tool on PATH whose first reading parses; missing, with why, otherwise."""
+    def detect(cls, scope: DeviceScope | None = None) -> DeviceTelemetry:
+        """The first tool on PATH whose first reading parses, scoped to ``scope``; missing,
+        with why, otherwise."""
+        scope = scope or DeviceScope()
         failures = []
         for argv, parser in TOOLS:
             if shutil.which(argv[0]) is None:
                 continue
             try:
-                parser(_run(argv))
+                readings = parser(_run(argv))
             except TelemetryError as exc:
                 failures.append(str(exc))
                 continue
-            return cls(tool=argv[0], argv=tuple(argv), parser=parser)
-        return cls(tool=None, missing="; ".join(failures) or MISSING)
+            listed: tuple[ListedDevice, ...] = ()
+            if argv == AMD_SMI:
+                try:
+                    listed = tuple(parse_amd_smi_list(_run(AMD_SMI_LIST)))
+                except TelemetryError as exc:
+                    failures.append(str(exc))
+            found = cls(tool=argv[0], argv=tuple(argv), parser=parser, scope=scope, listed=listed)
+            readings = found._with_bus_ids(readings)
+            try:
+                found.own = scope.bus_ids(readings, listed)
+            except TelemetryError as exc:
+                return cls(tool=None, missing=f"{argv[0]}: {exc}", scope=scope)
+            found.devices_read = len(found._scoped(readings))
+            return found
+        return cls(tool=None, missing="; ".join(failures) or MISSING, scope=scope)
+
+    def _with_bus_ids(self, readings: list[DeviceReading]) -> list[DeviceReading]:
+        """amd-smi's metrics carry its numbers only: the bus ids come from its list."""
+        if not self.listed:
+            return readings
+        by_index = {d.index: d for d in self.listed}
+        return [
+            replace(r, bus_id=by_index[r.index].bus_id, uuid=by_index[r.index].uuid)
+            if r.bus_id is None and r.index in by_index
+            else r
+            for r in readings
+        ]
+
+    def _scoped(self, readings: list[DeviceReading]) -> list[DeviceReading]:
+        if self.own is None:
+            return readings
+        return [r for r in readings if r.bus_id in self.own]
 
     def read(self) -> list[DeviceReading] | None:
-        """Every device now; None without a tool or when this reading failed."""
+        """The server's devices now; None without a tool or when this reading failed."""
         if self.parser is None:
             return None
         try:
-            return self.parser(_run(self.argv))
+            return self._scoped(self._with_bus_ids(self.parser(_run(self.argv))))
         except TelemetryError as exc:
             self.problem = str(exc)
             return None
 
     def describe(self) -> dict[str, Any]:
-        """For the fingerprint and the sample files: the tool, or why none."""
+        """For the fingerprint and the sample files: the tool and the devices it reads (and
+        what they cover of a server over several nodes), or why none."""
         if self.tool is None:
             return {"tool": None, "missing": self.missing}
-        return {"tool": self.tool, "command": list(self.argv)}
+        scope = self.scope
+        described: dict[str, Any] = {
+            "tool": self.tool,
+            "command": list(self.argv),
+            "devices": (
+                f"{scope.variable}={','.join(scope.ids)}: bus " + ", ".join(sorted(self.own or ()))
+                if scope.ids
+                else f"every device {self.tool} lists (no device ids known for the server)"
+            ),
+        }
+        coverage = scope.coverage(self.devices_read)
+        if coverage is not None:
+            described["coverage"] = coverage
+        return described
 
 
 def memory_used(
-    devices: Sequence[str] = (), telemetry: DeviceTelemetry | None = None
+    scope: DeviceScope, telemetry: DeviceTelemetry | None = None
 ) -> dict[int, int] | None:
-    """Bytes used on each device now, by the tool's index: only ``devices`` when they are
-    indices (a server's ``CUDA_VISIBLE_DEVICES``), every device otherwise; None when no tool
-    reads it (a CPU host) or the reading failed."""
-    readings = (telemetry or DeviceTelemetry.detect()).read()
+    """Bytes used on each of the server's devices now, by the tool's index; None when no
+    tool reads them (a CPU host, devices the tool does not list) or the reading failed."""
+    readings = (telemetry or DeviceTelemetry.detect(scope)).read()
     if readings is None:
         return None
-    wanted = {int(d) for d in devices} if devices and all(d.isdigit() for d in devices) else None
     return {
         reading.index: reading.memory_used_bytes
         for reading in readings
-        if reading.memory_used_bytes is not None and (wanted is None or reading.index in wanted)
+        if reading.memory_used_bytes is not None
     }

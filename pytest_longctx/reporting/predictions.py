@@ -70,14 +70,28 @@ def rows(records: Iterable[Record]) -> list[list[str]]:
 
 
 def telemetry_note(records: Sequence[Record]) -> str | None:
-    """Why the points carry no energy, when the records say no device tool was there."""
-    if any("energy" in r.figures for r in records):
-        return None
-    for record in reversed(records):
-        info = record.fingerprint.get("device_telemetry")
-        if isinstance(info, Mapping) and info.get("tool") is None and info.get("missing"):
-            return f"Energy not measured: {info['missing']}."
-    return None
+    """Why the points carry no energy, when the records say no device tool was there; what
+    the energy covers of a server over several nodes; the points whose energy was not
+    measured (shorter than the power tool's averaging window), with why."""
+    notes = []
+    covered = next((r.energy["coverage"] for r in records if r.energy.get("coverage")), None)
+    if covered:
+        notes.append(f"Energy covers {covered}.")
+    unmeasured = [r for r in records if r.energy.get("not_measured")]
+    if unmeasured:
+        first = unmeasured[0].energy["not_measured"]
+        why = first.get("prefill_energy") or first.get("decode_energy") or first.get("energy")
+        notes.append(
+            f"Energy of {len(unmeasured)} point(s) not measured in full: {why} "
+            f"({format_size(unmeasured[0].length)} rep {unmeasured[0].repeat})."
+        )
+    if not any("energy" in r.figures for r in records) and not unmeasured:
+        for record in reversed(records):
+            info = record.fingerprint.get("device_telemetry")
+            if isinstance(info, Mapping) and info.get("tool") is None and info.get("missing"):
+                notes.append(f"Energy not measured: {info['missing']}.")
+                break
+    return " ".join(notes) or None
 
 
 def markdown_lines(records: Sequence[Record]) -> list[str]:

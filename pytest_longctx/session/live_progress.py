@@ -47,6 +47,7 @@ from pytest_longctx.progress.state import (
 from pytest_longctx.progress.telemetry import DeviceTelemetry
 from pytest_longctx.serving.process import control_client
 from pytest_longctx.session.run import Run
+from pytest_longctx.session.server import device_scope
 
 PREFIX = "longctx"
 #: The display modes once ``auto`` is resolved; ``file`` only writes progress.json.
@@ -175,7 +176,7 @@ class SessionProgress:
                 why = f"the server ({url}) is not on this host, whose devices would be read"
                 self._telemetry = DeviceTelemetry(tool=None, missing=why)
             else:
-                self._telemetry = DeviceTelemetry.detect()
+                self._telemetry = DeviceTelemetry.detect(device_scope(self.run))
         return self._telemetry
 
     def describe_telemetry(self) -> dict[str, Any]:
@@ -324,7 +325,7 @@ class SessionProgress:
             )
         else:
             lines.append(f"sweep: every selected point measured (session took {took})")
-        lines.append(_energy_line(records, self.describe_telemetry()))
+        lines.append(energy_line(records, self.describe_telemetry()))
         lines.extend(self.problems)
         return lines
 
@@ -343,10 +344,20 @@ def _predicted_vs_measured(records: list[Record]) -> list[str]:
     return parts
 
 
-def _energy_line(records: list[Record], telemetry: dict[str, Any]) -> str:
+def energy_line(records: list[Record], telemetry: dict[str, Any]) -> str:
+    """The summary's energy line: the total and the longest point's figures, what share of a
+    server's GPUs they cover, and how many points have no energy measured, with why."""
     with_energy = [r for r in records if r.figures.get("energy") is not None]
+    covers = f" [{telemetry['coverage']}]" if telemetry.get("coverage") else ""
+    unmeasured = [r for r in records if (r.energy.get("not_measured") or {}).get("energy")]
+    if unmeasured:
+        first = unmeasured[0].energy["not_measured"]
+        why = first.get("prefill_energy") or first.get("decode_energy") or first["energy"]
+        covers += f"; {len(unmeasured)} point(s) without energy, e.g. {why}"
     if not with_energy:
         why = telemetry.get("missing") or "no device reported power"
+        if unmeasured:
+            return f"energy: not measured{covers}"
         return f"energy: not measured ({why})"
     total = sum(r.figures["energy"] for r in with_energy)
     longest = max(with_energy, key=lambda r: r.length)
@@ -358,7 +369,8 @@ def _energy_line(records: list[Record], telemetry: dict[str, Any]) -> str:
     if per_token is not None:
         detail += f", {per_token:.3g} J/generated token"
     return (
-        f"energy: {total:,.1f} J over {len(with_energy)} points ({telemetry.get('tool')}){detail}"
+        f"energy: {total:,.1f} J over {len(with_energy)} points ({telemetry.get('tool')})"
+        f"{detail}{covers}"
     )
 
 

@@ -157,6 +157,7 @@ def on_report(
         server_metrics=measurement.server_metrics() if measurement else {},
         fingerprint=run.fingerprint,
         stream=measurement.stream if measurement else {},
+        energy=measurement.energy if measurement else {},
         started_at=call.start,
         finished_at=time.time(),
         failure_class=failure_class,

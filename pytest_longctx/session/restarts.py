@@ -297,8 +297,8 @@ def _wait_released(run: Run, pgid: int | None, argv: tuple[str, ...]) -> None:
             )
         time.sleep(0.2)
     if run.device_memory_before:
-        devices = run.slot.devices
-        wait_device_memory(run.device_memory_before, lambda: telemetry.memory_used(devices))
+        scope = session_server.device_scope(run)
+        wait_device_memory(run.device_memory_before, lambda: telemetry.memory_used(scope))
 
 
 def wait_device_memory(

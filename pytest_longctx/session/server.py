@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 import time
@@ -261,6 +262,25 @@ def _attach(run: Run) -> ServerInfo:
     )
 
 
+def device_scope(run: Run) -> telemetry.DeviceScope:
+    """The devices this session's server runs on, for its telemetry: the ids its slot gives
+    it, else the profile's own ``CUDA_VISIBLE_DEVICES``/``HIP_VISIBLE_DEVICES``, else the
+    ones this process inherited (none: every device; an attached server's are not known),
+    and the nodes the profile spans."""
+    profile = run.plan.profile
+    variable = VISIBLE_DEVICES_ENV.get(profile.serving.device, VISIBLE_DEVICES_ENV["cuda"])
+    ids: tuple[str, ...] = ()
+    if not run.settings.url:
+        given = (
+            run.slot.env.get(variable)
+            or profile.serving.env.get(variable)
+            or os.environ.get(variable, "")
+        )
+        ids = tuple(d.strip() for d in given.split(",") if d.strip())
+    spans = profile.hardware
+    return telemetry.DeviceScope(ids, variable, spans.nodes, spans.devices)
+
+
 def _launch(config: pytest.Config, run: Run) -> ServerInfo:
     profile = run.plan.profile
     run.open()
@@ -278,7 +298,7 @@ def _launch(config: pytest.Config, run: Run) -> ServerInfo:
     leftovers = leftover_servers(run.output_root, run.run_dir)
     run.problems.extend(leftovers)
     if profile.serving.device in VISIBLE_DEVICES_ENV:  # what a relaunch waits to see again
-        run.device_memory_before = telemetry.memory_used(run.slot.devices)
+        run.device_memory_before = telemetry.memory_used(device_scope(run))
     try:
         return bring_up(run, command)
     except ServerError as exc:
