@@ -15,7 +15,7 @@ import pytest
 
 from pytest_longctx.plan.sweep import INTERFERENCE_MARK, SLOW_MARK, VERY_SLOW_MARK, WARM_MARK
 from pytest_longctx.session import activation, hookspecs, workers
-from pytest_longctx.session.options import OPTIONS, asks_for_sweep, attach_resume_value
+from pytest_longctx.session.options import OPTIONS, asks_for_sweep
 
 pytest_plugins = ("pytest_longctx.session.fixtures",)
 
@@ -63,6 +63,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="continue a run: the latest, or RUN_ID given attached (--longctx-resume=RUN_ID); "
         "points with a passed record are reported from it, everything else is measured",
     )
+
+
+RESUME_FLAG = "--longctx-resume"
+
+
+def attach_resume_value(args: list[str]) -> None:
+    """Give a bare ``--longctx-resume`` its value, ``latest``, in place.
+
+    The option takes an optional run id, and argparse would read the next argument as that
+    id: ``--longctx-resume tests/test_sweep.py`` would resume a run named after the test file
+    and collect everything else. A run id is only ever given attached (``=RUN_ID``).
+    """
+    for index, arg in enumerate(args):
+        if arg == "--":
+            return
+        if arg == RESUME_FLAG:
+            args[index] = f"{RESUME_FLAG}=latest"
 
 
 def pytest_load_initial_conftests(

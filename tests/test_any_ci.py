@@ -94,27 +94,16 @@ def test_allow_bursts_is_the_default_and_its_off_switch_is_strict_stream(
     assert strict("--longctx-strict-stream") is True
 
 
-@pytest.mark.parametrize(
-    ("ini", "args", "said"),
-    [
-        ("", ("--longctx-strict-stream", "--longctx-allow-bursts"), "--longctx-strict-stream and "),
-        (
-            "longctx_strict_stream = true\nlongctx_allow_bursts = true\n",
-            (),
-            "longctx_strict_stream = True and longctx_allow_bursts = True in the ini file",
-        ),
-    ],
-    ids=["command-line", "ini"],
-)
-def test_strict_stream_and_allow_bursts_together_are_a_usage_error(
-    pytester: pytest.Pytester, ini: str, args: tuple[str, ...], said: str
+def test_strict_stream_decides_where_both_are_said_in_one_place(
+    pytester: pytest.Pytester,
 ) -> None:
-    if ini:
-        pytester.makeini(f"[pytest]\n{ini}")
-    with pytest.raises(pytest.UsageError, match="contradict each other") as raised:
-        read_settings(pytester.parseconfigure(*args))
-    assert said in str(raised.value)
-    assert "expected --longctx-strict-stream" in str(raised.value)
+    def strict(*args: str) -> bool:
+        return read_settings(pytester.parseconfigure(*args)).strict_stream
+
+    assert strict("--longctx-strict-stream", "--longctx-allow-bursts") is True
+    assert strict("--no-longctx-strict-stream", "--no-longctx-allow-bursts") is False
+    pytester.makeini("[pytest]\nlongctx_strict_stream = true\nlongctx_allow_bursts = true\n")
+    assert strict() is True
 
 
 @pytest.mark.parametrize("spec", FLAGS, ids=[spec.name for spec in FLAGS])

@@ -152,17 +152,13 @@ OPTIONS: tuple[OptionSpec, ...] = (
     ),
     OptionSpec(
         "longctx-strict-stream",
-        "fail points whose stream disagrees with the server's decode (a burst, or a rate off "
-        "the server's) instead of keeping them, as by default, with the server's decode "
-        "throughput (a point with no figure of the server's own keeps its TTFT, its decode "
-        "figures left out); --no-longctx-allow-bursts means the same",
+        "fail points whose stream disagrees with the server's decode (a burst, a rate off the "
+        "server's), which by default keep the server's decode throughput, or their TTFT alone",
         flag=True,
     ),
     OptionSpec(
         "longctx-allow-bursts",
-        "now the default, accepted for older command lines and ini files: points whose stream "
-        "disagrees with the server's decode keep the server's decode throughput "
-        "(--no-longctx-allow-bursts is --longctx-strict-stream)",
+        "now the default (accepted as before); --no-longctx-allow-bursts: --longctx-strict-stream",
         flag=True,
     ),
     OptionSpec(
@@ -259,23 +255,6 @@ OPTIONS: tuple[OptionSpec, ...] = (
         ini=False,
     ),
 )
-
-
-RESUME_FLAG = "--longctx-resume"
-
-
-def attach_resume_value(args: list[str]) -> None:
-    """Give a bare ``--longctx-resume`` its value, ``latest``, in place.
-
-    The option takes an optional run id, and argparse would read the next argument as that
-    id: ``--longctx-resume tests/test_sweep.py`` would resume a run named after the test file
-    and collect everything else. A run id is only ever given attached (``=RUN_ID``).
-    """
-    for index, arg in enumerate(args):
-        if arg == "--":
-            return
-        if arg == RESUME_FLAG:
-            args[index] = f"{RESUME_FLAG}=latest"
 
 
 #: The shipped sweep, as ``--pyargs`` names it.
@@ -593,31 +572,13 @@ def read_settings(config: pytest.Config) -> Settings:
 
 
 def _strict_stream(raw: _RawOptions) -> bool:
-    """``--longctx-strict-stream``, or its older spelling ``--no-longctx-allow-bursts``; the
-    command line wins over the ini file, and one place saying both ways is a usage error."""
-    strict, bursts = "longctx-strict-stream", "longctx-allow-bursts"
+    """``--longctx-strict-stream``, or ``--no-longctx-allow-bursts`` (the plain flag asks for
+    the default); the command line wins over the ini file, the first over the second."""
     for from_ini in (False, True):
-        said = {
-            name: raw.values[name]
-            for name in (strict, bursts)
-            if raw.values[name] is not None and (name in raw.from_ini) == from_ini
-        }
-        wants = {name: bool(value) if name == strict else not value for name, value in said.items()}
-        if len(set(wants.values())) > 1:
-            words = (
-                f"{strict.replace('-', '_')} = {said[strict]} and "
-                f"{bursts.replace('-', '_')} = {said[bursts]} in the ini file"
-                if from_ini
-                else f"--{'' if said[strict] else 'no-'}{strict} and "
-                f"--{'' if said[bursts] else 'no-'}{bursts}"
-            )
-            raise pytest.UsageError(
-                f"{words} contradict each other: expected --{strict} (fail points whose stream "
-                f"disagrees with the server's decode; --no-{bursts} says the same) or neither "
-                "(keep them with the server's decode figure, the default)"
-            )
-        if wants:
-            return next(iter(wants.values()))
+        for name, strict_when in (("longctx-strict-stream", True), ("longctx-allow-bursts", False)):
+            value = raw.values[name]
+            if value is not None and (name in raw.from_ini) == from_ini:
+                return bool(value) == strict_when
     return False
 
 
