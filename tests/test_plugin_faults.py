@@ -315,8 +315,8 @@ def test_multi_token_chunks_are_recorded_as_chunks(
     pytester: pytest.Pytester,
 ) -> None:
     result, records = session(
-        "-m", "len==1Ki", "--longctx-decode-tokens=17", token_delay_s=0.005, tokens_per_chunk=4
-    )
+        "-m", "len==1Ki", "--longctx-decode-tokens=17", token_delay_s=0.02, tokens_per_chunk=4
+    )  # 80 ms between chunks: a busy host's few milliseconds of lateness stay within the bounds
     result.assert_outcomes(passed=1)
     (record,) = records
     assert record.stream["stream_interval"] == 4
@@ -324,7 +324,7 @@ def test_multi_token_chunks_are_recorded_as_chunks(
     assert record.stream["token_count_source"] == "usage"
     assert record.stream["agreement"] == "agrees"
     assert "itl_median" not in record.figures
-    assert record.figures["chunk_gap_median"] >= 0.8 * 4 * 0.005  # four tokens' time apart
+    assert record.figures["chunk_gap_median"] >= 0.8 * 4 * 0.02  # four tokens' time apart
     assert record.figures["derived_itl_median"] == pytest.approx(
         record.figures["chunk_gap_median"] / 4, rel=0.5
     )
