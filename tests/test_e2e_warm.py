@@ -22,17 +22,22 @@ EVICTING_CONFTEST = textwrap.dedent(
     import urllib.request
 
     from pytest_longctx.serving.vllm_command import ServerCommand
-    from pytest_longctx.session.stash import RUN_KEY
+
+    #: The server the session measures, once it answers.
+    urls = []
 
 
     def pytest_longctx_server_command(config, plan, command):
         return ServerCommand(command.argv, {**command.env, "VLLM_SERVER_DEV_MODE": "1"})
 
 
+    def pytest_longctx_server_ready(config, base_url, mode, launched):
+        urls.append(base_url)
+
+
     def pytest_runtest_call(item):
         if item.name.endswith("-warm=3]"):
-            server = item.config.stash[RUN_KEY].server
-            request = urllib.request.Request(server.base_url + "/reset_prefix_cache", method="POST")
+            request = urllib.request.Request(urls[-1] + "/reset_prefix_cache", method="POST")
             assert urllib.request.urlopen(request, timeout=60).status == 200
     """
 )
