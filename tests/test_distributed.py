@@ -455,19 +455,23 @@ def test_servers_unlike_each_other_are_refused_unless_mixing_is_allowed(
 #: Kills the server of worker gw1 as it starts its second point (first session only).
 KILL_GW1_SERVER = """
 import os, signal
-from pytest_longctx.session.stash import RUN_KEY
 
 started = []
+#: Each server the session started, as it became ready; None for an attached one.
+servers = []
+
+def pytest_longctx_server_ready(config, base_url, mode, launched):
+    servers.append(launched)
 
 def pytest_runtest_call(item):
-    run = item.config.stash[RUN_KEY]
-    if run.worker != "gw1" or os.path.exists("killed") or "rep=" not in item.name:
+    worker = getattr(item.config, "workerinput", {}).get("workerid")
+    if worker != "gw1" or os.path.exists("killed") or "rep=" not in item.name:
         return
     started.append(item.name)
     if len(started) == 2:
         open("killed", "w").close()
-        os.killpg(run.launched.process.pid, signal.SIGKILL)
-        run.launched.process.wait()
+        os.killpg(servers[-1].pgid, signal.SIGKILL)
+        servers[-1].process.wait()
 """
 
 

@@ -34,46 +34,46 @@ SECRET = "sk-longctx-test-8c1f3e9a77"
 KILLER = """
 import os, re, signal, threading, time
 import httpx
-from pytest_longctx.session.stash import RUN_KEY
 
 KILL_BETWEEN = {between!r}
 KILL_DURING = {during!r}
+#: Each server the session started, as it became ready; None for an attached one.
+servers = []
 
-def _kill(run):
-    pid = run.launched.process.pid
-    os.killpg(pid, signal.SIGKILL)
-    run.launched.process.wait()
+def pytest_longctx_server_ready(config, base_url, mode, launched):
+    servers.append(launched)
 
-def _kill_once_running(run, url, done):
+def _kill(server):
+    os.killpg(server.pgid, signal.SIGKILL)
+    server.process.wait()
+
+def _kill_once_running(server, done):
     while not done.is_set():
         try:  # a busy single-process server answers late: keep asking
-            text = httpx.get(url + "/metrics", timeout=30).text
+            text = httpx.get(server.base_url + "/metrics", timeout=30).text
         except httpx.HTTPError:
             time.sleep(0.05)
             continue
         if re.search(r"^vllm:num_requests_running\\{{.*\\}} [1-9]", text, re.M):
-            _kill(run)
+            _kill(server)
             return
         time.sleep(0.01)
 
 def pytest_runtest_call(item):
-    run = item.config.stash[RUN_KEY]
     point = item.callspec.params.get("longctx_point") if hasattr(item, "callspec") else None
-    if point is None or point.length not in KILL_DURING or run.launched is None:
+    if point is None or point.length not in KILL_DURING or not servers or servers[-1] is None:
         return
     done = threading.Event()
     item._killer_done = done
-    threading.Thread(
-        target=_kill_once_running, args=(run, run.launched.base_url, done), daemon=True
-    ).start()
+    threading.Thread(target=_kill_once_running, args=(servers[-1], done), daemon=True).start()
 
 def pytest_runtest_teardown(item):
     done = getattr(item, "_killer_done", None)
     if done is not None:
         done.set()
-    run = item.config.stash[RUN_KEY]
-    if any(item.name.endswith(f"[{{name}}]") for name in KILL_BETWEEN) and run.launched:
-        _kill(run)
+    killed = any(item.name.endswith(f"[{{name}}]") for name in KILL_BETWEEN)
+    if killed and servers and servers[-1] is not None:
+        _kill(servers[-1])
 """
 
 

@@ -66,11 +66,9 @@ def test_bad_model_path_fails_every_item_fast(pytester: pytest.Pytester) -> None
 
 #: Notes the launched server's process group through the plugin's own hook.
 NOTE_SERVER_GROUP = """
-from pytest_longctx.session.stash import RUN_KEY
-
-def pytest_longctx_server_ready(config, base_url, mode):
+def pytest_longctx_server_ready(config, base_url, mode, launched):
     with open("server.pgid", "w") as handle:
-        handle.write(str(config.stash[RUN_KEY].launched.process.pid))
+        handle.write(str(launched.pgid))
 """
 
 
@@ -136,12 +134,17 @@ def test_attach_to_nothing_errors_every_item(sweep_dir: pytest.Pytester) -> None
 #: Holds the 2Ki item in flight: notes the server's group, then waits to be signalled.
 HOLD_THE_SECOND_POINT = """
 import time
-from pytest_longctx.session.stash import RUN_KEY
+
+#: Each server the session started, as it became ready; None for an attached one.
+servers = []
+
+def pytest_longctx_server_ready(config, base_url, mode, launched):
+    servers.append(launched)
 
 def pytest_runtest_call(item):
     if item.name.endswith("[len=2Ki-rep=0]"):
         with open("server.pgid", "w") as handle:
-            handle.write(str(item.config.stash[RUN_KEY].launched.process.pid))
+            handle.write(str(servers[-1].pgid))
         time.sleep(600)
 """
 

@@ -451,13 +451,17 @@ def test_an_attached_server_that_answers_again_is_checked_and_measured(
 
 KILL_AS_2KI_RUNS = """
 import os, signal
-from pytest_longctx.session.stash import RUN_KEY
+
+#: Each server the session started, as it became ready; None for an attached one.
+servers = []
+
+def pytest_longctx_server_ready(config, base_url, mode, launched):
+    servers.append(launched)
 
 def pytest_runtest_call(item):
-    run = item.config.stash[RUN_KEY]
-    if "len=2Ki" in item.name and run.launched is not None and len(run.starts) == 1:
-        os.killpg(run.launched.process.pid, signal.SIGKILL)
-        run.launched.process.wait()
+    if "len=2Ki" in item.name and len(servers) == 1:
+        os.killpg(servers[0].pgid, signal.SIGKILL)
+        servers[0].process.wait()
 """
 
 

@@ -154,6 +154,12 @@ class LaunchedServer:
         self.memory_events: Path | None = None
         self.oom_kills_at_start: int | None = None
 
+    @property
+    def pgid(self) -> int | None:
+        """The server's process group (it leads its own), None before it starts: stopping
+        the server signals the whole group, its engine's processes included."""
+        return self.process.pid if self.process is not None else None
+
     def start(self) -> None:
         port = self.command.argv[self.command.argv.index("--port") + 1]
         host = self.command.argv[self.command.argv.index("--host") + 1]

@@ -9,6 +9,7 @@ import pytest
 if TYPE_CHECKING:
     from pytest_longctx.core.records import Record
     from pytest_longctx.plan.sweep import SweepPlan
+    from pytest_longctx.serving.process import LaunchedServer
     from pytest_longctx.serving.vllm_command import ServerCommand
 
 
@@ -22,8 +23,14 @@ def pytest_longctx_server_command(
     (its environment has ``VLLM_SERVER_DEV_MODE=1``)."""
 
 
-def pytest_longctx_server_ready(config: pytest.Config, base_url: str, mode: str) -> None:
-    """The server answers ``/health``; ``mode`` is ``launched`` or ``attached``."""
+def pytest_longctx_server_ready(
+    config: pytest.Config, base_url: str, mode: str, launched: LaunchedServer | None
+) -> None:
+    """The server answers ``/health``; ``mode`` is ``launched`` or ``attached``.
+
+    Called for every server the session starts: the first, each relaunch and each switch to
+    another workload's server. ``launched`` is the server process this session started (its
+    ``pgid``, ``process``, ``command`` and ``log_path``), None for an attached server."""
 
 
 def pytest_longctx_fingerprint(config: pytest.Config, fingerprint: dict[str, Any]) -> None:

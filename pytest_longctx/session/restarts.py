@@ -272,6 +272,7 @@ def _bring_up_again(
             run.launched.stop()
         raise
     run.use_server(info)
+    session_server.announce_ready(config, run, info)
 
 
 def _wait_released(run: Run, pgid: int | None, argv: tuple[str, ...]) -> None:

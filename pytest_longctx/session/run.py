@@ -91,6 +91,8 @@ class Run:
     output_root: Path
     run_id: str
     run_dir: Path
+    #: Where the session stands in its campaign (see :class:`Placement`).
+    placement: Placement = Placement()
     #: Passed records of a resumed run, by point: reported, not measured again.
     resumed: dict[Point, Record] = field(default_factory=dict)
     written: list[Record] = field(default_factory=list)
@@ -121,12 +123,6 @@ class Run:
     in_flight: tuple[str, Point, float] | None = None
     #: SIGTERM/SIGHUP turned into Ctrl-C for this session (signals.py).
     signals: SessionSignals | None = None
-    #: See :class:`Placement` (given to :meth:`create`).
-    servers: tuple[ServerSlot, ...] = (ServerSlot(0),)
-    slot: ServerSlot = ServerSlot(0)
-    worker: str | None = None
-    split_error: str | None = None
-    started_at: float | None = None
     #: Progress inside points: display, progress.json, the ETA model (progress.py).
     progress: WatchFactory | None = None
     #: When this session's server last computed each cold point's prompt (monotonic clock):
@@ -168,18 +164,7 @@ class Run:
         )
 
         def new(run_id: str, run_dir: Path) -> Run:
-            return cls(
-                settings,
-                plan,
-                output_root,
-                run_id,
-                run_dir,
-                servers=placement.servers,
-                slot=placement.slot,
-                worker=placement.worker,
-                split_error=placement.split_error,
-                started_at=placement.started_at,
-            )
+            return cls(settings, plan, output_root, run_id, run_dir, placement)
 
         if controller_run is not None:
             run_id, resumed = controller_run
@@ -220,6 +205,26 @@ class Run:
         follow-ups send theirs again rather than fail as evicted."""
         self.server = server
         self.prefix_sent.clear()
+
+    @property
+    def servers(self) -> tuple[ServerSlot, ...]:
+        return self.placement.servers
+
+    @property
+    def slot(self) -> ServerSlot:
+        return self.placement.slot
+
+    @property
+    def worker(self) -> str | None:
+        return self.placement.worker
+
+    @property
+    def split_error(self) -> str | None:
+        return self.placement.split_error
+
+    @property
+    def started_at(self) -> float | None:
+        return self.placement.started_at
 
     @property
     def server_name(self) -> str:

@@ -207,8 +207,16 @@ def start(config: pytest.Config) -> ServerInfo:
             )
         else:
             run.fingerprint["kv_cache_check"] = dataclasses.asdict(run.capacity_check)
-    config.hook.pytest_longctx_server_ready(config=config, base_url=info.base_url, mode=info.mode)
+    announce_ready(config, run, info)
     return info
+
+
+def announce_ready(config: pytest.Config, run: Run, info: ServerInfo) -> None:
+    """Tell other plugins the server answers (``pytest_longctx_server_ready``), at each start."""
+    launched = run.launched if info.mode == "launched" else None
+    config.hook.pytest_longctx_server_ready(
+        config=config, base_url=info.base_url, mode=info.mode, launched=launched
+    )
 
 
 def _cache_labels(info: ServerInfo) -> dict[str, str] | None:
