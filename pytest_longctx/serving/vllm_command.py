@@ -445,24 +445,22 @@ def parse_main() -> int:
     left_out = [flag for flag in ours if flag not in known]
     for flag in left_out:
         args = without_flag(args, flag)
-    with contextlib.redirect_stderr(io.StringIO()):
-        try:
-            _, extras = parser.parse_known_args(args)  # type: ignore[attr-defined]
-        except (SystemExit, Exception):  # noqa: BLE001 - the full parse below says what
-            extras = []
-    refused = [word.split("=", 1)[0] for word in extras if word.startswith("-")]
+    said = io.StringIO()
     error = None
-    if not refused:
-        said = io.StringIO()
-        with contextlib.redirect_stderr(said):
-            try:
-                parser.parse_args(args)  # type: ignore[attr-defined]
-            except SystemExit:
-                error = (said.getvalue().strip().splitlines() or ["refused"])[-1]
-            except Exception as exc:  # noqa: BLE001 - vLLM's own checks raise ValueError
-                error = str(exc)
-        if error and ": error: " in error:
-            error = error.split(": error: ", 1)[1]
+    with contextlib.redirect_stderr(said):
+        try:
+            parser.parse_args(args)  # type: ignore[attr-defined]
+        except SystemExit:  # argparse's error(): "usage: ...\nvllm serve: error: ..."
+            error = (said.getvalue().strip().splitlines() or ["refused"])[-1]
+            error = error.split(": error: ", 1)[-1]
+        except Exception as exc:  # noqa: BLE001 - vLLM's own checks raise ValueError
+            error = str(exc)
+    refused: list[str] = []
+    if error and error.startswith("unrecognized arguments: "):
+        # the words its parser could not place, after its own spelling rules (``_`` for ``-``)
+        extras = error.removeprefix("unrecognized arguments: ").split()
+        refused = [word.split("=", 1)[0] for word in extras if word.startswith("-")]
+        error = None if refused else error
     print(
         json.dumps({"version": version, "left_out": left_out, "refused": refused, "error": error})
     )
