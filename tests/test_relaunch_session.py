@@ -8,7 +8,11 @@ test hands it (this host has no GPU).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +20,7 @@ from longctx_testing import SWEEP_TEST, launch_fake_conftest, records_of, run_fo
 
 from pytest_longctx.measure.target import ServerError
 from pytest_longctx.progress import telemetry
+from pytest_longctx.serving.process import is_alive, wait_group_gone
 from pytest_longctx.session import restarts
 
 GIB = 1024**3
@@ -108,6 +113,64 @@ def test_a_length_skipped_for_its_crashes_carries_their_class(pytester: pytest.P
     report = (run_folder(output) / "report.md").read_text()
     assert "1 engine_died, 1 skipped (engine_died) |" in report
     result.stdout.fnmatch_lines(["2Ki *1 engine_died, 1 skipped (engine_died)*"])
+
+
+# -- the dead server's process group, gone before a relaunch --------------------------------
+
+
+def _stat_state(pid: int) -> str:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rfind(")") + 2 :].split()[0]
+
+
+def _zombie_group() -> tuple[int, int]:
+    """A process group of two children of this process that have exited and are not reaped,
+    as a killed server's workers are when pytest is PID 1: (leader, worker)."""
+    leader = os.fork()
+    if leader == 0:
+        os.setpgid(0, 0)
+        os._exit(0)
+    with contextlib.suppress(OSError):  # both sides set it: whichever runs first
+        os.setpgid(leader, leader)
+    worker = os.fork()
+    if worker == 0:
+        os.setpgid(0, leader)
+        os._exit(0)
+    with contextlib.suppress(OSError):
+        os.setpgid(worker, leader)
+    deadline = time.monotonic() + 10
+    while {_stat_state(leader), _stat_state(worker)} != {"Z"}:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    return leader, worker
+
+
+def test_a_group_of_zombies_is_not_alive_and_its_workers_are_reaped() -> None:
+    leader, worker = _zombie_group()
+    try:
+        os.killpg(leader, 0)  # what the liveness check used to rely on: it still succeeds
+        started = time.monotonic()
+        assert not is_alive(leader, group=True)
+        assert wait_group_gone(leader, timeout_s=30)
+        assert time.monotonic() - started < 5
+        with pytest.raises(ChildProcessError):  # the worker was reaped
+            os.waitpid(worker, os.WNOHANG)
+        assert _stat_state(leader) == "Z"  # the leader is left to its Popen's wait
+    finally:
+        os.waitpid(leader, 0)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(worker, 0)
+
+
+def test_a_group_with_one_running_process_is_alive() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], process_group=0)
+    try:
+        assert is_alive(child.pid, group=True)
+        assert not wait_group_gone(child.pid, timeout_s=0.2, poll_s=0.05)
+    finally:
+        child.kill()
+        child.wait()
+    assert not is_alive(child.pid, group=True)
 
 
 # -- a GPU server's memory, released before a relaunch -------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import shutil
@@ -50,19 +51,65 @@ def gpus() -> list[dict[str, Any]]:
                     "name": name,
                     "memory_bytes": int(float(memory_mib)) * 1024**2,
                     "driver": driver,
+                    "tool": "nvidia-smi",
                 }
             )
+        return found
+    found = _amd_smi_gpus()
+    if found:
         return found
     out = _run(["rocm-smi", "--showproductname", "--csv"])
     if out:
         lines = [ln for ln in out.strip().splitlines()[1:] if ln.strip()]
         found = [
-            {"vendor": "amd", "name": ln.split(",")[1].strip() if "," in ln else ln} for ln in lines
+            {
+                "vendor": "amd",
+                "name": ln.split(",")[1].strip() if "," in ln else ln,
+                "tool": "rocm-smi",
+            }
+            for ln in lines
         ]
         for gpu, total in zip(found, _rocm_vram_totals(), strict=False):
             gpu["memory_bytes"] = total
         return found
     return []
+
+
+#: What amd-smi's ``vram.size`` unit means in bytes (its "MB" counts MiB).
+_AMD_SMI_UNITS = {"B": 1, "KB": 1024, "MB": 1024**2, "GB": 1024**3}
+
+
+def _amd_smi_gpus() -> list[dict[str, Any]]:
+    """``amd-smi static --asic --vram --json`` (ROCm 6.1 onward; the only tool on some ROCm 7
+    nodes, which drop the deprecated rocm-smi): a list of GPUs, or ``{"gpu_data": [...]}`` in
+    newer releases, each ``{"gpu": 0, "asic": {"market_name": ...}, "vram": {"size":
+    {"value": 294896, "unit": "MB"}}}``. Empty when the tool is absent or says otherwise."""
+    out = _run(["amd-smi", "static", "--asic", "--vram", "--json"])
+    try:
+        data = json.loads(out) if out else []
+    except ValueError:
+        return []
+    if isinstance(data, dict):
+        data = data.get("gpu_data", [])
+    found: list[dict[str, Any]] = []
+    for entry in data if isinstance(data, list) else []:
+        if not isinstance(entry, dict):
+            continue
+        asic, vram = entry.get("asic") or {}, entry.get("vram") or {}
+        gpu: dict[str, Any] = {
+            "vendor": "amd",
+            "name": str(asic.get("market_name", "AMD GPU"))
+            if isinstance(asic, dict)
+            else "AMD GPU",
+            "tool": "amd-smi",
+        }
+        size = vram.get("size") if isinstance(vram, dict) else None
+        if isinstance(size, dict) and isinstance(size.get("value"), int | float):
+            scale = _AMD_SMI_UNITS.get(str(size.get("unit", "MB")).upper())
+            if scale:
+                gpu["memory_bytes"] = int(size["value"]) * scale
+        found.append(gpu)
+    return found
 
 
 def _rocm_vram_totals() -> list[int]:
@@ -83,8 +130,7 @@ def reported_device_memory() -> tuple[int, str] | None:
     found = [gpu for gpu in gpus() if gpu.get("memory_bytes")]
     if not found:
         return None
-    tool = "nvidia-smi" if found[0]["vendor"] == "nvidia" else "rocm-smi"
-    return min(int(gpu["memory_bytes"]) for gpu in found), tool
+    return min(int(gpu["memory_bytes"]) for gpu in found), str(found[0]["tool"])
 
 
 def package_version(*names: str) -> str | None:
@@ -146,7 +192,8 @@ def missing_devices(profile: Any, found: list[dict[str, Any]] | None = None) -> 
     have = sum(1 for gpu in found if gpu.get("vendor") == vendor)
     ranks = serving.tensor_parallel_size * serving.pipeline_parallel_size
     needed = max(1, ranks * serving.data_parallel_size // max(1, profile.hardware.nodes))
-    tool = "nvidia-smi" if vendor == "nvidia" else "rocm-smi"
+    tool = "nvidia-smi" if vendor == "nvidia" else "amd-smi or rocm-smi"
+    tool = next((str(gpu["tool"]) for gpu in found if gpu.get("vendor") == vendor), tool)
     if have == 0:
         return (
             f"it serves on {needed} {serving.device.upper()} device(s) and {tool} finds none on "

@@ -327,13 +327,74 @@ def leftover_servers(output_root: Path, this_run: Path) -> list[str]:
 
 
 def is_alive(pid: int, group: bool = False) -> bool:
-    """Whether the process (or, with ``group``, any process of its group) still exists."""
+    """Whether the process (or, with ``group``, any process of its group) still exists; for a
+    group, see :func:`group_alive`."""
+    if group:
+        return group_alive(pid)
     try:
-        (os.killpg if group else os.kill)(pid, 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
+    return True
+
+
+def group_members(pgid: int, proc: Path = Path("/proc")) -> list[tuple[int, int, str]] | None:
+    """``(pid, parent pid, state)`` of every process in group ``pgid``, from
+    ``/proc/<pid>/stat``; None where ``/proc`` cannot be listed."""
+    try:
+        entries = [entry for entry in os.listdir(proc) if entry.isdigit()]
+    except OSError:
+        return None
+    members = []
+    for entry in entries:
+        try:
+            stat = (proc / entry / "stat").read_text()
+        except OSError:  # ended meanwhile
+            continue
+        # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) >= 3 and fields[2] == str(pgid):
+            members.append((int(entry), int(fields[1]), fields[0]))
+    return members
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs.
+
+    ``killpg(pgid, 0)`` also succeeds while the group holds only zombies: processes that have
+    ended and wait for their parent to read their exit. In a container where pytest is PID 1
+    a killed server's workers are re-parented to it and nothing reaps them, so they do not
+    count; those that are this process's children are reaped here (the group's leader is
+    left to its ``Popen``, which reads its exit code)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    members = group_members(pgid)
+    if members is None:  # no /proc: killpg's answer stands
+        return True
+    alive = False
+    for pid, parent, state in members:
+        if state != "Z":
+            alive = True
+        elif parent == os.getpid() and pid != pgid:
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(pid, os.WNOHANG)
+    return alive
+
+
+def wait_group_gone(pgid: int, timeout_s: float, poll_s: float = 0.1) -> bool:
+    """Wait until no process of group ``pgid`` runs (zombies aside); False after
+    ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while group_alive(pgid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(poll_s)
     return True
 
 

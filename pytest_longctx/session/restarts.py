@@ -28,7 +28,7 @@ from pytest_longctx.measure.target import ServerError, ServerInfo
 from pytest_longctx.plan.sweep import INTERFERENCE, Point
 from pytest_longctx.progress import telemetry
 from pytest_longctx.reporting.reuse import format_bytes
-from pytest_longctx.serving.process import check_attached, control_client, is_alive
+from pytest_longctx.serving.process import check_attached, control_client, wait_group_gone
 from pytest_longctx.session import points
 from pytest_longctx.session import server as session_server
 from pytest_longctx.session.run import Run
@@ -276,20 +276,17 @@ def _bring_up_again(
 
 
 def _wait_released(run: Run, pgid: int | None, argv: tuple[str, ...]) -> None:
-    """The dead server's process group gone, its port free and its devices' memory back
-    near its level before the first start (GPU profiles), or a ServerError.
+    """The dead server's process group gone (zombies aside), its port free and its devices'
+    memory back near its level before the first start (GPU profiles), or a ServerError.
 
     On a CPU the kernel takes a process's memory and cores back when the process ends, so
     the group being gone is the whole of it: nothing else is polled there."""
     deadline = time.monotonic() + RELEASE_TIMEOUT_S
-    while pgid is not None and is_alive(pgid, group=True):
-        if time.monotonic() > deadline:
-            raise ServerError(
-                f"the dead server's process group {pgid} is still alive after "
-                f"{RELEASE_TIMEOUT_S:g} s",
-                "start_failed",
-            )
-        time.sleep(0.1)
+    if pgid is not None and not wait_group_gone(pgid, RELEASE_TIMEOUT_S):
+        raise ServerError(
+            f"the dead server's process group {pgid} is still alive after {RELEASE_TIMEOUT_S:g} s",
+            "start_failed",
+        )
     host, port = argv[argv.index("--host") + 1], int(argv[argv.index("--port") + 1])
     while not _port_free(host, port):
         if time.monotonic() > deadline:

@@ -42,10 +42,17 @@ from pytest_longctx.serving.process import (
     leftover_servers,
 )
 from pytest_longctx.serving.vllm_command import (
+    FlagCheck,
+    FlagError,
     ServerCommand,
     build_server_command,
+    check_flags,
     cluster_commands,
+    pinned_note,
+    plugin_flags,
     redact_env,
+    same_release,
+    serve_args,
 )
 from pytest_longctx.session.api_key import API_KEY_ENV_FOR_VLLM, api_key, api_key_env_name
 from pytest_longctx.session.run import Run
@@ -76,6 +83,26 @@ def selected_max_model_len(run: Run) -> int:
 
 
 def server_command(
+    config: pytest.Config, run: Run, port: int, build: bool, serves: str = COLD
+) -> ServerCommand:
+    """:func:`checked_command`; a :class:`FlagError` when the installed vLLM does not accept
+    a flag the profile, an option or a hook asked for."""
+    command, check = checked_command(config, run, port, build, serves)
+    problem = check.problem() if check else None
+    if problem:
+        raise FlagError(f"profile {run.plan.profile.name}: {problem}")
+    return command
+
+
+def checked_command(
+    config: pytest.Config, run: Run, port: int, build: bool, serves: str = COLD
+) -> tuple[ServerCommand, FlagCheck | None]:
+    """The launch command as the installed vLLM's parser accepts it, and what that parser
+    said (None: not asked, see :func:`check_flags`)."""
+    return check_flags(planned_command(config, run, port, build, serves))
+
+
+def planned_command(
     config: pytest.Config, run: Run, port: int, build: bool, serves: str = COLD
 ) -> ServerCommand:
     """The launch command; for the interference points (``serves``), room for the K
@@ -126,7 +153,16 @@ def describe_server(config: pytest.Config, run: Run) -> str:
         lines.append(f"server: attach to {endpoints} (model and max_model_len from /v1/models)")
         return "\n".join(lines)
     serves = first_workload(run)
-    command = server_command(config, run, port=0, build=False, serves=serves)
+    command, check = checked_command(config, run, port=0, build=False, serves=serves)
+    pinned = run.plan.profile.serving.expected_versions.get("vllm")
+    if check is not None:
+        flags = check.describe(pinned)
+    elif serve_args(command.argv) is None:
+        flags = "flags not checked: the server command does not start vLLM"
+    else:
+        flags = "flags not checked: no vLLM whose parser can be asked is installed here"
+        if pinned:
+            flags += "\n  " + pinned_note(pinned, plugin_flags(command.argv))
     cluster = cluster_commands(run.plan.profile, command)
     if cluster:
         hardware, serving = run.plan.profile.hardware, run.plan.profile.serving
@@ -136,14 +172,20 @@ def describe_server(config: pytest.Config, run: Run) -> str:
             f"{serving.pipeline_parallel_size}):"
         )
         lines += [f"  {where}:\n    {line}" for where, line in cluster]
+        lines.append(flags)
         return "\n".join(lines)
     lines.append("server command (port chosen at start):\n  " + command.shell_line())
+    lines.append(flags)
     if run.plan.interference and serves == COLD:
-        loaded = server_command(config, run, port=0, build=False, serves=INTERFERENCE)
+        loaded, loaded_check = checked_command(
+            config, run, port=0, build=False, serves=INTERFERENCE
+        )
         lines.append(
             "then, for the interference points, a server of their own (port chosen at "
             "start):\n  " + loaded.shell_line()
         )
+        if loaded_check is not None:
+            lines.append(loaded_check.describe())
     return "\n".join(lines)
 
 
@@ -190,7 +232,7 @@ def start(config: pytest.Config) -> ServerInfo:
         run.server = exc
         raise
     expected = run.plan.profile.serving.expected_versions.get("vllm")
-    if expected and info.engine_version and info.engine_version != expected:
+    if expected and info.engine_version and not same_release(info.engine_version, expected):
         run.problems.append(
             f"vLLM {info.engine_version} serves this session; profile "
             f"{run.plan.profile.name} was measured with {expected}: compare with care"
@@ -298,11 +340,20 @@ def _launch(config: pytest.Config, run: Run) -> ServerInfo:
             f"profile {profile.name} cannot be launched here: {missing}", "start_failed"
         )
     try:
-        command = server_command(config, run, free_port(), build=True, serves=run.serves)
+        command, check = checked_command(config, run, free_port(), build=True, serves=run.serves)
     except Exception as exc:  # noqa: BLE001 - a model that cannot be prepared is a start failure
         raise ServerError(
             f"cannot prepare model {profile.model.source}: {exc}", "start_failed"
         ) from exc
+    if check is not None:
+        problem = check.problem()
+        if problem:
+            raise FlagError(f"profile {profile.name}: {problem}")
+        if check.left_out:
+            run.problems.append(
+                f"vLLM {check.version} does not accept {', '.join(check.left_out)}, which "
+                "pytest-longctx adds on its own: the server runs without it"
+            )
     leftovers = leftover_servers(run.output_root, run.run_dir)
     run.problems.extend(leftovers)
     if profile.serving.device in VISIBLE_DEVICES_ENV:  # what a relaunch waits to see again

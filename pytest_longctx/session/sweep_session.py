@@ -20,6 +20,7 @@ from pytest_longctx.measure.target import ServerError, ServerInfo
 from pytest_longctx.plan import capacity_check
 from pytest_longctx.plan.sweep import Point
 from pytest_longctx.prompts import Prompt, PromptBuilder, PromptError
+from pytest_longctx.serving.vllm_command import FlagError
 from pytest_longctx.session import items as sweep_items
 from pytest_longctx.session import (
     live_progress,
@@ -104,6 +105,9 @@ class SweepSession:
         try:
             info = server.start(self.config)
             points.warm_up(self.run, info)
+        except FlagError as exc:  # one usage error, not one failure per item
+            server.stop(self.config)
+            pytest.exit(str(exc), returncode=pytest.ExitCode.USAGE_ERROR)
         except ServerError as exc:
             server.stop(self.config)
             raise restarts.failed(exc) from None
