@@ -1,4 +1,4 @@
-"""Tiny random-weight models that vLLM serves like any downloaded model folder.
+"""Tiny generated models that vLLM serves like any downloaded model folder.
 
 Nothing can be downloaded in CI, yet the sweep needs a real model behind a real server. The
 embedded models are generated on first use from a seed (weights via ``transformers``, a
@@ -26,6 +26,7 @@ from pytest_longctx.profiles.embedded_models import (
     ROPE_THETA,
     SPECIAL_TOKENS,
     TINY_LLAMA,
+    TINY_LLAMA_RANDOM,
     TINY_MLA,
     EmbeddedModelSpec,
     UnknownEmbeddedModelError,
@@ -57,6 +58,7 @@ __all__ = [
     "ROPE_THETA",
     "SPECIAL_TOKENS",
     "TINY_LLAMA",
+    "TINY_LLAMA_RANDOM",
     "TINY_MLA",
     "UnknownEmbeddedModelError",
     "build_embedded_model",
