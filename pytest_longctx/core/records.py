@@ -104,6 +104,7 @@ FAILURE_CLASSES: Mapping[str, str] = {
     "refused": "the server rejected the request (too long, bad request, no key)",
     "start_failed": "the server could not start",
     "interrupted": "the session was stopped during the point",
+    "wrong_answer": "measured, but the answer to the probe the prompt carried was wrong",
     "error": "anything else, with its text",
 }
 
@@ -150,6 +151,10 @@ class Record:
     #: against them, its effective chunk size, sequence limit and preemptions
     #: (measure/interference.py). Empty for other points.
     interference: Mapping[str, Any] = field(default_factory=dict)
+    #: The probe the measured prompt carried and its verdict: ``expected``, ``answer``,
+    #: ``depth`` (fraction of the prompt), ``verdict`` (``correct``, ``wrong`` or
+    #: ``not_checked`` with a ``reason``), ``judged_by``, ``mode`` (``check`` or ``record``).
+    fidelity: Mapping[str, Any] = field(default_factory=dict)
 
     def figure(self, name: str) -> float | None:
         return self.figures.get(name)
@@ -200,6 +205,7 @@ class Record:
             "evidence": list(self.evidence),
             "server_start": dict(self.server_start),
             "interference": dict(self.interference),
+            "fidelity": dict(self.fidelity),
         }
 
     @classmethod
@@ -235,6 +241,7 @@ class Record:
             evidence=tuple(str(line) for line in data.get("evidence") or ()),
             server_start=dict(data.get("server_start") or {}),
             interference=dict(data.get("interference") or {}),
+            fidelity=dict(data.get("fidelity") or {}),
         )
 
 

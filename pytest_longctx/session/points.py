@@ -38,7 +38,10 @@ from pytest_longctx.prompts import (
     Prompt,
     PromptBuilder,
     ServerTokenSource,
+    fidelity_verdict,
+    judgement,
 )
+from pytest_longctx.prompts.probe import probe_depth
 from pytest_longctx.serving import served_model
 from pytest_longctx.session import live_progress
 from pytest_longctx.session import server as session_server
@@ -86,7 +89,9 @@ def prompt_builder(run: Run, server: ServerInfo) -> PromptBuilder:
 
 def build_prompt(run: Run, builder: PromptBuilder, point: Point) -> Prompt:
     """The point's own nonce first (its index in the plan), then a readable tag. A warm
-    follow-up is its cold point's prompt exactly, then a suffix opening with its own nonce."""
+    follow-up is its cold point's prompt exactly, then a suffix opening with its own nonce.
+    A measured prompt carries the fidelity probe (unless ``--longctx-fidelity=off``): a
+    needle at a depth that changes from one point to the next, and the question last."""
     index = run.plan.points.index(point) if point in run.plan.points else len(run.plan.points)
     nonce = builder.nonce(run.run_id, index)
     if point.warm:
@@ -96,7 +101,55 @@ def build_prompt(run: Run, builder: PromptBuilder, point: Point) -> Prompt:
         )
         return builder.extend(build_prompt(run, builder, point.cold), point.suffix, tag, nonce)
     tag = f"Run {run.run_id}, prompt of {point.length} tokens, pass {point.repeat}."
-    return builder.build(point.length, tag, text=run.settings.prompt_format == "text", nonce=nonce)
+    probed = run.settings.fidelity != "off"
+    return builder.build(
+        point.length,
+        tag,
+        text=run.settings.prompt_format == "text",
+        nonce=nonce,
+        probe_key=f"{run.run_id}:{index}" if probed else None,
+        depth=probe_depth(index),
+    )
+
+
+def advertised_context(run: Run) -> int | None:
+    """The context the served model claims (its config's ``max_position_embeddings``), when
+    the profile describes the served model; None when unknown."""
+    described_by = getattr(run.model, "described_by", served_model.BY_PROFILE)
+    if described_by != served_model.BY_PROFILE:
+        return None
+    config = capacity_check.model_config(run.plan.profile)
+    value = (config or {}).get("max_position_embeddings")
+    return int(value) if isinstance(value, int) and value > 0 else None
+
+
+def judge(run: Run, point: Point, prompt: Prompt, result: PointMeasurement) -> PointMeasurement:
+    """``result`` with its probe's verdict; raises :class:`PointFailure` (``wrong_answer``)
+    for a wrong answer on a point whose answers are checked."""
+    how = judgement(run.settings.fidelity, point.prompt_tokens, advertised_context(run))
+    why = (
+        "text prompts (--longctx-prompt-format=text) carry no probe"
+        if run.settings.prompt_format == "text"
+        else ""
+    )
+    verdict = fidelity_verdict(prompt.probe, result.completion_head, how, why)
+    result = dataclasses.replace(result, fidelity=verdict)
+    if verdict["verdict"] == "wrong" and how == "check":
+        raise WrongAnswer(
+            f"wrong answer at {point.prompt_tokens} tokens: expected {verdict['expected']}, "
+            f"answered {verdict['answer']} (completion {verdict['completion'][:40]!r}; needle "
+            f"at depth {verdict['depth']:.3f})",
+            result,
+        )
+    return result
+
+
+class WrongAnswer(PointFailure):
+    """Measured, but the probe's answer was wrong on a point whose answers are checked."""
+
+    def __init__(self, message: str, measurement: PointMeasurement) -> None:
+        super().__init__(message, "wrong_answer")
+        self.measurement = measurement
 
 
 def warm_up(run: Run, server: ServerInfo) -> None:

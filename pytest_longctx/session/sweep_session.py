@@ -153,6 +153,11 @@ class SweepSession:
                 # Never sent: the server died just before it. Measured after the relaunch.
                 restarts.before_point(self.config, run, point)
                 return run_measurement(prompt)
+            try:
+                result = points.judge(run, point, prompt, result)
+            except points.WrongAnswer as exc:
+                item.stash[MEASUREMENT_KEY] = exc.measurement  # figures and verdict recorded
+                raise
             item.stash[MEASUREMENT_KEY] = result
             return result
 
