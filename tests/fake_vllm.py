@@ -33,6 +33,7 @@ from typing import Any
 
 import pytest
 
+from pytest_longctx.profiles.embedded_models import EMBEDDED_MODELS
 from pytest_longctx.prompts.needle import (
     NEEDLE_VALUES,
     QUESTION_TOKEN,
@@ -485,17 +486,29 @@ def word_ids(text: str) -> list[int]:
     return [RESERVED_IDS.get(word, zlib.crc32(word.encode()) % VOCAB_SIZE) for word in text.split()]
 
 
+#: The same vocabulary where the embedded models' tokenizers put it (their last ids): a session
+#: that launches the fake with the profile's tokenizer (launch_fake_conftest) sends these.
+EMBEDDED_RESERVED_IDS = {
+    token: EMBEDDED_MODELS["tiny-llama"].vocab_size - len(RESERVED_TOKENS) + index
+    for index, token in enumerate(RESERVED_TOKENS)
+}
+
+
 def answer_text(prompt: object, behaviour: Behaviour, prompt_tokens: int) -> str | None:
     """The first token's text for a prompt that ends with the needle question: the needle it
     carries (the first, when several), or a wrong one where the behaviour says so."""
-    question = RESERVED_IDS[QUESTION_TOKEN]
     if behaviour.answers != "retrieve" or not isinstance(prompt, list) or not prompt:
         return None
-    if prompt[-1] != question:
+    scheme = next(
+        (ids for ids in (RESERVED_IDS, EMBEDDED_RESERVED_IDS) if prompt[-1] == ids[QUESTION_TOKEN]),
+        None,
+    )
+    if scheme is None:
         return None
+    words = {index: token for token, index in scheme.items() if token != QUESTION_TOKEN}
     for token in prompt:
-        word = RESERVED_WORDS.get(token)
-        if word is not None and word != QUESTION_TOKEN:
+        word = words.get(token)
+        if word is not None:
             value = int(word.removeprefix("<|needle-").removesuffix("|>"))
             if prompt_tokens in behaviour.wrong_at_lengths:
                 value = (value + 1) % NEEDLE_VALUES

@@ -8,9 +8,11 @@ vLLM is tests/test_e2e_fidelity.py's.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from fake_vllm import FakeVLLM
-from longctx_testing import KEEP_BURSTS, SWEEP_TEST, fault_session
+from longctx_testing import KEEP_BURSTS, SWEEP_TEST, fault_session, run_folder
 
 
 @pytest.fixture
@@ -45,14 +47,26 @@ def test_a_wrong_answer_at_one_length_fails_that_length_alone(session) -> None: 
     for length in (1024, 4096):
         assert by_length[length].outcome == "passed"
         assert by_length[length].fidelity["verdict"] == "correct"
+    result.stdout.fnmatch_lines(["fidelity: 1 wrong answer(s) of 3 point(s) (2 correct, 1 wrong)"])
 
 
-def test_record_keeps_a_wrong_answer_passed(session) -> None:  # noqa: ANN001
+def test_record_keeps_a_wrong_answer_passed_and_reported(
+    session,  # noqa: ANN001
+    pytester: pytest.Pytester,
+) -> None:
     result, records = session("--longctx-to=2Ki", "--longctx-fidelity=record", answers="random")
     result.assert_outcomes(passed=2)
     assert [r.fidelity["verdict"] for r in records] == ["wrong", "wrong"]
     assert {r.fidelity["mode"] for r in records} == {"record"}
     assert all(r.fidelity["answer"] is None for r in records)  # " tok tok": no digits at all
+    folder = run_folder(pytester.path / "reports")
+    markdown = (folder / "report.md").read_text()
+    assert "| answers |" in markdown and "| 1 wrong |" in markdown
+    entries = json.loads((folder / "benchmark.json").read_text())["benchmarks"]
+    ttft = [e for e in entries if e["extra_info"]["metric"] == "ttft"]
+    assert [e["extra_info"]["answers"] for e in ttft] == [{"wrong": 1}, {"wrong": 1}]
+    rounds = [r for e in ttft for r in e["extra_info"]["rounds"]]
+    assert [r["fidelity"]["verdict"] for r in rounds] == ["wrong", "wrong"]
 
 
 def test_a_model_that_cannot_retrieve_fails_every_length(session) -> None:  # noqa: ANN001
@@ -87,4 +101,23 @@ def test_a_bad_mode_is_a_usage_error_naming_the_forms(
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(
         ["*--longctx-fidelity=strict: expected 'auto' or 'check' or 'record' or 'off'*"]
+    )
+
+
+def test_the_plan_shows_the_probe_and_which_lengths_are_checked(pytester: pytest.Pytester) -> None:
+    """A GPU profile's plan, on a machine without its GPU or its tokenizer: the pass key in
+    words, and the lengths beyond the model's advertised context (1Mi) recorded only."""
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    result = pytester.runpytest(
+        "--longctx-plan", "--longctx-profile=kimi-linear-h200", "--longctx-from=512Ki",
+        "--longctx-to=2Mi",
+    )  # fmt: skip
+    result.stdout.fnmatch_lines(
+        [
+            "fidelity probe (text): *the needle 'The pass key is * at a depth *"
+            "and ends with the question 'What is the pass key? The pass key is'*",
+            "fidelity --longctx-fidelity=auto (the model's advertised context is 1Mi tokens): "
+            "checked 512Ki, 1Mi; recorded only 2Mi",
+            "needle depths: len=512Ki-rep=0 0, len=1Mi-rep=0 0.5, len=2Mi-rep=0 1",
+        ]
     )

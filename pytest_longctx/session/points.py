@@ -16,6 +16,7 @@ from pytest_longctx.client import (
     MeasurementError,
     StreamMeasurement,
 )
+from pytest_longctx.core.sizes import format_size
 from pytest_longctx.measure.background import BackgroundSpec
 from pytest_longctx.measure.cache_state import PlannedBytes
 from pytest_longctx.measure.interference import chunk_from_server_info
@@ -41,7 +42,7 @@ from pytest_longctx.prompts import (
     fidelity_verdict,
     judgement,
 )
-from pytest_longctx.prompts.probe import probe_depth
+from pytest_longctx.prompts.probe import DEPTHS, probe_depth, probe_texts, probe_value
 from pytest_longctx.serving import served_model
 from pytest_longctx.session import live_progress
 from pytest_longctx.session import server as session_server
@@ -112,15 +113,59 @@ def build_prompt(run: Run, builder: PromptBuilder, point: Point) -> Prompt:
     )
 
 
+#: Where a model's config.json states the context it was made for, in order of preference.
+ADVERTISED_CONTEXT_KEYS = ("max_position_embeddings", "model_max_length")
+
+
 def advertised_context(run: Run) -> int | None:
-    """The context the served model claims (its config's ``max_position_embeddings``), when
-    the profile describes the served model; None when unknown."""
+    """The context the served model claims (its config's ``max_position_embeddings``, or the
+    ``model_max_length`` some configs give instead), when the profile describes the served
+    model; None when unknown."""
     described_by = getattr(run.model, "described_by", served_model.BY_PROFILE)
     if described_by != served_model.BY_PROFILE:
         return None
-    config = capacity_check.model_config(run.plan.profile)
-    value = (config or {}).get("max_position_embeddings")
-    return int(value) if isinstance(value, int) and value > 0 else None
+    config = capacity_check.model_config(run.plan.profile) or {}
+    for key in ADVERTISED_CONTEXT_KEYS:
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def plan_lines(run: Run) -> list[str]:
+    """What ``--longctx-plan`` says of the probe: its form as text (the tokenizer is not at
+    hand without the model) and which lengths are checked or recorded."""
+    if run.settings.fidelity == "off":
+        return ["fidelity: off (--longctx-fidelity=off): no probe in the prompts"]
+    if run.settings.prompt_format == "text":
+        return ["fidelity: text prompts carry no probe; every verdict is not_checked"]
+    kind = "tokens" if run.plan.profile.model.embedded_name else "text"
+    value = probe_value(f"{run.run_id}:0", kind)
+    needle, question = probe_texts(kind, value)
+    advertised = advertised_context(run)
+    lengths = sorted({p.length for p in run.selected_points})
+    modes = {length: judgement(run.settings.fidelity, length, advertised) for length in lengths}
+    checked = [format_size(n) for n in lengths if modes[n] == "check"]
+    recorded = [format_size(n) for n in lengths if modes[n] == "record"]
+    within = (
+        f"the model's advertised context is {format_size(advertised)} tokens"
+        if advertised
+        else "the model's advertised context is unknown"
+    )
+    return [
+        f"fidelity probe ({kind}): each measured prompt, still exactly its length, carries "
+        f"the needle {needle.strip()!r} at a depth that changes from point to point "
+        f"({', '.join(f'{d:g}' for d in DEPTHS[:5])}, ...) and ends with the question "
+        f"{question.strip()!r}; expected answer for the first point: {value}",
+        f"fidelity --longctx-fidelity={run.settings.fidelity} ({within}): "
+        f"checked {', '.join(checked) or 'none'}; recorded only {', '.join(recorded) or 'none'}",
+        "needle depths: "
+        + ", ".join(
+            f"{point.id} {probe_depth(run.plan.points.index(point)):g}"
+            for point in run.selected_points
+            if not point.warm and point in run.plan.points
+        ),
+    ]
 
 
 def judge(run: Run, point: Point, prompt: Prompt, result: PointMeasurement) -> PointMeasurement:

@@ -303,6 +303,8 @@ def print_plan(session: pytest.Session, run: Run) -> None:
             f"(requests of {each} tokens each, re-issued as they end), on a server of its own "
             f"with room for {requests + 1} sequences; the capacity plan counts them"
         )
+    for line in points.plan_lines(run):
+        write(line)
     for item in session.items:
         point = sweep_items.point_of(item)
         length = point.length if point else sweep_items.regression_length_of(item)
