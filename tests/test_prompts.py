@@ -169,6 +169,9 @@ def test_verdicts() -> None:
     right = fidelity_verdict(probe, "<|needle-7|><|needle-7|>", "check")
     assert right["verdict"] == "correct" and right["answer"] == "7" and right["expected"] == "7"
     assert right["depth"] == 0.5 and right["mode"] == "check" and right["judged_by"]
+    # The number in ordinary text is not the needle's token: a random model's lucky digits.
+    lucky = fidelity_verdict(probe, " 7 apples", "check")
+    assert (lucky["verdict"], lucky["answer"]) == ("wrong", "7")
     wrong = fidelity_verdict(probe, "<|needle-17|>", "record")
     assert (wrong["verdict"], wrong["answer"], wrong["mode"]) == ("wrong", "17", "record")
     assert fidelity_verdict(probe, "x", "off") == {

@@ -76,10 +76,19 @@ def probe_texts(kind: str, value: str) -> tuple[str, str]:
     return TEXT_NEEDLE.format(value=value), TEXT_QUESTION
 
 
-def judge_answer(expected: str, completion: str | None) -> tuple[str, str | None]:
-    """``(verdict, answer)``: ``correct`` or ``wrong`` from the completion's first digits."""
+def judge_answer(
+    expected: str, completion: str | None, kind: str = "text"
+) -> tuple[str, str | None]:
+    """``(verdict, answer)``: ``correct`` or ``wrong`` from the completion's first digits.
+
+    A ``tokens`` probe is stricter: the completion must open with the needle's own token, so
+    a model that happens to write the number in ordinary text (the value space is small)
+    does not pass."""
     answer = parse_answer(completion or "")
-    return ("correct" if answer == expected else "wrong"), answer
+    right = answer == expected
+    if kind == "tokens":
+        right = (completion or "").lstrip().startswith(needle_token(int(expected)))
+    return ("correct" if right else "wrong"), answer
 
 
 #: ``--longctx-fidelity``: what a wrong answer does.
@@ -119,12 +128,16 @@ def fidelity_verdict(
     }
     if completion is None:
         return {**entry, "answer": None, "verdict": "not_checked", "reason": "no completion text"}
-    verdict, answer = judge_answer(probe.expected, completion)
+    verdict, answer = judge_answer(probe.expected, completion, probe.kind)
     return {
         **entry,
         "answer": answer,
         "completion": completion[:80],
         "verdict": verdict,
         "judged_by": "the first digits of the completion"
-        + (" (the needle's value token)" if probe.kind == "tokens" else " (the pass key)"),
+        + (
+            ", opening with the needle's value token"
+            if probe.kind == "tokens"
+            else " (the pass key)"
+        ),
     }
