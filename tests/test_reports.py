@@ -288,7 +288,7 @@ def test_terminal_table_has_aligned_columns():
     expected_rows = [list(TABLE_COLUMNS)] + summary_rows(records)
     for line, expected in zip([header, *body], expected_rows, strict=True):
         for (start, end), column, cell in zip(spans, TABLE_COLUMNS, expected, strict=True):
-            if column in ("Prompt", "outcomes"):
+            if column in ("Prompt", "answers", "outcomes"):  # text, left-aligned
                 assert line[start:].startswith(cell), (line, column)
             else:
                 assert line[start:end] == cell.rjust(end - start), (line, column)
