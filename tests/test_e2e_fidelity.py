@@ -31,4 +31,5 @@ def test_the_embedded_default_answers_at_every_length_and_depth(
     assert all(v["answer"] == v["expected"] for v in verdicts)
     assert {r.length for r in records} == {1024, 2048, 4096}
     depths = sorted(v["depth"] for v in verdicts)
-    assert len(set(depths)) == 6 and depths[0] < 0.01 and depths[-1] > 0.99, depths
+    # depth 0 sits right after the nonce and the run tag (about 30 tokens), depth 1 before the end
+    assert len(set(depths)) == 6 and depths[0] < 0.05 and depths[-1] > 0.99, depths
