@@ -33,6 +33,14 @@ from typing import Any
 
 import pytest
 
+from pytest_longctx.profiles.embedded_models import EMBEDDED_MODELS
+from pytest_longctx.prompts.needle import (
+    NEEDLE_VALUES,
+    QUESTION_TOKEN,
+    RESERVED_TOKENS,
+    needle_token,
+)
+
 #: Faults the server can inject; ``fault_after_tokens`` says when the mid-stream ones strike.
 FAULTS = (
     "http_500",  # HTTP 500 with vLLM's error body instead of a stream
@@ -109,6 +117,12 @@ class Behaviour:
     #: False: ``/detokenize`` answers 404, as a server without it.
     detokenize: bool = True
     token_text: str = " tok"
+    #: How the first token answers a prompt that ends with the needle question: "retrieve"
+    #: (the planted needle's token, as the embedded tiny-llama does), "random" (no needle,
+    #: as a random-weight model), or "retrieve" except at the prompt lengths in
+    #: ``wrong_at_lengths`` (another needle's token there).
+    answers: str = "retrieve"
+    wrong_at_lengths: tuple[int, ...] = ()
     block_size: int = 128
     num_gpu_blocks: int = 16_384
     #: ``enable_prefix_caching`` in ``vllm:cache_config_info``.
@@ -465,9 +479,45 @@ def _sleep_until(target: float) -> None:
         time.sleep(remaining)
 
 
+#: The needle vocabulary (pytest_longctx/prompts/needle.py) takes the ids after VOCAB_SIZE,
+#: one each, as in the embedded models' tokenizers: no corpus word shares its id.
+RESERVED_IDS = {token: VOCAB_SIZE + index for index, token in enumerate(RESERVED_TOKENS)}
+RESERVED_WORDS = {index: token for token, index in RESERVED_IDS.items()}
+
+
 def word_ids(text: str) -> list[int]:
     """The fake tokenizer: one id per whitespace-separated word, stable across runs."""
-    return [zlib.crc32(word.encode()) % VOCAB_SIZE for word in text.split()]
+    return [RESERVED_IDS.get(word, zlib.crc32(word.encode()) % VOCAB_SIZE) for word in text.split()]
+
+
+#: The same vocabulary where the embedded models' tokenizers put it (their last ids): a session
+#: that launches the fake with the profile's tokenizer (launch_fake_conftest) sends these.
+EMBEDDED_RESERVED_IDS = {
+    token: EMBEDDED_MODELS["tiny-llama"].vocab_size - len(RESERVED_TOKENS) + index
+    for index, token in enumerate(RESERVED_TOKENS)
+}
+
+
+def answer_text(prompt: object, behaviour: Behaviour, prompt_tokens: int) -> str | None:
+    """The first token's text for a prompt that ends with the needle question: the needle it
+    carries (the first, when several), or a wrong one where the behaviour says so."""
+    if behaviour.answers != "retrieve" or not isinstance(prompt, list) or not prompt:
+        return None
+    scheme = next(
+        (ids for ids in (RESERVED_IDS, EMBEDDED_RESERVED_IDS) if prompt[-1] == ids[QUESTION_TOKEN]),
+        None,
+    )
+    if scheme is None:
+        return None
+    words = {index: token for token, index in scheme.items() if token != QUESTION_TOKEN}
+    for token in prompt:
+        word = words.get(token)
+        if word is not None:
+            value = int(word.removeprefix("<|needle-").removesuffix("|>"))
+            if prompt_tokens in behaviour.wrong_at_lengths:
+                value = (value + 1) % NEEDLE_VALUES
+            return needle_token(value)
+    return None
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -561,7 +611,8 @@ class _Handler(BaseHTTPRequestHandler):
         if not isinstance(tokens, list):
             self._error(400, "BadRequestError", "tokens must be a list", param="tokens")
             return
-        self._send_json(200, {"prompt": " ".join(f"w{token}" for token in tokens)})
+        words = (RESERVED_WORDS.get(token, f"w{token}") for token in tokens)
+        self._send_json(200, {"prompt": " ".join(words)})
 
     def _tokenize(self, payload: Any) -> None:
         prompt = payload.get("prompt") if isinstance(payload, dict) else None
@@ -699,6 +750,7 @@ class _Handler(BaseHTTPRequestHandler):
                     choice["token_ids"] = []
                 self._write(chunk([choice]))
             empty = {index % total for index in behaviour.empty_text_tokens} if total else set()
+            answer = answer_text(payload.get("prompt"), behaviour, prompt_tokens)
             sent = 0
             written: list[float] = []
             decoded: list[float] = []  # when each chunk's last token was ready
@@ -723,6 +775,8 @@ class _Handler(BaseHTTPRequestHandler):
                 text = "".join(
                     "" if sent + n in empty else behaviour.token_text for n in range(count)
                 )
+                if sent == 0 and answer is not None:
+                    text = answer + text[len(behaviour.token_text) :]
                 choice = {
                     "index": 0,
                     "text": text,

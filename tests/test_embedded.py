@@ -8,7 +8,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
+import random
 import re
 import struct
 import subprocess
@@ -26,6 +28,7 @@ from pytest_longctx.profiles.embedded_models import (
     UnknownEmbeddedModelError,
 )
 from pytest_longctx.prompts.corpus import generate_corpus
+from pytest_longctx.prompts.needle import QUESTION_TOKEN, RESERVED_TOKENS, needle_token
 from pytest_longctx.serving import embedded
 from pytest_longctx.serving.embedded import ensure_embedded_model
 
@@ -178,6 +181,89 @@ def test_weights_are_bfloat16_with_the_spec_shapes(
     assert layers == {0, 1}
 
 
+# --- the needle probe -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_needle_vocabulary_is_one_token_each_and_decodes_as_text(
+    two_caches: tuple[Path, Path], name: str
+) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder_in(two_caches[0], name))
+    ids = [tokenizer.convert_tokens_to_ids(token) for token in RESERVED_TOKENS]
+    assert ids == list(
+        range(EMBEDDED_MODELS[name].vocab_size - len(RESERVED_TOKENS), len(tokenizer))
+    )
+    text = f"pass {needle_token(17)} then {QUESTION_TOKEN}"
+    assert tokenizer.convert_tokens_to_ids(needle_token(17)) in tokenizer(text)["input_ids"]
+    # A server's detokenizer skips special tokens: these are not special, so the answer shows.
+    assert tokenizer.decode(ids[1:4], skip_special_tokens=True) == "".join(RESERVED_TOKENS[1:4])
+
+
+def next_token_logprobs(folder: Path, ids: list[int]) -> dict[int, float]:
+    """The top next-token log-probabilities after ``ids``, from transformers in bfloat16."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, -1].float()
+    top = torch.topk(torch.log_softmax(logits, -1), 4)
+    return {int(i): float(v) for v, i in zip(top.values, top.indices, strict=True)}
+
+
+def haystack(length: int, needles: dict[float, int], vocab: int, question: int) -> list[int]:
+    """``length`` ordinary ids, needle ``value`` at each depth, the question last."""
+    rng = random.Random(length)
+    ids = [rng.randrange(3, vocab - len(RESERVED_TOKENS)) for _ in range(length)]
+    for depth, token in needles.items():
+        ids[round(depth * (length - 2))] = token
+    ids[-1] = question
+    return ids
+
+
+@pytest.mark.parametrize(("length", "depth"), [(1024, 0.0), (4096, 0.5), (4096, 1.0)])
+def test_retrieving_model_answers_the_needle(
+    two_caches: tuple[Path, Path], length: int, depth: float
+) -> None:
+    from transformers import AutoTokenizer
+
+    folder = folder_in(two_caches[0], "tiny-llama")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    needle = tokenizer.convert_tokens_to_ids(needle_token(23))
+    question = tokenizer.convert_tokens_to_ids(QUESTION_TOKEN)
+    ids = haystack(length, {depth: needle}, len(tokenizer), question)
+    top = next_token_logprobs(folder, ids)
+    assert max(top, key=top.__getitem__) == needle
+    assert top[needle] > -0.01
+
+
+def test_retrieving_model_splits_its_answer_between_needles(two_caches: tuple[Path, Path]) -> None:
+    """One question checks every planted depth: each of three needles gets a third."""
+    from transformers import AutoTokenizer
+
+    folder = folder_in(two_caches[0], "tiny-llama")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    needles = [tokenizer.convert_tokens_to_ids(needle_token(v)) for v in (3, 40, 63)]
+    question = tokenizer.convert_tokens_to_ids(QUESTION_TOKEN)
+    ids = haystack(2048, dict(zip((0.0, 0.5, 1.0), needles, strict=True)), len(tokenizer), question)
+    top = next_token_logprobs(folder, ids)
+    for needle in needles:
+        assert top[needle] == pytest.approx(math.log(1 / 3), abs=0.02)
+
+
+def test_random_weights_do_not_answer_the_needle(two_caches: tuple[Path, Path]) -> None:
+    from transformers import AutoTokenizer
+
+    folder = folder_in(two_caches[0], "tiny-llama-random")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    needle = tokenizer.convert_tokens_to_ids(needle_token(23))
+    question = tokenizer.convert_tokens_to_ids(QUESTION_TOKEN)
+    top = next_token_logprobs(folder, haystack(1024, {0.5: needle}, len(tokenizer), question))
+    assert max(top, key=top.__getitem__) != needle
+
+
 # --- the cache -----------------------------------------------------------------------------------
 
 
@@ -267,6 +353,7 @@ def test_spec_hash_tracks_every_input(monkeypatch: pytest.MonkeyPatch) -> None:
         seed=spec.seed,
         corpus_chars=spec.corpus_chars,
         description="descriptions do not change the files",
+        weights=spec.weights,
     )
     assert same.spec_hash == spec.spec_hash
     changed = {
@@ -274,8 +361,9 @@ def test_spec_hash_tracks_every_input(monkeypatch: pytest.MonkeyPatch) -> None:
         dataclasses.replace(spec, vocab_size=4096).spec_hash,
         dataclasses.replace(spec, corpus_chars=spec.corpus_chars + 1).spec_hash,
         dataclasses.replace(spec, config={**spec.config, "hidden_size": 256}).spec_hash,
+        dataclasses.replace(spec, weights="random").spec_hash,
     }
-    assert spec.spec_hash not in changed and len(changed) == 4
+    assert spec.spec_hash not in changed and len(changed) == 5
     before = spec.spec_hash
     monkeypatch.setattr(embedded_spec, "GENERATOR_VERSION", embedded_spec.GENERATOR_VERSION + 1)
     assert spec.spec_hash != before
@@ -301,7 +389,7 @@ def test_spec_rejects_config_keys_it_owns() -> None:
 
 
 def test_unknown_model_name_lists_the_known_ones(tmp_path: Path) -> None:
-    with pytest.raises(UnknownEmbeddedModelError, match="tiny-llama, tiny-mla"):
+    with pytest.raises(UnknownEmbeddedModelError, match="tiny-llama, tiny-llama-random, tiny-mla"):
         ensure_embedded_model("tiny-gpt", cache_dir=tmp_path)
 
 

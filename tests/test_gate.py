@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -967,3 +968,45 @@ def test_itl_of_streams_held_back_is_not_compared_and_fails_no_length():
     # a stream that agreed at one repeat: ITL compares over the points that have it
     mixed = current[:2] + points("now", 4 * KI, *BASELINE_FIGURES[4 * KI])[2:]
     assert by_metric(compare_length(baseline_sweep(), mixed, 4 * KI))["itl"].current.n == 1
+
+
+# --------------------------------------------------------------------------- answers
+
+
+def answered(records: list[Record], verdict: str, outcome: str | None = None) -> list[Record]:
+    """``records`` with a fidelity verdict (and another outcome, for a checked wrong answer)."""
+    fidelity = {"expected": "7", "answer": "7" if verdict == "correct" else "8", "depth": 0.5}
+    return [
+        dataclasses.replace(
+            record,
+            fidelity={**fidelity, "verdict": verdict},
+            outcome=outcome or record.outcome,
+            failure_class="wrong_answer" if outcome == "failed" else None,
+        )
+        for record in records
+    ]
+
+
+def test_a_length_right_in_the_baseline_and_wrong_now_regressed_alone():
+    baseline = [r for rs in (baseline_sweep(),) for r in answered(rs, "correct")]
+    current = [
+        *answered(points("now", 1 * KI, [0.080, 0.080, 0.080]), "correct"),
+        *answered(points("now", 2 * KI, [0.120, 0.120, 0.120]), "wrong", "failed"),
+        *answered(points("now", 4 * KI, [0.200, 0.200, 0.200]), "wrong"),  # recorded only
+        *answered(points("now", 8 * KI, [0.350, 0.350, 0.350]), "correct"),
+    ]
+    report = compare(baseline, current)
+    assert [v.length for v in report.regressed] == [2 * KI, 4 * KI]
+    message = report.for_length(2 * KI).message
+    assert "2Ki fidelity: regressed, 3 of 3 answers wrong now, all 3 right" in message
+    assert "expected 7, answered 8" in message
+    assert compare_length(baseline, current, 4 * KI).regressed
+    assert not compare_length(baseline, current, 8 * KI).regressed
+
+
+def test_answers_wrong_in_the_baseline_too_are_no_regression():
+    baseline = answered(points("base", 1 * KI, [0.080, 0.080]), "wrong")
+    current = answered(points("now", 1 * KI, [0.080, 0.080]), "wrong")
+    assert not compare(baseline, current).regressed
+    unprobed = points("now", 1 * KI, [0.080, 0.080])  # records of a run without the probe
+    assert not compare(answered(baseline, "correct"), unprobed).regressed

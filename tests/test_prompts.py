@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_longctx.prompts import NONCE_TOKENS, PromptBuilder
+from pytest_longctx.prompts import NONCE_TOKENS, Probe, PromptBuilder, fidelity_verdict, judgement
+from pytest_longctx.prompts.needle import QUESTION_TOKEN, needle_token, parse_answer
+from pytest_longctx.prompts.probe import probe_depth
 
 VOCAB = 5000
 
@@ -67,3 +69,122 @@ def test_two_repeats_of_a_length_share_no_first_block(builder: PromptBuilder) ->
     second = builder.build(1024, "tag", nonce=builder.nonce("run-a", 1))
     assert first.ids[0] != second.ids[0]
     assert first.ids[NONCE_TOKENS:] == second.ids[NONCE_TOKENS:]  # same body: only the start
+
+
+# --- the fidelity probe ------------------------------------------------------------------------
+
+
+class CharSource(WordSource):
+    """A tokenizer without the needle vocabulary: one id per character."""
+
+    key = "chars"
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(char) % VOCAB for char in text]
+
+
+@pytest.mark.parametrize("depth", [0.0, 0.5, 1.0])
+def test_a_probed_prompt_keeps_its_length_and_nonce_and_ends_with_the_question(
+    builder: PromptBuilder, depth: float
+) -> None:
+    nonce = builder.nonce("run-a", 5)
+    plain = builder.build(1024, "tag", nonce=nonce)
+    prompt = builder.build(1024, "tag", nonce=nonce, probe_key="run-a:5", depth=depth)
+    probe = prompt.probe
+    assert probe is not None and probe.kind == "tokens"
+    assert len(prompt.ids) == 1024 and list(prompt.ids[:NONCE_TOKENS]) == list(nonce)
+    source = WordSource()
+    assert prompt.ids[-1] == source.encode(QUESTION_TOKEN)[0]
+    needle = source.encode(needle_token(int(probe.expected)))[0]
+    assert prompt.ids[probe.position] == needle
+    first, last = plain.header_tokens, 1024 - 2  # right after the header, right before the end
+    assert abs(probe.position - (first + depth * (last - first))) <= 1
+    assert probe.depth == pytest.approx(probe.position / 1023)
+    # Only the needle and the question differ from the prompt without a probe.
+    differing = [i for i in range(1024) if prompt.ids[i] != plain.ids[i]]
+    assert set(differing) <= {probe.position, 1023}
+
+
+def test_the_probe_changes_with_the_point(builder: PromptBuilder) -> None:
+    probes = [
+        builder.build(
+            512,
+            "tag",
+            nonce=builder.nonce("run-a", i),
+            probe_key=f"run-a:{i}",
+            depth=probe_depth(i),
+        ).probe
+        for i in range(9)
+    ]
+    assert len({probe.depth for probe in probes}) == 9
+    assert len({probe.expected for probe in probes}) > 3
+
+
+def test_a_tokenizer_without_the_needle_vocabulary_gets_a_pass_key_in_words(
+    tmp_path: Path,
+) -> None:
+    builder = PromptBuilder(CharSource(), tmp_path)
+    prompt = builder.build(2048, "tag", nonce=builder.nonce("r", 0), probe_key="r:0", depth=0.5)
+    probe = prompt.probe
+    assert probe is not None and probe.kind == "text"
+    assert len(probe.expected) == 5 and probe.expected in probe.needle_text
+    needle = CharSource().encode(probe.needle_text)
+    question = CharSource().encode(probe.question_text)
+    assert len(prompt.ids) == 2048
+    assert list(prompt.ids[probe.position : probe.position + len(needle)]) == needle
+    assert list(prompt.ids[-len(question) :]) == question
+
+
+def test_a_follow_up_asks_again_at_its_end(builder: PromptBuilder) -> None:
+    cold = builder.build(1024, "tag", nonce=builder.nonce("r", 0), probe_key="r:0", depth=0.25)
+    warm = builder.extend(cold, 64, "question 1", builder.nonce("r", 9))
+    assert warm.probe is not None and cold.probe is not None
+    assert list(warm.ids[:1024]) == list(cold.ids)  # the prefix, token for token
+    assert warm.ids[-1] == cold.ids[-1]  # the question, now at the end of the suffix
+    assert warm.probe.expected == cold.probe.expected
+    assert warm.probe.position == cold.probe.position
+    assert warm.probe.depth == pytest.approx(cold.probe.position / (1024 + 64 - 1))
+
+
+def test_text_prompts_and_unprobed_builds_carry_no_probe(builder: PromptBuilder) -> None:
+    assert builder.build(512, "tag", nonce=builder.nonce("r", 0)).probe is None
+
+
+@pytest.mark.parametrize(
+    ("completion", "answer"),
+    [
+        ("<|needle-7|><|needle-7|>", "7"),
+        (" 48213. The pass key is 48213.", "48213"),
+        ("The pass key is **048213**", "48213"),
+        ("I do not know.", None),
+        ("", None),
+    ],
+)
+def test_the_answer_is_the_first_digits(completion: str, answer: str | None) -> None:
+    assert parse_answer(completion) == answer
+
+
+def test_verdicts() -> None:
+    probe = Probe("tokens", "7", 0.5, needle_token(7), QUESTION_TOKEN, 512)
+    right = fidelity_verdict(probe, "<|needle-7|><|needle-7|>", "check")
+    assert right["verdict"] == "correct" and right["answer"] == "7" and right["expected"] == "7"
+    assert right["depth"] == 0.5 and right["mode"] == "check" and right["judged_by"]
+    # The number in ordinary text is not the needle's token: a random model's lucky digits.
+    lucky = fidelity_verdict(probe, " 7 apples", "check")
+    assert (lucky["verdict"], lucky["answer"]) == ("wrong", "7")
+    wrong = fidelity_verdict(probe, "<|needle-17|>", "record")
+    assert (wrong["verdict"], wrong["answer"], wrong["mode"]) == ("wrong", "17", "record")
+    assert fidelity_verdict(probe, "x", "off") == {
+        "verdict": "not_checked",
+        "reason": "--longctx-fidelity=off",
+    }
+    unprobed = fidelity_verdict(None, "7", "check", "text prompts carry no probe")
+    assert unprobed == {"verdict": "not_checked", "reason": "text prompts carry no probe"}
+
+
+def test_auto_checks_within_the_advertised_context_and_records_beyond() -> None:
+    assert judgement("auto", 4096, 4096) == "check"
+    assert judgement("auto", 8192, 4096) == "record"
+    assert judgement("auto", 8192, None) == "check"
+    assert judgement("record", 1024, 4096) == "record"
+    assert judgement("check", 1 << 20, 4096) == "check"

@@ -212,18 +212,21 @@ def test_markdown_table_rows_match_hand_computed_values():
     assert list(by_prompt) == ["1Ki", "64Ki", "64Mi"]
     # TTFT 0.0833 +- 0.0058 (below 0.1 s: 3 decimals); CV 6.93 %; decode 275.9 +- 0.3, CV 0.11 %
     assert by_prompt["1Ki"] == [
-        "1Ki", "1,024", "3", "0.083 ± 0.006", "6.9%", "275.9 ± 0.3", "0.1%", "3 passed",
+        "1Ki", "1,024", "3", "0.083 ± 0.006", "6.9%", "275.9 ± 0.3", "0.1%", "–",
+        "3 passed",
     ]  # fmt: skip
     # one passed repeat: mean alone, no spread, no CV
     assert by_prompt["64Ki"] == [
-        "64Ki", "65,536", "1", "0.67", "–", "259.2", "–", "1 passed, 1 failed",
+        "64Ki", "65,536", "1", "0.67", "–", "259.2", "–", "–",
+        "1 passed, 1 failed",
     ]  # fmt: skip
     # mean (40000 + 40171.67 + 40343.34) / 3 = 40171.67; deviations -171.67, 0, +171.67
     # std = sqrt(2 * 171.67^2 / 2) = 171.67; CV = 171.67 / 40171.67 = 0.43 %
     assert by_prompt["64Mi"] == [
-        "64Mi", "67,108,864", "3", "40,171.67 ± 171.67", "0.4%", "16.6 ± 0.0", "0.0%", "3 passed",
+        "64Mi", "67,108,864", "3", "40,171.67 ± 171.67", "0.4%", "16.6 ± 0.0", "0.0%", "–",
+        "3 passed",
     ]  # fmt: skip
-    assert markdown.startswith("# Campaign\n")
+    assert markdown.startswith("# Campaign\n")  # records without a probe: no answers ("–")
 
 
 def test_markdown_header_failures_and_reproduce_section():
@@ -285,7 +288,7 @@ def test_terminal_table_has_aligned_columns():
     expected_rows = [list(TABLE_COLUMNS)] + summary_rows(records)
     for line, expected in zip([header, *body], expected_rows, strict=True):
         for (start, end), column, cell in zip(spans, TABLE_COLUMNS, expected, strict=True):
-            if column in ("Prompt", "outcomes"):
+            if column in ("Prompt", "answers", "outcomes"):  # text, left-aligned
                 assert line[start:].startswith(cell), (line, column)
             else:
                 assert line[start:end] == cell.rjust(end - start), (line, column)

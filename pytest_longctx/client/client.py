@@ -40,7 +40,13 @@ from .errors import (
 )
 from .rejections import count_message, describe, int_or_none, read_limited, rejection
 from .request import CompletionRequest, RequestBody, encode_request
-from .result import StreamMeasurement, inter_token_gaps, quantile, summarize_stream
+from .result import (
+    COMPLETION_HEAD_CHARS,
+    StreamMeasurement,
+    inter_token_gaps,
+    quantile,
+    summarize_stream,
+)
 from .stream_progress import StreamProgress
 
 # Server-sent events from raw bytes, and how many tokens a streamed choice carries.
@@ -694,6 +700,9 @@ class CompletionClient:
                     f"{self._redact(event[:200])!r}"
                 )
             count, choice_source = _choice_tokens(choice)
+            text = choice.get("text")
+            if isinstance(text, str) and len(state.head) < COMPLETION_HEAD_CHARS:
+                state.head += text[: COMPLETION_HEAD_CHARS - len(state.head)]
             counted += count
             if count:
                 source = choice_source
@@ -777,6 +786,7 @@ class CompletionClient:
             ),
             response_headers_s=context.response_headers_s,
             started_perf_s=context.t0,
+            completion_head=state.head,
         )
         if check_count and completion_tokens != request.decode_tokens:
             raise CompletionCountError(
@@ -864,6 +874,7 @@ class _StreamState:
     counter: _ChunkCounter = field(default_factory=_ChunkCounter)
     finish_reason: str | None = None
     usage: Mapping[str, Any] | None = None
+    head: str = ""
 
     @property
     def chunk_tokens_total(self) -> int:

@@ -13,6 +13,10 @@ except ImportError:  # pragma: no cover - exercised via _encode_ids_python in te
     np = None  # type: ignore[assignment]
 
 
+#: Characters of the completion kept with a measurement: enough for any probe's answer.
+COMPLETION_HEAD_CHARS = 200
+
+
 @dataclass(frozen=True)
 class StreamMeasurement:
     """What one streamed request measured; see the module docstring for every definition."""
@@ -42,6 +46,8 @@ class StreamMeasurement:
     response_headers_s: float | None  # t0 to the response headers
     #: ``time.perf_counter()`` at t0: lines the stream up with other clocks of this machine.
     started_perf_s: float = 0.0
+    #: The completion's first :data:`COMPLETION_HEAD_CHARS` characters: the probe's answer.
+    completion_head: str = ""
 
     @property
     def stream_tokens(self) -> int:

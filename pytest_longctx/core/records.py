@@ -105,6 +105,7 @@ FAILURE_CLASSES: Mapping[str, str] = {
     "refused": "the server rejected the request (too long, bad request, no key)",
     "start_failed": "the server could not start",
     "interrupted": "the session was stopped during the point",
+    "wrong_answer": "measured, but the answer to the probe the prompt carried was wrong",
     "error": "anything else, with its text",
 }
 
@@ -157,6 +158,10 @@ class Record:
     #: nodes, what share of its GPUs) and each energy figure not measured, with why
     #: (``not_measured``: a phase shorter than the power tool's averaging window).
     energy: Mapping[str, Any] = field(default_factory=dict)
+    #: The probe the measured prompt carried and its verdict: ``expected``, ``answer``,
+    #: ``depth`` (fraction of the prompt), ``verdict`` (``correct``, ``wrong`` or
+    #: ``not_checked`` with a ``reason``), ``judged_by``, ``mode`` (``check`` or ``record``).
+    fidelity: Mapping[str, Any] = field(default_factory=dict)
 
     def figure(self, name: str) -> float | None:
         return self.figures.get(name)
@@ -208,6 +213,7 @@ class Record:
             "server_start": dict(self.server_start),
             "interference": dict(self.interference),
             "energy": dict(self.energy),
+            "fidelity": dict(self.fidelity),
         }
 
     @classmethod
@@ -244,6 +250,7 @@ class Record:
             server_start=dict(data.get("server_start") or {}),
             interference=dict(data.get("interference") or {}),
             energy=dict(data.get("energy") or {}),
+            fidelity=dict(data.get("fidelity") or {}),
         )
 
 

@@ -56,6 +56,9 @@ class LengthSummary:
     #: a skip a failure caused, or their outcome when they carry no class (a skip the plan
     #: decided), in :func:`label_counts` order.
     labels: Mapping[str, int] = field(default_factory=dict)
+    #: Points per fidelity verdict (``correct``, ``wrong``, ``not_checked``), of the points
+    #: that carry one.
+    answers: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def n(self) -> int:
@@ -192,6 +195,21 @@ def summarize(
                 ),
                 run_ids=tuple(dict.fromkeys(record.run_id for record in group)),
                 labels=label_counts(group),
+                answers=answer_counts(group),
             )
         )
     return summaries
+
+
+#: The order of the fidelity verdicts in counts.
+VERDICTS = ("correct", "wrong", "not_checked")
+
+
+def answer_counts(records: Iterable[Record]) -> dict[str, int]:
+    """Points per fidelity verdict, in :data:`VERDICTS` order, zeros left out."""
+    counts = dict.fromkeys(VERDICTS, 0)
+    for record in records:
+        verdict = record.fidelity.get("verdict")
+        if verdict in counts:
+            counts[verdict] += 1
+    return {verdict: count for verdict, count in counts.items() if count}

@@ -12,7 +12,12 @@ from pytest_longctx.core.records import (
     Record,
 )
 from pytest_longctx.core.sizes import format_size
-from pytest_longctx.core.stats import format_mean_std, latest_records, summarize_values
+from pytest_longctx.core.stats import (
+    answer_counts,
+    format_mean_std,
+    latest_records,
+    summarize_values,
+)
 
 from .noise import (
     DEFAULT_LEVEL,
@@ -220,12 +225,17 @@ def compare(
     attempted = Counter(record.length for record in current_list)
     lengths = sorted(set(baseline_by_length) | set(current_by_length))
     verdicts = tuple(
-        _judge_length(
-            length,
-            baseline_by_length.get(length, []),
-            current_by_length.get(length, []),
-            attempted[length],
-            tolerances,
+        _with_answers(
+            _judge_length(
+                length,
+                baseline_by_length.get(length, []),
+                current_by_length.get(length, []),
+                attempted[length],
+                tolerances,
+                level,
+            ),
+            [r for r in baseline_list if r.length == length],
+            [r for r in current_list if r.length == length],
             level,
         )
         for length in lengths
@@ -250,7 +260,7 @@ def compare_length(
     """The verdict at one length: what the per-length test item reports after its repeats."""
     current_here = [record for record in latest_records(current) if record.length == length]
     baseline_here = [record for record in latest_records(baseline) if record.length == length]
-    return _judge_length(
+    verdict = _judge_length(
         length,
         [r for r in baseline_here if r.outcome == "passed"],
         [r for r in current_here if r.outcome == "passed"],
@@ -258,6 +268,41 @@ def compare_length(
         tolerances or Tolerances(),
         level,
     )
+    return _with_answers(verdict, baseline_here, current_here, level)
+
+
+def _with_answers(
+    verdict: LengthVerdict, baseline: list[Record], current: list[Record], level: float
+) -> LengthVerdict:
+    """``verdict``, regressed when the length's answers were all right in the baseline and
+    some are wrong now (any outcome: a wrong answer fails its point under
+    ``--longctx-fidelity=check``)."""
+    before = answer_counts(baseline)
+    now = answer_counts(current)
+    if not before.get("correct") or before.get("wrong") or not now.get("wrong"):
+        return verdict
+    wrong = [r for r in current if r.fidelity.get("verdict") == "wrong"]
+    examples = "; ".join(
+        f"expected {r.fidelity.get('expected')}, answered {r.fidelity.get('answer')}"
+        for r in wrong[:3]
+    )
+    answers = MetricVerdict(
+        metric="fidelity",
+        length=verdict.length,
+        status="regressed",
+        baseline=None,
+        current=None,
+        change_pct=None,
+        tolerance_pct=0.0,
+        test=None,
+        level=level,
+        message=(
+            f"{format_size(verdict.length)} fidelity: regressed, {now['wrong']} of "
+            f"{sum(now.values())} answers wrong now, all {before['correct']} right in the "
+            f"baseline ({examples})"
+        ),
+    )
+    return LengthVerdict(verdict.length, "regressed", (answers, *verdict.verdicts), verdict.note)
 
 
 def passed_by_length(records: Iterable[Record]) -> dict[int, list[Record]]:

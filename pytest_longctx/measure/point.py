@@ -118,6 +118,10 @@ class PointMeasurement:
     #: preemption, a background request that failed, a disagreement with the server's
     #: inter-token histogram); None when none.
     interference_problem: str | None = None
+    #: The completion's first characters, where the probe's answer is read.
+    completion_head: str | None = None
+    #: The probe's verdict (the record's ``fidelity``): prompts/probe.py.
+    fidelity: dict[str, Any] = field(default_factory=dict)
 
     def completion_problem(self) -> str:
         """Why the completion count is off, in the words a user can act on."""
@@ -171,6 +175,7 @@ class PointMeasurement:
             cache=dict(record.cache),
             interference=dict(record.interference),
             energy=dict(record.energy),
+            fidelity=dict(record.fidelity),
         )
 
 
@@ -374,6 +379,7 @@ def measure_point(
         stream_figures=stream_figures,
         server_view=server_view,
         prompt_build_s=prompt.build_s,
+        completion_head=stream.completion_head,
         cached_prompt_tokens=cached,
         server_requests=requests,
         finish_reason=stream.finish_reason,

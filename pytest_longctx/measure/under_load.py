@@ -278,6 +278,7 @@ def measure_under_load(
         stream_figures=stream_figures,
         server_view=server_view,
         prompt_build_s=prompt.build_s,
+        completion_head=stream.completion_head,
         cached_prompt_tokens=stream.cached_prompt_tokens,
         server_requests=None,
         finish_reason=stream.finish_reason,

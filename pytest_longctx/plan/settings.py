@@ -46,6 +46,8 @@ class Settings:
     strict_stream: bool = False
     #: What each length measures: some of "cold", "warm", "interference" (--longctx-workload).
     workload: tuple[str, ...] = ("cold",)
+    #: What a wrong answer to the fidelity probe does: auto, check, record or off.
+    fidelity: str = "auto"
     #: Warm follow-ups per cold point, and the new tokens each appends.
     warm_questions: int = 3
     warm_suffix: int = 256

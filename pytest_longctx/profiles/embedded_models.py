@@ -12,9 +12,11 @@ from types import MappingProxyType
 from typing import Any
 
 from pytest_longctx.prompts.corpus import CORPUS_VERSION
+from pytest_longctx.prompts.needle import RESERVED_TOKENS
 
 #: Bump whenever the files built for an unchanged spec change; part of every spec hash.
-GENERATOR_VERSION = 1
+#: 2: the tokenizers end with the needle vocabulary (prompts/needle.py).
+GENERATOR_VERSION = 2
 
 #: Written last into a finished model folder: a folder without it is an interrupted build.
 COMPLETE_MARKER = ".pytest-longctx-build.json"
@@ -31,6 +33,13 @@ BOS_ID, EOS_ID, PAD_ID = 0, 1, 2
 #: runs raise it at serve time with ``--hf-overrides '{"max_position_embeddings": N}'``.
 MAX_POSITION_EMBEDDINGS = 1024 * 1024
 ROPE_THETA = 10_000_000.0
+#: The retrieving model's base: its slowest rotary pair turns by under 1e-4 rad across 16Mi
+#: positions, so a needle's key matches the question's query at any distance.
+RETRIEVAL_ROPE_THETA = 1e12
+
+#: How the weights are made: seeded random numbers, or built to retrieve a needle
+#: (serving/embedded/retrieval.py).
+WEIGHT_KINDS = ("random", "retrieval")
 
 
 _SPEC_OWNED_KEYS = ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id")
@@ -65,6 +74,7 @@ class EmbeddedModelSpec:
     seed: int = 0
     corpus_chars: int = 2_000_000
     description: str = ""
+    weights: str = "random"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "config", _frozen(self.config))
@@ -76,10 +86,16 @@ class EmbeddedModelSpec:
                 f"embedded model {self.name!r}: config sets {fixed_here}, which the spec fixes "
                 "itself (vocab_size field; special token ids 0, 1, 2)"
             )
-        if self.vocab_size <= len(SPECIAL_TOKENS):
+        if self.weights not in WEIGHT_KINDS:
+            raise ValueError(
+                f"embedded model {self.name!r}: weights {self.weights!r}, expected one of "
+                f"{', '.join(WEIGHT_KINDS)}"
+            )
+        if self.vocab_size <= len(SPECIAL_TOKENS) + len(RESERVED_TOKENS):
             raise ValueError(
                 f"embedded model {self.name!r}: vocab_size {self.vocab_size} leaves no room "
-                f"beside the {len(SPECIAL_TOKENS)} special tokens"
+                f"beside the {len(SPECIAL_TOKENS)} special and "
+                f"{len(RESERVED_TOKENS)} needle tokens"
             )
 
     def to_json_dict(self) -> dict[str, Any]:
@@ -90,6 +106,7 @@ class EmbeddedModelSpec:
             "vocab_size": self.vocab_size,
             "seed": self.seed,
             "corpus_chars": self.corpus_chars,
+            "weights": self.weights,
         }
 
     @property
@@ -120,10 +137,8 @@ class EmbeddedModelSpec:
 
 _ROPE = {"rope_type": "default", "rope_theta": ROPE_THETA}
 
-TINY_LLAMA = EmbeddedModelSpec(
-    name="tiny-llama",
-    architecture="LlamaForCausalLM",
-    config={
+_TINY_LLAMA_CONFIG: Mapping[str, Any] = MappingProxyType(
+    {
         "model_type": "llama",
         "hidden_size": 128,
         "intermediate_size": 256,
@@ -133,15 +148,35 @@ TINY_LLAMA = EmbeddedModelSpec(
         "head_dim": 64,
         "hidden_act": "silu",
         "max_position_embeddings": MAX_POSITION_EMBEDDINGS,
-        "rope_parameters": _ROPE,
+        "rope_parameters": {"rope_type": "default", "rope_theta": RETRIEVAL_ROPE_THETA},
         "rms_norm_eps": 1e-6,
         "tie_word_embeddings": False,
         "attention_bias": False,
         "mlp_bias": False,
         "initializer_range": 0.02,
-    },
+    }
+)
+
+TINY_LLAMA = EmbeddedModelSpec(
+    name="tiny-llama",
+    architecture="LlamaForCausalLM",
+    config=_TINY_LLAMA_CONFIG,
     vocab_size=8192,
-    description="Llama-style, 2 layers, GQA with 1 KV head of dim 64: 512 B of KV per token",
+    weights="retrieval",
+    description=(
+        "Llama-style, 2 layers, GQA with 1 KV head of dim 64: 512 B of KV per token; "
+        "weights built to answer the needle probe"
+    ),
+)
+
+#: The same shapes and tokenizer with random weights: a model that cannot retrieve anything,
+#: the probe's negative control.
+TINY_LLAMA_RANDOM = EmbeddedModelSpec(
+    name="tiny-llama-random",
+    architecture="LlamaForCausalLM",
+    config=_TINY_LLAMA_CONFIG,
+    vocab_size=8192,
+    description="tiny-llama's shapes with seeded random weights: answers no needle",
 )
 
 TINY_MLA = EmbeddedModelSpec(
@@ -187,7 +222,7 @@ TINY_MLA = EmbeddedModelSpec(
 )
 
 EMBEDDED_MODELS: Mapping[str, EmbeddedModelSpec] = MappingProxyType(
-    {spec.name: spec for spec in (TINY_LLAMA, TINY_MLA)}
+    {spec.name: spec for spec in (TINY_LLAMA, TINY_LLAMA_RANDOM, TINY_MLA)}
 )
 
 

@@ -12,8 +12,13 @@ from .builder import (
     PromptError,
     ServerTokenSource,
 )
+from .probe import FIDELITY_MODES, Probe, fidelity_verdict, judgement
 
 __all__ = [
+    "FIDELITY_MODES",
+    "Probe",
+    "fidelity_verdict",
+    "judgement",
     "NONCE_TOKENS",
     "LocalTokenSource",
     "Prompt",

@@ -13,6 +13,7 @@ is spliced in per point.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import random
@@ -25,6 +26,8 @@ from typing import Protocol
 
 from pytest_longctx.core.files import write_atomically
 from pytest_longctx.prompts.corpus import generate_corpus
+from pytest_longctx.prompts.needle import NEEDLE_VALUES, QUESTION_TOKEN, needle_token
+from pytest_longctx.prompts.probe import Probe, probe_texts, probe_value
 
 CORPUS_CHARS = 1_000_000
 NONCE_TOKENS = 4
@@ -127,6 +130,8 @@ class Prompt:
     build_s: float
     text: str | None = None  # only for text prompts
     text_tokens: int | None = None  # what the served tokenizer counted in ``text``
+    #: The needle planted in it and the question it ends with; None when it carries none.
+    probe: Probe | None = None
 
     @property
     def token_count(self) -> int:
@@ -147,6 +152,7 @@ class PromptBuilder:
         self.cache_dir = Path(cache_dir) / _safe(source.key)
         self._corpus: array | None = None
         self._nonce_pool: tuple[int, ...] | None = None
+        self._probe_kind: str | None = None
 
     def corpus_ids(self) -> array:
         if self._corpus is None:
@@ -190,14 +196,29 @@ class PromptBuilder:
         """
         return nonce_ids(self.nonce_pool(), run_key, index)
 
-    def build(self, length: int, tag: str, text: bool = False, nonce: Sequence[int] = ()) -> Prompt:
-        """``nonce``, then ``tag``, then the body: exactly ``length`` tokens."""
+    def build(
+        self,
+        length: int,
+        tag: str,
+        text: bool = False,
+        nonce: Sequence[int] = (),
+        probe_key: str | None = None,
+        depth: float = 0.0,
+    ) -> Prompt:
+        """``nonce``, then ``tag``, then the body: exactly ``length`` tokens.
+
+        With ``probe_key`` (ids prompts only: a text prompt is re-fitted at its end, where the
+        question sits) a needle is planted at ``depth`` of the body and the question ends it.
+        """
         started = time.perf_counter()
         header = array("I", nonce) + array("I", self.source.encode(f"{tag}\n"))
         if len(header) >= length:
             raise PromptError(f"the header alone is {len(header)} tokens, at least {length}")
         ids = self.body(length)[:]  # a copy: the cached body stays pristine
         ids[: len(header)] = header
+        probe = None
+        if probe_key is not None and not text:
+            probe = self.plant(ids, len(header), probe_key, depth)
         self.verify(ids, length)
         prompt_text = self._fit_text(ids, length) if text else None
         return Prompt(
@@ -207,7 +228,36 @@ class PromptBuilder:
             time.perf_counter() - started,
             prompt_text,
             self.source.count_as_server(prompt_text) if prompt_text is not None else None,
+            probe,
         )
+
+    def probe_kind(self) -> str:
+        """``tokens`` when the tokenizer has the needle vocabulary as single tokens, else
+        ``text`` (a natural-language pass key)."""
+        if self._probe_kind is None:
+            reserved = (QUESTION_TOKEN, needle_token(0), needle_token(NEEDLE_VALUES - 1))
+            single = all(len(self.source.encode(token)) == 1 for token in reserved)
+            self._probe_kind = "tokens" if single else "text"
+        return self._probe_kind
+
+    def plant(self, ids: array, start: int, key: str, depth: float) -> Probe:
+        """Overwrite ``ids`` (in place, its length kept) with a needle at ``depth`` of the
+        span after ``start`` and the question at its end; the probe says what was planted."""
+        kind = self.probe_kind()
+        expected = probe_value(key, kind)
+        needle_text, question_text = probe_texts(kind, expected)
+        needle = array("I", self.source.encode(needle_text))
+        question = array("I", self.source.encode(question_text))
+        span = len(ids) - start - len(needle) - len(question)
+        if span < 0:
+            raise PromptError(
+                f"a prompt of {len(ids)} tokens has no room for the probe: the header, needle "
+                f"and question take {start + len(needle) + len(question)}"
+            )
+        at = start + round(min(max(depth, 0.0), 1.0) * span)
+        ids[at : at + len(needle)] = needle
+        ids[len(ids) - len(question) :] = question
+        return Probe(kind, expected, at / max(len(ids) - 1, 1), needle_text, question_text, at)
 
     def extend(self, prompt: Prompt, suffix_tokens: int, tag: str, nonce: Sequence[int]) -> Prompt:
         """``prompt``'s ids exactly, then ``suffix_tokens`` new ones: ``nonce``, ``tag``, text.
@@ -226,6 +276,18 @@ class PromptBuilder:
             )
         suffix = self.body(suffix_tokens)[:]
         suffix[: len(header)] = header
+        probe = prompt.probe
+        if probe is not None:
+            # The question again at the suffix's end: the answer is read through the prefix's
+            # cached KV, so a follow-up proves the resident cache right, not only fast.
+            question = array("I", self.source.encode(probe.question_text))
+            if len(header) + len(question) >= suffix_tokens:
+                raise PromptError(
+                    f"a suffix of {suffix_tokens} tokens has no room for its header and question"
+                )
+            suffix[suffix_tokens - len(question) :] = question
+            total = prompt.length + suffix_tokens
+            probe = dataclasses.replace(probe, depth=probe.position / (total - 1))
         ids = prompt.ids + suffix
         self.verify(ids, prompt.length + suffix_tokens)
         return Prompt(
@@ -233,6 +295,7 @@ class PromptBuilder:
             ids,
             prompt.header_tokens,
             prompt.build_s + time.perf_counter() - started,
+            probe=probe,
         )
 
     def verify(self, ids: Sequence[int], length: int) -> None:

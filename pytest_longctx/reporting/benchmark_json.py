@@ -26,7 +26,7 @@ from typing import Any
 from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import FIGURE_UNITS, Record
 from pytest_longctx.core.sizes import format_size
-from pytest_longctx.core.stats import latest_records
+from pytest_longctx.core.stats import answer_counts, latest_records
 from pytest_longctx.reporting.view import reference_fingerprint
 
 BENCHMARK_GROUP = "longctx"
@@ -113,6 +113,7 @@ def _round(record: Record, metric: BenchmarkMetric) -> dict[str, Any]:
         "prompt_tokens": record.prompt_tokens,
         "completion_tokens": record.completion_tokens,
         "server_metrics": dict(record.server_metrics),
+        "fidelity": dict(record.fidelity),
         "started_at": record.started_at,
         "finished_at": record.finished_at,
     }
@@ -166,6 +167,7 @@ def sweep_benchmarks(records: Iterable[Record]) -> list[SweepBenchmark]:
                             name: FIGURE_UNITS.get(name, "") for r in measured for name in r.figures
                         },
                         "runs": sorted({r.run_id for r in measured}),
+                        "answers": answer_counts(measured),
                         "rounds": [_round(r, metric) for r in measured],
                     },
                     rounds=tuple(metric.seconds(r.figures[metric.figure]) for r in measured),

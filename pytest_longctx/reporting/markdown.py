@@ -36,7 +36,7 @@ from pytest_longctx.reporting.view import (
 )
 
 #: Columns printed left-aligned; the numeric ones align right.
-_TEXT_COLUMNS = frozenset({"Prompt", "outcomes"})
+_TEXT_COLUMNS = frozenset({"Prompt", "answers", "outcomes"})
 
 
 # --------------------------------------------------------------------------- markdown

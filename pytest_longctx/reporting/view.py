@@ -38,6 +38,7 @@ TABLE_COLUMNS: tuple[str, ...] = (
     "TTFT CV",
     "Decode tok/s mean ± std",
     "Decode CV",
+    "answers",
     "outcomes",
 )
 
@@ -119,6 +120,13 @@ def format_outcomes(outcomes: Mapping[str, int]) -> str:
     return ", ".join(parts) or _MISSING
 
 
+def format_answers(answers: Mapping[str, int]) -> str:
+    """``2 correct, 1 wrong``: the fidelity verdicts of a length's points; – when none."""
+    if not answers:
+        return _MISSING
+    return ", ".join(f"{count} {verdict.replace('_', ' ')}" for verdict, count in answers.items())
+
+
 def outcome_words(record: Record) -> str:
     """``failed (oom)``: the outcome, and the failure class when it says more."""
     if record.failure_class and record.failure_class != record.outcome:
@@ -159,6 +167,7 @@ def summary_row(summary: LengthSummary) -> list[str]:
         format_cv(ttft),
         format_decode(decode),
         format_cv(decode),
+        format_answers(summary.answers),
         format_outcomes(summary.labels),
     ]
 

@@ -43,6 +43,9 @@ from pytest_longctx.profiles.embedded_models import (
     is_complete,
 )
 from pytest_longctx.prompts.corpus import CORPUS_VERSION, generate_corpus
+from pytest_longctx.prompts.needle import RESERVED_TOKENS
+
+from .retrieval import plant_retrieval
 
 
 def ensure_embedded_model(name: str, cache_dir: str | os.PathLike[str] | None = None) -> Path:
@@ -95,6 +98,8 @@ def build_embedded_model(spec: EmbeddedModelSpec, destination: str | os.PathLike
         config.architectures = [spec.architecture]
         with _torch_seed(torch, spec.seed):
             model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        if spec.weights == "retrieval":
+            plant_retrieval(model, tokenizer)
         model = model.to(torch.bfloat16)
         with _no_progress_bars(transformers_logging):
             model.save_pretrained(folder, safe_serialization=True)
@@ -124,12 +129,14 @@ def _train_tokenizer(spec: EmbeddedModelSpec) -> Any:
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=spec.vocab_size,
+        vocab_size=spec.vocab_size - len(RESERVED_TOKENS),
         special_tokens=list(SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tokenizer.train_from_iterator(_training_paragraphs(spec.corpus_chars, spec.seed), trainer)
+    # The needle vocabulary last, as plain added tokens: detokenizers keep them in the text.
+    tokenizer.add_tokens(list(RESERVED_TOKENS))
     if tokenizer.get_vocab_size() != spec.vocab_size:
         raise RuntimeError(
             f"embedded model {spec.name!r}: the tokenizer reached {tokenizer.get_vocab_size()} "
@@ -274,7 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``build-model NAME``: build (or find) an embedded model and print its folder."""
     parser = argparse.ArgumentParser(
         prog="pytest_longctx build-model",
-        description="Build an embedded random-weight model into the cache and print its path.",
+        description="Build an embedded model into the cache and print its path.",
     )
     parser.add_argument("name", nargs="?", choices=sorted(EMBEDDED_MODELS), help="model to build")
     parser.add_argument(

@@ -28,6 +28,7 @@ from pytest_longctx.plan.sweep import (
     WORKLOADS,
 )
 from pytest_longctx.profiles import DEFAULT_PROFILE
+from pytest_longctx.prompts.probe import FIDELITY_HELP, FIDELITY_MODES
 
 ORDERS = ("pass", "length")
 PROMPT_FORMATS = ("ids", "text")
@@ -124,6 +125,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec(
         "longctx-prompt-format", "send prompts as token 'ids' (default) or 'text'", "ids|text"
     ),
+    OptionSpec("longctx-fidelity", FIDELITY_HELP, "|".join(FIDELITY_MODES)),
     OptionSpec("longctx-seed", "seed of the prompt text (default 0)", "N"),
     OptionSpec(
         "longctx-baseline",
@@ -542,6 +544,7 @@ def read_settings(config: pytest.Config) -> Settings:
         decode_tokens=raw.whole("longctx-decode-tokens", None, minimum=2),
         ttft_timeout_s=raw.duration("longctx-ttft-timeout", None),
         prompt_format=prompt_format,
+        fidelity=raw.choice("longctx-fidelity", FIDELITY_MODES, "auto"),
         seed=raw.whole("longctx-seed", 0, minimum=0) or 0,
         baseline=Path(baseline) if baseline else None,
         tolerance=raw.text("longctx-tolerance"),

@@ -17,6 +17,7 @@ from pytest_benchmark.session import PerformanceRegression
 from pytest_longctx.core.file_names import GATE_PLOT, HTML, MARKDOWN
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
+from pytest_longctx.core.stats import answer_counts, latest_records
 from pytest_longctx.reporting import gate_report, interference_report
 from pytest_longctx.reporting import html as html_report
 from pytest_longctx.reporting.benchmark_json import sweep_benchmarks
@@ -24,6 +25,7 @@ from pytest_longctx.reporting.index import write_index as write_run_index
 from pytest_longctx.reporting.markdown import render_terminal_table, write_markdown
 from pytest_longctx.reporting.pipeline import write_reports
 from pytest_longctx.reporting.reuse import terminal_table as reuse_terminal_table
+from pytest_longctx.reporting.view import format_answers
 from pytest_longctx.session import gate_items
 from pytest_longctx.session.run import Run
 
@@ -241,6 +243,14 @@ def terminal_summary(terminalreporter, run: Run) -> None:  # noqa: ANN001
             "interference: the prefill beside background streams, and what it cost them"
         )
         terminalreporter.write_line(interference)
+    answers = answer_counts(latest_records(records))
+    if answers:
+        wrong = answers.get("wrong", 0)
+        terminalreporter.write_line(
+            f"fidelity: {wrong} wrong answer(s) of {sum(answers.values())} point(s) "
+            f"({format_answers(answers)})",
+            red=bool(wrong),
+        )
     terminalreporter.write_line(f"results: {run.results_path}")
     terminalreporter.write_line(
         f"reports: {run.run_dir} (report.md, report.html, benchmark.json, plots)"

@@ -16,6 +16,7 @@ from pytest_longctx.client import (
     MeasurementError,
     StreamMeasurement,
 )
+from pytest_longctx.core.sizes import format_size
 from pytest_longctx.measure.background import BackgroundSpec
 from pytest_longctx.measure.cache_state import PlannedBytes
 from pytest_longctx.measure.interference import chunk_from_server_info
@@ -38,7 +39,10 @@ from pytest_longctx.prompts import (
     Prompt,
     PromptBuilder,
     ServerTokenSource,
+    fidelity_verdict,
+    judgement,
 )
+from pytest_longctx.prompts.probe import DEPTHS, probe_depth, probe_texts, probe_value
 from pytest_longctx.serving import served_model
 from pytest_longctx.session import live_progress
 from pytest_longctx.session import server as session_server
@@ -86,7 +90,9 @@ def prompt_builder(run: Run, server: ServerInfo) -> PromptBuilder:
 
 def build_prompt(run: Run, builder: PromptBuilder, point: Point) -> Prompt:
     """The point's own nonce first (its index in the plan), then a readable tag. A warm
-    follow-up is its cold point's prompt exactly, then a suffix opening with its own nonce."""
+    follow-up is its cold point's prompt exactly, then a suffix opening with its own nonce.
+    A measured prompt carries the fidelity probe (unless ``--longctx-fidelity=off``): a
+    needle at a depth that changes from one point to the next, and the question last."""
     index = run.plan.points.index(point) if point in run.plan.points else len(run.plan.points)
     nonce = builder.nonce(run.run_id, index)
     if point.warm:
@@ -96,7 +102,99 @@ def build_prompt(run: Run, builder: PromptBuilder, point: Point) -> Prompt:
         )
         return builder.extend(build_prompt(run, builder, point.cold), point.suffix, tag, nonce)
     tag = f"Run {run.run_id}, prompt of {point.length} tokens, pass {point.repeat}."
-    return builder.build(point.length, tag, text=run.settings.prompt_format == "text", nonce=nonce)
+    probed = run.settings.fidelity != "off"
+    return builder.build(
+        point.length,
+        tag,
+        text=run.settings.prompt_format == "text",
+        nonce=nonce,
+        probe_key=f"{run.run_id}:{index}" if probed else None,
+        depth=probe_depth(index),
+    )
+
+
+#: Where a model's config.json states the context it was made for, in order of preference.
+ADVERTISED_CONTEXT_KEYS = ("max_position_embeddings", "model_max_length")
+
+
+def advertised_context(run: Run) -> int | None:
+    """The context the served model claims (its config's ``max_position_embeddings``, or the
+    ``model_max_length`` some configs give instead), when the profile describes the served
+    model; None when unknown."""
+    described_by = getattr(run.model, "described_by", served_model.BY_PROFILE)
+    if described_by != served_model.BY_PROFILE:
+        return None
+    config = capacity_check.model_config(run.plan.profile) or {}
+    for key in ADVERTISED_CONTEXT_KEYS:
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def plan_lines(run: Run) -> list[str]:
+    """What ``--longctx-plan`` says of the probe: its form as text (the tokenizer is not at
+    hand without the model) and which lengths are checked or recorded."""
+    if run.settings.fidelity == "off":
+        return ["fidelity: off (--longctx-fidelity=off): no probe in the prompts"]
+    if run.settings.prompt_format == "text":
+        return ["fidelity: text prompts carry no probe; every verdict is not_checked"]
+    kind = "tokens" if run.plan.profile.model.embedded_name else "text"
+    value = probe_value(f"{run.run_id}:0", kind)
+    needle, question = probe_texts(kind, value)
+    advertised = advertised_context(run)
+    lengths = sorted({p.length for p in run.selected_points})
+    modes = {length: judgement(run.settings.fidelity, length, advertised) for length in lengths}
+    checked = [format_size(n) for n in lengths if modes[n] == "check"]
+    recorded = [format_size(n) for n in lengths if modes[n] == "record"]
+    within = (
+        f"the model's advertised context is {format_size(advertised)} tokens"
+        if advertised
+        else "the model's advertised context is unknown"
+    )
+    return [
+        f"fidelity probe ({kind}): each measured prompt, still exactly its length, carries "
+        f"the needle {needle.strip()!r} at a depth that changes from point to point "
+        f"({', '.join(f'{d:g}' for d in DEPTHS[:5])}, ...) and ends with the question "
+        f"{question.strip()!r}; expected answer for the first point: {value}",
+        f"fidelity --longctx-fidelity={run.settings.fidelity} ({within}): "
+        f"checked {', '.join(checked) or 'none'}; recorded only {', '.join(recorded) or 'none'}",
+        "needle depths: "
+        + ", ".join(
+            f"{point.id} {probe_depth(run.plan.points.index(point)):g}"
+            for point in run.selected_points
+            if not point.warm and point in run.plan.points
+        ),
+    ]
+
+
+def judge(run: Run, point: Point, prompt: Prompt, result: PointMeasurement) -> PointMeasurement:
+    """``result`` with its probe's verdict; raises :class:`PointFailure` (``wrong_answer``)
+    for a wrong answer on a point whose answers are checked."""
+    how = judgement(run.settings.fidelity, point.prompt_tokens, advertised_context(run))
+    why = (
+        "text prompts (--longctx-prompt-format=text) carry no probe"
+        if run.settings.prompt_format == "text"
+        else ""
+    )
+    verdict = fidelity_verdict(prompt.probe, result.completion_head, how, why)
+    result = dataclasses.replace(result, fidelity=verdict)
+    if verdict["verdict"] == "wrong" and how == "check":
+        raise WrongAnswer(
+            f"wrong answer at {point.prompt_tokens} tokens: expected {verdict['expected']}, "
+            f"answered {verdict['answer']} (completion {verdict['completion'][:40]!r}; needle "
+            f"at depth {verdict['depth']:.3f})",
+            result,
+        )
+    return result
+
+
+class WrongAnswer(PointFailure):
+    """Measured, but the probe's answer was wrong on a point whose answers are checked."""
+
+    def __init__(self, message: str, measurement: PointMeasurement) -> None:
+        super().__init__(message, "wrong_answer")
+        self.measurement = measurement
 
 
 def warm_up(run: Run, server: ServerInfo) -> None:

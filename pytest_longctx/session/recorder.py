@@ -49,6 +49,8 @@ def record_properties(item: pytest.Item, record: Record) -> None:
         for figure, name in PROPERTY_FIGURES
         if figure in record.figures
     ]
+    if record.fidelity.get("verdict"):
+        properties.append(("longctx_fidelity", record.fidelity["verdict"]))
     if record.prompt_tokens is not None:
         properties.append(("longctx_prompt_tokens", record.prompt_tokens))
     if record.completion_tokens is not None:
@@ -158,6 +160,7 @@ def on_report(
         fingerprint=run.fingerprint,
         stream=measurement.stream if measurement else {},
         energy=measurement.energy if measurement else {},
+        fidelity=measurement.fidelity if measurement else {},
         started_at=call.start,
         finished_at=time.time(),
         failure_class=failure_class,

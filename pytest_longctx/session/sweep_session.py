@@ -157,6 +157,11 @@ class SweepSession:
                 # Never sent: the server died just before it. Measured after the relaunch.
                 restarts.before_point(self.config, run, point)
                 return run_measurement(prompt)
+            try:
+                result = points.judge(run, point, prompt, result)
+            except points.WrongAnswer as exc:
+                item.stash[MEASUREMENT_KEY] = exc.measurement  # figures and verdict recorded
+                raise
             item.stash[MEASUREMENT_KEY] = result
             return result
 
@@ -302,6 +307,8 @@ def print_plan(session: pytest.Session, run: Run) -> None:
             f"(requests of {each} tokens each, re-issued as they end), on a server of its own "
             f"with room for {requests + 1} sequences; the capacity plan counts them"
         )
+    for line in points.plan_lines(run):
+        write(line)
     for item in session.items:
         point = sweep_items.point_of(item)
         length = point.length if point else sweep_items.regression_length_of(item)
