@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from pytest_longctx.core.records import FAILURE_CLASSES
+from pytest_longctx.plugin import RESUME_FLAG
 from pytest_longctx.profiles import available_profiles, load_profile
-from pytest_longctx.session.options import OPTIONS, RESUME_FLAG
+from pytest_longctx.session.options import OPTIONS
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"

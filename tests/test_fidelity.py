@@ -12,14 +12,13 @@ import json
 
 import pytest
 from fake_vllm import FakeVLLM
-from longctx_testing import KEEP_BURSTS, SWEEP_TEST, fault_session, run_folder
+from longctx_testing import SWEEP_TEST, fault_session, run_folder
 
 
 @pytest.fixture
 def session(pytester: pytest.Pytester, fake_vllm: FakeVLLM):  # noqa: ANN201
-    """Sessions that keep a burst (not what these tests are about), on a fake server."""
-    run = fault_session(pytester, fake_vllm)
-    return lambda *args, **changes: run(KEEP_BURSTS, *args, **changes)
+    """Sessions on a fake server (a burst keeps the server's figure, as by default)."""
+    return fault_session(pytester, fake_vllm)
 
 
 def test_every_record_carries_a_correct_verdict_at_varied_depths(session) -> None:  # noqa: ANN001
