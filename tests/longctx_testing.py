@@ -235,6 +235,7 @@ def fine_grained_qwen_spec():  # noqa: ANN201 - an EmbeddedModelSpec
         ROPE_THETA,
         EmbeddedModelSpec,
     )
+    from pytest_longctx.prompts.needle import RESERVED_TOKENS
 
     return EmbeddedModelSpec(
         name="tiny-qwen-fine",
@@ -254,9 +255,10 @@ def fine_grained_qwen_spec():  # noqa: ANN201 - an EmbeddedModelSpec
             "use_sliding_window": False,
             "initializer_range": 0.02,
         },
-        vocab_size=320,
+        # a byte-level BPE of 320 tokens, and the needle vocabulary every embedded model ends with
+        vocab_size=320 + len(RESERVED_TOKENS),
         corpus_chars=300_000,
-        description="Qwen2-style, 2 layers, GQA, a 320-token byte-level BPE",
+        description="Qwen2-style, 2 layers, GQA, a 320-token byte-level BPE and the needles",
     )
 
 

@@ -160,27 +160,41 @@ class ServerPool:
         self.log_root = log_root
         self.servers: dict[str, LaunchedServer] = {}
         self.ready: set[str] = set()
+        #: Why a configuration could not be started: its users fail with it, once asked.
+        self.failed: dict[str, str] = {}
 
     def start(self, name: str) -> None:
-        """Start ``name`` without waiting for it (the tests before its first user run meanwhile)."""
-        if name in self.servers:
+        """Start ``name`` without waiting for it (the tests before its first user run
+        meanwhile). A failure here (its model could not be built, say) belongs to the tests
+        that use the server, not to the one running while it started: it is kept for them."""
+        if name in self.servers or name in self.failed:
             return
-        server = LaunchedServer(
-            POOL[name].command(free_port()),
-            self.log_root / name / "server.log",
-            startup_timeout_s=STARTUP_TIMEOUT_S,
-        )
+        try:
+            server = LaunchedServer(
+                POOL[name].command(free_port()),
+                self.log_root / name / "server.log",
+                startup_timeout_s=STARTUP_TIMEOUT_S,
+            )
+            server.start()
+        except Exception as exc:  # noqa: BLE001 - said to every user of the server
+            self.failed[name] = f"{type(exc).__name__}: {exc}"
+            return
         self.servers[name] = server
-        server.start()
 
     def url(self, name: str) -> str:
         self.start(name)
+        if name in self.failed:
+            pytest.fail(
+                f"the pool's {name} server ({POOL[name].description}) could not be started: "
+                + self.failed[name]
+            )
         server = self.servers[name]
         if name not in self.ready:
             try:
                 server.wait_ready()
             except Exception as exc:  # noqa: BLE001 - every user of it fails with the cause
                 self.stop(name)
+                self.failed[name] = f"{type(exc).__name__}: {exc}"
                 pytest.fail(f"the pool's {name} server ({POOL[name].description}) failed: {exc}")
             self.ready.add(name)
         return server.base_url

@@ -18,6 +18,9 @@ from pytest_longctx.profiles.embedded_models import default_models_dir
 
 pytestmark = pytest.mark.vllm
 
+#: The model's weights are random: its answers to the fidelity probe are recorded, not checked.
+RECORD_ANSWERS = "--longctx-fidelity=record"
+
 #: The readable tag every prompt of a run used to open with.
 OLD_HEADER = "Run 20261130T120000Z-0a1b2c, prompt of 1024 tokens, pass 0.\n"
 
@@ -52,7 +55,7 @@ def test_every_point_is_cold_on_a_32_token_block(
     assert len(tokens) > 32
 
     result, output = run_session(
-        sweep_dir, "--longctx-to=4Ki", "--longctx-repeats=2", url=foreign_model_url
+        sweep_dir, "--longctx-to=4Ki", "--longctx-repeats=2", RECORD_ANSWERS, url=foreign_model_url
     )
     result.assert_outcomes(passed=6)
     for record in records_of(output):
@@ -65,7 +68,7 @@ def test_another_clients_request_during_a_point_fails_it(
     sweep_dir: pytest.Pytester, foreign_model_url: str
 ) -> None:
     sweep_dir.makeconftest(SECOND_CLIENT)
-    result, output = run_session(sweep_dir, "--longctx-to=2Ki", url=foreign_model_url)
+    result, output = run_session(sweep_dir, "--longctx-to=2Ki", RECORD_ANSWERS, url=foreign_model_url)
     result.assert_outcomes(failed=2)
     for record in records_of(output):
         assert "the server served 2 requests during this point" in record.reason
@@ -77,7 +80,7 @@ def test_the_records_describe_the_served_model_not_the_profile(
 ) -> None:
     """Attached with the default profile (cpu-tiny: a Llama) to a Qwen2 server."""
     folder = default_models_dir() / fine_grained_qwen_spec().folder_name
-    result, output = run_session(sweep_dir, "-m", "len==1Ki", url=foreign_model_url)
+    result, output = run_session(sweep_dir, "-m", "len==1Ki", RECORD_ANSWERS, url=foreign_model_url)
     result.assert_outcomes(passed=1)
     (record,) = records_of(output)
     fingerprint = record.fingerprint
