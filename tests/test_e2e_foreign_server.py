@@ -68,7 +68,9 @@ def test_another_clients_request_during_a_point_fails_it(
     sweep_dir: pytest.Pytester, foreign_model_url: str
 ) -> None:
     sweep_dir.makeconftest(SECOND_CLIENT)
-    result, output = run_session(sweep_dir, "--longctx-to=2Ki", RECORD_ANSWERS, url=foreign_model_url)
+    result, output = run_session(
+        sweep_dir, "--longctx-to=2Ki", RECORD_ANSWERS, url=foreign_model_url
+    )
     result.assert_outcomes(failed=2)
     for record in records_of(output):
         assert "the server served 2 requests during this point" in record.reason
