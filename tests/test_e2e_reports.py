@@ -51,6 +51,7 @@ SUMMARY_HEADER = [
     "TTFT CV",
     "Decode tok/s mean ± std",
     "Decode CV",
+    "answers",
     "outcomes",
 ]
 #: (pytest-html sort key, header label) of the columns the plugin adds to the results table.
@@ -293,6 +294,11 @@ def assert_summary_row(cells: list[str], records: list[Record]) -> None:
         values = [r.figures[figure] for r in passed]
         assert_mean_std(row[column], values)
         assert_cv(row[cv_column], values)
+    # the fidelity verdicts of every point of the length: the embedded default answers right
+    latest = latest_records(records)
+    verdicts = Counter(r.fidelity["verdict"] for r in latest if r.fidelity.get("verdict"))
+    assert verdicts and set(verdicts) == {"correct"}, [r.fidelity for r in records]
+    assert row["answers"] == f"{verdicts['correct']} correct"
     printed = {}
     for part in row["outcomes"].split(", "):
         count, outcome = part.split(" ", 1)

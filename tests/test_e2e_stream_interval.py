@@ -24,7 +24,7 @@ def test_a_sweep_records_the_chunking_and_agrees_with_the_server(
     )
     result.assert_outcomes(passed=6)
     records = records_of(output)
-    ratios, per_token = [], []
+    ratios, per_token, spans = [], [], []
     for record in records:
         stream = record.stream
         assert stream["token_count_source"] == "usage"
@@ -39,6 +39,9 @@ def test_a_sweep_records_the_chunking_and_agrees_with_the_server(
             gap, derived = figures["chunk_gap_median"], figures["derived_itl_median"]
             # the per-token figure derived from the chunks, against the server's token time
             per_token.append(derived * server)
+            # a chunk gap spans several of the server's own token times (eight on a quiet
+            # host; a busy one decodes unevenly), never one token's as an ITL would
+            spans.append(gap * server)
         else:  # kept with the server's figure: the stream's own under stream_* names
             assert figures["decode_throughput"] == pytest.approx(server)
             client = figures["stream_decode_throughput"]
@@ -47,15 +50,13 @@ def test_a_sweep_records_the_chunking_and_agrees_with_the_server(
         # no inter-token latency is recorded from gaps between chunks of eight: the gaps are
         # kept as such, and the per-token figure is derived from them
         assert not {"itl_median", "itl_p90", "itl_max", "stream_itl_median"} & set(figures)
-        # a chunk gap spans several of the server's own token times (eight on a quiet host;
-        # a busy one decodes unevenly), never one token's as an inter-token latency would
-        assert gap > 3 / server, (gap, server)
-        assert derived > 0
+        assert gap >= 0 and derived > 0  # a burst's chunks arrive together: gaps near 0
     # the stream's decode rate (the mean per-token gap) within a few percent of the server's
     assert statistics.median(ratios) == pytest.approx(1.0, abs=0.08), ratios
     assert len(per_token) >= 3, ratios
     # and the derived per-token ITL (a median) is the server's own token time, within 10%
     assert statistics.median(per_token) == pytest.approx(1.0, abs=0.1), per_token
+    assert statistics.median(spans) > 3, spans
     assert records[0].fingerprint["stream"]["stream_interval"] == 8  # from the warm-up
     assert records[0].fingerprint["stream"]["token_count_source"] == "usage"
     assert records[0].fingerprint["stream"]["bursts_allowed"] is True
