@@ -45,23 +45,10 @@ lint: install
 docs: install
 	$(VENV)/bin/sphinx-build -q -W -b html docs docs/_build/html
 
-# The real-vLLM tests and the others run side by side: the first half mostly waits on its
-# servers, the second on fake servers and sub-sessions, and the machine has two cores. Each
-# half prints its slowest tests; the first also every vLLM server the run started. With ARGS,
-# one session runs what they select.
-TEST = $(PY) -m pytest -p no:cacheprovider --durations=25 tests
+# One session: the tests are ordered by the shared real servers they use (tests/server_pool.py),
+# so each starts once; it prints the slowest tests and every vLLM server the run started.
 test: install lint
-ifeq ($(strip $(ARGS)),)
-	$(MAKE) --no-print-directory -j2 --output-sync=target test-vllm test-other
-else
-	$(TEST) $(ARGS)
-endif
-
-.PHONY: test-vllm test-other
-test-vllm: install
-	$(TEST) -m vllm
-test-other: install
-	$(TEST) -m "not vllm"
+	$(PY) -m pytest -p no:cacheprovider --durations=25 tests $(ARGS)
 
 run: install
 	$(PY) -m pytest -p no:cacheprovider tests/test_sweep.py $(SWEEP_ARGS) $(ARGS)

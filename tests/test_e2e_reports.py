@@ -233,7 +233,7 @@ def terminal_summary(stdout: str) -> tuple[list[str], list[list[str]], dict[str,
     rows, places = [], {}
     for line in lines[start + 2 :]:
         key, _, rest = line.partition(": ")
-        if key in ("results", "reports"):
+        if key in ("fidelity", "results", "reports"):  # the lines after the table
             places[key] = rest
             continue
         if places:
@@ -681,6 +681,7 @@ def test_terminal_summary_prints_the_report_table_and_where_files_are(
     assert Path(places["results"]) == run_dir / "results.jsonl"
     assert Path(places["reports"].split(" (")[0]) == run_dir
     assert places["reports"].endswith("(report.md, report.html, benchmark.json, plots)")
+    assert places["fidelity"].startswith("0 wrong answer(s) of 4 point(s)"), places
 
 
 # --------------------------------------------------------------------------- 2: kill, resume
@@ -767,7 +768,8 @@ def test_report_command_merges_two_real_runs(
     _, rows = markdown_summary(markdown)
     assert_summary_rows(rows, records)
     # repeats are counted across runs: 1Ki has 2 + 2, 2Ki 1 + 2 (and the failure), 4Ki 0 + 2
-    assert [(row[0], row[2], row[7]) for row in rows] == [
+    outcomes = SUMMARY_HEADER.index("outcomes")
+    assert [(row[0], row[2], row[outcomes]) for row in rows] == [
         ("1Ki", "4", "4 passed"),
         ("2Ki", "3", "3 passed, 1 contract"),
         ("4Ki", "2", "2 passed"),
