@@ -13,6 +13,9 @@ REPEATS ?= 1
 PROFILE ?= cpu-tiny
 URL     ?=
 ARGS    ?=
+# The tests `make test` selects, as a pytest mark expression: MARK="not vllm" leaves out
+# every test that needs a real server.
+MARK    ?=
 BASELINE ?= longctx-baseline.jsonl
 RUNS     ?= reports/latest
 SESSIONS ?= 10
@@ -23,7 +26,7 @@ SWEEP_ARGS = --longctx-profile=$(PROFILE) --longctx-repeats=$(REPEATS) \
 	$(if $(FROM),--longctx-from=$(FROM)) $(if $(TO),--longctx-to=$(TO)) \
 	$(if $(URL),--longctx-url=$(URL))
 
-.PHONY: install test lint docs run plan baseline calibrate gate report clean
+.PHONY: install test test-shared test-own-servers test-rest test-serial lint docs run plan baseline calibrate gate report clean
 
 install: $(VENV)/.installed
 
@@ -45,10 +48,30 @@ lint: install
 docs: install
 	$(VENV)/bin/sphinx-build -q -W -b html docs docs/_build/html
 
-# One session: the tests are ordered by the shared real servers they use (tests/server_pool.py),
-# so each starts once; it prints the slowest tests and every vLLM server the run started.
+# Three sessions side by side, since a test waits on a server about as often as it computes:
+# the shared real servers' tests (ordered by server, tests/server_pool.py, so each starts
+# once), then the tests that run vLLM's own code without a server (`oracle`: heavy imports);
+# the tests that start a server of their own (real vLLM, or the stand-in for a lifecycle); the
+# rest. Each prints its slowest tests, the tests that used the most CPU and every vLLM server
+# it started; their output comes whole, one after the other. `make test-shared` (or
+# -own-servers, -rest) runs one; `make test-serial` all in one session. On a host with cores to
+# spare, REST_WORKERS=2 spreads the rest over two xdist workers, a module at a time.
+REST_WORKERS ?= 0
+TEST_SESSIONS = test-shared test-own-servers test-rest
 test: install lint
-	$(PY) -m pytest -p no:cacheprovider --durations=25 tests $(ARGS)
+	$(MAKE) --no-print-directory -j3 --output-sync=target $(TEST_SESSIONS)
+
+OWN_SERVERS = own_server or stand_in
+test-shared: MARKS = shared_server or (oracle and not ($(OWN_SERVERS)))
+test-own-servers: MARKS = $(OWN_SERVERS)
+test-rest: MARKS = not shared_server and not oracle and not ($(OWN_SERVERS))
+test-rest: SPREAD = $(if $(filter-out 0,$(REST_WORKERS)),-n $(REST_WORKERS) --dist loadfile)
+$(TEST_SESSIONS): install
+	$(PY) -m pytest -p no:cacheprovider --durations=15 $(SPREAD) \
+		-m "($(MARKS))$(if $(MARK), and ($(MARK)))" tests $(ARGS)
+
+test-serial: install lint
+	$(PY) -m pytest -p no:cacheprovider --durations=25 $(if $(MARK),-m "$(MARK)") tests $(ARGS)
 
 run: install
 	$(PY) -m pytest -p no:cacheprovider tests/test_sweep.py $(SWEEP_ARGS) $(ARGS)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pytest_longctx.core.records import FIGURE_UNITS, OUTCOMES, Record, read_records
-    from pytest_longctx.measure.point import PointFailure, PointMeasurement
+    from pytest_longctx.measure.measurement import PointFailure, PointMeasurement
     from pytest_longctx.measure.target import ServerInfo
     from pytest_longctx.plan import Point
     from pytest_longctx.prompts import Prompt
@@ -35,8 +35,8 @@ _PUBLIC = {
     "OUTCOMES": "pytest_longctx.core.records",
     "Record": "pytest_longctx.core.records",
     "read_records": "pytest_longctx.core.records",
-    "PointFailure": "pytest_longctx.measure.point",
-    "PointMeasurement": "pytest_longctx.measure.point",
+    "PointFailure": "pytest_longctx.measure.measurement",
+    "PointMeasurement": "pytest_longctx.measure.measurement",
     "ServerInfo": "pytest_longctx.measure.target",
     "Point": "pytest_longctx.plan",
     "Prompt": "pytest_longctx.prompts",

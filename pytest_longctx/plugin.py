@@ -13,9 +13,15 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_longctx.plan.sweep import INTERFERENCE_MARK, SLOW_MARK, VERY_SLOW_MARK, WARM_MARK
+from pytest_longctx.plan.points import (
+    CONCURRENCY_MARK,
+    INTERFERENCE_MARK,
+    SLOW_MARK,
+    VERY_SLOW_MARK,
+    WARM_MARK,
+)
 from pytest_longctx.session import activation, hookspecs, workers
-from pytest_longctx.session.options import OPTIONS, asks_for_sweep
+from pytest_longctx.session.option_parsing import OPTIONS, asks_for_sweep
 
 pytest_plugins = ("pytest_longctx.session.fixtures",)
 
@@ -92,8 +98,12 @@ def pytest_load_initial_conftests(
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "longctx(len, rep[, warm][, interference]): a sweep point (prompt length, pass, "
-        "follow-up question, background streams)",
+        "longctx(len, rep[, warm][, interference][, conc]): a sweep point (prompt length, "
+        "pass, follow-up question, background streams, requests sent at once)",
+    )
+    config.addinivalue_line(
+        "markers",
+        f"{CONCURRENCY_MARK}: c cold prompts of one length sent at once (a concurrency level)",
     )
     config.addinivalue_line(
         "markers", f"{WARM_MARK}: a warm follow-up on a cold point's cached prefix"

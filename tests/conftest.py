@@ -31,6 +31,7 @@ from longctx_testing import (
 from server_census import CensusPlugin
 from server_pool import FIXTURES, PoolSchedule, ServerPool
 
+from pytest_longctx.core import warm_python
 from pytest_longctx.profiles.embedded_models import CACHE_ENV, cache_root
 from pytest_longctx.session.activation import active
 
@@ -101,6 +102,13 @@ def whole_chunk_url(server_pool: ServerPool) -> str:
     return server_pool.url("whole_chunk")
 
 
+@pytest.fixture(scope="session")
+def disturbed_rope_url(server_pool: ServerPool) -> str:
+    """tiny-llama served with a rotary base far below the one its weights were built for: it
+    loses a needle far from the question and keeps one near it."""
+    return server_pool.url("disturbed_rope")
+
+
 @pytest.fixture
 def default_signals() -> Iterator[None]:
     """Python's own signal dispositions in this process while the test runs, so the sessions
@@ -155,18 +163,24 @@ def pytest_configure(config: pytest.Config) -> None:
             sweep.stop_server()
 
     config.pluginmanager.register(PoolSchedule(pool, stop_default), "longctx-test-pool")
-    config.pluginmanager.register(CensusPlugin(), "longctx-test-census")
+    # an xdist worker counts its tests' CPU; the session that prints (the controller) watches
+    watch = not hasattr(config, "workerinput")
+    config.pluginmanager.register(CensusPlugin(watch), "longctx-test-census")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     pool = config.stash.get(POOL_KEY, None)
     if pool is not None:
         pool.close()
+        warm_python.stop()  # the run leaves no process behind
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The sweep's own items and every test on a real server's fixture measure real vLLM:
-    ``-m "not vllm"`` leaves them out."""
+    ``-m "not vllm"`` leaves them out. Those are also the tests of the shared servers
+    (``shared_server``); the other real-server tests start their own (``own_server``), as the
+    stand-in's lifecycle modules do theirs (``stand_in``). ``make test`` runs them and the rest
+    in three sessions side by side (the Makefile says which goes where)."""
     for item in items:
         if (
             item.get_closest_marker("longctx")
@@ -174,3 +188,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             or REAL_SERVER_FIXTURES & set(getattr(item, "fixturenames", ()))
         ):
             item.add_marker(pytest.mark.vllm)
+            item.add_marker(pytest.mark.shared_server)
+        elif item.get_closest_marker("vllm"):  # a real server of its own: a launch's subject
+            item.add_marker(pytest.mark.own_server)

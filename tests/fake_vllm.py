@@ -5,7 +5,10 @@ Stdlib only (``http.server`` in a thread). It answers ``/health``, ``/v1/models`
 streaming ``/v1/completions`` that frames its chunks the way vLLM 0.32 does. Token ``i``
 (0-based) leaves at ``t_body + first_token_delay_s + i * token_delay_s`` on an absolute
 schedule, ``t_body`` being the moment the request body was fully read, so sleep overshoot does
-not accumulate.
+not accumulate. A chunk never leaves sooner than half its own time after the one before
+(:data:`MIN_STEP_SHARE`): when the host pauses this process, the schedule catches up at twice
+its pace, as an engine whose step started late would, not in one burst the stream check would
+rightly call a flush.
 
 Use it as ``with FakeVLLM(Behaviour(...)) as server: server.url`` or through the
 ``fake_vllm`` fixture below (import it into a test module or a conftest.py), and change what
@@ -36,7 +39,6 @@ import pytest
 from pytest_longctx.profiles.embedded_models import EMBEDDED_MODELS
 from pytest_longctx.prompts.needle import (
     NEEDLE_VALUES,
-    QUESTION_TOKEN,
     RESERVED_TOKENS,
     needle_token,
 )
@@ -74,6 +76,8 @@ TOO_LONG_MESSAGE = (
 )
 VOCAB_SIZE = 50_000
 _HANG_LIMIT_S = 3600.0
+#: The least share of a chunk's own decode time that separates it from the chunk before.
+MIN_STEP_SHARE = 0.5
 #: What a long prompt's prefill does to the other requests (``Behaviour.prefill_interference``).
 PREFILL_INTERFERENCE = ("none", "stall", "slow")
 #: vLLM 0.32's bucket bounds of ``vllm:inter_token_latency_seconds``.
@@ -100,6 +104,9 @@ class Behaviour:
     empty_text_tokens: tuple[int, ...] = ()
     fault: str | None = None
     fault_after_tokens: int = 0
+    #: The fault strikes only the id prompts that open with this token id (one request
+    #: among several sent at once, told apart by its nonce); None: every request.
+    fault_prompt_head: int | None = None
     api_key: str | None = None
     #: False: discard the body unparsed (upload sink for huge prompts); the prompt must be
     #: the body's last field and max_tokens must appear in its first kilobyte.
@@ -281,6 +288,16 @@ class FakeVLLM:
     def configure(self, **changes: Any) -> FakeVLLM:
         self.behaviour = replace(self.behaviour, **changes)
         return self
+
+    def pause(self, seconds: float) -> None:
+        """Hold the streams for ``seconds`` from now (each stops at its next chunk), as a host
+        that stops scheduling this process would."""
+
+        def hold() -> None:
+            with self._lock:
+                time.sleep(seconds)
+
+        threading.Thread(target=hold, name="fake-vllm-pause", daemon=True).start()
 
     def start(self) -> FakeVLLM:
         server = _PrestartedServer(("127.0.0.1", self.port), _Handler)
@@ -485,9 +502,16 @@ RESERVED_IDS = {token: VOCAB_SIZE + index for index, token in enumerate(RESERVED
 RESERVED_WORDS = {index: token for token, index in RESERVED_IDS.items()}
 
 
+#: A reserved token wherever it stands (as a real tokenizer splits an added token out of the
+#: text around it), else a run of other non-space characters.
+_WORD = re.compile(r"<\|[a-z0-9-]+\|>|(?:(?!<\|)\S)+")
+
+
 def word_ids(text: str) -> list[int]:
-    """The fake tokenizer: one id per whitespace-separated word, stable across runs."""
-    return [RESERVED_IDS.get(word, zlib.crc32(word.encode()) % VOCAB_SIZE) for word in text.split()]
+    """The fake tokenizer: one id per whitespace-separated word or reserved token, stable
+    across runs."""
+    words = _WORD.findall(text)
+    return [RESERVED_IDS.get(word, zlib.crc32(word.encode()) % VOCAB_SIZE) for word in words]
 
 
 #: The same vocabulary where the embedded models' tokenizers put it (their last ids): a session
@@ -498,22 +522,32 @@ EMBEDDED_RESERVED_IDS = {
 }
 
 
+def _needle_parts(token: str) -> tuple[str | None, int] | None:
+    """``(key initial or None, value)`` of a needle token, None for anything else."""
+    match = re.fullmatch(r"<\|needle-(?:([a-z])-)?(\d+)\|>", token)
+    return None if match is None else (match.group(1), int(match.group(2)))
+
+
 def answer_text(prompt: object, behaviour: Behaviour, prompt_tokens: int) -> str | None:
-    """The first token's text for a prompt that ends with the needle question: the needle it
-    carries (the first, when several), or a wrong one where the behaviour says so."""
+    """The first token's text for a prompt that ends with a needle question: the needle under
+    the key it names (the first needle, when it names none), or a wrong one where the
+    behaviour says so."""
+    if isinstance(prompt, str):  # a text prompt, read as the fake's /tokenize reads it
+        prompt = word_ids(prompt)
     if behaviour.answers != "retrieve" or not isinstance(prompt, list) or not prompt:
         return None
-    scheme = next(
-        (ids for ids in (RESERVED_IDS, EMBEDDED_RESERVED_IDS) if prompt[-1] == ids[QUESTION_TOKEN]),
-        None,
-    )
-    if scheme is None:
+    for scheme in (RESERVED_IDS, EMBEDDED_RESERVED_IDS):
+        words = {index: token for token, index in scheme.items()}
+        asked = words.get(prompt[-1], "")
+        if asked.startswith("<|question"):
+            break
+    else:
         return None
-    words = {index: token for token, index in scheme.items() if token != QUESTION_TOKEN}
+    key = asked.removeprefix("<|question").removesuffix("|>").removeprefix("-") or None
     for token in prompt:
-        word = words.get(token)
-        if word is not None:
-            value = int(word.removeprefix("<|needle-").removesuffix("|>"))
+        parts = _needle_parts(words.get(token, ""))
+        if parts is not None and (key is None or parts[0] == key):
+            value = parts[1]
             if prompt_tokens in behaviour.wrong_at_lengths:
                 value = (value + 1) % NEEDLE_VALUES
             return needle_token(value)
@@ -631,8 +665,11 @@ class _Handler(BaseHTTPRequestHandler):
         )
 
     def _complete(self, payload: dict[str, Any], behaviour: Behaviour, t_body: float) -> None:
-        fault = behaviour.fault
         prompt = payload.get("prompt")
+        head = prompt[0] if isinstance(prompt, list) and prompt else None
+        if behaviour.fault_prompt_head is not None and head != behaviour.fault_prompt_head:
+            behaviour = replace(behaviour, fault=None)
+        fault = behaviour.fault
         if "_count" in payload:
             prompt_tokens = payload["_count"]
         elif isinstance(prompt, str):
@@ -764,11 +801,17 @@ class _Handler(BaseHTTPRequestHandler):
                     return
                 count = min(behaviour.tokens_per_chunk, total - sent)
                 last_index = sent + count - 1
+                # late (the host paused us): catch up step by step, not at once
+                step_share = count * behaviour.token_delay_s * MIN_STEP_SHARE
+                earliest = decoded[-1] + step_share if decoded else 0.0
                 if long:
                     target = t_body + first_delay + last_index * behaviour.token_delay_s
+                    target = max(target, earliest)
                 else:  # on an absolute schedule still: each token from the one before
                     step = count * behaviour.token_delay_s
                     nominal = due + (step if sent else first_delay + step - behaviour.token_delay_s)
+                    nominal = max(nominal, earliest)
+                    # then the long prefills around it, which may hold it back
                     target = self.fake.next_token_at(due, nominal, count)
                 due = target
                 self._idle_until(behaviour, target)

@@ -1,10 +1,17 @@
-"""How many vLLM servers the test run started, and what their start-ups cost.
+"""What the test run cost: the vLLM servers it started, the other processes it ran, and the
+tests that used the most CPU.
 
 Servers are started by this process (the shared pool), by the sweep session it runs, and by
 sessions it runs in subprocesses; only the process table sees them all. A thread looks at it
 twice a second, follows each new vLLM API server process until its ``/health`` answers 200 or
 it exits, and the terminal summary prints the count and the seconds spent starting. A server
-that failed to start is counted apart (some tests start one on purpose).
+that failed to start is counted apart (some tests start one on purpose). The same look counts
+pytest sessions run in subprocesses and the Pythons that import vLLM or torch to answer
+questions (vLLM's parser, its capacity figures, a config class: ``core/warm_python.py``).
+
+Wall time ranks tests by what they waited for; on a busy host it ranks them by the load. CPU
+seconds (this process and the children it reaped during the test: subprocess sessions, a
+stopped server) do not depend on the load, so the summary lists the tests that used the most.
 """
 
 from __future__ import annotations
@@ -22,6 +29,16 @@ import pytest
 #: What names a vLLM API server in a command line (module or console script).
 SERVER_MARKERS = (b"vllm.entrypoints.openai.api_server", b"vllm\x00serve")
 POLL_S = 0.5
+#: Other processes the run starts, by what their command line names.
+HELPER_KINDS = {
+    "pytest sessions in subprocesses": (b"-mpytest\x00",),
+    "warm Pythons for vLLM and transformers questions": (b"pytest_longctx.core.warm_python",),
+    "embedded model builds": (b"build-model", b"build_embedded_model"),
+}
+#: How many of the tests that used the most CPU the summary lists.
+CPU_SHOWN = 25
+#: The teardown report's user property that carries a test's CPU seconds.
+CPU_PROPERTY = "cpu_s"
 
 
 @dataclass
@@ -37,6 +54,8 @@ class Start:
 @dataclass
 class Census:
     starts: dict[int, Start] = field(default_factory=dict)
+    helpers: dict[str, set[int]] = field(default_factory=dict)
+    seen: set[int] = field(default_factory=set)
     stop: threading.Event = field(default_factory=threading.Event)
 
     def watch(self) -> None:
@@ -53,11 +72,18 @@ class Census:
             if pid in self.starts:
                 alive.add(pid)
                 continue
+            if pid in self.seen:
+                continue
             with contextlib.suppress(OSError):
                 argv = Path(f"/proc/{pid}/cmdline").read_bytes()
                 if any(marker in argv for marker in SERVER_MARKERS) and _ours(pid):
                     self.starts[pid] = Start(pid, _label(argv), _port(argv), now)
                     alive.add(pid)
+                    continue
+                self.seen.add(pid)
+                kind = _helper_kind(argv)
+                if kind is not None and _ours(pid):
+                    self.helpers.setdefault(kind, set()).add(pid)
         for start in self.starts.values():
             if start.gone_at is None and start.pid not in alive:
                 start.gone_at = now
@@ -76,7 +102,22 @@ class Census:
         for start in sorted(self.starts.values(), key=lambda s: s.seen_at):
             until = f"ready in {start.ready_s:.1f} s" if start.ready_s else "never ready"
             lines.append(f"  pid {start.pid}: {until}, {start.label}")
+        counted = ", ".join(f"{len(self.helpers.get(kind, ()))} {kind}" for kind in HELPER_KINDS)
+        lines.append(f"other processes (seen at least {POLL_S} s): {counted}")
         return lines
+
+
+def _helper_kind(argv: bytes) -> str | None:
+    for kind, markers in HELPER_KINDS.items():
+        if any(marker in argv for marker in markers):
+            return kind
+    return None
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and of the children it has reaped."""
+    own = os.times()
+    return own.user + own.system + own.children_user + own.children_system
 
 
 def _parent(pid: int) -> int:
@@ -128,16 +169,53 @@ def _healthy(port: str | None) -> bool:
 
 
 class CensusPlugin:
-    def __init__(self) -> None:
-        self.census = Census()
-        self.thread = threading.Thread(target=self.census.watch, daemon=True, name="vllm-census")
+    """The census in the session that prints it (the controller under xdist) and the CPU
+    count in every process that runs tests: a worker hands each test's figure to the
+    controller on the test's teardown report (``user_properties``, which xdist carries)."""
+
+    def __init__(self, watch: bool = True) -> None:
+        self.census = Census() if watch else None
+        self.thread = threading.Thread(
+            target=self.census.watch if self.census else None, daemon=True, name="vllm-census"
+        )
+        #: CPU seconds at the start of each running test, and per test id once it ended.
+        self.started: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
 
     def pytest_sessionstart(self) -> None:
-        self.thread.start()
+        if self.census is not None:
+            self.thread.start()
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        self.started[item.nodeid] = cpu_seconds()
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item) -> object:
+        report = yield
+        if report.when == "teardown" and item.nodeid in self.started:
+            used = cpu_seconds() - self.started.pop(item.nodeid)
+            report.user_properties.append((CPU_PROPERTY, round(used, 3)))
+        return report
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "teardown":
+            for name, value in report.user_properties:
+                if name == CPU_PROPERTY:
+                    self.cpu[report.nodeid] = float(value)
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        if self.census is None:
+            return
         self.census.stop.set()
         self.thread.join(timeout=5)
         terminalreporter.write_sep("=", "vLLM server starts")
         for line in self.census.summary():
             terminalreporter.write_line(line)
+        terminalreporter.write_sep("=", f"the {CPU_SHOWN} tests that used the most CPU")
+        terminalreporter.write_line(
+            f"{sum(self.cpu.values()):.0f} s of CPU in {len(self.cpu)} tests "
+            "(the process that ran each and the children it reaped during the test)"
+        )
+        for nodeid, seconds in sorted(self.cpu.items(), key=lambda kv: -kv[1])[:CPU_SHOWN]:
+            terminalreporter.write_line(f"{seconds:8.1f} s  {nodeid}")

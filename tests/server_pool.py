@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -127,6 +128,29 @@ def _foreign(port: int) -> ServerCommand:
     )
 
 
+#: The rotary base the disturbed server serves tiny-llama with, instead of the 1e12 its weights
+#: were built for: the question's key pair then turns by 5.1e-4 rad a token, so a needle more
+#: than about 3,000 tokens before the question is lost (the score falls below what the other
+#: tokens dilute) while one within about 2,000 is still found (transformers, bf16: lost at
+#: 4,095 and 8,191 tokens back, found at 1,023 and 9).
+DISTURBED_ROPE_THETA = 2500.0
+
+
+def _disturbed_rope(port: int) -> ServerCommand:
+    """tiny-llama with its rotary base overridden (vLLM 0.32 with transformers 5 reads the
+    ``rope_parameters`` form; a bare ``rope_theta`` is ignored): the probe's negative control
+    where it must fail, a server no other configuration can stand in for (its answers are
+    wrong by design, so it serves these tests alone)."""
+    rope = {"rope_parameters": {"rope_type": "default", "rope_theta": DISTURBED_ROPE_THETA}}
+    return build_server_command(
+        _cpu_tiny("--hf-overrides", json.dumps(rope)),
+        model_path=str(embedded_model("tiny-llama")),
+        tokenizer_path=None,
+        max_model_len=8192,
+        port=port,
+    )
+
+
 POOL: dict[str, PoolServer] = {
     "loaded": PoolServer(
         "loaded_url",
@@ -147,6 +171,11 @@ POOL: dict[str, PoolServer] = {
         "stream_interval_8_url",
         "cpu-tiny with --stream-interval 8 and prefix caching off",
         _stream_interval_8,
+    ),
+    "disturbed_rope": PoolServer(
+        "disturbed_rope_url",
+        f"cpu-tiny with its rotary base overridden to {DISTURBED_ROPE_THETA:g}",
+        _disturbed_rope,
     ),
 }
 #: The fixture that hands out each configuration's URL, and the plugin's own server's.
@@ -225,6 +254,7 @@ ORDER: tuple[frozenset[str], ...] = (
     frozenset({"loaded", "whole_chunk"}),
     frozenset({"whole_chunk"}),
     frozenset({"stream_interval_8"}),
+    frozenset({"disturbed_rope"}),
 )
 
 

@@ -18,7 +18,7 @@ from longctx_testing import (
 )
 
 from pytest_longctx.profiles import load_profile
-from pytest_longctx.session.options import OPTIONS, read_settings
+from pytest_longctx.session.option_parsing import OPTIONS, read_settings
 
 FLAGS = [spec for spec in OPTIONS if spec.negation]
 #: Flags that turn a setting on; ``--longctx-allow-bursts`` is now the default, kept for older

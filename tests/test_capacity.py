@@ -572,7 +572,7 @@ def test_a_rocm_node_with_only_amd_smi_is_found_and_its_memory_read(
 
 def test_the_kv_plot_calls_an_explicit_cache_a_budget_not_device_memory() -> None:
     from pytest_longctx.profiles import load_profile
-    from pytest_longctx.serving.served_model import describe_launched
+    from pytest_longctx.serving.model_description import describe_launched
 
     cpu = describe_launched(load_profile("cpu-tiny")).kv_plot()
     assert (cpu["budget_bytes"], cpu["budget_label"]) == (GIB, "KV cache budget")

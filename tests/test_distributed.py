@@ -25,9 +25,9 @@ from longctx_testing import (
     run_session,
 )
 
+from pytest_longctx.plan.points import Point
 from pytest_longctx.plan.servers import ServerSplitError, split_servers
 from pytest_longctx.plan.settings import Settings
-from pytest_longctx.plan.sweep import Point
 from pytest_longctx.profiles import load_profile
 
 POINTS_1KI_TO_8KI_X2 = {Point(n, r) for n in (1024, 2048, 4096, 8192) for r in (0, 1)}
@@ -258,14 +258,14 @@ def test_a_gate_item_waits_for_its_lengths_points_from_other_workers(
             run.run_id, point.id, point.length, point.repeat, "passed", finished_at=finished
         )
 
-    run.append(record(Point(1024, 0), started - 60))  # an earlier session's: not this one's
-    run.append(record(Point(1024, 0), started + 1))
-    run.append(record(Point(2048, 0), started + 1))  # another length
+    run.results.append(record(Point(1024, 0), started - 60))  # an earlier session's: not this one's
+    run.results.append(record(Point(1024, 0), started + 1))
+    run.results.append(record(Point(2048, 0), started + 1))  # another length
     waiter = threading.Thread(target=wait_for_length, args=(run, 1024, started, 0.05))
     waiter.start()
     waiter.join(timeout=1.0)
     assert waiter.is_alive()  # 1Ki rep 1 is still being measured elsewhere
-    run.append(record(Point(1024, 1), started + 2))
+    run.results.append(record(Point(1024, 1), started + 2))
     waiter.join(timeout=10)
     assert not waiter.is_alive()
 
@@ -530,7 +530,7 @@ def test_a_dead_server_loses_only_its_worker_and_resume_completes_the_run(
 def test_past_64mi_one_server_spans_nodes_and_the_plan_counts_them() -> None:
     """MLA's cache is replicated over TP ranks: only pipeline stages over more nodes shrink it."""
     from pytest_longctx.plan.capacity_check import check_points
-    from pytest_longctx.plan.sweep import build_plan
+    from pytest_longctx.plan.points import build_plan
 
     one_node = build_plan(settings(to_length=128 * 1024**2), load_profile("kimi-linear-mi355x"))
     four_nodes = build_plan(settings(), load_profile("kimi-linear-mi355x-4node"))

@@ -3,7 +3,8 @@ finely, and a KV block of 32 tokens (a GPU's default is 16), attached by URL.
 
 Cold: every point is a cold prefill on that block size. Alone: a point another client's
 request shared the server with fails. True: the records describe the model that was served,
-not the profile's.
+not the profile's. Wrong: its weights are random, so it answers the fidelity probe (its
+tokenizer has the needle vocabulary) wrongly at every point, the probe's negative control.
 """
 
 from __future__ import annotations
@@ -58,10 +59,15 @@ def test_every_point_is_cold_on_a_32_token_block(
         sweep_dir, "--longctx-to=4Ki", "--longctx-repeats=2", RECORD_ANSWERS, url=foreign_model_url
     )
     result.assert_outcomes(passed=6)
-    for record in records_of(output):
+    records = records_of(output)
+    for record in records:
         assert record.server_metrics["prefix_cache_hits"] == 0, record
         assert record.server_metrics["prefix_cache_queries"] >= record.length
         assert record.server_metrics["requests"] == 1
+    # The negative control: random weights pass the probe nowhere, at six depths.
+    verdicts = [(r.fidelity["verdict"], r.fidelity["kind"], r.fidelity["mode"]) for r in records]
+    assert verdicts == [("wrong", "tokens", "record")] * 6, [r.fidelity for r in records]
+    assert len({r.fidelity["depth"] for r in records}) == 6
 
 
 def test_another_clients_request_during_a_point_fails_it(

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import statistics
-
 import pytest
 from longctx_testing import (
     assert_bursts_kept_with_the_servers_figure,
@@ -46,12 +44,17 @@ def test_sweep_1ki_to_4ki_two_repeats(sweep_dir: pytest.Pytester, vllm_url: str)
         stream = record.stream
         assert stream["token_count_source"] == "usage"
         assert stream["stream_interval"] == 1 and stream["per_token_gaps"] is True
+        # (a host busy enough can hold back every chunk of a point: none is then one token)
         assert sum(k * n for k, n in stream["tokens_per_chunk"]) == 32
-        assert stream["tokens_per_chunk"][0][0] == 1
         prefix = "stream_" if stream["decode_source"] == "server" else ""
         assert record.figures[f"{prefix}itl_median"] > 0
         chunk_gaps = f"{prefix}chunk_gap_median" in record.figures
-        assert chunk_gaps == (stream["tokens_per_chunk"] != [[1, 32]])
+        # chunk gaps only where a chunk after the first carried several tokens (a first
+        # chunk of two, which a busy host makes, leaves every gap one token's)
+        if stream["tokens_per_chunk"] == [[1, 32]]:
+            assert not chunk_gaps
+        if chunk_gaps:
+            assert any(tokens > 1 for tokens, _ in stream["tokens_per_chunk"])
     assert records[0].fingerprint["stream"]["stream_interval"] == 1
     report = (run_folder(output) / "report.md").read_text()
     assert_bursts_kept_with_the_servers_figure(records, report)
@@ -66,11 +69,18 @@ def test_sweep_1ki_to_4ki_two_repeats(sweep_dir: pytest.Pytester, vllm_url: str)
 
 
 def test_repeats_of_a_length_are_cold(sweep_dir: pytest.Pytester, vllm_url: str) -> None:
-    """Three repeats of 4Ki: were the prefix cache hit, repeats would be ~10x faster. About
-    prefill: a stream that a host busy with other work held back keeps the server's decode
-    figure (the default) rather than fail a point this test does not judge."""
+    """Three repeats of 4Ki, each cold by the server's own count: its prefix cache was asked
+    for every prompt token and found none, and it computed them all. (Their prefill times say
+    the same on an idle host, ~10x apart from a cached repeat, but a busy one moves them by 4x:
+    the counters are the evidence.) About prefill: a stream that a host busy with other work
+    held back keeps the server's decode figure (the default)."""
     result, output = run_session(sweep_dir, "-m", "len==4Ki", "--longctx-repeats=3", url=vllm_url)
     result.assert_outcomes(passed=3)
-    ttfts = [r.figures["server_prefill"] for r in records_of(output)]
-    assert all(r.server_metrics["prefix_cache_hits"] == 0 for r in records_of(output))
-    assert min(ttfts) > statistics.median(ttfts) / 3, ttfts
+    counted = [r.server_metrics for r in records_of(output)]
+    assert len(counted) == 3
+    for metrics in counted:
+        assert metrics["requests"] == 1, metrics
+        assert metrics["prompt_tokens"] == 4096, metrics
+        assert metrics["prefix_cache_queries"] == 4096, metrics
+        assert metrics["prefix_cache_hits"] == 0, metrics
+        assert metrics["cached_prompt_tokens"] == 0, metrics

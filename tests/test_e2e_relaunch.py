@@ -47,8 +47,9 @@ def _kill(server):
     os.killpg(server.pgid, signal.SIGKILL)
     server.process.wait()
 
-def _kill_once_running(server, done):
+def _kill_once_running(done):
     while not done.is_set():
+        server = servers[-1]  # the item may relaunch the server first: follow the newest
         try:  # a busy single-process server answers late: keep asking
             text = httpx.get(server.base_url + "/metrics", timeout=30).text
         except httpx.HTTPError:
@@ -65,7 +66,7 @@ def pytest_runtest_call(item):
         return
     done = threading.Event()
     item._killer_done = done
-    threading.Thread(target=_kill_once_running, args=(servers[-1], done), daemon=True).start()
+    threading.Thread(target=_kill_once_running, args=(done,), daemon=True).start()
 
 def pytest_runtest_teardown(item):
     done = getattr(item, "_killer_done", None)
@@ -110,12 +111,13 @@ def test_killed_between_and_during_points_the_session_relaunches_and_carries_on(
         **{"[serving]\n": '[serving]\napi_key_env = "LONGCTX_TEST_KEY"\n'},
     )
     monkeypatch.setenv("LONGCTX_TEST_KEY", SECRET)
-    # 128 tokens to decode: the request runs long enough for the killer to see it running
+    # 512 tokens to decode: the request runs for seconds, so the killer sees it running
+    # through /metrics even when a busy host answers that late
     args = (
         f"--longctx-profile={profile}",
         "--longctx-to=2Ki",
         "--longctx-repeats=3",
-        "--longctx-decode-tokens=128",
+        "--longctx-decode-tokens=512",
         "--longctx-max-crashes-per-length=1",
         "--longctx-max-relaunches=2",
     )
@@ -142,7 +144,7 @@ def test_killed_between_and_during_points_the_session_relaunches_and_carries_on(
     assert all(starts[i]["startup_s"] > 1 for i in starts)
     fingerprint = records[0].fingerprint
     assert all(r.fingerprint["server_command"] == fingerprint["server_command"] for r in records)
-    assert records[0].prompt_tokens == 1024 and records[0].completion_tokens == 128
+    assert records[0].prompt_tokens == 1024 and records[0].completion_tokens == 512
     assert fingerprint["server_mode"] == "launched"
     assert "--kv-cache-memory-bytes" in fingerprint["server_command"]
     # checked against the installed vLLM's parser, which has the keep-alive flag: kept

@@ -625,7 +625,7 @@ def test_html_report_shows_the_table_columns_and_embedded_plots(
     page = HtmlPage((run_dir / "report.html").read_text(encoding="utf-8"))
     records = readable_records(run_dir / "results.jsonl")
 
-    summary = page.table(**{"class": "longctx-summary-table"})
+    summary = page.table(**{"class": "longctx-summary-table longctx-lengths"})
     assert [text for _, text in summary.header] == SUMMARY_HEADER
     assert_summary_rows(summary.rows, records)
     _, markdown_rows = markdown_summary((run_dir / "report.md").read_text(encoding="utf-8"))
@@ -743,7 +743,7 @@ def test_resumed_reports_show_all_points(killed_then_resumed: KilledThenResumed)
     document = json.loads((run_dir / "benchmark.json").read_text(encoding="utf-8"))
     assert len(document["benchmarks"]) == 6
     page = HtmlPage((run_dir / "report.html").read_text(encoding="utf-8"))
-    assert page.table(**{"class": "longctx-summary-table"}).rows == rows
+    assert page.table(**{"class": "longctx-summary-table longctx-lengths"}).rows == rows
     # resumed items show the values recorded by the killed session
     assert_results_rows(page, records)
 
@@ -781,7 +781,7 @@ def test_report_command_merges_two_real_runs(
     for name in ("ttft.png", "decode.png"):
         assert (merged / name).read_bytes().startswith(PNG_SIGNATURE)
     page = HtmlPage((merged / "report.html").read_text(encoding="utf-8"))
-    assert page.table(**{"class": "longctx-summary-table"}).rows == rows
+    assert page.table(**{"class": "longctx-summary-table longctx-lengths"}).rows == rows
     assert external_resources(page) == []
 
 

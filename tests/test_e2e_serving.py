@@ -35,7 +35,7 @@ def test_capacity_plan_matches_vllm(longctx_server, longctx_run):
     labels = cache_config_labels(httpx.get(longctx_server.base_url + "/metrics").text)
     check = capacity_check.check_against_server(longctx_run.plan.profile, labels)
     assert check.agrees, check.describe()
-    assert longctx_run.capacity_check == check
+    assert longctx_run.findings.capacity_check == check
     log = longctx_server.log_path.read_text()
     printed = re.search(r"KV cache size: ([0-9,]+) tokens", log).group(1).replace(",", "")
     print(f"SERVED block={check.block_size} reported={check.reported_tokens} "
@@ -116,7 +116,10 @@ def test_attach_without_local_tokenizer_uses_the_servers(
         sweep_dir, f"--longctx-profile={profile}", "--longctx-to=2Ki", url=vllm_url
     )
     result.assert_outcomes(passed=2)
-    assert [r.prompt_tokens for r in records_of(output)] == [1024, 2048]
+    records = records_of(output)
+    assert [r.prompt_tokens for r in records] == [1024, 2048]
+    # the probe rides the text too, and the embedded model answers it
+    assert [r.fidelity["verdict"] for r in records] == ["correct", "correct"], records
     assert records_of(output)[0].fingerprint["server_mode"] == "attached"
 
 
@@ -125,7 +128,10 @@ def test_text_prompts(sweep_dir: pytest.Pytester, vllm_url: str) -> None:
         sweep_dir, "--longctx-to=2Ki", "--longctx-prompt-format=text", url=vllm_url
     )
     result.assert_outcomes(passed=2)
-    assert [r.prompt_tokens for r in records_of(output)] == [1024, 2048]
+    records = records_of(output)
+    assert [r.prompt_tokens for r in records] == [1024, 2048]
+    # the probe rides the text too, and the embedded model answers it
+    assert [r.fidelity["verdict"] for r in records] == ["correct", "correct"], records
 
 
 def test_attach_to_nothing_errors_every_item(sweep_dir: pytest.Pytester) -> None:

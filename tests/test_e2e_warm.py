@@ -58,6 +58,12 @@ def test_warm_follow_ups_at_16ki_are_served_from_cache_and_an_eviction_is_named(
         assert 16384 % record.cache["alignment"] == 0
         assert record.cache["resident_kv_bytes"] == 16384 * 512  # 512 B/token for cpu-tiny
         assert record.figures["ttft"] < cold.figures["ttft"] / 4, (record.figures, cold.figures)
+    # Each follow-up reads a needle of its own through the cached prefix: the cold prompt
+    # holds one per question (Alice for itself, Bob, Carol and Dave), each at its own depth.
+    asked = [(r.fidelity["key"], r.fidelity["verdict"], r.fidelity["needles"]) for r in records]
+    assert asked[:3] == [("Alice", "correct", 4), ("Bob", "correct", 4), ("Carol", "correct", 4)]
+    positions = [round(r.fidelity["depth"] * (r.prompt_tokens - 1)) for r in records]
+    assert len(set(positions)) == 4 and max(positions) < 16384, positions
     evicted = warm[2]
     assert evicted.outcome == "failed"
     assert "not warm: the cache served 0 of 16,384 prefix tokens" in evicted.reason

@@ -28,9 +28,17 @@ from pytest_longctx.profiles.embedded_models import (
     UnknownEmbeddedModelError,
 )
 from pytest_longctx.prompts.corpus import generate_corpus
-from pytest_longctx.prompts.needle import QUESTION_TOKEN, RESERVED_TOKENS, needle_token
+from pytest_longctx.prompts.needle import (
+    QUESTION_TOKEN,
+    RESERVED_TOKENS,
+    keyed_needle_token,
+    keyed_question_token,
+    needle_token,
+)
 from pytest_longctx.serving import embedded
 from pytest_longctx.serving.embedded import ensure_embedded_model
+
+pytestmark = pytest.mark.oracle
 
 MODEL_NAMES = sorted(EMBEDDED_MODELS)
 
@@ -251,6 +259,31 @@ def test_retrieving_model_splits_its_answer_between_needles(two_caches: tuple[Pa
     top = next_token_logprobs(folder, ids)
     for needle in needles:
         assert top[needle] == pytest.approx(math.log(1 / 3), abs=0.02)
+
+
+def test_retrieving_model_answers_the_needle_its_question_names(
+    two_caches: tuple[Path, Path],
+) -> None:
+    """Four needles under four keys: each keyed question gets its own needle's value alone,
+    and a question that finds no needle answers the question token (no digits: wrong)."""
+    from transformers import AutoTokenizer
+
+    folder = folder_in(two_caches[0], "tiny-llama")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    ids = tokenizer.convert_tokens_to_ids
+    values = (5, 17, 33, 62)
+    needles = {
+        depth: ids(keyed_needle_token(key, value))
+        for key, (depth, value) in enumerate(zip((0.0, 0.3, 0.6, 1.0), values, strict=True))
+    }
+    for key, value in enumerate(values):
+        prompt = haystack(4096, needles, len(tokenizer), ids(keyed_question_token(key)))
+        top = next_token_logprobs(folder, prompt)
+        assert max(top, key=top.__getitem__) == ids(needle_token(value)), (key, top)
+        assert top[ids(needle_token(value))] > -0.01
+    absent = haystack(1024, {}, len(tokenizer), ids(keyed_question_token(5)))
+    top = next_token_logprobs(folder, absent)
+    assert max(top, key=top.__getitem__) == ids(QUESTION_TOKEN)
 
 
 def test_random_weights_do_not_answer_the_needle(two_caches: tuple[Path, Path]) -> None:

@@ -61,6 +61,9 @@ def test_record_keeps_a_wrong_answer_passed_and_reported(
     folder = run_folder(pytester.path / "reports")
     markdown = (folder / "report.md").read_text()
     assert "| answers |" in markdown and "| 1 wrong |" in markdown
+    depth_map = markdown.split("## Answers by length and needle depth")[1].split("\n## ")[0]
+    rows = [line for line in depth_map.splitlines() if line.startswith(("| 1Ki", "| 2Ki"))]
+    assert len(rows) == 2 and all(row.count("✗") == 1 and "✓" not in row for row in rows)
     entries = json.loads((folder / "benchmark.json").read_text())["benchmarks"]
     ttft = [e for e in entries if e["extra_info"]["metric"] == "ttft"]
     assert [e["extra_info"]["answers"] for e in ttft] == [{"wrong": 1}, {"wrong": 1}]
@@ -113,8 +116,9 @@ def test_the_plan_shows_the_probe_and_which_lengths_are_checked(pytester: pytest
     )  # fmt: skip
     result.stdout.fnmatch_lines(
         [
-            "fidelity probe (text): *the needle 'The pass key is * at a depth *"
-            "and ends with the question 'What is the pass key? The pass key is'*",
+            "fidelity probe (text): *the needle 'The pass key of Alice is * at a depth *"
+            "and ends with the question 'What is the pass key of Alice? The pass key of Alice "
+            "is'*",
             "fidelity --longctx-fidelity=auto (the model's advertised context is 1Mi tokens): "
             "checked 512Ki, 1Mi; recorded only 2Mi",
             "needle depths: len=512Ki-rep=0 0, len=1Mi-rep=0 0.5, len=2Mi-rep=0 1",

@@ -970,6 +970,18 @@ def test_itl_of_streams_held_back_is_not_compared_and_fails_no_length():
     assert by_metric(compare_length(baseline_sweep(), mixed, 4 * KI))["itl"].current.n == 1
 
 
+def test_itl_held_back_on_both_sides_is_said_unjudged():
+    """Both runs' streams at a length arrived in bursts (a busy host, twice): ITL has no
+    figure on either side, and the verdict says why rather than leaving it out."""
+    baseline = held_back([r for r in baseline_sweep() if r.length == 4 * KI])
+    current = held_back(points("now", 4 * KI, *BASELINE_FIGURES[4 * KI]))
+    verdict = compare_length(baseline, current, 4 * KI)
+    itl = by_metric(verdict)["itl"]
+    assert itl.status == "unjudged" and itl.baseline is None and itl.current is None
+    assert "the baseline and this run recorded no per-token gap" in itl.message
+    assert verdict.status == "ok" and by_metric(verdict)["ttft"].status == "ok"
+
+
 # --------------------------------------------------------------------------- answers
 
 

@@ -25,7 +25,7 @@ from pytest_longctx.core.sizes import format_size
 from pytest_longctx.gate import parse_tolerances, student_t_isf
 from pytest_longctx.profiles import PROFILE_DIR, load_profile
 from pytest_longctx.reporting import gate_report, plots
-from pytest_longctx.session import server as serving
+from pytest_longctx.session import lifecycle
 
 KI = 1024
 RUN_ID = "20260101T000000Z-c0ffee"
@@ -53,10 +53,10 @@ def scaled(figures: Figures, lengths: set[int], ttft: float, decode: float) -> d
 def no_server(monkeypatch: pytest.MonkeyPatch) -> None:
     """In-process sessions fail at once, instead of launching vLLM, if they ask for a server."""
 
-    def refuse(config: pytest.Config) -> None:
+    def refuse(self: lifecycle.ServerLifecycle, config: pytest.Config) -> None:
         raise AssertionError("a session that needs no measurement started a server")
 
-    monkeypatch.setattr(serving, "start", refuse)
+    monkeypatch.setattr(lifecycle.ServerLifecycle, "start", refuse)
     # Drawing the plots takes seconds a session and is test_reports.py's subject, not the gate's.
     monkeypatch.setattr(plots, "write_plots", lambda *args, **kwargs: [])
     monkeypatch.setattr(gate_report, "draw_gate_plot", lambda *args, **kwargs: None)

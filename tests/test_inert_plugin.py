@@ -87,7 +87,7 @@ import sys
 WATCHED = (
     "numpy", "httpx", "httpcore", "matplotlib",
     "pytest_longctx.session.sweep_session",
-    "pytest_longctx.measure.point", "pytest_longctx.client", "pytest_longctx.reporting",
+    "pytest_longctx.measure.measurement", "pytest_longctx.client", "pytest_longctx.reporting",
 )
 
 

@@ -26,11 +26,11 @@ from pytest_longctx.measure.interference import (
     chunk_from_server_info,
     chunk_from_streams,
 )
-from pytest_longctx.measure.point import PointSettings, client_for
+from pytest_longctx.measure.measurement import PointSettings, client_for
 from pytest_longctx.measure.server_metrics import MetricsSnapshot
 from pytest_longctx.measure.target import ServerInfo
 from pytest_longctx.measure.under_load import LoadSettings, measure_under_load, probe_sequences
-from pytest_longctx.plan.sweep import Point
+from pytest_longctx.plan.points import Point
 from pytest_longctx.prompts import Prompt
 
 TOKEN_S = 0.02

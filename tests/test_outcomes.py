@@ -27,6 +27,9 @@ from longctx_testing import (
 from pytest_longctx.core.records import FAILURE_CLASSES
 from pytest_longctx.measure import outcomes
 
+#: Sessions that launch the stand-in server: run beside the other sessions (make test).
+pytestmark = pytest.mark.stand_in
+
 
 def test_a_broken_contract_is_classed_contract(attached) -> None:  # noqa: ANN001
     result, records = attached("-m", "len==1Ki", cached_prompt_tokens=512)
@@ -559,12 +562,17 @@ def test_under_xdist_a_worker_whose_server_is_lost_hands_its_points_to_the_other
     assert handed and all("takes no more points" in r.reason for r in handed)
     # the class of what caused it: the lost server, never started again
     assert {r.failure_class for r in handed} == {"start_failed"}
-    latest = latest_records(records)
-    assert sorted((r.length, r.repeat, r.outcome) for r in latest if r is not crashed) == sorted(
-        (length, repeat, "passed")
+    latest = [r for r in latest_records(records) if r is not crashed]
+    assert sorted((r.length, r.repeat) for r in latest) == sorted(
+        (length, repeat)
         for length in (1024, 2048, 4096)
         for repeat in (0, 1)
         if (length, repeat) != (crashed.length, crashed.repeat)
     )
+    # every point the lost worker handed back is measured by the other, but for one it
+    # handed back once xdist had told the others to finish (each worker runs its last item
+    # only when told so): at most one, which stays skipped, saying why
+    left = [r for r in latest if r.outcome != "passed"]
+    assert len(left) <= 1 and all(r in handed for r in left), left
     assert all(r.fingerprint["server"]["worker"] != lost for r in latest if r.outcome == "passed")
     assert result.ret == 1  # the crashed point failed the session

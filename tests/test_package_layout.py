@@ -265,7 +265,8 @@ def test_the_public_api_is_stated() -> None:
 
 
 #: The packages of pytest_longctx by name: an import alias of one of these names that is not
-#: that package (``from pytest_longctx.measure import point as measure``) hides it from a reader.
+#: that package (``from pytest_longctx.measure import measurement as measure``) hides it from a
+#: reader.
 PACKAGES = {layer_of(module) for module in MODULES} - {"__init__", "plugin", "cli", "__main__"}
 
 
@@ -310,7 +311,7 @@ def hand_built_spreads(source: str) -> list[str]:
 
 
 def test_the_layout_rules_catch_what_they_are_about() -> None:
-    assert shadowing_aliases("from pytest_longctx.measure import point as measure\n")
+    assert shadowing_aliases("from pytest_longctx.measure import measurement as measure\n")
     assert shadowing_aliases("from pytest_longctx.session import server as serving\n")
     assert shadowing_aliases("import pytest_longctx.session.items as plan\n")
     assert not shadowing_aliases("from pytest_longctx import measure as measure\n")
@@ -345,3 +346,200 @@ def test_a_mean_and_its_spread_are_written_by_the_one_formatter() -> None:
         if module != f"{ROOT}.core.stats" and (found := hand_built_spreads(path.read_text()))
     }
     assert offenders == {}
+
+
+#: A session's state objects: the mutable classes of the session layer. Each holds at most a
+#: dozen fields and is written from at most three modules, so its owner is plain to see.
+STATE_PACKAGE = "session"
+MAX_STATE_FIELDS = 12
+MAX_STATE_WRITERS = 3
+#: Calls that change a list, dict or set in place.
+MUTATING_METHODS = {
+    "append",
+    "extend",
+    "insert",
+    "update",
+    "add",
+    "pop",
+    "popitem",
+    "clear",
+    "setdefault",
+    "discard",
+    "remove",
+}
+
+
+def _is_frozen_dataclass(node: ast.ClassDef) -> bool:
+    return any(
+        isinstance(decorator, ast.Call)
+        and any(
+            keyword.arg == "frozen" and getattr(keyword.value, "value", False)
+            for keyword in decorator.keywords
+        )
+        for decorator in node.decorator_list
+    )
+
+
+def _annotation_names(annotation: ast.expr | None) -> set[str]:
+    if annotation is None:
+        return set()
+    if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
+        try:
+            annotation = ast.parse(annotation.value, mode="eval").body
+        except SyntaxError:
+            return set()
+    return {node.id for node in ast.walk(annotation) if isinstance(node, ast.Name)}
+
+
+def state_classes(sources: dict[str, str]) -> dict[str, dict[str, set[str]]]:
+    """The mutable classes of ``sources`` (module -> text): class -> field -> the names in its
+    annotation. Fields: a dataclass's annotated class attributes and every ``self.x``
+    assigned in a method; exceptions, protocols and frozen dataclasses hold no state."""
+    classes: dict[str, dict[str, set[str]]] = {}
+    for source in sources.values():
+        for node in ast.parse(source).body:
+            if not isinstance(node, ast.ClassDef) or _is_frozen_dataclass(node):
+                continue
+            bases = {getattr(base, "id", getattr(base, "attr", "")) for base in node.bases}
+            if bases & {"Protocol", "Exception", "ValueError"} or any(
+                name.endswith(("Error", "Failure", "Exception")) for name in bases
+            ):
+                continue
+            fields: dict[str, set[str]] = {}
+            for statement in node.body:
+                if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name):
+                    fields[statement.target.id] = _annotation_names(statement.annotation)
+            for inner in ast.walk(node):
+                targets: list[ast.expr] = []
+                if isinstance(inner, ast.Assign):
+                    targets = inner.targets
+                elif isinstance(inner, (ast.AnnAssign, ast.AugAssign)):
+                    targets = [inner.target]
+                for target in targets:
+                    if (
+                        isinstance(target, ast.Attribute)
+                        and isinstance(target.value, ast.Name)
+                        and target.value.id == "self"
+                    ):
+                        annotation = getattr(inner, "annotation", None)
+                        fields.setdefault(target.attr, set()).update(_annotation_names(annotation))
+            classes[node.name] = fields
+    return classes
+
+
+def state_writes(sources: dict[str, str]) -> dict[str, dict[str, int]]:
+    """Where each state class of ``sources`` is written: class -> module -> sites.
+
+    A site assigns a field (``run.f = ...``, ``run.f[k] = ...``, ``run.f += ...``, ``del
+    run.f[k]``) or changes
+    one in place (``run.f.append(...)`` and the like, unless the field is itself a state
+    object, whose own methods are its writers). The object written is known by name: ``self``
+    in its class's methods, a parameter or attribute annotated with its class anywhere in
+    ``sources`` (``run: Run``, ``lifecycle: ServerLifecycle``), and the attributes that hold one
+    (``self.run = run``, a field annotated with it)."""
+    classes = state_classes(sources)
+    names: dict[str, str] = {}  # a variable's or attribute's name -> the state class it holds
+    for source in sources.values():
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for arg in node.args.args + node.args.kwonlyargs:
+                    for name in _annotation_names(arg.annotation) & set(classes):
+                        names.setdefault(arg.arg, name)
+    for fields in classes.values():
+        for field, annotation in fields.items():
+            for name in annotation & set(classes):
+                names.setdefault(field, name)
+
+    def class_of(node: ast.expr, owner: str | None) -> str | None:
+        if isinstance(node, ast.Name):
+            return owner if node.id == "self" and owner else names.get(node.id)
+        if isinstance(node, ast.Attribute):
+            return names.get(node.attr) if class_of(node.value, owner) else None
+        return None
+
+    writes: dict[str, dict[str, int]] = {}
+
+    def note(target: ast.expr, owner: str | None, module: str, in_place: bool) -> None:
+        while isinstance(target, ast.Subscript):
+            target = target.value
+        if not isinstance(target, ast.Attribute):
+            return
+        written = class_of(target.value, owner)
+        if written is None or target.attr not in classes[written]:
+            return
+        if in_place and classes[written][target.attr] & set(classes):
+            return  # a state object's own method: counted where that method is
+        counts = writes.setdefault(written, {})
+        counts[module] = counts.get(module, 0) + 1
+
+    def visit(node: ast.AST, owner: str | None, module: str) -> None:
+        if isinstance(node, ast.ClassDef):
+            owner = node.name if node.name in classes else owner
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                for part in target.elts if isinstance(target, ast.Tuple) else [target]:
+                    note(part, owner, module, in_place=False)
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)) and (
+            not isinstance(node, ast.AnnAssign) or node.value is not None
+        ):
+            note(node.target, owner, module, in_place=False)
+        elif isinstance(node, ast.Delete):
+            for target in node.targets:
+                note(target, owner, module, in_place=False)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in MUTATING_METHODS
+        ):
+            note(node.func.value, owner, module, in_place=True)
+        for child in ast.iter_child_nodes(node):
+            visit(child, owner, module)
+
+    for module, source in sources.items():
+        visit(ast.parse(source), None, module)
+    return writes
+
+
+def session_sources() -> dict[str, str]:
+    return {
+        module: path.read_text()
+        for module, path in MODULES.items()
+        if layer_of(module) == STATE_PACKAGE
+    }
+
+
+def test_each_session_state_object_is_small_and_has_few_writers() -> None:
+    """No state object of the session layer holds more than a dozen fields or is written from
+    more than three modules: each piece of state has an owner a reader can find."""
+    sources = session_sources()
+    too_big = {
+        name: len(fields)
+        for name, fields in state_classes(sources).items()
+        if len(fields) > MAX_STATE_FIELDS
+    }
+    too_shared = {
+        name: sorted(modules)
+        for name, modules in state_writes(sources).items()
+        if len(modules) > MAX_STATE_WRITERS
+    }
+    assert (too_big, too_shared) == ({}, {})
+
+
+def test_the_state_rules_catch_what_they_are_about() -> None:
+    owner = (
+        "from dataclasses import dataclass, field\n"
+        "@dataclass\nclass Bag:\n    a: int = 0\n    b: list = field(default_factory=list)\n"
+        "    def reset(self) -> None:\n        self.a = 0\n"
+        "@dataclass\nclass Holder:\n    bag: Bag\n"
+        "@dataclass(frozen=True)\nclass Fixed:\n    a: int\n"
+    )
+    one = "def f(bag: Bag) -> None:\n    bag.a = 1\n"
+    two = "def g(holder: Holder) -> None:\n    holder.bag.b.append(2)\n    holder.bag.reset()\n"
+    three = "def h(bag) -> None:\n    bag.b[0] = 3\n    bag.a += 1\n    del bag.b[0]\n"
+    sources = {"m.owner": owner, "m.one": one, "m.two": two, "m.three": three}
+    assert set(state_classes(sources)) == {"Bag", "Holder"}
+    assert state_classes(sources)["Bag"].keys() == {"a", "b"}
+    assert state_writes(sources) == {"Bag": {"m.owner": 1, "m.one": 1, "m.two": 1, "m.three": 3}}
+    assert state_writes({**sources, "m.four": "def k(x: Holder):\n    x.bag = Bag()\n"})[
+        "Holder"
+    ] == {"m.four": 1}

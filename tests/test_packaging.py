@@ -10,6 +10,7 @@ import subprocess
 import sys
 import sysconfig
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -75,7 +76,7 @@ def test_the_wheel_carries_the_profiles_data_and_the_sweep(wheel: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A fresh venv holding the wheel; vLLM and the rest come from this test venv's packages."""
     venv = tmp_path_factory.mktemp("venv")
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
@@ -101,7 +102,10 @@ def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
         cwd=venv,
     ).stdout.strip()
     assert Path(where).is_relative_to(Path(site)), where  # the wheel, not this checkout
-    return python
+    yield python
+    # the installed plugin's warm Python (its own: another interpreter and code) goes too
+    stop = "from pytest_longctx.core import warm_python; warm_python.stop()"
+    subprocess.run([str(python), "-c", stop], cwd=venv, check=False, timeout=60)
 
 
 def run_in_empty_folder(

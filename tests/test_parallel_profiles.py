@@ -16,6 +16,8 @@ from pytest_longctx.profiles import ProfileError, load_profile
 from pytest_longctx.profiles.extra_args import MAMBA_DTYPES, cache_flags
 from pytest_longctx.serving.vllm_command import build_server_command
 
+pytestmark = pytest.mark.oracle
+
 MI = 1024**2
 H200 = Path(load_profile("kimi-linear-h200").path)
 
@@ -212,7 +214,7 @@ def test_a_hybrid_under_dcp_needs_prefix_caching_off(tmp_path: Path) -> None:
 
 def test_a_reserve_per_device_counts_against_every_point(tmp_path: Path) -> None:
     """64Mi on the DCP=8 profile needs 42.16 GiB of 133.38; a 100 GiB reserve leaves 91.2."""
-    from pytest_longctx.plan.sweep import SweepPlan
+    from pytest_longctx.plan.points import SweepPlan
 
     path = variant(
         tmp_path,

@@ -28,6 +28,8 @@ from public_configs import (  # noqa: E402 - needs transformers
     qwen3_next_80b,
 )
 
+pytestmark = pytest.mark.oracle
+
 #: An 8x H200 node (memory as the driver reports it), the model's config beside the profile.
 PROFILE = """\
 [profile]

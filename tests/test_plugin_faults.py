@@ -17,6 +17,12 @@ def session(pytester: pytest.Pytester, fake_vllm: FakeVLLM):  # noqa: ANN201
     return fault_session(pytester, fake_vllm)
 
 
+def assert_burst_of(tokens: int, flushed: int) -> None:
+    """The tokens the stand-in flushed at once were read as one burst; a host busy enough to
+    hold the client between two chunks of the flush can read the first one or two apart."""
+    assert flushed - 2 <= tokens <= flushed, (tokens, flushed)
+
+
 def test_reported_figures_match_the_injected_timing(session) -> None:  # noqa: ANN001
     result, records = session("-m", "len==1Ki", first_token_delay_s=0.3, token_delay_s=0.02)
     result.assert_outcomes(passed=1)
@@ -148,6 +154,7 @@ def test_text_prompts_through_the_servers_detokenize(session) -> None:  # noqa: 
     )  # a decode of 70 ms: a busy host's scheduling does not read as a burst
     result.assert_outcomes(passed=1)
     assert records[0].prompt_tokens == 1024
+    assert records[0].fidelity["verdict"] == "correct"  # the probe rides the text too
 
 
 def test_text_prompts_without_detokenize_are_one_usage_error(
@@ -191,12 +198,13 @@ def test_strict_stream_fails_a_stream_delivered_in_one_burst_with_both_figures(
     server_rate = record.figures["server_decode_throughput"]
     assert 30 < server_rate < 55  # 15 tokens 20 ms apart (a loaded host: a little slower)
     assert record.figures["decode_throughput"] > 10 * server_rate  # what the stream showed
-    assert "the stream delivered 15 tokens within" in record.reason
+    burst = int(record.stream["largest_burst"]["tokens"])
+    assert_burst_of(burst, 15)
+    assert f"the stream delivered {burst} tokens within" in record.reason
     assert f"the server decoded them at {server_rate:,.0f} tok/s" in record.reason
     assert f"{record.figures['decode_throughput']:,.1f} tok/s" in record.reason
     assert "or fails with --longctx-strict-stream" in record.reason
     assert record.stream["decode_source"] == "stream"
-    assert record.stream["largest_burst"]["tokens"] == 15
     assert record.failure_class == "contract"
     assert record.fingerprint["stream"]["bursts_allowed"] is False
     report = (run_folder(pytester.path / "reports") / "report.md").read_text()
@@ -231,10 +239,10 @@ def test_strict_stream_fails_a_stream_delivered_in_one_chunk_with_both_figures(s
 @pytest.mark.parametrize(
     ("shape", "delivered"),
     [
-        ({"deliver_at_once": True}, "the stream delivered 15 tokens within"),
+        ({"deliver_at_once": True}, 15),
         # the first held token ends a long gap; the 14 after it come at once
-        ({"flush_last_tokens": 15}, "the stream delivered 14 tokens within"),
-        ({"tokens_per_chunk": 16}, "the stream delivered 16 tokens within 0 ms, all in one chunk"),
+        ({"flush_last_tokens": 15}, 14),
+        ({"tokens_per_chunk": 16}, 16),
     ],
     ids=["flushed", "first-on-time", "one-chunk"],
 )
@@ -243,7 +251,7 @@ def test_a_burst_keeps_the_point_with_the_servers_decode(
     session,  # noqa: ANN001
     pytester: pytest.Pytester,
     shape: dict,
-    delivered: str,
+    delivered: int,
     given: tuple[str, ...],
 ) -> None:
     """A busy host's API server flushes the stream late: the point passes with the server's
@@ -272,7 +280,13 @@ def test_a_burst_keeps_the_point_with_the_servers_decode(
     if "deliver_at_once" in shape:  # the whole decode at once: the stream's rate is fiction
         assert figures["stream_decode_throughput"] > 10 * figures["decode_throughput"]
     assert record.stream["decode_source"] == "server"
-    assert delivered in record.stream["agreement"]
+    if "tokens_per_chunk" in shape:
+        said = "the stream delivered 16 tokens within 0 ms, all in one chunk"
+    else:
+        burst = int(record.stream["largest_burst"]["tokens"])
+        assert_burst_of(burst, delivered)
+        said = f"the stream delivered {burst} tokens within"
+    assert said in record.stream["agreement"]
     assert record.fingerprint["stream"]["bursts_allowed"] is True
     report = (run_folder(pytester.path / "reports") / "report.md").read_text()
     assert "Decode figures: 1 point kept the server's decode throughput" in report
@@ -315,12 +329,12 @@ def test_multi_token_chunks_are_recorded_as_chunks(
     pytester: pytest.Pytester,
 ) -> None:
     result, records = session(
-        "-m", "len==1Ki", "--longctx-decode-tokens=17", token_delay_s=0.02, tokens_per_chunk=4
-    )  # 80 ms between chunks: a busy host's few milliseconds of lateness stay within the bounds
+        "-m", "len==1Ki", "--longctx-decode-tokens=33", token_delay_s=0.02, tokens_per_chunk=4
+    )  # 80 ms between chunks, eight of them: a busy host's pause moves one gap, not the median
     result.assert_outcomes(passed=1)
     (record,) = records
     assert record.stream["stream_interval"] == 4
-    assert record.stream["tokens_per_chunk"] == [[4, 4], [1, 1]]  # the fake sends 4 first
+    assert record.stream["tokens_per_chunk"] == [[4, 8], [1, 1]]  # the fake sends 4 first
     assert record.stream["token_count_source"] == "usage"
     assert record.stream["agreement"] == "agrees"
     assert "itl_median" not in record.figures

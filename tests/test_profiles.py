@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 from longctx_testing import SWEEP_TEST
 
-from pytest_longctx.plan.sweep import max_model_len_for
+from pytest_longctx.plan.points import max_model_len_for
 from pytest_longctx.profiles import ProfileError, available_profiles, load_profile
 from pytest_longctx.serving.vllm_command import build_server_command
+
+pytestmark = pytest.mark.oracle
 
 KIMI = "moonshotai/Kimi-Linear-48B-A3B-Instruct"
 KIMI_REVISION = "e1df551a447157d4658b573f9a695d57658590e9"

@@ -9,8 +9,13 @@ from pathlib import Path
 import pytest
 
 from pytest_longctx.prompts import NONCE_TOKENS, Probe, PromptBuilder, fidelity_verdict, judgement
-from pytest_longctx.prompts.needle import QUESTION_TOKEN, needle_token, parse_answer
-from pytest_longctx.prompts.probe import probe_depth
+from pytest_longctx.prompts.needle import (
+    NEEDLE_KEYS,
+    keyed_needle_token,
+    keyed_question_token,
+    parse_answer,
+)
+from pytest_longctx.prompts.probe import DEPTHS, probe_depth
 
 VOCAB = 5000
 
@@ -94,8 +99,8 @@ def test_a_probed_prompt_keeps_its_length_and_nonce_and_ends_with_the_question(
     assert probe is not None and probe.kind == "tokens"
     assert len(prompt.ids) == 1024 and list(prompt.ids[:NONCE_TOKENS]) == list(nonce)
     source = WordSource()
-    assert prompt.ids[-1] == source.encode(QUESTION_TOKEN)[0]
-    needle = source.encode(needle_token(int(probe.expected)))[0]
+    assert prompt.ids[-1] == source.encode(keyed_question_token(0))[0]
+    needle = source.encode(keyed_needle_token(0, int(probe.expected)))[0]
     assert prompt.ids[probe.position] == needle
     first, last = plain.header_tokens, 1024 - 2  # right after the header, right before the end
     assert abs(probe.position - (first + depth * (last - first))) <= 1
@@ -146,8 +151,94 @@ def test_a_follow_up_asks_again_at_its_end(builder: PromptBuilder) -> None:
     assert warm.probe.depth == pytest.approx(cold.probe.position / (1024 + 64 - 1))
 
 
-def test_text_prompts_and_unprobed_builds_carry_no_probe(builder: PromptBuilder) -> None:
+def test_a_prompt_holds_a_needle_per_key_at_depths_of_their_own(builder: PromptBuilder) -> None:
+    nonce = builder.nonce("r", 2)
+    plain = builder.build(1024, "tag", nonce=nonce)
+    prompt = builder.build(1024, "tag", nonce=nonce, probe_key="r:2", depth=1.0, needles=4)
+    probe = prompt.probe
+    assert probe is not None and len(prompt.ids) == 1024
+    assert [needle.key for needle in probe.planted] == [0, 1, 2, 3]
+    assert len({needle.value for needle in probe.planted}) == 4  # a wrong needle is wrong
+    source = WordSource()
+    for needle in probe.planted:
+        assert (
+            prompt.ids[needle.position]
+            == source.encode(keyed_needle_token(needle.key, int(needle.value)))[0]
+        )
+    # The asked needle at its depth (the end), the others at the next depths of the cycle.
+    depths = [needle.position / 1023 for needle in probe.planted]
+    assert depths[0] > 0.99 and depths[1] == pytest.approx(DEPTHS[3], abs=0.01)
+    assert depths[2] == pytest.approx(DEPTHS[4], abs=0.01)
+    assert (probe.key, probe.expected, probe.position) == (0, *_first(probe))
+    assert prompt.ids[-1] == source.encode(keyed_question_token(0))[0]
+    differing = {i for i in range(1024) if prompt.ids[i] != plain.ids[i]}
+    assert differing <= {needle.position for needle in probe.planted} | {1023}
+
+
+def _first(probe: Probe) -> tuple[str, int]:
+    return probe.planted[0].value, probe.planted[0].position
+
+
+def test_each_follow_up_asks_the_needle_of_its_own_key(builder: PromptBuilder) -> None:
+    cold = builder.build(
+        2048, "tag", nonce=builder.nonce("r", 0), probe_key="r:0", depth=0.0, needles=4
+    )
+    assert cold.probe is not None
+    source = WordSource()
+    for question in (1, 2, 3, 5):
+        warm = builder.extend(cold, 64, f"question {question}", builder.nonce("r", 9), question)
+        probe = warm.probe
+        assert probe is not None and list(warm.ids[:2048]) == list(cold.ids)
+        needle = cold.probe.planted[question % 4]
+        assert (probe.key, probe.expected, probe.position) == (
+            needle.key,
+            needle.value,
+            needle.position,
+        )
+        assert probe.depth == pytest.approx(needle.position / (2048 + 64 - 1))
+        assert warm.ids[-1] == source.encode(keyed_question_token(needle.key))[0]
+        assert probe.to_json()["key"] == NEEDLE_KEYS[needle.key]
+    depths = {builder.extend(cold, 64, "q", (), q).probe.depth for q in range(1, 4)}
+    assert len(depths) == 3 and cold.probe.depth not in depths
+
+
+def test_text_needles_are_pass_keys_of_named_people(tmp_path: Path) -> None:
+    builder = PromptBuilder(CharSource(), tmp_path)
+    cold = builder.build(4096, "tag", nonce=(), probe_key="r:0", depth=0.5, needles=3)
+    warm = builder.extend(cold, 128, "question 2", (), 2)
+    assert cold.probe is not None and warm.probe is not None
+    assert "The pass key of Alice is" in cold.probe.needle_text
+    assert "What is the pass key of Carol?" in warm.probe.question_text
+    assert warm.probe.expected in warm.probe.needle_text and "Carol" in warm.probe.needle_text
+    text = "".join(chr(i) for i in warm.ids)  # CharSource keeps ASCII as it is
+    assert text.count("Remember it.") == 3 and text.endswith(warm.probe.question_text)
+
+
+def test_an_unprobed_build_carries_no_probe(builder: PromptBuilder) -> None:
     assert builder.build(512, "tag", nonce=builder.nonce("r", 0)).probe is None
+
+
+@pytest.mark.parametrize("depth", [0.0, 0.5, 1.0])
+def test_a_text_prompt_carries_the_probe_and_ends_with_its_question(
+    tmp_path: Path, depth: float
+) -> None:
+    """Text read by the embedded tokenizer as exactly the length, every needle in it, the
+    question last (the server reads it as the ids prompt would end)."""
+    from server_pool import embedded_model
+
+    from pytest_longctx.prompts import LocalTokenSource
+
+    source = LocalTokenSource(str(embedded_model("tiny-llama")))
+    builder = PromptBuilder(source, tmp_path)
+    prompt = builder.build(
+        2048, "tag", text=True, nonce=builder.nonce("r", 1), probe_key="r:1", depth=depth, needles=3
+    )
+    assert prompt.text is not None and prompt.probe is not None
+    assert source.count_as_server(prompt.text) == 2048 == prompt.text_tokens
+    assert prompt.text.endswith(prompt.probe.question_text)
+    assert len(prompt.probe.planted) == 3
+    for needle in prompt.probe.planted:
+        assert prompt.text.count(needle.text) == 1
 
 
 @pytest.mark.parametrize(
@@ -165,21 +256,24 @@ def test_the_answer_is_the_first_digits(completion: str, answer: str | None) -> 
 
 
 def test_verdicts() -> None:
-    probe = Probe("tokens", "7", 0.5, needle_token(7), QUESTION_TOKEN, 512)
+    probe = Probe("tokens", "7", 0.5, keyed_needle_token(0, 7), keyed_question_token(0), 512)
     right = fidelity_verdict(probe, "<|needle-7|><|needle-7|>", "check")
     assert right["verdict"] == "correct" and right["answer"] == "7" and right["expected"] == "7"
     assert right["depth"] == 0.5 and right["mode"] == "check" and right["judged_by"]
     # The number in ordinary text is not the needle's token: a random model's lucky digits.
     lucky = fidelity_verdict(probe, " 7 apples", "check")
-    assert (lucky["verdict"], lucky["answer"]) == ("wrong", "7")
+    assert (lucky["verdict"], lucky["answer"]) == ("wrong", None)
+    # Nor a needle named only after another token (a lost needle's "not found", then a guess).
+    late = fidelity_verdict(probe, "<|question|><|needle-7|>", "check")
+    assert (late["verdict"], late["answer"]) == ("wrong", None)
     wrong = fidelity_verdict(probe, "<|needle-17|>", "record")
     assert (wrong["verdict"], wrong["answer"], wrong["mode"]) == ("wrong", "17", "record")
     assert fidelity_verdict(probe, "x", "off") == {
         "verdict": "not_checked",
         "reason": "--longctx-fidelity=off",
     }
-    unprobed = fidelity_verdict(None, "7", "check", "text prompts carry no probe")
-    assert unprobed == {"verdict": "not_checked", "reason": "text prompts carry no probe"}
+    unprobed = fidelity_verdict(None, "7", "check", "a warm-up carries no probe")
+    assert unprobed == {"verdict": "not_checked", "reason": "a warm-up carries no probe"}
 
 
 def test_auto_checks_within_the_advertised_context_and_records_beyond() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import math
 import re
@@ -699,7 +700,7 @@ def test_rebuild_reports_returns_every_written_path(tmp_path):
 def test_the_report_command_draws_the_kv_plot_the_session_drew(tmp_path, capsys):
     """The KV plot is drawn from what the records say about the served model."""
     from pytest_longctx.profiles import load_profile
-    from pytest_longctx.serving.served_model import describe_launched
+    from pytest_longctx.serving.model_description import describe_launched
 
     described = {**FINGERPRINT, **describe_launched(load_profile("cpu-tiny")).fingerprint()}
     run_dir = tmp_path / "run-a"
@@ -768,3 +769,38 @@ def test_compare_needs_two_runs_with_passed_points(tmp_path, capsys):
     assert "compare needs two runs or more" in capsys.readouterr().err
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "none"), "--output", "o"]) == 2
     assert "no results.jsonl there" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- answers' map
+
+
+def answered(length: int, repeat: int, verdict: str, depth: float, **changes) -> Record:
+    """A record whose probe (needle at ``depth``) got ``verdict``."""
+
+    fidelity = {"verdict": verdict, "depth": depth, "expected": "7", "answer": "7"}
+    return dataclasses.replace(record(length, repeat, ttft=0.1), fidelity=fidelity, **changes)
+
+
+def test_the_answers_map_counts_verdicts_by_length_and_needle_depth(tmp_path):
+    records = [
+        answered(KI, 0, "correct", 0.031),  # the first token after the header: column 0
+        answered(KI, 1, "correct", 0.9998),
+        answered(KI, 2, "correct", 0.9),  # the nearest eighth of 0.9 is 7/8
+        answered(4 * KI, 0, "wrong", 0.13),
+        answered(4 * KI, 1, "wrong", 0.12),
+        answered(4 * KI, 2, "correct", 0.5),
+        answered(4 * KI, 0, "correct", 0.62, cache_state="warm", cache={"question": 1}),
+        dataclasses.replace(record(8 * KI, 0, ttft=0.2), fidelity={"verdict": "not_checked"}),
+    ]
+    markdown = render_markdown(records)
+    section = markdown.split("## Answers by length and needle depth", 1)[1].split("\n## ")[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ")]
+    assert rows[0] == "| Prompt | 0 | 0.125 | 0.25 | 0.375 | 0.5 | 0.625 | 0.75 | 0.875 | 1 |"
+    assert rows[1:] == [
+        "| 1Ki | ✓ | · | · | · | · | · | · | ✓ | ✓ |",
+        "| 4Ki | · | 2✗ | · | · | ✓ | · | · | · | · |",
+        "| 4Ki warm | · | · | · | · | · | ✓ | · | · | · |",
+    ]  # 8Ki's point carried no probe: no row
+    page = standalone_page(records, [], "t")
+    assert "Answers by length and needle depth" in page and "4Ki warm" in page
+    assert "Answers by length" not in render_markdown([record(KI, 0, ttft=0.1)])

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pytest_longctx.core.sizes import SizeError, format_size, parse_size, powers_of_two_between
-from pytest_longctx.session.options import read_settings
+from pytest_longctx.session.option_parsing import read_settings
 from pytest_longctx.session.selection import Comparison, SelectionError, translate
 
 REPO = Path(__file__).resolve().parents[1]

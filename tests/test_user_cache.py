@@ -4,15 +4,17 @@ version. A later session reads them there instead of starting that Python again.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
 
 from pytest_longctx.capacity import class_config, oracle
+from pytest_longctx.core import warm_python
 from pytest_longctx.plan import capacity_check
 from pytest_longctx.profiles import load_profile
 from pytest_longctx.profiles.embedded_models import CACHE_ENV
+
+pytestmark = pytest.mark.oracle
 
 needs_vllm = pytest.mark.skipif(not oracle.available(), reason="vLLM is not installed here")
 
@@ -35,10 +37,10 @@ def test_the_answer_is_kept_and_read_back_without_vllm(
     assert len(kept) == 1
     assert first.per_rank_bytes == 4096 * 512  # cpu-tiny: 512 B per token, one rank
 
-    def no_subprocess(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    def not_again(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         raise AssertionError("vLLM was asked again")
 
-    monkeypatch.setattr(subprocess, "run", no_subprocess)
+    monkeypatch.setattr(warm_python, "ask", not_again)
     assert ask(4096) == first
     with pytest.raises(AssertionError, match="asked again"):
         ask(8192)  # another request: another answer
@@ -63,9 +65,9 @@ def test_a_filled_config_is_kept_and_read_back_without_transformers(
     assert "layer_types" in first and "layer_types" not in config  # the class's default
     assert len(list((tmp_path / "model-configs").glob("*.json"))) == 1
 
-    def no_subprocess(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    def not_again(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         raise AssertionError("the config class was run again")
 
-    monkeypatch.setattr(subprocess, "run", no_subprocess)
+    monkeypatch.setattr(warm_python, "ask", not_again)
     class_config._filled.cache_clear()
     assert class_config.filled_config(config) == first

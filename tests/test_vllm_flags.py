@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from longctx_testing import SWEEP_TEST, run_session
 
+from pytest_longctx.core import warm_python
 from pytest_longctx.profiles import available_profiles, load_profile
 from pytest_longctx.profiles.hardware import package_version
 from pytest_longctx.serving import vllm_command
@@ -89,6 +90,7 @@ def vllm_0_25(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     python.chmod(0o755)
     yield str(python)
     vllm_command.ask_parser.cache_clear()
+    warm_python.stop(str(python))
 
 
 def _command(profile_name: str = "cpu-tiny", profile=None, **kwargs):  # noqa: ANN001, ANN202
@@ -148,7 +150,7 @@ def test_the_parsers_verdict_is_asked_once_per_command_whatever_the_port(
     vllm_0_25: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _, first = check_flags(_command(), python=vllm_0_25)
-    monkeypatch.setattr(vllm_command.subprocess, "run", None)  # asked again: a TypeError
+    monkeypatch.setattr(vllm_command.warm_python, "ask", None)  # asked again: a TypeError
     other_port = _command()
     argv = list(other_port.argv)
     argv[argv.index("--port") + 1] = "9000"

@@ -60,7 +60,7 @@ def test_resident_kv_from_the_plan_where_the_server_does_not_size_its_cache() ->
     server's block size stand in, saying so."""
     from pytest_longctx.plan import capacity_check
     from pytest_longctx.profiles import load_profile
-    from pytest_longctx.session.points import planned_bytes
+    from pytest_longctx.session.point_setup import planned_bytes
 
     served = judge_warm(16384, {"prefix_cache_hits": 16384.0}, ServerCache.from_labels(LABELS), 1)
     tiny = planned_bytes(load_profile("cpu-tiny"))
@@ -197,6 +197,13 @@ def test_follow_ups_reuse_the_cold_prompt_exactly_and_pass_when_it_was_served(
     assert first[:1024] == cold and second[:1024] == cold  # the prefix, token for token
     assert first[1024] != second[1024]  # each question opens with its own nonce
     assert first[1024:] != second[1024:]
+    # Each follow-up asks the needle of a key of its own, planted at another depth of the
+    # prefix, and is judged like the cold point.
+    asked = [(r.fidelity["key"], r.fidelity["verdict"], r.fidelity["needles"]) for r in records]
+    assert asked == [("Alice", "correct", 3), ("Bob", "correct", 3), ("Carol", "correct", 3)]
+    positions = [r.fidelity["depth"] * (r.prompt_tokens - 1) for r in records]
+    assert len({round(p) for p in positions}) == 3 and all(p < 1024 for p in positions)
+    assert len({r.fidelity["expected"] for r in records}) == 3
     folder = run_folder(pytester.path / "reports")
     report = (folder / "report.md").read_text()
     assert "## Reuse: questions on a cached prefix" in report
@@ -361,6 +368,7 @@ def test_the_plan_shows_the_warm_items_and_a_cold_run_is_unchanged(
     assert "--max-model-len 2080 " in text  # 2Ki + 32 decode, as before
     assert "--enable-prompt-tokens-details" not in text
     assert "-warm=" not in text and "workload" not in text
+    assert "fidelity probe (tokens)" in text and "more needle" not in text
     warm = pytester.runpytest(
         "-p", "no:cacheprovider", "--longctx-plan", "--longctx-to=2Ki", WARM,
         "--longctx-warm-questions=2", "--longctx-warm-suffix=512", "-m", "len<=1Ki or rep==0",
@@ -380,6 +388,10 @@ def test_the_plan_shows_the_warm_items_and_a_cold_run_is_unchanged(
             "*--max-model-len 2592 *--enable-prompt-tokens-details*",  # 2Ki + 512 + 32
             "2Ki * 2,592 *",  # the capacity plan counts the suffix
         ]
+    )
+    assert (
+        "a cold prompt holds 2 more needle(s) under other keys (Bob, Carol) at other depths, "
+        "each asked by a warm follow-up" in warm.stdout.str()
     )
     only_cold = pytester.runpytest(
         "-p", "no:cacheprovider", "--longctx-plan", "--longctx-to=2Ki", WARM, "-k", "not warm"

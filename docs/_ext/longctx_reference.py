@@ -106,8 +106,9 @@ def options_page() -> str:
         entries.append(f"{form}\n: {_cell(row.help)}\n\n  *{ini}*\n")
     return (
         "# Options and ini keys\n\n"
-        "Generated from the plugin's option declarations (`pytest_longctx/session/options.py`, "
-        "`pytest_longctx/plugin.py`) at every docs build. The command line wins over the ini "
+        "Generated from the plugin's option declarations "
+        "(`pytest_longctx/session/option_parsing.py`, `pytest_longctx/plugin.py`) at every "
+        "docs build. The command line wins over the ini "
         "key. A flag an ini file turns on is turned off for one session by its `--no-` form. "
         "Sizes read `1Ki`, `64Mi`, `1Gi` or a token count; durations `500ms`, `1s`, `2m`, "
         "`1h` or plain seconds; percentages `25%` or `25`. In `pyproject.toml`'s "

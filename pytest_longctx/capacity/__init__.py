@@ -27,6 +27,14 @@ tokens: 6 GiB / 4032 B = 1,597,831 tokens, whereas 6 GB would give 1,488,096."""
 
 from __future__ import annotations
 
+from .at_once import (
+    ConcurrencyFit,
+    FitVerdict,
+    concurrency_fit,
+    fit_verdict,
+    pool_blocks,
+    render_fit_table,
+)
 from .fit import (
     Hardware,
     PointFit,
@@ -58,6 +66,8 @@ from .plot import (
 __all__ = [
     "CACHE_DTYPE_BYTES",
     "CacheLayout",
+    "ConcurrencyFit",
+    "FitVerdict",
     "FP8_CACHE_DTYPE",
     "GIB",
     "Hardware",
@@ -67,13 +77,17 @@ __all__ = [
     "cache_element_bytes",
     "cache_layout",
     "capacity_table",
+    "concurrency_fit",
     "config_model_dtype",
     "crossover_tokens",
     "describe_layout",
     "fit_point",
+    "fit_verdict",
     "load_model_config",
     "model_dtype_name",
     "plot_kv_footprint",
+    "pool_blocks",
+    "render_fit_table",
     "render_capacity_table",
     "token_capacity",
     "uses_mla",

@@ -8,9 +8,9 @@ interval. A published ``config.json`` often spells none of these. The plan reads
 same way; a ``model_type`` transformers does not know (remote code) is read as written.
 
 transformers imports torch, which takes seconds and, once a test runner's module snapshot has
-dropped it, cannot be imported again in that process: the class runs in a Python of its own
-unless transformers is already imported here, and each config is filled once: the answer is
-kept in the user's cache per transformers version.
+dropped it, cannot be imported again in that process: the class runs in another Python
+(:mod:`pytest_longctx.core.warm_python`) unless transformers is already imported here, and
+each config is filled once: the answer is kept in the user's cache per transformers version.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ import contextlib
 import functools
 import hashlib
 import json
-import subprocess
 import sys
 from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from pytest_longctx.core import warm_python
 from pytest_longctx.core.files import write_atomically
 from pytest_longctx.profiles.embedded_models import cache_root
 
@@ -53,20 +53,12 @@ def _filled(canonical: str) -> str:
     with contextlib.suppress(OSError):
         return kept.read_text(encoding="utf-8")
     try:
-        done = subprocess.run(
-            [sys.executable, "-c", f"import sys; from {__name__} import main; sys.exit(main())"],
-            input=canonical,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
+        filled = warm_python.ask(__name__, "fill", json.loads(canonical), timeout_s=300)
+    except warm_python.QuestionTimeout:
         raise ConfigClassError("the transformers config class did not answer in 300 s") from None
-    if done.returncode != 0:
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise ConfigClassError(f"the transformers config class could not read it: {tail}")
-    answer = done.stdout.strip().splitlines()[-1]
+    except warm_python.QuestionFailed as exc:
+        raise ConfigClassError(f"the transformers config class could not read it: {exc}") from None
+    answer = json.dumps(filled)
     with contextlib.suppress(OSError):
         write_atomically(kept, answer)
     return answer
@@ -107,14 +99,3 @@ def fill(config: dict[str, Any]) -> dict[str, Any]:
             if config.get(key) is not None:
                 filled[key] = config[key]
     return json.loads(json.dumps(filled, default=str))
-
-
-def main() -> int:
-    """Read a config on stdin, print it filled in as one line of JSON."""
-    try:
-        filled = fill(json.loads(sys.stdin.read()))
-    except ConfigClassError as exc:
-        print(exc, file=sys.stderr)
-        return 1
-    print(json.dumps(filled))
-    return 0

@@ -16,8 +16,6 @@ import hashlib
 import io
 import json
 import logging
-import subprocess
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
@@ -25,6 +23,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from pytest_longctx.core import warm_python
 from pytest_longctx.core.files import write_atomically
 from pytest_longctx.profiles.embedded_models import cache_root
 
@@ -225,9 +224,10 @@ def ask_in_subprocess(
     max_model_len: int,
     timeout_s: float = 300.0,
 ) -> OracleAnswer:
-    """:func:`ask_for_layout` in a Python of its own: importing vLLM (and torch) here would
-    bring the CPU platform's logging and state into the session, and a torch that a test
-    runner's module snapshot dropped cannot be imported twice in one process.
+    """:func:`ask_for_layout` in another Python (:mod:`pytest_longctx.core.warm_python`):
+    importing vLLM (and torch) here would bring the CPU platform's logging and state into the
+    session, and a torch that a test runner's module snapshot dropped cannot be imported twice
+    in one process.
 
     The answer depends only on the request and the installed vLLM, and importing vLLM takes
     seconds: answers are kept in the user's cache (beside the embedded models), one file per
@@ -242,18 +242,10 @@ def ask_in_subprocess(
     kept = answer_file(request)
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
         return answer_from_json(json.loads(kept.read_text()))
-    done = subprocess.run(
-        [sys.executable, "-m", __name__],
-        input=json.dumps(request),
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        check=False,
-    )
-    if done.returncode != 0:
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"the vLLM oracle exited with {done.returncode}: {tail}")
-    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    try:
+        answer = warm_python.ask(__name__, "answer_request", request, timeout_s)
+    except (warm_python.QuestionFailed, warm_python.QuestionTimeout) as exc:
+        raise RuntimeError(f"the vLLM oracle did not answer: {exc}") from None
     with contextlib.suppress(OSError):
         write_atomically(kept, json.dumps(answer) + "\n")
     return answer_from_json(answer)
@@ -280,9 +272,8 @@ def _layer_from_json(data: Mapping[str, Any]) -> LayerKind:
     return LayerKind(**{**data, "state_parts": parts})
 
 
-def main() -> int:
-    """Read an :func:`ask_in_subprocess` request on stdin, print vLLM's answer as JSON."""
-    request = json.loads(sys.stdin.read())
+def answer_request(request: Mapping[str, Any]) -> dict[str, Any]:
+    """vLLM's answer to an :func:`ask_in_subprocess` request (in the answering Python)."""
     answer = ask_for_layout(
         [_layer_from_json(layer) for layer in request["layers"]],
         AllocatorSettings(**request["settings"]),
@@ -290,9 +281,4 @@ def main() -> int:
         request["kv_element_bytes"],
         request["max_model_len"],
     )
-    print(json.dumps(dataclasses.asdict(answer)))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return dataclasses.asdict(answer)

@@ -39,7 +39,7 @@ from __future__ import annotations
 from .client import (
     ClientConfig,
     CompletionClient,
-    ServedModel,
+    ModelEntry,
 )
 from .errors import (
     ERROR_BODY_LIMIT,
@@ -88,11 +88,11 @@ __all__ = [
     "MeasurementError",
     "MeasurementTimeoutError",
     "MissingUsageError",
+    "ModelEntry",
     "NoTokensError",
     "PromptTooLongError",
     "RequestBody",
     "RequestRejectedError",
-    "ServedModel",
     "NotConnectedError",
     "ServerUnavailableError",
     "StreamError",

@@ -21,7 +21,7 @@ import httpx
 
 from pytest_longctx.core.files import REDACTED
 
-from .config import ClientConfig, ServedModel
+from .config import ClientConfig, ModelEntry
 from .errors import (
     CompletionCountError,
     ErrorFrameError,
@@ -419,7 +419,7 @@ class CompletionClient:
         except httpx.HTTPError:
             return None
 
-    def models(self) -> ServedModel:
+    def models(self) -> ModelEntry:
         """The first served model's id and ``max_model_len`` (None if the server omits it)."""
         data = self._get_json("/v1/models")
         entries = data.get("data") if isinstance(data, Mapping) else None
@@ -430,7 +430,7 @@ class CompletionClient:
             )
         max_len = entries[0].get("max_model_len")
         root = entries[0].get("root")
-        return ServedModel(
+        return ModelEntry(
             id=str(entries[0]["id"]),
             max_model_len=int_or_none(max_len),
             root=str(root) if root else None,

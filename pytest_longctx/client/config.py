@@ -1,4 +1,4 @@
-"""Where a server is and how long the client waits for it; what it says it serves."""
+"""Where a server is and how long the client waits for it; its ``/v1/models`` entry."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from .errors import UPLOAD_CHUNK_BYTES
 
 
 @dataclass(frozen=True)
-class ServedModel:
+class ModelEntry:
+    """The server's ``/v1/models`` entry for the model it serves: what it says, not assumed."""
+
     id: str
     max_model_len: int | None
     #: Where the server loaded it from (vLLM's ``root``: a hub id or a folder on its machine).

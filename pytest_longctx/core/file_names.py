@@ -23,12 +23,14 @@ PREFILL_RATE_PLOT = "prefill_rate.png"
 REUSE_PLOT = "reuse.png"
 INTERFERENCE_ITL_PLOT = "interference_itl.png"
 INTERFERENCE_TTFT_PLOT = "interference_ttft.png"
+CONCURRENCY_PLOT = "concurrency_decode.png"
 
 #: ``pytest_longctx compare``'s outputs, in the folder it is given.
 COMPARE_MARKDOWN = "compare.md"
 COMPARE_HTML = "compare.html"
 COMPARE_PLOTS = ("compare_ttft.png", "compare_decode.png", "compare_ratio.png")
 COMPARE_INTERFERENCE_PLOT = "compare_interference.png"
+COMPARE_CONCURRENCY_PLOT = "compare_concurrency.png"
 
 #: The list of every run, in the output root beside the run folders.
 INDEX = "index.html"

@@ -82,6 +82,11 @@ FIGURE_UNITS: Mapping[str, str] = {
         for statistic in ("median", "max")
     },
     "bg_tokens_during_prefill": "tok",
+    # A concurrency point (its ttft is the last request's to start: the queueing shows in
+    # it): the decode tokens of all its requests over the span they decoded in, and the
+    # slowest request's own decode rate.
+    "aggregate_decode_throughput": "tok/s",
+    "min_request_decode_throughput": "tok/s",
 }
 
 #: ``interrupted``: the point was being measured when the session was stopped (Ctrl-C,
@@ -134,7 +139,8 @@ class Record:
     stream: Mapping[str, Any] = field(default_factory=dict)
     #: The point's workload, as the cache sees its prompt: ``cold`` (a prefill no cache
     #: served), ``warm`` (a follow-up on a cold point's prefix) or ``interference`` (a cold
-    #: prefill measured while background streams ran on the server).
+    #: prefill measured while background streams ran on the server) or ``concurrency`` (cold
+    #: prompts of one length sent at once).
     cache_state: str = "cold"
     #: What the server served from its prefix cache; for a warm point also which question it
     #: is, its prefix and suffix tokens, the tokens the contract required and the alignment.
@@ -160,8 +166,16 @@ class Record:
     energy: Mapping[str, Any] = field(default_factory=dict)
     #: The probe the measured prompt carried and its verdict: ``expected``, ``answer``,
     #: ``depth`` (fraction of the prompt), ``verdict`` (``correct``, ``wrong`` or
-    #: ``not_checked`` with a ``reason``), ``judged_by``, ``mode`` (``check`` or ``record``).
+    #: ``not_checked`` with a ``reason``), ``judged_by``, ``mode`` (``check`` or ``record``),
+    #: ``key`` (the name the question asks for) and ``needles`` (how many the prompt holds).
     fidelity: Mapping[str, Any] = field(default_factory=dict)
+    #: A concurrency point's level and what it did (``cache_state`` ``concurrency``): the
+    #: ``level`` (requests of this length sent at once), ``aggregate_decode_throughput``,
+    #: each request's figures (``requests``), the peaks of the scheduler's gauges, the
+    #: preemptions, ``ran_at_once``, and the length's ``fit_measured`` (where known),
+    #: ``fit_planned``, ``fit_vllm`` and ``verdict`` (measure/concurrent.py). Empty for
+    #: other points.
+    concurrency: Mapping[str, Any] = field(default_factory=dict)
 
     def figure(self, name: str) -> float | None:
         return self.figures.get(name)
@@ -185,6 +199,13 @@ class Record:
         if self.cache_state != "interference":
             return 0
         return int(self.interference.get("background_streams") or 0)
+
+    @property
+    def concurrency_level(self) -> int:
+        """c for a concurrency point (its requests sent at once), 0 for any other."""
+        if self.cache_state != "concurrency":
+            return 0
+        return int(self.concurrency.get("level") or 0)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -214,6 +235,7 @@ class Record:
             "interference": dict(self.interference),
             "energy": dict(self.energy),
             "fidelity": dict(self.fidelity),
+            "concurrency": dict(self.concurrency),
         }
 
     @classmethod
@@ -251,6 +273,7 @@ class Record:
             interference=dict(data.get("interference") or {}),
             energy=dict(data.get("energy") or {}),
             fidelity=dict(data.get("fidelity") or {}),
+            concurrency=dict(data.get("concurrency") or {}),
         )
 
 

@@ -148,15 +148,23 @@ def label_counts(records: Iterable[Record]) -> dict[str, int]:
 
 
 def latest_records(records: Iterable[Record]) -> list[Record]:
-    """One record per (run_id, length, repeat, question, workload): the last one written.
+    """One record per (run_id, length, repeat, question, workload, level): the last one
+    written.
 
     A resumed run re-measures a point that failed or never finished; its newer line is the
     answer for that point, the older one is history. A warm follow-up is a point of its own,
-    and so is an interference point.
+    and so are an interference point and each concurrency level.
     """
-    latest: dict[tuple[str, int, int, int, str], tuple[int, Record]] = {}
+    latest: dict[tuple[str, int, int, int, str, int], tuple[int, Record]] = {}
     for position, record in enumerate(records):
-        key = (record.run_id, record.length, record.repeat, record.question, record.cache_state)
+        key = (
+            record.run_id,
+            record.length,
+            record.repeat,
+            record.question,
+            record.cache_state,
+            record.concurrency_level,
+        )
         latest[key] = (position, record)
     return [record for _, record in sorted(latest.values(), key=lambda item: item[0])]
 

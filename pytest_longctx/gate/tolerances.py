@@ -74,6 +74,19 @@ METRICS: Mapping[str, Metric] = {
             "interference",
             "itl",
         ),
+        # Concurrency levels: each level's aggregate decode throughput against the baseline's
+        # at the same length and level.
+        Metric(
+            "concurrent_decode",
+            "aggregate_decode_throughput",
+            "aggregate decode throughput",
+            False,
+            5.0,
+            "fell",
+            "rose",
+            "concurrency",
+            "decode",
+        ),
     )
 }
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -342,6 +343,9 @@ def _judge_length(
         tolerance = tolerances.for_metric(metric.name, length)
         if tolerance is None:
             continue
+        if metric.cache_state == "concurrency":
+            verdicts += _judge_levels(metric, length, baseline, current, tolerance, level)
+            continue
         verdict = _judge_metric(metric, length, baseline, current, tolerance, level)
         if verdict is not None:
             verdicts.append(verdict)
@@ -371,6 +375,33 @@ def session_values(records: list[Record], figure: str) -> list[list[float]]:
     return [values for values in groups if values]
 
 
+def _judge_levels(
+    metric: Metric,
+    length: int,
+    baseline: list[Record],
+    current: list[Record],
+    tolerance: float,
+    level: float,
+) -> list[MetricVerdict]:
+    """A concurrency metric at each level both sides measured: a level's aggregate is
+    compared with the same level's, never with another's."""
+    both = {r.concurrency_level for r in baseline} & {r.concurrency_level for r in current}
+    verdicts = []
+    for requests in sorted(both - {0}):
+        named = dataclasses.replace(metric, label=f"{metric.label} of {requests} at once")
+        verdict = _judge_metric(
+            named,
+            length,
+            [r for r in baseline if r.concurrency_level == requests],
+            [r for r in current if r.concurrency_level == requests],
+            tolerance,
+            level,
+        )
+        if verdict is not None:
+            verdicts.append(verdict)
+    return verdicts
+
+
 def _judge_metric(
     metric: Metric,
     length: int,
@@ -391,7 +422,13 @@ def _judge_metric(
         else None
     )
     if not before_groups and not after_values and chunked is None:
-        return None  # neither side records it (e.g. a prefill-only profile): nothing to judge
+        # neither side records it: nothing to judge (e.g. a prefill-only profile), unless both
+        # sides' streams were set aside, which the verdict says
+        both_set_aside = metric.figure in STREAM_GAP_METRICS and _stream_set_aside(
+            baseline_records, current_records
+        )
+        if not both_set_aside:
+            return None
     where = f"{metric.label} at {format_size(length)}"
     before = Stats.of_sessions(before_groups) if before_groups else None
     after = Stats.of(metric.figure, after_values) if after_values else None

@@ -22,7 +22,7 @@ point is checked two ways:
   as any other (vLLM sends the first token alone, whatever its stream interval).
 
 Neither finds a disagreement over less than :data:`MIN_DISAGREEMENT_S` of decode time. A
-disagreeing point keeps the server's decode figure (measure/point.py), or fails with
+disagreeing point keeps the server's decode figure (measure/measurement.py), or fails with
 ``--longctx-strict-stream``.
 """
 

@@ -1,8 +1,8 @@
 """The cache-state contract of a point: cold, or warm with its whole prefix served from cache.
 
-A cold point proves that the prefix cache served none of its prompt (measure/point.py). A warm
-follow-up repeats its cold point's L prompt tokens exactly and appends new ones; it proves the
-cache served the prefix: every source the server gives (``usage.prompt_tokens_details.
+A cold point proves that the prefix cache served none of its prompt (measure/measurement.py).
+A warm follow-up repeats its cold point's L prompt tokens exactly and appends new ones; it
+proves the cache served the prefix: every source the server gives (``usage.prompt_tokens_details.
 cached_tokens``, vLLM's ``prompt_tokens_cached`` and ``prefix_cache_hits`` counters) shows at
 least L rounded down to the server's cache-hit alignment. vLLM caches and matches whole
 blocks, so a hit lands on that alignment (``cache_hit_alignment_tokens`` in

@@ -37,7 +37,7 @@ from pytest_longctx.measure.interference import (
     chunk_from_streams,
     preemptions,
 )
-from pytest_longctx.measure.point import (
+from pytest_longctx.measure.measurement import (
     UNVERIFIED_HINT,
     PointFailure,
     PointMeasurement,
@@ -56,7 +56,7 @@ from pytest_longctx.measure.server_metrics import (
     delta,
 )
 from pytest_longctx.measure.target import ServerInfo
-from pytest_longctx.plan.sweep import IDLE_REFERENCE_S, Point
+from pytest_longctx.plan.points import IDLE_REFERENCE_S, Point
 from pytest_longctx.prompts import Prompt
 
 #: How long the background streams may take to all receive a token.

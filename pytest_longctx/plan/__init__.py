@@ -3,8 +3,8 @@ in :mod:`pytest_longctx.capacity`)."""
 
 from __future__ import annotations
 
+from .points import SLOW_MARK, VERY_SLOW_MARK, PlanError, Point, SweepPlan, build_plan
 from .settings import Settings
-from .sweep import SLOW_MARK, VERY_SLOW_MARK, PlanError, Point, SweepPlan, build_plan
 
 __all__ = [
     "SLOW_MARK",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 from collections.abc import Sequence
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_longctx import capacity
-from pytest_longctx.plan.sweep import SweepPlan
+from pytest_longctx.plan.points import SweepPlan
 from pytest_longctx.profiles import Profile
 from pytest_longctx.profiles import hardware as host
 from pytest_longctx.profiles.extra_args import cache_flags
@@ -209,6 +210,14 @@ def render_table(plan: SweepPlan, lengths: Sequence[int]) -> str:
             f"{each} tokens (their prompt and decode):"
         )
         lines.append(capacity.render_capacity_table(loaded))
+    if plan.concurrency and lengths:
+        fits = concurrency_fits(plan, lengths)
+        lines.append(
+            f"concurrency points: requests of each length and {plan.decode_tokens} decode "
+            "tokens that fit the cache at once (levels up to "
+            f"{plan.max_concurrency}):"
+        )
+        lines.append(capacity.render_fit_table([fits[n] for n in lengths]))
     if reserve:
         lines.append(
             f"reserve: {reserve / capacity.GIB:.2f} GiB per device for activations, graphs "
@@ -219,6 +228,63 @@ def render_table(plan: SweepPlan, lengths: Sequence[int]) -> str:
         lines.append(predicted_capacity(layout, hardware, tokens, reserve))
         lines.append(oracle_line(layout, tokens))
     return "\n".join(line for line in lines if line)
+
+
+def cache_budget(
+    layout: capacity.CacheLayout, hardware: capacity.Hardware, reserve: int = 0
+) -> tuple[int, str]:
+    """The bytes per rank vLLM will make its cache of, and how the plan knows them."""
+    if hardware.kv_cache_bytes is not None:
+        return hardware.kv_cache_bytes, "for the explicit cache"
+    weights = hardware.weights_on_rank(layout.tensor_parallel, layout.tensor_parallel)
+    how = (
+        "an estimate: the memory budget less the weights and the "
+        f"{reserve / capacity.GIB:.2f} GiB reserve per device"
+        if reserve
+        else "an estimate: the memory budget less the weights, activations not counted"
+    )
+    return hardware.usable_per_device_bytes - weights - reserve, how
+
+
+def concurrency_fits(
+    plan: SweepPlan, lengths: Sequence[int], cache_labels: dict[str, str] | None = None
+) -> dict[int, capacity.ConcurrencyFit]:
+    """Per length, how many requests of it (prompt and the plan's decode) fit the cache at
+    once: the pool's blocks and block size from the server's ``vllm:cache_config_info``
+    when given (a launched or attached server), else the plan's cache at the profile's
+    block size. Empty when the model's config is not at hand."""
+    profile = plan.profile
+    layout = layout_for(profile)
+    if layout is None or not lengths:
+        return {}
+    labels = cache_labels or {}
+    block_size = _label_int(labels, "block_size")
+    blocks = _label_int(labels, "num_gpu_blocks")
+    if block_size is not None and blocks is not None:
+        layout = layout.with_changes(block_size=block_size)
+        num_blocks, source = blocks // profile.serving.data_parallel_size, "server"
+    else:
+        budget, _ = cache_budget(layout, hardware_for(profile), profile.hardware.reserve_per_device)
+        assert layout.allocation is not None
+        num_blocks, source = capacity.pool_blocks(layout.allocation, max(budget, 0)), "plan"
+    assert layout.allocation is not None
+    return {
+        n: capacity.concurrency_fit(layout.allocation, num_blocks, n, plan.decode_tokens, source)
+        for n in lengths
+    }
+
+
+def with_planned_fits(plan: SweepPlan) -> SweepPlan:
+    """``plan`` with its fit per length, for the concurrency levels (fit and fit + 1); as
+    it was when it measures no concurrency or the model's config is not at hand (a layout
+    vLLM refuses is said where the points are checked)."""
+    if not plan.concurrency:
+        return plan
+    try:
+        fits = concurrency_fits(plan, plan.lengths)
+    except (capacity.ParallelLayoutError, ValueError):
+        return plan
+    return dataclasses.replace(plan, planned_fits=tuple((n, f.fit) for n, f in fits.items()))
 
 
 def predicted_capacity(
@@ -232,17 +298,7 @@ def predicted_capacity(
     ``reserve`` is ``[hardware] reserve_per_device``: memory vLLM holds beyond weights and
     cache, so without an explicit cache size it is not there for the cache either."""
     assert layout.allocation is not None
-    if hardware.kv_cache_bytes is not None:
-        budget, how = hardware.kv_cache_bytes, "for the explicit cache"
-    else:
-        weights = hardware.weights_on_rank(layout.tensor_parallel, layout.tensor_parallel)
-        budget = hardware.usable_per_device_bytes - weights - reserve
-        how = (
-            "an estimate: the memory budget less the weights and the "
-            f"{reserve / capacity.GIB:.2f} GiB reserve per device"
-            if reserve
-            else "an estimate: the memory budget less the weights, activations not counted"
-        )
+    budget, how = cache_budget(layout, hardware, reserve)
     if budget <= 0:
         what = "the weights and the reserve" if reserve else "the weights alone"
         return f"predicted KV capacity: none ({what} fill the budget)"

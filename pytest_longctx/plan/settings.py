@@ -1,4 +1,4 @@
-"""The session's options and ini keys, validated: what the plan is built from."""
+"""The frozen Settings the plan is built from; session/option_parsing.py parses the options."""
 
 from __future__ import annotations
 
@@ -44,7 +44,8 @@ class Settings:
     #: Fail points whose stream disagrees with the server's decode (``--longctx-strict-stream``)
     #: instead of keeping them with the server's decode figure.
     strict_stream: bool = False
-    #: What each length measures: some of "cold", "warm", "interference" (--longctx-workload).
+    #: What each length measures: some of "cold", "warm", "interference", "concurrency"
+    #: (--longctx-workload).
     workload: tuple[str, ...] = ("cold",)
     #: What a wrong answer to the fidelity probe does: auto, check, record or off.
     fidelity: str = "auto"
@@ -56,6 +57,8 @@ class Settings:
     #: vLLM's ``--max-num-batched-tokens`` (the prefill chunk) for the launched server of the
     #: interference points; None: the profile's.
     max_num_batched_tokens: int | None = None
+    #: The highest level of the concurrency workload (--longctx-max-concurrency).
+    max_concurrency: int = 8
     #: Times a session may start its launched server again after it died or hung.
     max_relaunches: int = 3
     #: Crashes one length may cause before its remaining repeats are skipped.

@@ -16,7 +16,8 @@ from pytest_longctx.prompts.needle import RESERVED_TOKENS
 
 #: Bump whenever the files built for an unchanged spec change; part of every spec hash.
 #: 2: the tokenizers end with the needle vocabulary (prompts/needle.py).
-GENERATOR_VERSION = 2
+#: 3: keyed needles and questions (several needles per prompt, each asked by name).
+GENERATOR_VERSION = 3
 
 #: Written last into a finished model folder: a folder without it is an interrupted build.
 COMPLETE_MARKER = ".pytest-longctx-build.json"

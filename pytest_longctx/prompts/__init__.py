@@ -12,13 +12,14 @@ from .builder import (
     PromptError,
     ServerTokenSource,
 )
-from .probe import FIDELITY_MODES, Probe, fidelity_verdict, judgement
+from .probe import FIDELITY_MODES, Probe, fidelity_verdict, judgement, requests_verdict
 
 __all__ = [
     "FIDELITY_MODES",
     "Probe",
     "fidelity_verdict",
     "judgement",
+    "requests_verdict",
     "NONCE_TOKENS",
     "LocalTokenSource",
     "Prompt",

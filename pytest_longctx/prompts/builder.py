@@ -13,8 +13,8 @@ is spliced in per point.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
+import json
 import os
 import random
 import time
@@ -26,13 +26,28 @@ from typing import Protocol
 
 from pytest_longctx.core.files import write_atomically
 from pytest_longctx.prompts.corpus import generate_corpus
-from pytest_longctx.prompts.needle import NEEDLE_VALUES, QUESTION_TOKEN, needle_token
-from pytest_longctx.prompts.probe import Probe, probe_texts, probe_value
+from pytest_longctx.prompts.needle import (
+    NEEDLE_KEYS,
+    NEEDLE_VALUES,
+    keyed_needle_token,
+    keyed_question_token,
+    needle_token,
+)
+from pytest_longctx.prompts.probe import (
+    Needle,
+    Probe,
+    needle_depths,
+    probe_texts,
+    probe_values,
+)
 
 CORPUS_CHARS = 1_000_000
 NONCE_TOKENS = 4
 CORPUS_CHUNK_CHARS = 16_000  # what one /tokenize request carries when the server tokenizes
 TEXT_FIT_ATTEMPTS = 8
+#: Tokens a text prompt keeps free of needles before its question: the fitting trims or
+#: extends the text there by a few tokens.
+TEXT_PROBE_MARGIN = 32
 
 
 class PromptError(RuntimeError):
@@ -55,18 +70,77 @@ class TokenSource(Protocol):
     def decode(self, ids: Sequence[int]) -> str | None: ...
 
 
+#: ``tokenizer_config.json`` keys that change nothing the ``tokenizers`` library's own file
+#: does not already say: a config with any other key (``add_bos_token``, ``legacy``,
+#: ``add_prefix_space``, ``auto_map``, ...) may make transformers rebuild the tokenizer on load.
+PLAIN_CONFIG_KEYS = frozenset(
+    {
+        "backend",
+        "bos_token",
+        "eos_token",
+        "pad_token",
+        "unk_token",
+        "model_max_length",
+        "tokenizer_class",
+        "added_tokens_decoder",
+    }
+)
+#: The classes that are the ``tokenizers`` file itself, wrapped (transformers 4 and 5 names).
+PLAIN_TOKENIZER_CLASSES = frozenset({"PreTrainedTokenizerFast", "TokenizersBackend"})
+
+
+def plain_tokenizer_file(folder: Path) -> Path | None:
+    """The folder's ``tokenizer.json`` when transformers would load it unchanged, else None.
+
+    Such a tokenizer is read with the ``tokenizers`` library alone: the same ids, counts and
+    text as ``AutoTokenizer``, without importing transformers, which imports torch (about
+    7 s of CPU in every session that builds prompts)."""
+    file, config_file = folder / "tokenizer.json", folder / "tokenizer_config.json"
+    try:
+        config = json.loads(config_file.read_text())
+        body = json.loads(file.read_text())
+    except (OSError, ValueError):
+        return None
+    if (
+        not isinstance(config, dict)
+        or config.get("tokenizer_class") not in PLAIN_TOKENIZER_CLASSES
+        or not set(config) <= PLAIN_CONFIG_KEYS
+        or body.get("truncation") is not None
+        or body.get("padding") is not None
+    ):
+        return None
+    return file
+
+
 @dataclass
 class LocalTokenSource:
-    """``AutoTokenizer`` for the profile's model at its pinned revision."""
+    """The model's tokenizer from a local folder or the Hub, at its pinned revision: a plain
+    ``tokenizer.json`` (:func:`plain_tokenizer_file`) through the ``tokenizers`` library,
+    anything else through ``AutoTokenizer``."""
 
     name_or_path: str
     revision: str | None = None
     trust_remote_code: bool = False
     _tokenizer: object = field(default=None, repr=False)
+    _plain: object = field(default=None, repr=False)
 
     @property
     def key(self) -> str:
         return f"{self.name_or_path}@{self.revision or 'local'}"
+
+    @property
+    def plain(self):  # noqa: ANN201 - tokenizers' type
+        """The ``tokenizers.Tokenizer`` of a plain local tokenizer, else None."""
+        if self._plain is None:
+            folder = Path(self.name_or_path)
+            file = plain_tokenizer_file(folder) if self.revision is None else None
+            if file is None:
+                self._plain = False
+            else:
+                from tokenizers import Tokenizer
+
+                self._plain = Tokenizer.from_file(str(file))
+        return self._plain or None
 
     @property
     def tokenizer(self):  # noqa: ANN201 - transformers' type
@@ -80,15 +154,23 @@ class LocalTokenSource:
         return self._tokenizer
 
     def encode(self, text: str) -> list[int]:
+        if self.plain is not None:
+            return list(self.plain.encode(text, add_special_tokens=False).ids)
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def count_as_server(self, text: str) -> int:
+        if self.plain is not None:
+            return len(self.plain.encode(text).ids)
         return len(self.tokenizer(text)["input_ids"])
 
     def vocab_size(self) -> int | None:
+        if self.plain is not None:
+            return int(self.plain.get_vocab_size(with_added_tokens=True))
         return len(self.tokenizer)
 
     def decode(self, ids: Sequence[int]) -> str | None:
+        if self.plain is not None:
+            return str(self.plain.decode(list(ids), skip_special_tokens=False))
         return self.tokenizer.decode(list(ids))
 
 
@@ -204,11 +286,14 @@ class PromptBuilder:
         nonce: Sequence[int] = (),
         probe_key: str | None = None,
         depth: float = 0.0,
+        needles: int = 1,
     ) -> Prompt:
         """``nonce``, then ``tag``, then the body: exactly ``length`` tokens.
 
-        With ``probe_key`` (ids prompts only: a text prompt is re-fitted at its end, where the
-        question sits) a needle is planted at ``depth`` of the body and the question ends it.
+        With ``probe_key``, ``needles`` needles are planted, each under its own key, the first
+        at ``depth`` of the body and the others at depths of their own; the question, naming
+        the first, ends it. A text prompt is fitted to its length before the question, which
+        is appended as text, so the fitting never cuts it.
         """
         started = time.perf_counter()
         header = array("I", nonce) + array("I", self.source.encode(f"{tag}\n"))
@@ -217,10 +302,12 @@ class PromptBuilder:
         ids = self.body(length)[:]  # a copy: the cached body stays pristine
         ids[: len(header)] = header
         probe = None
-        if probe_key is not None and not text:
-            probe = self.plant(ids, len(header), probe_key, depth)
+        if probe_key is not None:
+            depths = needle_depths(depth, needles)
+            margin = TEXT_PROBE_MARGIN if text else 0
+            probe = self.plant(ids, len(header), probe_key, depths, margin)
         self.verify(ids, length)
-        prompt_text = self._fit_text(ids, length) if text else None
+        prompt_text = self._fit_text(ids, length, probe) if text else None
         return Prompt(
             length,
             ids,
@@ -235,36 +322,68 @@ class PromptBuilder:
         """``tokens`` when the tokenizer has the needle vocabulary as single tokens, else
         ``text`` (a natural-language pass key)."""
         if self._probe_kind is None:
-            reserved = (QUESTION_TOKEN, needle_token(0), needle_token(NEEDLE_VALUES - 1))
+            last_key, last_value = len(NEEDLE_KEYS) - 1, NEEDLE_VALUES - 1
+            reserved = (
+                needle_token(0),
+                needle_token(last_value),
+                keyed_question_token(0),
+                keyed_needle_token(0, 0),
+                keyed_needle_token(last_key, last_value),
+            )
             single = all(len(self.source.encode(token)) == 1 for token in reserved)
             self._probe_kind = "tokens" if single else "text"
         return self._probe_kind
 
-    def plant(self, ids: array, start: int, key: str, depth: float) -> Probe:
-        """Overwrite ``ids`` (in place, its length kept) with a needle at ``depth`` of the
-        span after ``start`` and the question at its end; the probe says what was planted."""
+    def plant(
+        self, ids: array, start: int, key: str, depths: Sequence[float], margin: int = 0
+    ) -> Probe:
+        """Overwrite ``ids`` (in place, its length kept) with a needle per depth, each under
+        its own key, in the span after ``start``, and the question naming the first at its
+        end; the probe says what was planted. The needles never overlap: each sits at its
+        depth of the span the needles leave free, after those above it; ``margin`` tokens
+        before the question stay free of them."""
         kind = self.probe_kind()
-        expected = probe_value(key, kind)
-        needle_text, question_text = probe_texts(kind, expected)
-        needle = array("I", self.source.encode(needle_text))
-        question = array("I", self.source.encode(question_text))
-        span = len(ids) - start - len(needle) - len(question)
+        count = min(len(depths), len(NEEDLE_KEYS))
+        values = probe_values(key, kind, count)
+        texts = [probe_texts(kind, values[k], k) for k in range(count)]
+        encoded = [array("I", self.source.encode(needle)) for needle, _ in texts]
+        question = array("I", self.source.encode(texts[0][1]))
+        span = len(ids) - start - sum(map(len, encoded)) - len(question) - margin
         if span < 0:
             raise PromptError(
-                f"a prompt of {len(ids)} tokens has no room for the probe: the header, needle "
-                f"and question take {start + len(needle) + len(question)}"
+                f"a prompt of {len(ids)} tokens has no room for the probe: the header, "
+                f"{count} needle(s) and question take {len(ids) - span}"
             )
-        at = start + round(min(max(depth, 0.0), 1.0) * span)
-        ids[at : at + len(needle)] = needle
+        planted: dict[int, Needle] = {}
+        offset = 0
+        for k in sorted(range(count), key=lambda k: min(max(depths[k], 0.0), 1.0)):
+            at = start + round(min(max(depths[k], 0.0), 1.0) * span) + offset
+            ids[at : at + len(encoded[k])] = encoded[k]
+            offset += len(encoded[k])
+            planted[k] = Needle(k, values[k], at, texts[k][0])
         ids[len(ids) - len(question) :] = question
-        return Probe(kind, expected, at / max(len(ids) - 1, 1), needle_text, question_text, at)
+        needles = tuple(planted[k] for k in range(count))
+        first = needles[0]
+        return Probe(
+            kind,
+            first.value,
+            first.position / max(len(ids) - 1, 1),
+            first.text,
+            texts[0][1],
+            first.position,
+            first.key,
+            needles,
+        )
 
-    def extend(self, prompt: Prompt, suffix_tokens: int, tag: str, nonce: Sequence[int]) -> Prompt:
+    def extend(
+        self, prompt: Prompt, suffix_tokens: int, tag: str, nonce: Sequence[int], ask: int = 0
+    ) -> Prompt:
         """``prompt``'s ids exactly, then ``suffix_tokens`` new ones: ``nonce``, ``tag``, text.
 
         A warm follow-up: its prefix is token for token the cold prompt (ids, never text,
         so nothing re-tokenizes across the join), and its suffix opens with its own nonce, so
-        two follow-ups of one prefix share nothing after it.
+        two follow-ups of one prefix share nothing after it. A probed prefix's follow-up ends
+        with the question naming its needle ``ask`` (counted round the needles it holds).
         """
         if prompt.text is not None:
             raise PromptError("a follow-up extends token ids; text prompts would re-tokenize")
@@ -278,16 +397,16 @@ class PromptBuilder:
         suffix[: len(header)] = header
         probe = prompt.probe
         if probe is not None:
-            # The question again at the suffix's end: the answer is read through the prefix's
-            # cached KV, so a follow-up proves the resident cache right, not only fast.
+            # A question at the suffix's end: the answer is read through the prefix's cached
+            # KV, from a needle at another depth, so a follow-up proves the resident cache
+            # right, not only fast.
+            probe = probe.asking(ask, prompt.length + suffix_tokens)
             question = array("I", self.source.encode(probe.question_text))
             if len(header) + len(question) >= suffix_tokens:
                 raise PromptError(
                     f"a suffix of {suffix_tokens} tokens has no room for its header and question"
                 )
             suffix[suffix_tokens - len(question) :] = question
-            total = prompt.length + suffix_tokens
-            probe = dataclasses.replace(probe, depth=probe.position / (total - 1))
         ids = prompt.ids + suffix
         self.verify(ids, prompt.length + suffix_tokens)
         return Prompt(
@@ -323,12 +442,14 @@ class PromptBuilder:
                 "--longctx-prompt-format=ids"
             )
 
-    def _fit_text(self, ids: array, length: int) -> str:
-        """Text that the served tokenizer reads as exactly ``length`` tokens.
+    def _fit_text(self, ids: array, length: int, probe: Probe | None = None) -> str:
+        """Text that the served tokenizer reads as exactly ``length`` tokens, ending with the
+        probe's question when there is one.
 
         Decoding natural-text ids and re-encoding them gives the same ids except where the
         cut and the header meet the text, and the server adds its special tokens: a few
-        rounds of trimming or extending the id span close the gap.
+        rounds of trimming or extending the id span close the gap. The question is appended
+        as text after the span, and every needle must still be in the text.
         """
         if self.source.decode(ids[:1]) is None:
             raise PromptError(
@@ -336,12 +457,23 @@ class PromptBuilder:
                 "model's locally, or the server's /detokenize; expected "
                 "--longctx-prompt-format=ids"
             )
-        source = ids + self.body(2 * length)[: length // 2 + 64]
-        take, count = length, -1
+        question = "" if probe is None else probe.question_text
+        body = ids[: len(ids) - len(self.source.encode(question))] if question else ids
+        source = body + self.body(2 * length)[: length // 2 + 64]
+        take, count = len(body), -1
         for _ in range(TEXT_FIT_ATTEMPTS):
-            text = self.source.decode(source[:take])
+            text = self.source.decode(source[:take]) + question
             count = self.source.count_as_server(text)
             if count == length:
+                needles = probe.planted if probe else ()
+                # a needle in words is known by its value: the decoded text may space it anew
+                lost = [
+                    n.text
+                    for n in needles
+                    if (n.text if probe.kind == "tokens" else n.value) not in text
+                ]
+                if lost:
+                    raise PromptError(f"the text of {length} tokens lost its needle(s) {lost}")
                 return text
             take = max(1, min(len(source), take + length - count))
         raise PromptError(

@@ -2,8 +2,10 @@
 
 The embedded models' tokenizers carry these as ordinary added tokens (not special ones, so a
 server's detokenizer keeps them in the completion text): a question token and one value token
-per needle identity. A value is the number in its token's text, so one parser reads the answer
-of every probe: the first run of digits in the completion.
+per needle identity, and for each of :data:`NEEDLE_KEYS` keys a question token that asks that
+key alone and a needle token per value planted under it. One prompt can so hold several needles
+and a question that names the one it wants. The answer is always the plain value token: its
+number is the first run of digits in the completion, so one parser reads every probe.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ import re
 #: models), which carries the identity from the needle to the question.
 NEEDLE_VALUES = 64
 QUESTION_TOKEN = "<|question|>"
+#: The names needles are planted under, one per key: the text form says them ("the pass key of
+#: Alice"), the token form uses their initials (no digit: only the value's number is read).
+NEEDLE_KEYS = ("Alice", "Bob", "Carol", "Dave", "Erin", "Frank", "Grace", "Heidi")
 
 _DIGITS = re.compile(r"\d+")
 
@@ -25,10 +30,33 @@ def needle_token(value: int) -> str:
     return f"<|needle-{value}|>"
 
 
+def _initial(key: int) -> str:
+    if not 0 <= key < len(NEEDLE_KEYS):
+        raise ValueError(f"needle key {key}: expected 0..{len(NEEDLE_KEYS) - 1}")
+    return NEEDLE_KEYS[key][0].lower()
+
+
+def keyed_question_token(key: int) -> str:
+    """The question token that asks for the needle planted under ``key`` alone."""
+    return f"<|question-{_initial(key)}|>"
+
+
+def keyed_needle_token(key: int, value: int) -> str:
+    """The token that plants ``value`` under ``key``; answered by ``needle_token(value)``."""
+    needle_token(value)  # the value's range is checked there
+    return f"<|needle-{_initial(key)}-{value}|>"
+
+
 #: Every reserved token, in the order the tokenizers add them (after the trained vocabulary).
 RESERVED_TOKENS: tuple[str, ...] = (
     QUESTION_TOKEN,
     *(needle_token(value) for value in range(NEEDLE_VALUES)),
+    *(keyed_question_token(key) for key in range(len(NEEDLE_KEYS))),
+    *(
+        keyed_needle_token(key, value)
+        for key in range(len(NEEDLE_KEYS))
+        for value in range(NEEDLE_VALUES)
+    ),
 )
 
 

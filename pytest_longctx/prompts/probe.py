@@ -10,25 +10,52 @@ add any. Two forms, picked by the served tokenizer:
   repeats under greedy decoding, encoded with the model's own tokenizer.
 
 Either way the answer is the first run of digits in the completion (:func:`parse_answer`).
+
+A prompt may hold several needles, each under its own key (a name: "the pass key of Bob"), at
+depths of their own; its question names one key. The cold prompt asks the first, each warm
+follow-up of its prefix another, so reuse proves the cached KV right at several depths.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .needle import NEEDLE_VALUES, QUESTION_TOKEN, needle_token, parse_answer
+from .needle import (
+    NEEDLE_KEYS,
+    NEEDLE_VALUES,
+    keyed_needle_token,
+    keyed_question_token,
+    needle_token,
+    parse_answer,
+)
 
 #: Where the needle sits, as a fraction of the span between the header and the question:
 #: start, end, middle and between, in an order that gives neighbouring points other depths.
 DEPTHS = (0.0, 0.5, 1.0, 0.25, 0.75, 0.125, 0.875, 0.375, 0.625)
 
 PASS_KEY_DIGITS = 5
-TEXT_NEEDLE = "\nThe pass key is {value}. Remember it. {value} is the pass key.\n"
-TEXT_QUESTION = "\nWhat is the pass key? The pass key is"
+TEXT_NEEDLE = (
+    "\nThe pass key of {name} is {value}. Remember it. {value} is the pass key of {name}.\n"
+)
+TEXT_QUESTION = "\nWhat is the pass key of {name}? The pass key of {name} is"
 
 PROBE_KINDS = ("tokens", "text")
+
+
+@dataclass(frozen=True)
+class Needle:
+    """One needle a prompt holds: its key (an index of :data:`NEEDLE_KEYS`), its value, the
+    index of its first token and its text."""
+
+    key: int
+    value: str
+    position: int
+    text: str
 
 
 @dataclass(frozen=True)
@@ -43,20 +70,53 @@ class Probe:
     question_text: str
     #: The needle's first token's index in the prompt.
     position: int = 0
+    #: The key the question names (an index of :data:`NEEDLE_KEYS`).
+    key: int = 0
+    #: Every needle the prompt holds, the asked one among them; a follow-up asks another.
+    planted: tuple[Needle, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
             "expected": self.expected,
             "depth": round(self.depth, 4),
+            "key": NEEDLE_KEYS[self.key],
+            "needles": len(self.planted) or 1,
             "needle": self.needle_text,
             "question": self.question_text,
         }
+
+    def asking(self, key: int, length: int) -> Probe:
+        """The same prompt's needles, the question naming the one planted under ``key`` (the
+        count of needles wraps around), its depth in a prompt now ``length`` tokens long."""
+        needle = self.planted[key % len(self.planted)] if self.planted else None
+        if needle is None:
+            return dataclasses.replace(self, depth=self.position / max(length - 1, 1))
+        return dataclasses.replace(
+            self,
+            expected=needle.value,
+            depth=needle.position / max(length - 1, 1),
+            needle_text=needle.text,
+            question_text=probe_texts(self.kind, needle.value, needle.key)[1],
+            position=needle.position,
+            key=needle.key,
+        )
 
 
 def probe_depth(index: int) -> float:
     """The needle's depth for the point at ``index`` of the plan."""
     return DEPTHS[index % len(DEPTHS)]
+
+
+def needle_depths(depth: float, count: int) -> tuple[float, ...]:
+    """The depths of a prompt's ``count`` needles: the asked one's ``depth`` first, then the
+    next ones of :data:`DEPTHS` after it, so every needle of the prompt has a depth of its own."""
+    start = DEPTHS.index(depth) if depth in DEPTHS else 0
+    rest = [DEPTHS[(start + i) % len(DEPTHS)] for i in range(len(DEPTHS))]
+    ordered = [depth, *(d for d in rest if d != depth)]
+    if not 1 <= count <= len(ordered):
+        raise ValueError(f"{count} needles: expected 1..{len(ordered)}")
+    return tuple(ordered[:count])
 
 
 def probe_value(key: str, kind: str) -> str:
@@ -69,11 +129,27 @@ def probe_value(key: str, kind: str) -> str:
     return str(low + number % (9 * low))
 
 
-def probe_texts(kind: str, value: str) -> tuple[str, str]:
-    """The needle and the question, as text (what the plan shows and the tokenizer encodes)."""
+def probe_values(key: str, kind: str, count: int) -> tuple[str, ...]:
+    """``count`` distinct values for one prompt's needles (the first is :func:`probe_value`'s):
+    an answer read from the wrong needle is then a wrong answer."""
+    values: list[str] = []
+    for index in range(count):
+        value = int(probe_value(key if index == 0 else f"{key}:{index}", kind))
+        while str(value) in values:
+            value = value + 1 if kind == "text" else (value + 1) % NEEDLE_VALUES
+            if kind == "text" and value >= 10**PASS_KEY_DIGITS:
+                value = 10 ** (PASS_KEY_DIGITS - 1)
+        values.append(str(value))
+    return tuple(values)
+
+
+def probe_texts(kind: str, value: str, key: int = 0) -> tuple[str, str]:
+    """The needle planted under ``key`` and the question naming it, as text (what the plan
+    shows and the tokenizer encodes)."""
     if kind == "tokens":
-        return needle_token(int(value)), QUESTION_TOKEN
-    return TEXT_NEEDLE.format(value=value), TEXT_QUESTION
+        return keyed_needle_token(key, int(value)), keyed_question_token(key)
+    name = NEEDLE_KEYS[key]
+    return TEXT_NEEDLE.format(value=value, name=name), TEXT_QUESTION.format(name=name)
 
 
 def judge_answer(
@@ -81,15 +157,21 @@ def judge_answer(
 ) -> tuple[str, str | None]:
     """``(verdict, answer)``: ``correct`` or ``wrong`` from the completion's first digits.
 
-    A ``tokens`` probe is stricter: the completion must open with the needle's own token, so
-    a model that happens to write the number in ordinary text (the value space is small)
-    does not pass."""
-    answer = parse_answer(completion or "")
-    right = answer == expected
+    A ``tokens`` probe is stricter: its answer is the value token the completion opens with
+    (None when it opens with anything else), so a model that happens to write the number in
+    ordinary text (the value space is small), or names it only after another token, does not
+    pass."""
+    text = completion or ""
     if kind == "tokens":
-        right = (completion or "").lstrip().startswith(needle_token(int(expected)))
-    return ("correct" if right else "wrong"), answer
+        opening = _VALUE_TOKEN.match(text.lstrip())
+        answer = None if opening is None else parse_answer(opening.group())
+    else:
+        answer = parse_answer(text)
+    return ("correct" if answer == expected else "wrong"), answer
 
+
+#: A value token (:func:`needle_token`) at the start of a completion.
+_VALUE_TOKEN = re.compile(re.escape(needle_token(0)).replace("0", r"\d+"))
 
 #: ``--longctx-fidelity``: what a wrong answer does.
 FIDELITY_MODES = ("auto", "check", "record", "off")
@@ -123,6 +205,8 @@ def fidelity_verdict(
     entry: dict[str, Any] = {
         "expected": probe.expected,
         "depth": round(probe.depth, 4),
+        "key": NEEDLE_KEYS[probe.key],
+        "needles": len(probe.planted) or 1,
         "kind": probe.kind,
         "mode": how,
     }
@@ -134,10 +218,29 @@ def fidelity_verdict(
         "answer": answer,
         "completion": completion[:80],
         "verdict": verdict,
-        "judged_by": "the first digits of the completion"
-        + (
-            ", opening with the needle's value token"
+        "judged_by": (
+            "the value token the completion opens with"
             if probe.kind == "tokens"
-            else " (the pass key)"
+            else "the first digits of the completion (the pass key)"
         ),
     }
+
+
+def requests_verdict(
+    probe: Probe | None, heads: Sequence[str | None], how: str, why_unprobed: str = ""
+) -> dict[str, Any]:
+    """A concurrency level's ``fidelity``: each request carries the level's probe and each
+    answer is judged. The level is wrong when any request is (the first wrong one is shown),
+    correct when every one is."""
+    each = [fidelity_verdict(probe, head, how, why_unprobed) for head in heads]
+    wrong = [index for index, entry in enumerate(each) if entry["verdict"] == "wrong"]
+    correct = sum(entry["verdict"] == "correct" for entry in each)
+    unjudged = [index for index, entry in enumerate(each) if entry["verdict"] == "not_checked"]
+    shown = dict(each[wrong[0] if wrong else (unjudged[0] if unjudged else 0)])
+    verdict = "wrong" if wrong else ("correct" if correct == len(each) else "not_checked")
+    shown.update(verdict=verdict, requests=len(each), correct_requests=correct)
+    if wrong:
+        shown["wrong_requests"] = wrong
+    if verdict == "not_checked" and probe is not None and how != "off":
+        shown["reason"] = f"request {unjudged[0]}: {shown.get('reason', '')}"
+    return shown

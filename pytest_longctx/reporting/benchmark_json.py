@@ -35,8 +35,15 @@ BENCHMARK_GROUP = "longctx"
 WARM_GROUP = "longctx-warm"
 #: Interference points: the long prompt's TTFT and decode beside the background streams.
 INTERFERENCE_GROUP = "longctx-interference"
+#: Concurrency levels: one benchmark per length and level (``len=8Ki-conc=4-...``).
+CONCURRENCY_GROUP = "longctx-concurrency"
 #: The group of each workload (a record's ``cache_state``), in report order.
-_GROUPS = {"cold": BENCHMARK_GROUP, "warm": WARM_GROUP, "interference": INTERFERENCE_GROUP}
+_GROUPS = {
+    "cold": BENCHMARK_GROUP,
+    "warm": WARM_GROUP,
+    "interference": INTERFERENCE_GROUP,
+    "concurrency": CONCURRENCY_GROUP,
+}
 DEFAULT_TEST_NAME = "test_prefill_decode"
 
 
@@ -58,6 +65,15 @@ METRICS: tuple[BenchmarkMetric, ...] = (
         "decode_throughput",
         "s/token",
         "client wall clock per decoded token after the first (1 / decode throughput)",
+        lambda tokens_per_s: 1.0 / tokens_per_s,
+    ),
+    # A concurrency level's: its c requests' tokens together (only they have the figure).
+    BenchmarkMetric(
+        "aggregate_decode",
+        "aggregate_decode_throughput",
+        "s/token",
+        "client wall clock per token the level's requests decoded together "
+        "(1 / aggregate decode throughput)",
         lambda tokens_per_s: 1.0 / tokens_per_s,
     ),
 )
@@ -126,15 +142,20 @@ def sweep_benchmarks(records: Iterable[Record]) -> list[SweepBenchmark]:
     of all its runs. A record superseded by a later one of the same point (a resume) does not.
     The warm follow-ups of a length (every question of every repeat) are its warm rounds.
     """
-    passed = [record for record in latest_records(records) if record.outcome == "passed"]
-    by_length: dict[tuple[int, str], list[Record]] = {}
-    # rounds in the order they were measured
+    passed = [
+        record
+        for record in latest_records(records)
+        if record.outcome == "passed" and record.cache_state in _GROUPS
+    ]
+    by_length: dict[tuple[int, str, int], list[Record]] = {}
+    # rounds in the order they were measured; each concurrency level a benchmark of its own
     for record in sorted(passed, key=lambda r: (r.length, r.started_at or 0.0, r.run_id, r.repeat)):
-        by_length.setdefault((record.length, record.cache_state), []).append(record)
+        key = (record.length, record.cache_state, record.concurrency_level)
+        by_length.setdefault(key, []).append(record)
     benchmarks = []
     order = list(_GROUPS)
-    for (length, state), group in sorted(
-        by_length.items(), key=lambda item: (item[0][0], order.index(item[0][1]))
+    for (length, state, level), group in sorted(
+        by_length.items(), key=lambda item: (item[0][0], order.index(item[0][1]), item[0][2])
     ):
         label = format_size(length)
         path = _test_path(group[0])
@@ -142,7 +163,7 @@ def sweep_benchmarks(records: Iterable[Record]) -> list[SweepBenchmark]:
             measured = [r for r in group if r.figures.get(metric.figure, 0) > 0]
             if not measured:
                 continue
-            tag = "" if state == "cold" else f"-{state}"
+            tag = "" if state == "cold" else f"-conc={level}" if level else f"-{state}"
             param = f"len={label}{tag}-{metric.name}"
             family = _GROUPS[state]
             benchmarks.append(
@@ -154,7 +175,7 @@ def sweep_benchmarks(records: Iterable[Record]) -> list[SweepBenchmark]:
                     params={
                         "length": length,
                         "metric": metric.name,
-                        **({state: True} if state != "cold" else {}),
+                        **({state: level or True} if state != "cold" else {}),
                     },
                     extra_info={
                         "length": length,

@@ -26,6 +26,8 @@ from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.core.stats import latest_records
+from pytest_longctx.reporting.concurrency_report import html_fragment as concurrency_fragment
+from pytest_longctx.reporting.depth_map import html_fragment as depth_map_fragment
 from pytest_longctx.reporting.interference_report import html_fragment as interference_fragment
 from pytest_longctx.reporting.kv_plot import kv_plot_note
 from pytest_longctx.reporting.predictions import html_fragment as progress_fragment
@@ -138,7 +140,7 @@ def summary_fragment(records: Iterable[Record], plot_paths: Iterable[Path | None
     is not.
     """
     records = list(records)
-    table = _table(TABLE_COLUMNS, summary_rows(records), "longctx-summary-table")
+    table = _table(TABLE_COLUMNS, summary_rows(records), "longctx-summary-table longctx-lengths")
     images = [
         f"<figure>{embedded_image(Path(path))}</figure>"
         for path in plot_paths
@@ -150,7 +152,8 @@ def summary_fragment(records: Iterable[Record], plot_paths: Iterable[Path | None
     return (
         f'<section class="longctx-summary"><style>{_SUMMARY_STYLE}</style>'
         "<h3>Long-context sweep (mean ± sample std over passed repeats)</h3>"
-        f"{table}{''.join(images)}{reuse_fragment(records)}{interference_fragment(records)}"
+        f"{table}{''.join(images)}{depth_map_fragment(records)}{reuse_fragment(records)}"
+        f"{interference_fragment(records)}{concurrency_fragment(records)}"
         f"{progress_fragment(records)}"
         "</section>"
     )

@@ -14,6 +14,8 @@ from typing import Any
 
 from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import Record
+from pytest_longctx.reporting.concurrency_report import markdown_lines as concurrency_lines
+from pytest_longctx.reporting.depth_map import markdown_lines as depth_map_lines
 from pytest_longctx.reporting.interference_report import markdown_lines as interference_lines
 from pytest_longctx.reporting.kv_plot import kv_plot_note
 from pytest_longctx.reporting.predictions import markdown_lines as progress_lines
@@ -120,15 +122,17 @@ def render_markdown(
     lines += ["", "## Results", "", "Mean ± sample std over the passed repeats of every run.", ""]
     if summary_rows(records):
         lines += [markdown_table(records), ""]
-    else:  # the interference points alone: their figures are in their own section
-        lines += ["No cold point in these records: see the interference section below.", ""]
+    else:  # the interference or concurrency points alone: their figures have their section
+        lines += ["No cold point in these records: see the sections below.", ""]
     for link in plot_links:
         lines += [f"![{Path(link).stem}]({link})", ""]
     note = kv_plot_note(records)
     if note:
         lines += [note, ""]
+    lines += depth_map_lines(records)
     lines += reuse_lines(records)
     lines += interference_lines(records)
+    lines += concurrency_lines(records)
     for section in sections:
         lines += [section.rstrip("\n"), ""]
     lines += progress_lines(records)

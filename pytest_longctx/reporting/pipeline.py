@@ -12,6 +12,7 @@ from pytest_longctx.core.file_names import MARKDOWN as MARKDOWN_FILENAME
 from pytest_longctx.core.records import Record
 from pytest_longctx.reporting import gate_report
 from pytest_longctx.reporting.benchmark_json import write_benchmark_json
+from pytest_longctx.reporting.concurrency_report import draw_plot as draw_concurrency_plot
 from pytest_longctx.reporting.gate_report import GateView
 from pytest_longctx.reporting.html import write_standalone_html
 from pytest_longctx.reporting.interference_report import draw_itl_plot, draw_ttft_plot
@@ -56,6 +57,7 @@ def write_reports(
             draw_reuse_plot,
             draw_itl_plot,
             draw_ttft_plot,
+            draw_concurrency_plot,
             *extra_plots,
         ],
     )

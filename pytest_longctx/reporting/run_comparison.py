@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from pytest_longctx.core.file_names import COMPARE_CONCURRENCY_PLOT as CONCURRENCY_PLOT
 from pytest_longctx.core.file_names import COMPARE_HTML as HTML
 from pytest_longctx.core.file_names import COMPARE_INTERFERENCE_PLOT as INTERFERENCE_PLOT
 from pytest_longctx.core.file_names import COMPARE_MARKDOWN as MARKDOWN
@@ -24,6 +25,7 @@ from pytest_longctx.core.records import Record, read_records, results_path
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.core.stats import format_mean_std, latest_records, summarize_values
 from pytest_longctx.gate import DEFAULT_LEVEL, METRICS, welch_test
+from pytest_longctx.reporting.concurrency_report import level_rows
 from pytest_longctx.reporting.html import embedded_image
 from pytest_longctx.reporting.interference_report import chunk_words
 from pytest_longctx.reporting.plots import length_axis
@@ -88,6 +90,8 @@ def compare_runs(runs: Sequence[ComparedRun], level: float = DEFAULT_LEVEL) -> C
     lengths = sorted({r.length for run in runs for r in run.records})
     cells: dict[str, dict[int, tuple[Cell | None, ...]]] = {}
     for name, metric in METRICS.items():
+        if metric.cache_state == "concurrency":
+            continue  # by level, not by length alone: concurrency_rows
         by_length = {}
         for length in lengths:
             values = [
@@ -183,6 +187,34 @@ def table_rows(comparison: Comparison, metric: str) -> tuple[list[str], list[lis
     return header, rows
 
 
+def concurrency_rows(comparison: Comparison) -> tuple[list[str], list[list[str]]]:
+    """Each run's aggregate decode throughput per length and concurrency level (and whether
+    the level ran at once there); empty rows when no run measured concurrency."""
+    per_run = [
+        {(row.length, row.level): row for row in level_rows(run.records)} for run in comparison.runs
+    ]
+    keys = sorted({key for rows in per_run for key in rows})
+    header = ["Length", "Level"]
+    for index, run in enumerate(comparison.runs):
+        header.append(run.label)
+        if index:
+            header.append(f"ratio {index + 1}/1")
+    rows = []
+    for length, level in keys:
+        row = [format_size(length), str(level)]
+        first = per_run[0].get((length, level))
+        base = first.mean("aggregate_decode_throughput") if first else None
+        for index, runs in enumerate(per_run):
+            found = runs.get((length, level))
+            value = found.mean("aggregate_decode_throughput") if found else None
+            once = "" if found is None or found.ran_at_once else " (not at once)"
+            row.append("–" if value is None else f"{value:,.1f}{once}")
+            if index:
+                row.append(f"x{value / base:.3f}" if value and base else "–")
+        rows.append(row)
+    return header, rows
+
+
 def render_markdown(comparison: Comparison, plot_names: Sequence[str]) -> str:
     lines = ["# Runs compared", ""]
     for index, run in enumerate(comparison.runs, start=1):
@@ -199,6 +231,12 @@ def render_markdown(comparison: Comparison, plot_names: Sequence[str]) -> str:
             continue
         header, rows = table_rows(comparison, name)
         lines += ["", f"## {metric.label} ({metric.unit})", ""]
+        lines.append("| " + " | ".join(header) + " |")
+        lines.append("|" + "|".join("---" for _ in header) + "|")
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+    header, rows = concurrency_rows(comparison)
+    if rows:
+        lines += ["", "## Aggregate decode throughput by concurrency level (tok/s)", ""]
         lines.append("| " + " | ".join(header) + " |")
         lines.append("|" + "|".join("---" for _ in header) + "|")
         lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -236,6 +274,15 @@ def render_html(comparison: Comparison, plots: Sequence[Path]) -> str:
         header, rows = table_rows(comparison, name)
         parts.append(f"<h2>{html.escape(metric.label)} ({html.escape(metric.unit)})</h2>")
         parts.append(f"<table class='longctx-compare-{name}'><tr>")
+        parts += [f"<th>{html.escape(h)}</th>" for h in header]
+        parts.append("</tr>")
+        for row in rows:
+            parts.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>")
+        parts.append("</table>")
+    header, rows = concurrency_rows(comparison)
+    if rows:
+        parts.append("<h2>Aggregate decode throughput by concurrency level (tok/s)</h2>")
+        parts.append("<table class='longctx-compare-concurrency'><tr>")
         parts += [f"<th>{html.escape(h)}</th>" for h in header]
         parts.append("</tr>")
         for row in rows:
@@ -295,7 +342,39 @@ def draw_plots(comparison: Comparison, out_dir: Path) -> list[Path]:
         written.append(write_atomically(out_dir / filename, buffer.getvalue()))
     if "load_ttft" in comparison.cells and "stall" in comparison.cells:
         written.append(_draw_interference(comparison, out_dir))
+    if concurrency_rows(comparison)[1]:
+        written.append(_draw_concurrency(comparison, out_dir))
     return written
+
+
+def _draw_concurrency(comparison: Comparison, out_dir: Path) -> Path:
+    """Aggregate decode throughput against the level, one panel per length, a line per run."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    per_run = [level_rows(run.records) for run in comparison.runs]
+    lengths = sorted({row.length for rows in per_run for row in rows})
+    figure = Figure(figsize=(8, 3.5 * len(lengths)), dpi=100, layout="constrained")
+    FigureCanvasAgg(figure)
+    panels = figure.subplots(len(lengths), 1, squeeze=False)[:, 0]
+    for axes, length in zip(panels, lengths, strict=True):
+        for index, (run, rows) in enumerate(zip(comparison.runs, per_run, strict=True)):
+            here = [r for r in rows if r.length == length and r.mean("aggregate_decode_throughput")]
+            if here:
+                axes.plot(
+                    [r.level for r in here],
+                    [r.mean("aggregate_decode_throughput") for r in here],
+                    marker="o",
+                    label=f"{index + 1}: {run.label}",
+                )
+        axes.set_title(f"{format_size(length)} prompts")
+        axes.set_ylabel("Aggregate decode (tok/s)")
+        axes.grid(True, alpha=0.3)
+        axes.legend(fontsize=7)
+    panels[-1].set_xlabel("Requests sent at once (level)")
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    return write_atomically(out_dir / CONCURRENCY_PLOT, buffer.getvalue())
 
 
 def _draw_interference(comparison: Comparison, out_dir: Path) -> Path:

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -395,6 +396,71 @@ def wait_group_gone(pgid: int, timeout_s: float, poll_s: float = 0.1) -> bool:
         if time.monotonic() > deadline:
             return False
         time.sleep(poll_s)
+    return True
+
+
+#: How long a dead server's process group, port and device memory may take to be released.
+RELEASE_TIMEOUT_S = 60.0
+#: How far above its level before the first start a device's used memory may stay (the
+#: driver's own, another tool's context) and still count as released.
+DEVICE_MEMORY_MARGIN_BYTES = 1024**3
+DEVICE_POLL_S = 1.0
+
+
+def wait_released(
+    pgid: int | None, host: str, port: int, timeout_s: float = RELEASE_TIMEOUT_S
+) -> None:
+    """The dead server's process group gone (zombies aside) and its port free, or a
+    ServerError (``start_failed``) saying which is still held after ``timeout_s``.
+
+    On a CPU the kernel takes a process's memory and cores back when the process ends, so
+    the group being gone is the whole of it there; a GPU's memory is waited on apart
+    (:func:`wait_device_memory`)."""
+    deadline = time.monotonic() + timeout_s
+    if pgid is not None and not wait_group_gone(pgid, timeout_s):
+        raise ServerError(
+            f"the dead server's process group {pgid} is still alive after {timeout_s:g} s",
+            "start_failed",
+        )
+    while not port_free(host, port):
+        if time.monotonic() > deadline:
+            raise ServerError(f"port {port} is still taken after {timeout_s:g} s", "start_failed")
+        time.sleep(0.2)
+
+
+def wait_device_memory(
+    before: dict[int, int],
+    read: Callable[[], dict[int, int] | None],
+    timeout_s: float = RELEASE_TIMEOUT_S,
+    poll_s: float = DEVICE_POLL_S,
+) -> dict[int, int]:
+    """Poll ``read()`` (bytes used per device) until every device of ``before`` is within
+    :data:`DEVICE_MEMORY_MARGIN_BYTES` of its level there; the devices that still hold more
+    after ``timeout_s``, with the bytes they use (empty: released). A reading that fails says
+    nothing either way and is not waited on."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        now = read()
+        if now is None:
+            return {}
+        held = {
+            index: used
+            for index, used in now.items()
+            if index in before and used > before[index] + DEVICE_MEMORY_MARGIN_BYTES
+        }
+        if not held or time.monotonic() > deadline:
+            return held
+        time.sleep(poll_s)
+
+
+def port_free(host: str, port: int) -> bool:
+    """Whether vLLM could bind the port again (it binds with SO_REUSEADDR, as here)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
     return True
 
 

@@ -24,15 +24,16 @@ import io
 import json
 import os
 import shlex
-import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
+from pytest_longctx.core import warm_python
 from pytest_longctx.core.files import REDACTED, write_atomically
 from pytest_longctx.measure.target import ServerError
 from pytest_longctx.profiles import Profile
@@ -357,30 +358,25 @@ def _without_port(args: list[str]) -> tuple[str, ...]:
 
 @functools.lru_cache(maxsize=32)
 def ask_parser(python: str, args: tuple[str, ...], ours: tuple[str, ...]) -> FlagCheck | None:
-    """The installed vLLM's ``serve`` parser on ``args``, in a Python of its own (vLLM's
-    import brings torch and its platform's state and logging, which the session must not
-    carry). Its verdict is kept for the process, and on disk for this vLLM installation
-    (importing vLLM costs seconds of CPU per session otherwise). ``ours``: the plugin's own
-    flags, left out where it lacks them. None when vLLM cannot be asked."""
+    """The installed vLLM's ``serve`` parser on ``args``, in another Python
+    (:mod:`pytest_longctx.core.warm_python`: vLLM's import brings torch and its platform's
+    state and logging, which the session must not carry). Its verdict is kept for the
+    process, and on disk for this vLLM installation (importing vLLM costs seconds of CPU).
+    ``ours``: the plugin's own flags, left out where it lacks them. None when vLLM cannot be
+    asked."""
     request = {"args": list(args), "ours": list(ours)}
     stored = _verdict_file(python, request)
     if stored is not None and stored.exists():
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             return _flag_check(json.loads(stored.read_text()))
     try:
-        done = subprocess.run(
-            [python, "-m", __name__],
-            input=json.dumps(request),
-            capture_output=True,
-            text=True,
-            timeout=PARSER_TIMEOUT_S,
-            check=False,
-        )
-        answer = json.loads(done.stdout.strip().splitlines()[-1])
-        check = _flag_check(answer) if done.returncode == 0 else None
-    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError, KeyError, TypeError):
+        answer = warm_python.ask(__name__, "parser_verdict", request, PARSER_TIMEOUT_S, python)
+        check = _flag_check(answer)
+    except (warm_python.QuestionFailed, warm_python.QuestionTimeout, OSError, ValueError):
         return None
-    if check is not None and stored is not None:
+    except (KeyError, TypeError):  # an answer of another shape: not a verdict
+        return None
+    if stored is not None:
         with contextlib.suppress(OSError):
             write_atomically(stored, json.dumps(answer) + "\n")
     return check
@@ -436,9 +432,9 @@ def _serve_parser() -> tuple[str, object]:
     return str(vllm.__version__), make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
 
 
-def parse_main() -> int:
-    """Read ``{"args": [...], "ours": [...]}`` on stdin, print the parser's verdict as JSON."""
-    request = json.loads(sys.stdin.read())
+def parser_verdict(request: Mapping[str, Any]) -> dict[str, Any]:
+    """The installed parser's verdict on ``{"args": [...], "ours": [...]}`` (in the
+    answering Python)."""
     args, ours = list(request["args"]), list(request["ours"])
     version, parser = _serve_parser()
     known = {option for action in parser._actions for option in action.option_strings}  # type: ignore[attr-defined]
@@ -461,11 +457,4 @@ def parse_main() -> int:
         extras = error.removeprefix("unrecognized arguments: ").split()
         refused = [word.split("=", 1)[0] for word in extras if word.startswith("-")]
         error = None if refused else error
-    print(
-        json.dumps({"version": version, "left_out": left_out, "refused": refused, "error": error})
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(parse_main())
+    return {"version": version, "left_out": left_out, "refused": refused, "error": error}

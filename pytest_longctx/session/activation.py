@@ -21,17 +21,17 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from pytest_longctx.plan.sweep import PlanError, build_plan
+from pytest_longctx.plan import capacity_check
+from pytest_longctx.plan.points import PlanError, build_plan
 from pytest_longctx.profiles import ProfileError, load_profile
 from pytest_longctx.session import gate_items, selection, workers
 from pytest_longctx.session.api_key import ApiKeyError, check_api_key_env
-from pytest_longctx.session.options import read_settings
+from pytest_longctx.session.option_parsing import read_settings
 from pytest_longctx.session.run import ResumeError, Run
 from pytest_longctx.session.stash import (
     COMPARISONS_KEY,
     POINT_FIXTURE,
     REGRESSION_FIXTURE,
-    RUN_KEY,
 )
 
 if TYPE_CHECKING:
@@ -60,7 +60,9 @@ def prepare(config: pytest.Config) -> PreparedSweep:
     try:
         chosen = selection.read_selection(config)
         settings = read_settings(config)
-        plan = build_plan(settings, load_profile(settings.profile))
+        plan = capacity_check.with_planned_fits(
+            build_plan(settings, load_profile(settings.profile))
+        )
         run = Run.create(
             settings,
             plan,
@@ -103,7 +105,6 @@ def activate(config: pytest.Config, session: pytest.Session | None = None) -> Sw
     ready = prepared(config)
     sweep = SweepSession(config, ready.run, ready.selection)
     config.stash[SESSION_KEY] = sweep
-    config.stash[RUN_KEY] = ready.run
     config.stash[COMPARISONS_KEY] = ready.selection.comparisons
     config.pluginmanager.register(sweep, "longctx-sweep")
     sweep.start(session)

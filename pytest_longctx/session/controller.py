@@ -18,8 +18,8 @@ import pytest
 from pytest_longctx.core.records import Record
 from pytest_longctx.session import activation
 from pytest_longctx.session.items import point_of_nodeid, record_identity
+from pytest_longctx.session.lifecycle import HANDED_BACK_ATTRIBUTE
 from pytest_longctx.session.outputs import REPORT_ATTRIBUTE, after_record
-from pytest_longctx.session.restarts import HANDED_BACK_ATTRIBUTE
 from pytest_longctx.session.run import Run
 from pytest_longctx.session.workers import (
     RESUMED_KEY,
@@ -67,9 +67,12 @@ class Controller:
         if not data:
             return
         record = Record.from_json(data)
-        if any(r.nodeid == record.nodeid and r.outcome == record.outcome for r in self.run.written):
+        if any(
+            r.nodeid == record.nodeid and r.outcome == record.outcome
+            for r in self.run.results.written
+        ):
             return
-        self.run.written.append(record)
+        self.run.results.written.append(record)
         after_record(self.config, self.run)
 
     @pytest.hookimpl(optionalhook=True)
@@ -103,9 +106,9 @@ class Controller:
     def pytest_handlecrashitem(self, crashitem: str, report: Any, sched: Any) -> None:
         """The point a dead worker was measuring: recorded as an error, measured on resume."""
         point = point_of_nodeid(self.run.plan, crashitem)
-        if point is None or point in self.run.resumed:
+        if point is None or point in self.run.results.resumed:
             return
-        if any(r.nodeid == crashitem for r in self.run.written):
+        if any(r.nodeid == crashitem for r in self.run.results.written):
             return  # it reported before its worker died (while stopping its server)
         worker = getattr(getattr(report, "node", None), "gateway", None)
         name = getattr(worker, "id", "a worker")
@@ -118,5 +121,5 @@ class Controller:
             finished_at=time.time(),
             failure_class="error",
         )
-        self.run.append(record)
+        self.run.results.append(record)
         setattr(report, REPORT_ATTRIBUTE, record.to_json())

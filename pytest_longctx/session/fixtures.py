@@ -10,14 +10,14 @@ import pytest
 
 from pytest_longctx.core.records import Record
 from pytest_longctx.measure.target import ServerInfo
-from pytest_longctx.plan.sweep import Point
+from pytest_longctx.plan.points import Point
 from pytest_longctx.session import gate_items
 from pytest_longctx.session.activation import activate
 from pytest_longctx.session.run import Run
 
 if TYPE_CHECKING:  # annotations only: a session without a sweep imports none of these
     from pytest_longctx.client import CompletionClient
-    from pytest_longctx.measure.point import PointMeasurement
+    from pytest_longctx.measure.measurement import PointMeasurement
     from pytest_longctx.prompts import Prompt, PromptBuilder
 
 
@@ -74,7 +74,7 @@ def longctx_prompt(
     request: pytest.FixtureRequest, longctx_point: Point, longctx_run: Run
 ) -> Prompt | RecordedPrompt:
     """A cold prompt of exactly the point's length, unique to this run, length and repeat."""
-    recorded = longctx_run.resumed.get(longctx_point)
+    recorded = longctx_run.results.resumed.get(longctx_point)
     if recorded is not None:
         return RecordedPrompt(recorded.length, recorded.prompt_tokens or 0)
     builder: PromptBuilder = request.getfixturevalue("longctx_prompts")
@@ -92,7 +92,7 @@ def longctx_measure(
     ``test_prefill_decode`` does.
     """
     sweep = activate(request.config)
-    recorded = longctx_run.resumed.get(longctx_point)
+    recorded = longctx_run.results.resumed.get(longctx_point)
     if recorded is not None:
         return sweep.recorded_measurement(recorded)
     server: ServerInfo = request.getfixturevalue("longctx_server")

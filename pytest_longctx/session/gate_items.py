@@ -6,6 +6,7 @@ missing or malformed baseline stops the session before any server starts.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pytest
@@ -48,18 +49,18 @@ def configure(run: Run) -> None:
         profile.gate.tolerance,
         profile.name,
     )
-    run.gate = gate.GateState(
+    run.reports.gate = gate.GateState(
         baseline.records,
         tolerances,
         problems,
         level=run.settings.gate_level,
         tolerance_source=source,
     )
-    run.problems.extend(problems)
+    run.findings.problems.extend(problems)
 
 
 def baseline_records(run: Run) -> list[Record]:
-    state: gate.GateState | None = run.gate
+    state: gate.GateState | None = run.reports.gate
     if state is None:
         raise pytest.UsageError("test_regression needs --longctx-baseline=PATH")
     return state.baseline
@@ -93,12 +94,12 @@ class Gate:
     def check(self, length: int) -> gate.LengthVerdict:
         """Fail like a reviewer would if ``length`` got slower than the baseline."""
         __tracebackhide__ = True  # a skip names the test's line, not this module's
-        state: gate.GateState = self.run.gate
+        state: gate.GateState = self.run.reports.gate
         if self.run.worker is not None and self.run.started_at is not None:
             from pytest_longctx.session.workers import wait_for_length
 
             wait_for_length(self.run, length, self.run.started_at)
-        current = self.run.all_records()
+        current = self.run.results.all_records()
         if not self.run.settings.baseline_force:
             # Only measurements count: a point that errored before any server was up carries
             # no fingerprint, and must not make the passed ones look incomparable.
@@ -124,9 +125,10 @@ class Gate:
         return verdict
 
 
-def summary_lines(run: Run) -> list[str]:
-    """The gate's settings and noise model, improvements, and baseline lengths not measured."""
-    state: gate.GateState | None = getattr(run, "gate", None)
+def summary_lines(run: Run, starts: Sequence[dict]) -> list[str]:
+    """The gate's settings and noise model, improvements, and baseline lengths not measured;
+    ``starts``: the session's server starts."""
+    state: gate.GateState | None = run.reports.gate
     if state is None:
         return []
     lines = [
@@ -138,10 +140,10 @@ def summary_lines(run: Run) -> list[str]:
             "the baseline holds one session, so the noise estimate is within-session only; "
             "add sessions with `python -m pytest_longctx baseline RUN_DIR --output FILE --append`"
         )
-    if len(run.starts) > 1:
+    if len(starts) > 1:
         lines.append(
-            f"this session's points came from {len(run.starts)} server starts "
-            f"({len(run.starts) - 1} after a crash): a baseline made from it counts each "
+            f"this session's points came from {len(starts)} server starts "
+            f"({len(starts) - 1} after a crash): a baseline made from it counts each "
             "start as a session of its own, since repeats on different starts spread like "
             "separate sessions (each record's server_start says which)"
         )

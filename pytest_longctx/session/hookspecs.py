@@ -8,7 +8,7 @@ import pytest
 
 if TYPE_CHECKING:
     from pytest_longctx.core.records import Record
-    from pytest_longctx.plan.sweep import SweepPlan
+    from pytest_longctx.plan.points import SweepPlan
     from pytest_longctx.serving.process import LaunchedServer
     from pytest_longctx.serving.vllm_command import ServerCommand
 

@@ -7,7 +7,8 @@ import pytest
 from pytest_longctx.capacity import ParallelLayoutError
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.plan import capacity_check
-from pytest_longctx.plan.sweep import (
+from pytest_longctx.plan.points import (
+    CONCURRENCY_MARK,
     INTERFERENCE_MARK,
     SLOW_MARK,
     VERY_SLOW_MARK,
@@ -31,6 +32,9 @@ def _marks(point: Point, bands: tuple[str, ...], comparisons: tuple[Comparison, 
             pytest.mark.longctx(len=point.length, rep=point.repeat, interference=point.background)
         ]
         marks.append(getattr(pytest.mark, INTERFERENCE_MARK))
+    elif point.concurrent:
+        marks = [pytest.mark.longctx(len=point.length, rep=point.repeat, conc=point.concurrency)]
+        marks.append(getattr(pytest.mark, CONCURRENCY_MARK))
     else:
         marks = [pytest.mark.longctx(len=point.length, rep=point.repeat)]
     marks += [getattr(pytest.mark, band) for band in bands]
@@ -85,6 +89,8 @@ def record_identity(point: Point) -> dict:
     }
     if point.interference:
         identity["interference"] = {"background_streams": point.background}
+    if point.concurrent:
+        identity["concurrency"] = {"level": point.concurrency}
     return identity
 
 
@@ -132,7 +138,7 @@ def arrange(
     run.selected_points = points
     if not points and any(c.field == "len" for c in comparisons):
         plan = run.plan
-        run.problems.append(
+        run.findings.problems.append(
             f"the length selection matched no point of {format_size(plan.lengths[0])}.."
             f"{format_size(plan.lengths[-1])} (profile {plan.profile.name}); widen the range "
             "with --longctx-from/--longctx-to"
@@ -150,10 +156,12 @@ def arrange(
     except (ParallelLayoutError, ProfileError) as exc:
         raise pytest.UsageError(f"profile {run.plan.profile.name}: {exc}") from None
     resume.redo_cold_points(run, points)
-    run.unfit_lengths = {length for length, fit in verdicts.items() if not fit.fits}
+    run.findings.unfit_lengths = {length for length, fit in verdicts.items() if not fit.fits}
     # A length whose interference point cannot fit beside its background is left out of the
     # server's --max-model-len only when no cold point of it is selected either.
-    run.unfit_lengths |= {n for n, fit in under_load.items() if not fit.fits and n not in verdicts}
+    run.findings.unfit_lengths |= {
+        n for n, fit in under_load.items() if not fit.fits and n not in verdicts
+    }
     for item in items:
         point = point_of(item)
         if point is None:

@@ -27,7 +27,7 @@ from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.measure.target import ServerInfo
-from pytest_longctx.plan.sweep import IDLE_REFERENCE_S, Point
+from pytest_longctx.plan.points import IDLE_REFERENCE_S, Point
 from pytest_longctx.progress.eta import CostModel, format_duration
 from pytest_longctx.progress.sampler import Outlook, PointWatch
 from pytest_longctx.progress.samples import samples_path
@@ -190,18 +190,18 @@ class SessionProgress:
     # -- the points --------------------------------------------------------------------------
 
     def _todo(self) -> list[Point]:
-        written = self.run.written
+        written = self.run.results.written
         if self.run.worker is not None:  # the campaign's: every worker appends to the file
             since = self.run.started_at or 0.0
-            written = [r for r in self.run.all_records() if (r.finished_at or 0) >= since]
-        done = {Point.of_record(r) for r in written} | set(self.run.resumed)
+            written = [r for r in self.run.results.all_records() if (r.finished_at or 0) >= since]
+        done = {Point.of_record(r) for r in written} | set(self.run.results.resumed)
         return [point for point in self.run.selected_points if point not in done]
 
     def outlook(self, point: Point) -> Outlook:
         run = self.run
-        model = CostModel.fit(run.all_records(), run.plan.decode_tokens)
+        model = CostModel.fit(run.results.all_records(), run.plan.decode_tokens)
         self.last_model = model
-        measured = [p for p in run.selected_points if p not in run.resumed]
+        measured = [p for p in run.selected_points if p not in run.results.resumed]
         index = measured.index(point) + 1 if point in measured else len(measured) + 1
         remaining = tuple(
             RemainingPoint(p.length, p.repeat, point_cost(model, p))
@@ -235,7 +235,7 @@ class SessionProgress:
             tokens_for_blocks=self._tokens_for_blocks(server),
         )
         state = watch.state()
-        self.run.open()
+        self.run.results.open()
         self._write(state)
         self.display.upcoming(state)
         return watch
@@ -293,7 +293,7 @@ class SessionProgress:
         """The session is over: the file says so, with what is left unmeasured."""
         if not self.run.run_dir.is_dir() or self.run.settings.plan_only:
             return
-        model = CostModel.fit(self.run.all_records(), self.run.plan.decode_tokens)
+        model = CostModel.fit(self.run.results.all_records(), self.run.plan.decode_tokens)
         left = tuple(RemainingPoint(p.length, p.repeat, point_cost(model, p)) for p in self._todo())
         costs = [point.predicted_s for point in left]
         eta = None if any(cost is None for cost in costs) else sum(costs)  # type: ignore[misc]
@@ -303,11 +303,11 @@ class SessionProgress:
 
     def summary_lines(self) -> list[str]:
         run = self.run
-        records = [r for r in run.written if r.outcome != "interrupted"]
+        records = [r for r in run.results.written if r.outcome != "interrupted"]
         if not records and not self._todo():
             return []
         lines = []
-        model = CostModel.fit(run.all_records(), run.plan.decode_tokens)
+        model = CostModel.fit(run.results.all_records(), run.plan.decode_tokens)
         if model.ttft is not None:
             lines.append(f"ETA model: {model.ttft.describe()}")
         compared = _predicted_vs_measured(records)
@@ -456,7 +456,7 @@ class ControllerProgress:
 
 def watch(run: Run, server: ServerInfo, point: Point) -> PointWatch | None:
     """The watch for one point's measurement (None outside a configured session)."""
-    return run.progress.watch(server, point) if run.progress is not None else None
+    return run.sweep.progress.watch(server, point) if run.sweep.progress is not None else None
 
 
 # -- what the sweep session calls at its start, for the fingerprint and at its end -----------
@@ -466,29 +466,29 @@ def start(config: pytest.Config, run: Run, controller: bool) -> ControllerProgre
     """Progress for an active sweep; on an xdist controller, the follower of its workers."""
     if run.settings.plan_only:
         return None
-    run.progress = SessionProgress(config, run)
+    run.sweep.progress = SessionProgress(config, run)
     if not controller:
         return None
-    follower = ControllerProgress(run.progress, len(run.servers))
+    follower = ControllerProgress(run.sweep.progress, len(run.servers))
     follower.start()
     return follower
 
 
 def add_to_fingerprint(run: Run, fingerprint: dict[str, Any]) -> None:
-    if run.progress is not None:
-        fingerprint["device_telemetry"] = run.progress.describe_telemetry()
+    if run.sweep.progress is not None:
+        fingerprint["device_telemetry"] = run.sweep.progress.describe_telemetry()
 
 
 def finish(run: Run, follower: ControllerProgress | None) -> None:
     if follower is not None:
         follower.stop()
         return  # the workers wrote their own final states; progress.json merges them
-    if run.progress is not None and (run.written or run.resumed):
-        run.progress.finish()
+    if run.sweep.progress is not None and (run.results.written or run.results.resumed):
+        run.sweep.progress.finish()
 
 
 def summary(terminalreporter: Any, run: Run) -> None:
-    if run.progress is None or run.progress.mode in (OFF, FILE):
+    if run.sweep.progress is None or run.sweep.progress.mode in (OFF, FILE):
         return
-    for line in run.progress.summary_lines():
+    for line in run.sweep.progress.summary_lines():
         terminalreporter.write_line(f"pytest-{PREFIX} progress: {line}")

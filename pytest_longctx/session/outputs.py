@@ -9,6 +9,7 @@ and adds the sweep's columns, table and plots through pytest-html's own hooks.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pytest
@@ -18,7 +19,7 @@ from pytest_longctx.core.file_names import GATE_PLOT, HTML, MARKDOWN
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.core.stats import answer_counts, latest_records
-from pytest_longctx.reporting import gate_report, interference_report
+from pytest_longctx.reporting import concurrency_report, gate_report, interference_report
 from pytest_longctx.reporting import html as html_report
 from pytest_longctx.reporting.benchmark_json import sweep_benchmarks
 from pytest_longctx.reporting.index import write_index as write_run_index
@@ -66,7 +67,7 @@ def open_html_page(session: pytest.Session, run: Run) -> None:
         before = {id(plugin) for _, plugin in config.pluginmanager.list_name_plugin()}
         config.pluginmanager.register(HtmlTitle(_title(run)), "longctx-html-title")
         html_plugin.pytest_configure(config)
-        run.owns_html_page = True
+        run.reports.owns_html_page = True
         for _, plugin in config.pluginmanager.list_name_plugin():
             if isinstance(plugin, BaseReport) and id(plugin) not in before:
                 plugin.pytest_sessionstart(session)
@@ -127,7 +128,7 @@ def report_header(run: Run) -> list[str]:
 def after_record(config: pytest.Config, run: Run) -> None:
     if run.worker is not None:  # under xdist the controller writes the reports
         return
-    write_markdown(run.run_dir / MARKDOWN, run.all_records(), title=_title(run))
+    write_markdown(run.run_dir / MARKDOWN, run.results.all_records(), title=_title(run))
 
 
 def _title(run: Run) -> str:
@@ -136,9 +137,9 @@ def _title(run: Run) -> str:
 
 def finish(config: pytest.Config, run: Run) -> None:
     """Runs before pytest-benchmark saves and before pytest-html writes its page."""
-    if run.worker is not None or not (run.written or run.resumed):
+    if run.worker is not None or not (run.results.written or run.results.resumed):
         return
-    records = run.all_records()
+    records = run.results.all_records()
     written = write_reports(
         records,
         run.run_dir,
@@ -146,13 +147,15 @@ def finish(config: pytest.Config, run: Run) -> None:
         gate=gate_report_view(run, records),
         html=False,  # pytest-html writes report.html, with its table of the session's tests
     )
-    run.plot_paths = [path for path in written if path.suffix == ".png" and path.name != GATE_PLOT]
+    run.reports.plot_paths = [
+        path for path in written if path.suffix == ".png" and path.name != GATE_PLOT
+    ]
     hand_to_pytest_benchmark(config, records)
 
 
 def gate_report_view(run: Run, records: list[Record]) -> gate_report.GateView | None:
     """The gate as the session's reports show it: the lengths this session selected."""
-    state = run.gate
+    state = run.reports.gate
     if state is None:
         return None
     return gate_report.build_view(
@@ -178,7 +181,7 @@ def _gate_view(run: Run, records: list[Record]) -> gate_report.GateView | None:
 
 def write_index(run: Run) -> None:
     """After the pages are written: the output root's list of runs, this one included."""
-    if run.worker is None and (run.written or run.resumed):
+    if run.worker is None and (run.results.written or run.results.resumed):
         write_run_index(run.output_root)
 
 
@@ -205,30 +208,30 @@ def hand_to_pytest_benchmark(config: pytest.Config, records: list[Record]) -> No
     session.benchmarks.extend(benchmark.metadata() for benchmark in sweep_benchmarks(records))
 
 
-def terminal_summary(terminalreporter, run: Run) -> None:  # noqa: ANN001
-    for problem in run.problems:
+def terminal_summary(terminalreporter, run: Run, starts: Sequence[dict]) -> None:  # noqa: ANN001
+    """The sweep's lines after pytest's own: problems, the capacity check, the server's
+    starts (``starts``, the lifecycle's), the gate, and the results table."""
+    for problem in run.findings.problems:
         terminalreporter.write_line(f"pytest-longctx: {problem}", yellow=True)
-    if run.capacity_check is not None:
+    if run.findings.capacity_check is not None:
         terminalreporter.write_line(
-            f"pytest-longctx capacity: {run.capacity_check.describe()}",
-            red=not run.capacity_check.agrees,
+            f"pytest-longctx capacity: {run.findings.capacity_check.describe()}",
+            red=not run.findings.capacity_check.agrees,
         )
-    if len(run.starts) > 1:
+    if len(starts) > 1:
         causes = "; ".join(
-            f"#{start['index']} after {start['cause']}"
-            for start in run.starts
-            if start.get("cause")
+            f"#{start['index']} after {start['cause']}" for start in starts if start.get("cause")
         )
         terminalreporter.write_line(
-            f"pytest-longctx: the server was started {len(run.starts)} times: {causes}",
+            f"pytest-longctx: the server was started {len(starts)} times: {causes}",
             yellow=True,
         )
-    for line in gate_items.summary_lines(run):
+    for line in gate_items.summary_lines(run, starts):
         terminalreporter.write_line(f"pytest-longctx gate: {line}", yellow=True)
-    if not run.written and not run.resumed:
+    if not run.results.written and not run.results.resumed:
         return
     terminalreporter.section("long-context sweep")
-    records = run.all_records()
+    records = run.results.all_records()
     if any(record.cache_state == "cold" for record in records):
         terminalreporter.write_line(render_terminal_table(records))
     reuse = reuse_terminal_table(records)
@@ -243,6 +246,11 @@ def terminal_summary(terminalreporter, run: Run) -> None:  # noqa: ANN001
             "interference: the prefill beside background streams, and what it cost them"
         )
         terminalreporter.write_line(interference)
+    concurrency = concurrency_report.terminal_table(records)
+    if concurrency is not None:
+        terminalreporter.write_line("")
+        terminalreporter.write_line("concurrency: how many long requests fit at once")
+        terminalreporter.write_line(concurrency)
     answers = answer_counts(latest_records(records))
     if answers:
         wrong = answers.get("wrong", 0)
@@ -251,7 +259,7 @@ def terminal_summary(terminalreporter, run: Run) -> None:  # noqa: ANN001
             f"({format_answers(answers)})",
             red=bool(wrong),
         )
-    terminalreporter.write_line(f"results: {run.results_path}")
+    terminalreporter.write_line(f"results: {run.results.path}")
     terminalreporter.write_line(
         f"reports: {run.run_dir} (report.md, report.html, benchmark.json, plots)"
     )
@@ -278,10 +286,10 @@ def html_table_row(report: pytest.TestReport, cells: list[str]) -> None:
 
 
 def html_summary(run: Run, prefix: list[str]) -> None:
-    if not (run.written or run.resumed):
+    if not (run.results.written or run.results.resumed):
         return
-    records = run.all_records()
-    prefix.append(html_report.summary_fragment(records, run.plot_paths))
+    records = run.results.all_records()
+    prefix.append(html_report.summary_fragment(records, run.reports.plot_paths))
     gate = _gate_view(run, records)
     if gate is not None:
         prefix.append(gate_report.html_fragment(gate))

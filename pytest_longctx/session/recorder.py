@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import pytest
 
 from pytest_longctx.core.records import Record
 from pytest_longctx.session import outputs
 from pytest_longctx.session.items import point_of, record_identity
+from pytest_longctx.session.lifecycle import HANDED_BACK_ATTRIBUTE
 from pytest_longctx.session.outputs import REPORT_ATTRIBUTE
-from pytest_longctx.session.restarts import HANDED_BACK_ATTRIBUTE
 from pytest_longctx.session.run import Run
 from pytest_longctx.session.stash import MEASUREMENT_KEY
 
@@ -82,57 +83,63 @@ def _classify(
     return "error", ()
 
 
-def _server_start(run: Run) -> dict:
-    return dict(run.starts[-1]) if run.starts else {}
+def _server_start(starts: Sequence[dict]) -> dict:
+    """The server start that measured the record's point: the session's last so far."""
+    return dict(starts[-1]) if starts else {}
 
 
 def on_item_start(run: Run, item: pytest.Item) -> None:
     point = point_of(item)
-    if point is None or run.settings.plan_only or point in run.resumed:
+    if point is None or run.settings.plan_only or point in run.results.resumed:
         return
-    run.in_flight = (item.nodeid, point, time.time())
+    run.sweep.in_flight = (item.nodeid, point, time.time())
 
 
 def on_item_end(run: Run) -> None:
-    run.in_flight = None
+    run.sweep.in_flight = None
 
 
-def record_interrupted(config: pytest.Config, run: Run) -> None:
-    """The point a stopped session was measuring: kept as interrupted, measured on resume."""
-    if run.in_flight is None:
+def record_interrupted(config: pytest.Config, run: Run, starts: Sequence[dict]) -> None:
+    """The point a stopped session was measuring: kept as interrupted, measured on resume;
+    ``starts``: the session's server starts (:class:`lifecycle.ServerLifecycle`)."""
+    if run.sweep.in_flight is None:
         return
-    nodeid, point, started = run.in_flight
-    run.in_flight = None
-    if any(r.nodeid == nodeid for r in run.written):
+    nodeid, point, started = run.sweep.in_flight
+    run.sweep.in_flight = None
+    if any(r.nodeid == nodeid for r in run.results.written):
         return  # it reported before the interrupt reached it
-    received = run.signals.received if run.signals is not None else None
+    received = run.sweep.signals.received if run.sweep.signals is not None else None
     record = Record(
         run_id=run.run_id,
         nodeid=nodeid,
         **record_identity(point),
         outcome="interrupted",
         reason="the session was stopped during this point" + (f" ({received})" if received else ""),
-        fingerprint=run.fingerprint,
+        fingerprint=run.findings.fingerprint,
         started_at=started,
         finished_at=time.time(),
         failure_class="interrupted",
-        server_start=_server_start(run),
+        server_start=_server_start(starts),
     )
-    run.append(record)
+    run.results.append(record)
     config.hook.pytest_longctx_record(config=config, record=record)
 
 
 def on_report(
-    run: Run, item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport
+    run: Run,
+    item: pytest.Item,
+    call: pytest.CallInfo[None],
+    report: pytest.TestReport,
+    starts: Sequence[dict],
 ) -> None:
     config = item.config
     point = point_of(item)
     if point is None or run.settings.plan_only:
         return
-    if point in run.resumed:
+    if point in run.results.resumed:
         if report.when == "call":
-            setattr(report, REPORT_ATTRIBUTE, run.resumed[point].to_json())
-            record_properties(item, run.resumed[point])
+            setattr(report, REPORT_ATTRIBUTE, run.results.resumed[point].to_json())
+            record_properties(item, run.results.resumed[point])
         return
     if report.when == "call":
         outcome = report.outcome
@@ -146,6 +153,8 @@ def on_report(
         identity["cache"] = {**identity["cache"], **measurement.cache}
         if point.interference:
             identity["interference"] = {**identity["interference"], **measurement.interference}
+        if point.concurrent:
+            identity["concurrency"] = {**identity["concurrency"], **measurement.concurrency}
     failure_class, evidence = _classify(call, report, outcome)
     record = Record(
         run_id=run.run_id,
@@ -157,7 +166,7 @@ def on_report(
         prompt_tokens=measurement.prompt_tokens if measurement else None,
         completion_tokens=measurement.completion_tokens if measurement else None,
         server_metrics=measurement.server_metrics() if measurement else {},
-        fingerprint=run.fingerprint,
+        fingerprint=run.findings.fingerprint,
         stream=measurement.stream if measurement else {},
         energy=measurement.energy if measurement else {},
         fidelity=measurement.fidelity if measurement else {},
@@ -165,15 +174,15 @@ def on_report(
         finished_at=time.time(),
         failure_class=failure_class,
         evidence=evidence,
-        server_start=_server_start(run),
+        server_start=_server_start(starts),
     )
-    run.append(record)
+    run.results.append(record)
     setattr(report, REPORT_ATTRIBUTE, record.to_json())
     record_properties(item, record)
     if call.excinfo is not None and getattr(call.excinfo.value, "handed_back", False):
         setattr(report, HANDED_BACK_ATTRIBUTE, run.worker)
     if outcome == "passed" and measurement is not None and not point.warm:
-        slowest = max(measurement.ttft_s, run.measured_ttft.get(point.length, 0.0))
-        run.measured_ttft[point.length] = slowest
+        slowest = max(measurement.ttft_s, run.sweep.measured_ttft.get(point.length, 0.0))
+        run.sweep.measured_ttft[point.length] = slowest
     config.hook.pytest_longctx_record(config=config, record=record)
     outputs.after_record(config, run)

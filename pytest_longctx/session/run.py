@@ -14,16 +14,15 @@ from pytest_longctx.core.file_names import LATEST, RESULTS_FILE, server_file_ste
 from pytest_longctx.core.files import exclusive_lock
 from pytest_longctx.core.records import Record, append_record, read_records
 from pytest_longctx.gate import GateState
+from pytest_longctx.plan.points import Point, SweepPlan
 from pytest_longctx.plan.servers import ServerSlot
 from pytest_longctx.plan.settings import Settings
-from pytest_longctx.plan.sweep import Point, SweepPlan
 
 if TYPE_CHECKING:  # only annotations: these modules import this one
-    from pytest_longctx.measure.target import ServerError, ServerInfo
+    from pytest_longctx.measure.target import ServerInfo
     from pytest_longctx.plan.capacity_check import ServerCapacityCheck
     from pytest_longctx.prompts import PromptBuilder
-    from pytest_longctx.serving.process import LaunchedServer
-    from pytest_longctx.serving.served_model import ModelDescription
+    from pytest_longctx.serving.model_description import ModelDescription
     from pytest_longctx.session.signals import SessionSignals
 
 
@@ -81,10 +80,10 @@ class Placement:
     started_at: float | None = None
 
 
-@dataclass
-class Run:
-    """A session's run: what it is (settings, plan, folder, placement), fixed at creation, and
-    what it learns as it goes (the server, records, starts), filled in by the session."""
+@dataclass(frozen=True)
+class RunDescription:
+    """What a run is, fixed when the session is configured: its settings and plan, its id and
+    folder, and where the session stands in its campaign."""
 
     settings: Settings
     plan: SweepPlan
@@ -93,61 +92,126 @@ class Run:
     run_dir: Path
     #: Where the session stands in its campaign (see :class:`Placement`).
     placement: Placement = Placement()
+
+
+@dataclass
+class RecordLog:
+    """The run's results file as this session sees it: the passed records it resumed from,
+    and the records it appended (only the recorder and, under pytest-xdist, the controller
+    append)."""
+
+    output_root: Path
+    run_dir: Path
     #: Passed records of a resumed run, by point: reported, not measured again.
     resumed: dict[Point, Record] = field(default_factory=dict)
+    #: The records this session appended, in order.
     written: list[Record] = field(default_factory=list)
-    fingerprint: dict[str, Any] = field(default_factory=dict)
-    #: Client TTFT of points measured so far, by length, to size the next first-token budget.
-    measured_ttft: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def path(self) -> Path:
+        return self.run_dir / RESULTS_FILE
+
+    def read_resumed(self, records: list[Record] | None = None) -> None:
+        """The passed points of the file as it stands (or of ``records`` read from it)."""
+        if records is None:
+            records = list(read_records(self.path).records)
+        for record in records:
+            point = Point.of_record(record)
+            if record.outcome == "passed":
+                self.resumed[point] = record
+            else:
+                self.resumed.pop(point, None)  # re-measured later wins over earlier pass
+
+    def open(self) -> None:
+        """Create the folder and point ``latest`` at it; only once there is something to keep."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        latest = self.output_root / LATEST
+        with contextlib.suppress(OSError):
+            tmp = self.output_root / f".{LATEST}.{os.getpid()}"
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+            tmp.symlink_to(self.run_dir.name)
+            os.replace(tmp, latest)
+
+    def append(self, record: Record) -> None:
+        """Append under a lock: several workers of one campaign share the results file."""
+        self.open()
+        with exclusive_lock(self.run_dir / ".results.lock"):
+            end_last_line(self.path)
+            append_record(self.path, record)
+        self.written.append(record)
+
+    def all_records(self) -> list[Record]:
+        """What reports show: the resumed run's file as it stands, corrupt lines skipped."""
+        if not self.path.exists():
+            return []
+        return list(read_records(self.path).records)
+
+
+@dataclass
+class Findings:
+    """What the session learns of what it measures, for the records and the summary: the
+    problems to report, the fingerprint, the capacity plan against the server, the model as
+    the server describes it, and the lengths that cannot fit. Written by the server's
+    lifecycle (lifecycle.py), the items' arrangement (items.py) and the gate (gate_items.py)."""
+
     problems: list[str] = field(default_factory=list)
-    #: The points left after ``-m``/``-k``, in run order.
-    selected_points: list[Point] = field(default_factory=list)
-    #: The server measured, once started or attached (see serving.py).
-    server: ServerInfo | ServerError | None = None
-    launched: LaunchedServer | None = None
-    plot_paths: list[Path] = field(default_factory=list)
-    #: The baseline and tolerances, with --longctx-baseline (see gate_items.py).
-    gate: GateState | None = None
-    #: Built once the server is known (its tokenizer decides how prompts are made).
-    prompt_builder: PromptBuilder | None = None
-    #: Lengths the capacity plan says cannot fit: skipped, and left out of --max-model-len.
-    unfit_lengths: set[int] = field(default_factory=set)
+    #: What was measured (server.py's ``fingerprint``); each record carries it.
+    fingerprint: dict[str, Any] = field(default_factory=dict)
     #: The capacity plan against the launched server's own report (plan/capacity_check.py).
     capacity_check: ServerCapacityCheck | None = None
-    #: pytest-html writes its page into the run folder because this plugin told it to.
-    owns_html_page: bool = False
-    #: The measured model as the server describes it (served_model.py), once it is known.
+    #: The measured model as the server describes it (serving/model_description.py), once known.
     model: ModelDescription | None = None
+    #: Lengths the capacity plan says cannot fit: skipped, and left out of --max-model-len.
+    unfit_lengths: set[int] = field(default_factory=set)
+
+
+@dataclass
+class SweepProgress:
+    """The sweep as it runs: the item being measured, the TTFT seen so far, the live
+    progress and the signals that stop it. Written by the recorder, live_progress.py and
+    the sweep session."""
+
     #: The sweep item being run: (nodeid, point, unix start), recorded as interrupted if the
     #: session is stopped before it reports.
     in_flight: tuple[str, Point, float] | None = None
-    #: SIGTERM/SIGHUP turned into Ctrl-C for this session (signals.py).
-    signals: SessionSignals | None = None
+    #: Client TTFT of points measured so far, by length, to size the next first-token budget.
+    measured_ttft: dict[int, float] = field(default_factory=dict)
     #: Progress inside points: display, progress.json, the ETA model (progress.py).
     progress: WatchFactory | None = None
-    #: When this session's server last computed each cold point's prompt (monotonic clock):
-    #: the prefix its warm follow-ups find cached.
-    prefix_sent: dict[Point, float] = field(default_factory=dict)
-    #: This session's server starts, first to last (restarts.py): number, time, start-up
-    #: seconds and, for a relaunch, its cause; each record names the one that measured it.
-    starts: list[dict[str, Any]] = field(default_factory=list)
-    #: Classes of the crashes each length caused (restarts.py counts them against the limit).
-    crashes: dict[int, list[str]] = field(default_factory=dict)
-    #: Why the server must be started again before the next point (a hang), when it must.
-    restart_cause: ServerError | None = None
-    #: Relaunches tried in this session, those whose start failed included (the limit's count).
-    relaunches: int = 0
-    #: Bytes used on each of a GPU server's devices before its first start: a relaunch waits
-    #: for the dead server's memory to fall back near it (restarts.py).
-    device_memory_before: dict[int, int] | None = None
-    #: Lengths vLLM refused at start-up (its KV cache cannot hold them), with its words.
-    start_refused: dict[int, ServerError] = field(default_factory=dict)
-    #: The workload the launched server was started for: ``cold`` (the study's one-sequence
-    #: server, cold and warm points) or ``interference`` (room for K + 1 sequences).
-    serves: str = "cold"
-    #: What each server start showed the interference points, by start number: its
-    #: sequence limit as probed and its effective chunk (``/server_info``).
-    interference_servers: dict[int, dict[str, Any]] = field(default_factory=dict)
+    #: SIGTERM/SIGHUP turned into Ctrl-C for this session (signals.py).
+    signals: SessionSignals | None = None
+
+
+@dataclass
+class ReportState:
+    """What the reports need beyond the records: the gate's baseline (gate_items.py), the
+    plots written and whether the pytest-html page is this plugin's (outputs.py)."""
+
+    #: The baseline and tolerances, with --longctx-baseline (see gate_items.py).
+    gate: GateState | None = None
+    plot_paths: list[Path] = field(default_factory=list)
+    #: pytest-html writes its page into the run folder because this plugin told it to.
+    owns_html_page: bool = False
+
+
+@dataclass
+class Run:
+    """A session's run, by owner: what it is (:class:`RunDescription`), fixed at creation;
+    its results file (:class:`RecordLog`); what it learns (:class:`Findings`); the sweep as
+    it runs (:class:`SweepProgress`); what the reports need (:class:`ReportState`). The
+    server's own state is :class:`lifecycle.ServerLifecycle`'s."""
+
+    description: RunDescription
+    #: This run's results file: the records resumed from it and those this session wrote.
+    results: RecordLog
+    findings: Findings = field(default_factory=Findings)
+    sweep: SweepProgress = field(default_factory=SweepProgress)
+    reports: ReportState = field(default_factory=ReportState)
+    #: The points left after ``-m``/``-k``, in run order.
+    selected_points: list[Point] = field(default_factory=list)
+    #: Built once the server is known (its tokenizer decides how prompts are made).
+    prompt_builder: PromptBuilder | None = None
 
     @classmethod
     def create(
@@ -163,20 +227,20 @@ class Run:
             settings.output if settings.output.is_absolute() else rootdir / settings.output
         )
 
-        def new(run_id: str, run_dir: Path) -> Run:
-            return cls(settings, plan, output_root, run_id, run_dir, placement)
+        def new(run_id: str, run_dir: Path, problems: list[str] | None = None) -> Run:
+            description = RunDescription(settings, plan, output_root, run_id, run_dir, placement)
+            return cls(description, RecordLog(output_root, run_dir), Findings(problems or []))
 
         if controller_run is not None:
             run_id, resumed = controller_run
             run = new(run_id, output_root / run_id)
-            if resumed and run.results_path.exists():
-                run._read_resumed()
+            if resumed and run.results.path.exists():
+                run.results.read_resumed()
             return run
         if settings.resume:
             run_dir = resolve_resume(output_root, settings.resume)
-            run = new(run_dir.name, run_dir)
-            previous = read_records(run.results_path)
-            run.problems.extend(previous.problems)
+            previous = read_records(run_dir / RESULTS_FILE)
+            run = new(run_dir.name, run_dir, list(previous.problems))
             profiles = {r.fingerprint.get("profile") for r in previous.records} - {None}
             if profiles and profiles != {plan.profile.name}:
                 raise ResumeError(
@@ -184,27 +248,34 @@ class Run:
                     f"{', '.join(sorted(profiles))}; this session selects {plan.profile.name}. "
                     "Resume with the same --longctx-profile, or start a new run"
                 )
-            run._read_resumed(previous.records)
+            run.results.read_resumed(previous.records)
             return run
         run_id = new_run_id()
         return new(run_id, output_root / run_id)
 
-    def _read_resumed(self, records: list[Record] | None = None) -> None:
-        if records is None:
-            records = list(read_records(self.results_path).records)
-        for record in records:
-            point = Point.of_record(record)
-            if record.outcome == "passed":
-                self.resumed[point] = record
-            else:
-                self.resumed.pop(point, None)  # re-measured later wins over earlier pass
+    @property
+    def settings(self) -> Settings:
+        return self.description.settings
 
-    def use_server(self, server: ServerInfo) -> None:
-        """Measure on ``server`` from now on. A server started (again), or an attached one
-        that stopped answering, holds none of the prefixes this session sent before: its
-        follow-ups send theirs again rather than fail as evicted."""
-        self.server = server
-        self.prefix_sent.clear()
+    @property
+    def plan(self) -> SweepPlan:
+        return self.description.plan
+
+    @property
+    def output_root(self) -> Path:
+        return self.description.output_root
+
+    @property
+    def run_id(self) -> str:
+        return self.description.run_id
+
+    @property
+    def run_dir(self) -> Path:
+        return self.description.run_dir
+
+    @property
+    def placement(self) -> Placement:
+        return self.description.placement
 
     @property
     def servers(self) -> tuple[ServerSlot, ...]:
@@ -230,32 +301,3 @@ class Run:
     def server_name(self) -> str:
         """``server`` in a serial session, ``server-gw1`` for a worker's: its log and files."""
         return server_file_stem(self.worker)
-
-    @property
-    def results_path(self) -> Path:
-        return self.run_dir / RESULTS_FILE
-
-    def open(self) -> None:
-        """Create the folder and point ``latest`` at it; only once there is something to keep."""
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        latest = self.output_root / LATEST
-        with contextlib.suppress(OSError):
-            tmp = self.output_root / f".{LATEST}.{os.getpid()}"
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
-            tmp.symlink_to(self.run_dir.name)
-            os.replace(tmp, latest)
-
-    def append(self, record: Record) -> None:
-        """Append under a lock: several workers of one campaign share the results file."""
-        self.open()
-        with exclusive_lock(self.run_dir / ".results.lock"):
-            end_last_line(self.results_path)
-            append_record(self.results_path, record)
-        self.written.append(record)
-
-    def all_records(self) -> list[Record]:
-        """What reports show: the resumed run's file as it stands, corrupt lines skipped."""
-        if not self.results_path.exists():
-            return []
-        return list(read_records(self.results_path).records)

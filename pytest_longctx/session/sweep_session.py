@@ -15,23 +15,29 @@ import pytest
 
 from pytest_longctx.client import CompletionClient
 from pytest_longctx.core.records import Record
-from pytest_longctx.measure.point import PointFailure, PointMeasurement, UnverifiedPoint, client_for
+from pytest_longctx.measure.measurement import (
+    PointFailure,
+    PointMeasurement,
+    UnverifiedPoint,
+    client_for,
+)
 from pytest_longctx.measure.target import ServerError, ServerInfo
 from pytest_longctx.plan import capacity_check
-from pytest_longctx.plan.sweep import Point
+from pytest_longctx.plan.points import Point
 from pytest_longctx.prompts import Prompt, PromptBuilder, PromptError
 from pytest_longctx.serving.vllm_command import FlagError
-from pytest_longctx.session import items as sweep_items
 from pytest_longctx.session import (
+    concurrency,
+    lifecycle,
     live_progress,
     outputs,
-    points,
+    point_setup,
     recorder,
-    restarts,
     selection,
     server,
     workers,
 )
+from pytest_longctx.session import items as sweep_items
 from pytest_longctx.session.live_progress import ControllerProgress
 from pytest_longctx.session.run import Run
 from pytest_longctx.session.signals import SessionSignals
@@ -61,6 +67,10 @@ class SweepSession:
     def __init__(self, config: pytest.Config, run: Run, chosen: selection.Selection) -> None:
         self.config = config
         self.run = run
+        #: The measured server's lifecycle: its one owner from first start to stop.
+        self.server = lifecycle.ServerLifecycle(run)
+        #: The concurrency levels measured so far, per length (they outlive a server start).
+        self.levels = concurrency.LevelsMeasured()
         self.selection = chosen
         self.follower: ControllerProgress | None = None
         self.session: pytest.Session | None = None
@@ -89,13 +99,13 @@ class SweepSession:
         if not self.run.selected_points or self.run.settings.plan_only:
             return
         outputs.open_html_page(session, self.run)
-        if self.run.signals is None:
-            self.run.signals = SessionSignals()
-            self.run.signals.install()
+        if self.run.sweep.signals is None:
+            self.run.sweep.signals = SessionSignals()
+            self.run.sweep.signals.install()
 
     def stop_signals(self) -> None:
-        if self.run.signals is not None:
-            self.run.signals.restore()
+        if self.run.sweep.signals is not None:
+            self.run.sweep.signals.restore()
 
     # -- what the fixtures hand a sweep item (session/fixtures.py) --------------------------
 
@@ -103,24 +113,24 @@ class SweepSession:
         """The server, launched from the profile or attached by URL, warmed up; a failure
         fails the item that asked for it, with the reason."""
         try:
-            info = server.start(self.config)
-            points.warm_up(self.run, info)
+            info = self.server.start(self.config)
+            self.server.warm_up(info)
         except FlagError as exc:  # one usage error, not one failure per item
-            server.stop(self.config)
+            self.server.stop()
             pytest.exit(str(exc), returncode=pytest.ExitCode.USAGE_ERROR)
         except ServerError as exc:
-            server.stop(self.config)
-            raise restarts.failed(exc) from None
+            self.server.stop()
+            raise lifecycle.failed(exc) from None
         return info
 
     def stop_server(self) -> None:
-        server.stop(self.config)
+        self.server.stop()
 
     def client(self, info: ServerInfo) -> AbstractContextManager[CompletionClient]:
         return client_for(info, self.run.settings.tcp_keepalive_s)
 
     def prompt_builder(self, info: ServerInfo) -> PromptBuilder:
-        builder = points.prompt_builder(self.run, info)
+        builder = point_setup.prompt_builder(self.run, info)
         if self.run.settings.prompt_format == "text":
             try:
                 builder.check_text_prompts()
@@ -129,8 +139,8 @@ class SweepSession:
         return builder
 
     def prompt(self, builder: PromptBuilder, point: Point) -> Prompt:
-        restarts.before_point(self.config, self.run, point)  # the server may build it
-        return points.build_prompt(self.run, builder, point)
+        self.server.before_point(self.config, point)  # the server may build it
+        return point_setup.build_prompt(self.run, builder, point)
 
     def recorded_measurement(self, record: Record) -> Callable[[Prompt], PointMeasurement]:
         """A resumed point's measurement: its record, not a request."""
@@ -141,25 +151,38 @@ class SweepSession:
     ) -> Callable[[Prompt], PointMeasurement]:
         """Measures one prompt of ``point``; what it produced is kept on ``item`` for its
         record, figures included when the point fails."""
-        run = self.run
-        restarts.before_point(self.config, run, point)
+        run, lifetime = self.run, self.server
+        lifetime.before_point(self.config, point)
 
         def run_measurement(prompt: Prompt) -> PointMeasurement:
             try:
-                result = points.measure(run, info, client, point, prompt)
+                result = point_setup.measure(
+                    client,
+                    info,
+                    point,
+                    prompt,
+                    point_setup.prepare(run, info, point),
+                    point_setup.prompt_builder(run, info),
+                    lifetime.memory,
+                    # a concurrency level's c requests are not watched one by one
+                    None if point.concurrent else live_progress.watch(run, info, point),
+                    check_alive=lambda grace_s: lifetime.check_alive(grace_s=grace_s),
+                    refusal=lambda exc: str(server.refused(run, info.base_url, exc)),
+                    levels=self.levels,
+                )
             except UnverifiedPoint as exc:
                 item.stash[MEASUREMENT_KEY] = exc.measurement  # its figures stay recorded
                 raise
             except PointFailure as exc:
-                if exc.sent or not restarts.server_down(run):
-                    restarts.after_failure(run, point, exc)
+                if exc.sent or not lifetime.server_down():
+                    lifetime.after_failure(point, exc)
                     raise
                 # Never sent: the server died just before it. Measured after the relaunch.
-                restarts.before_point(self.config, run, point)
+                lifetime.before_point(self.config, point)
                 return run_measurement(prompt)
             try:
-                result = points.judge(run, point, prompt, result)
-            except points.WrongAnswer as exc:
+                result = point_setup.judge(run, point, prompt, result)
+            except point_setup.WrongAnswer as exc:
                 item.stash[MEASUREMENT_KEY] = exc.measurement  # figures and verdict recorded
                 raise
             item.stash[MEASUREMENT_KEY] = result
@@ -203,7 +226,7 @@ class SweepSession:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]):
         report = yield
-        recorder.on_report(self.run, item, call, report)
+        recorder.on_report(self.run, item, call, report, self.server.starts)
         return report
 
     def pytest_longctx_fingerprint(self, config: pytest.Config, fingerprint: dict) -> None:
@@ -215,7 +238,7 @@ class SweepSession:
     # sweep's benchmarks are handed to it here) and pytest-html writes the page with the plots.
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int):
-        recorder.record_interrupted(self.config, self.run)
+        recorder.record_interrupted(self.config, self.run, self.server.starts)
         live_progress.finish(self.run, self.follower)
         outputs.finish(self.config, self.run)
         result = yield
@@ -223,7 +246,7 @@ class SweepSession:
         return result
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
-        server.stop(config)
+        self.server.stop()
         self.stop_signals()
 
     @pytest.hookimpl(wrapper=True)
@@ -246,7 +269,7 @@ class SweepSession:
             )
             return None
         finally:
-            outputs.terminal_summary(terminalreporter, self.run)
+            outputs.terminal_summary(terminalreporter, self.run, self.server.starts)
             live_progress.summary(terminalreporter, self.run)
 
     # -- pytest-html, pytest-metadata ------------------------------------------------------
@@ -307,7 +330,7 @@ def print_plan(session: pytest.Session, run: Run) -> None:
             f"(requests of {each} tokens each, re-issued as they end), on a server of its own "
             f"with room for {requests + 1} sequences; the capacity plan counts them"
         )
-    for line in points.plan_lines(run):
+    for line in point_setup.plan_lines(run):
         write(line)
     for item in session.items:
         point = sweep_items.point_of(item)

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from pytest_longctx.plan.points import Point, SweepPlan
 from pytest_longctx.plan.servers import (
     VISIBLE_DEVICES_ENV,
     ServerSlot,
@@ -21,7 +22,6 @@ from pytest_longctx.plan.servers import (
     split_servers,
 )
 from pytest_longctx.plan.settings import Settings
-from pytest_longctx.plan.sweep import Point, SweepPlan
 from pytest_longctx.profiles.hardware import core_siblings
 from pytest_longctx.session.run import Placement, Run
 
@@ -151,13 +151,13 @@ def wait_for_length(
     end the wait after ``limit_s`` (default: the profile's first-token limit); the gate then
     names what is missing.
     """
-    wanted = {p for p in run.selected_points if p.length == length and p not in run.resumed}
+    wanted = {p for p in run.selected_points if p.length == length and p not in run.results.resumed}
     limit_s = run.plan.profile.sweep.first_token_timeout_s if limit_s is None else limit_s
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         done = {
             Point.of_record(r)
-            for r in run.all_records()
+            for r in run.results.all_records()
             if r.length == length and (r.finished_at or 0) >= started_at
         }
         if wanted <= done:

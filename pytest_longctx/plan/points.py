@@ -1,4 +1,4 @@
-"""The plan: which points a session measures, in which order, under which profile."""
+"""The points: which points a session measures, in which order, under which profile."""
 
 from __future__ import annotations
 
@@ -23,9 +23,14 @@ class PlanError(ValueError):
 #: follow-up questions on its prefix while the server still caches it, and the same cold
 #: prefill on a server that also carries K short background streams (what it costs them).
 COLD, WARM, INTERFERENCE = "cold", "warm", "interference"
-WORKLOADS = (COLD, WARM, INTERFERENCE)
+#: c distinct cold prompts of one length sent at once: how many fit, and what each decodes.
+CONCURRENCY = "concurrency"
+WORKLOADS = (COLD, WARM, INTERFERENCE, CONCURRENCY)
 WARM_MARK = "longctx_warm"
 INTERFERENCE_MARK = "longctx_interference"
+CONCURRENCY_MARK = "longctx_concurrency"
+#: The highest concurrency level measured (--longctx-max-concurrency).
+DEFAULT_MAX_CONCURRENCY = 8
 DEFAULT_WARM_QUESTIONS = 3
 DEFAULT_WARM_SUFFIX = 256
 #: Background streams beside an interference point's long prompt (--longctx-background-streams).
@@ -36,6 +41,20 @@ BACKGROUND_PROMPT_TOKENS = 128
 BACKGROUND_DECODE_TOKENS = 64
 #: Seconds of background streaming recorded before the long prompt is sent: the reference.
 IDLE_REFERENCE_S = 3.0
+
+
+def concurrency_levels(max_concurrency: int, fit: int | None) -> tuple[int, ...]:
+    """Levels 1, 2, 4, ... up to ``max_concurrency``, and the planned ``fit`` and ``fit + 1``
+    (the last level that should run at once and the first that should not: the two that
+    measure the fit exactly) where they are within the limit."""
+    levels = set()
+    level = 1
+    while level <= max_concurrency:
+        levels.add(level)
+        level *= 2
+    if fit is not None:
+        levels |= {c for c in (fit, fit + 1) if 1 <= c <= max_concurrency}
+    return tuple(sorted(levels))
 
 
 def max_model_len_for(largest_prompt: int, decode_tokens: int) -> int:
@@ -58,10 +77,16 @@ class Point:
     question: int = 0
     suffix: int = 0
     background: int = 0
+    #: A concurrency point's level: this many prompts of ``length`` sent at once (0: none).
+    concurrency: int = 0
 
     @property
     def warm(self) -> bool:
         return self.question > 0
+
+    @property
+    def concurrent(self) -> bool:
+        return self.concurrency > 0
 
     @property
     def interference(self) -> bool:
@@ -72,6 +97,8 @@ class Point:
         """The workload the point belongs to (the record's ``cache_state``)."""
         if self.interference:
             return INTERFERENCE
+        if self.concurrent:
+            return CONCURRENCY
         return WARM if self.warm else COLD
 
     @property
@@ -89,6 +116,8 @@ class Point:
         base = f"len={format_size(self.length)}-rep={self.repeat}"
         if self.interference:
             return f"{base}-{INTERFERENCE}"
+        if self.concurrent:
+            return f"{base}-conc={self.concurrency}"
         return f"{base}-warm={self.question}" if self.warm else base
 
     @classmethod
@@ -100,6 +129,7 @@ class Point:
             record.question,
             record.suffix_tokens,
             record.background_streams,
+            record.concurrency_level,
         )
 
 
@@ -118,6 +148,21 @@ class SweepPlan:
     background_streams: int = 0
     #: Whether the cold workload is measured (``--longctx-workload=interference`` alone is not).
     cold_points: bool = True
+    #: The highest concurrency level (0: no concurrency workload).
+    max_concurrency: int = 0
+    #: The plan's fit per length, (length, requests that fit at once): each length's levels
+    #: include its fit plus one. Set from the capacity plan once the plan is built.
+    planned_fits: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def concurrency(self) -> bool:
+        return self.max_concurrency > 0
+
+    def levels(self, length: int) -> tuple[int, ...]:
+        """The concurrency levels measured at ``length``."""
+        if not self.concurrency:
+            return ()
+        return concurrency_levels(self.max_concurrency, dict(self.planned_fits).get(length))
 
     @property
     def warm(self) -> bool:
@@ -129,7 +174,12 @@ class SweepPlan:
 
     @property
     def workloads(self) -> tuple[str, ...]:
-        chosen = ((COLD, self.cold_points), (WARM, self.warm), (INTERFERENCE, self.interference))
+        chosen = (
+            (COLD, self.cold_points),
+            (WARM, self.warm),
+            (INTERFERENCE, self.interference),
+            (CONCURRENCY, self.concurrency),
+        )
         return tuple(name for name, on in chosen if on)
 
     @property
@@ -143,6 +193,12 @@ class SweepPlan:
         points = [p for point in cold for p in (point, *self.follow_ups(point)) if self.cold_points]
         if self.interference:
             points += [Point(p.length, p.repeat, background=self.background_streams) for p in cold]
+        if self.concurrency:  # on a server with room for the levels: after the others
+            points += [
+                Point(p.length, p.repeat, concurrency=c)
+                for p in cold
+                for c in self.levels(p.length)
+            ]
         return tuple(points)
 
     def follow_ups(self, point: Point) -> tuple[Point, ...]:
@@ -210,4 +266,5 @@ def build_plan(settings: Settings, profile: Profile) -> SweepPlan:
             settings.background_streams if INTERFERENCE in settings.workload else 0
         ),
         cold_points=COLD in settings.workload,
+        max_concurrency=settings.max_concurrency if CONCURRENCY in settings.workload else 0,
     )

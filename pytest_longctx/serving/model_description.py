@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_longctx import capacity
-from pytest_longctx.client import ServedModel
+from pytest_longctx.client import ModelEntry
 from pytest_longctx.plan import capacity_check
 from pytest_longctx.profiles import Profile
 
@@ -88,7 +88,7 @@ def describe_launched(profile: Profile) -> ModelDescription:
 
 
 def describe_attached(
-    profile: Profile, served: ServedModel, cache_labels: Mapping[str, str] | None
+    profile: Profile, served: ModelEntry, cache_labels: Mapping[str, str] | None
 ) -> ModelDescription:
     """The model an attached server serves, from what it says and what is readable here."""
     cache_dtype = (cache_labels or {}).get("cache_dtype") or None
@@ -135,7 +135,7 @@ def folder_revision(folder: Path) -> str:
     return f"config-sha256:{digest}"
 
 
-def _serves_profile_model(profile: Profile, served: ServedModel) -> bool:
+def _serves_profile_model(profile: Profile, served: ModelEntry) -> bool:
     names = {profile.model.served_name, profile.model.source} - {None}
     return served.id in names or (served.root is not None and served.root in names)
 

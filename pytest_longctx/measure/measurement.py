@@ -38,7 +38,7 @@ from pytest_longctx.measure.server_metrics import (
     delta,
 )
 from pytest_longctx.measure.target import ServerError, ServerInfo
-from pytest_longctx.plan.sweep import Point
+from pytest_longctx.plan.points import Point
 from pytest_longctx.prompts import (
     Prompt,
 )
@@ -120,6 +120,16 @@ class PointMeasurement:
     interference_problem: str | None = None
     #: The completion's first characters, where the probe's answer is read.
     completion_head: str | None = None
+    #: Each of a concurrency level's requests' first characters, in order (None where a
+    #: request failed): every request carries the probe, and each answer is judged.
+    request_heads: tuple[str | None, ...] = ()
+    #: A concurrency point's level, its requests and the length's fit (the record's
+    #: ``concurrency``: measure/concurrent.py).
+    concurrency: dict[str, Any] = field(default_factory=dict)
+    #: Why a concurrency level is not a measurement of its c cold requests alone (a request
+    #: failed or was served from the cache, another client's request ran beside them); None
+    #: when none. A level that did not run at once is a finding, not a problem.
+    concurrency_problem: str | None = None
     #: The probe's verdict (the record's ``fidelity``): prompts/probe.py.
     fidelity: dict[str, Any] = field(default_factory=dict)
 

@@ -1,26 +1,29 @@
-"""A session's points: the served model's prompts, the warm-up, and each point measured.
+"""The session's side of a point: prompts, warm-up, per-point setup, judging the answer.
 
-The session decides (budgets, nonces, which tokenizer); :mod:`pytest_longctx.measure.point`
-measures.
+The session decides (budgets, nonces, which tokenizer) and judges what came back;
+:mod:`pytest_longctx.measure.measurement` measures.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_longctx.client import (
     CompletionClient,
     CompletionRequest,
     MeasurementError,
+    RequestRejectedError,
     StreamMeasurement,
 )
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.measure.background import BackgroundSpec
 from pytest_longctx.measure.cache_state import PlannedBytes
 from pytest_longctx.measure.interference import chunk_from_server_info
-from pytest_longctx.measure.point import (
+from pytest_longctx.measure.measurement import (
     PointFailure,
     PointMeasurement,
     PointSettings,
@@ -32,7 +35,7 @@ from pytest_longctx.measure.target import ServerError, ServerInfo
 from pytest_longctx.measure.timeouts import FirstTokenBudget
 from pytest_longctx.measure.under_load import LoadSettings, measure_under_load, probe_sequences
 from pytest_longctx.plan import capacity_check
-from pytest_longctx.plan.sweep import BACKGROUND_DECODE_TOKENS, BACKGROUND_PROMPT_TOKENS, Point
+from pytest_longctx.plan.points import BACKGROUND_DECODE_TOKENS, BACKGROUND_PROMPT_TOKENS, Point
 from pytest_longctx.profiles import Profile
 from pytest_longctx.prompts import (
     LocalTokenSource,
@@ -41,10 +44,12 @@ from pytest_longctx.prompts import (
     ServerTokenSource,
     fidelity_verdict,
     judgement,
+    requests_verdict,
 )
+from pytest_longctx.prompts.needle import NEEDLE_KEYS
 from pytest_longctx.prompts.probe import DEPTHS, probe_depth, probe_texts, probe_value
-from pytest_longctx.serving import served_model
-from pytest_longctx.session import live_progress
+from pytest_longctx.serving import model_description
+from pytest_longctx.session import concurrency
 from pytest_longctx.session import server as session_server
 from pytest_longctx.session.run import Run
 
@@ -67,15 +72,15 @@ def prompt_builder(run: Run, server: ServerInfo) -> PromptBuilder:
     from pytest_longctx.profiles.embedded_models import cache_root
 
     profile = run.plan.profile
-    described_by = getattr(run.model, "described_by", served_model.BY_PROFILE)
+    described_by = getattr(run.findings.model, "described_by", model_description.BY_PROFILE)
     source: Any
-    if described_by == served_model.BY_PROFILE:
+    if described_by == model_description.BY_PROFILE:
         source = LocalTokenSource(
             session_server.tokenizer_location(profile, build=True),
             revision=None if profile.model.embedded_name else profile.model.revision,
             trust_remote_code=profile.model.trust_remote_code,
         )
-    elif described_by == served_model.BY_FOLDER and server.model_root:
+    elif described_by == model_description.BY_FOLDER and server.model_root:
         source = LocalTokenSource(server.model_root, trust_remote_code=True)
     else:
         client = client_for(server)  # lives as long as the builder, for /tokenize
@@ -92,7 +97,9 @@ def build_prompt(run: Run, builder: PromptBuilder, point: Point) -> Prompt:
     """The point's own nonce first (its index in the plan), then a readable tag. A warm
     follow-up is its cold point's prompt exactly, then a suffix opening with its own nonce.
     A measured prompt carries the fidelity probe (unless ``--longctx-fidelity=off``): a
-    needle at a depth that changes from one point to the next, and the question last."""
+    needle at a depth that changes from one point to the next, and the question last. With
+    warm follow-ups planned the cold prompt holds a needle for each of them too, under keys
+    of their own at other depths, and follow-up Q asks the needle of key Q."""
     index = run.plan.points.index(point) if point in run.plan.points else len(run.plan.points)
     nonce = builder.nonce(run.run_id, index)
     if point.warm:
@@ -100,7 +107,8 @@ def build_prompt(run: Run, builder: PromptBuilder, point: Point) -> Prompt:
             f"Question {point.question} on the prompt of {point.length} tokens, pass "
             f"{point.repeat}, run {run.run_id}."
         )
-        return builder.extend(build_prompt(run, builder, point.cold), point.suffix, tag, nonce)
+        cold = build_prompt(run, builder, point.cold)
+        return builder.extend(cold, point.suffix, tag, nonce, ask=point.question)
     tag = f"Run {run.run_id}, prompt of {point.length} tokens, pass {point.repeat}."
     probed = run.settings.fidelity != "off"
     return builder.build(
@@ -110,7 +118,14 @@ def build_prompt(run: Run, builder: PromptBuilder, point: Point) -> Prompt:
         nonce=nonce,
         probe_key=f"{run.run_id}:{index}" if probed else None,
         depth=probe_depth(index),
+        needles=needles_per_prompt(run),
     )
+
+
+def needles_per_prompt(run: Run) -> int:
+    """One needle for the cold question and one for each warm follow-up, up to the keys
+    there are (follow-ups beyond ask the needles again, in turn)."""
+    return min(1 + run.plan.warm_questions, len(NEEDLE_KEYS))
 
 
 #: Where a model's config.json states the context it was made for, in order of preference.
@@ -121,8 +136,8 @@ def advertised_context(run: Run) -> int | None:
     """The context the served model claims (its config's ``max_position_embeddings``, or the
     ``model_max_length`` some configs give instead), when the profile describes the served
     model; None when unknown."""
-    described_by = getattr(run.model, "described_by", served_model.BY_PROFILE)
-    if described_by != served_model.BY_PROFILE:
+    described_by = getattr(run.findings.model, "described_by", model_description.BY_PROFILE)
+    if described_by != model_description.BY_PROFILE:
         return None
     config = capacity_check.model_config(run.plan.profile) or {}
     for key in ADVERTISED_CONTEXT_KEYS:
@@ -137,8 +152,6 @@ def plan_lines(run: Run) -> list[str]:
     hand without the model) and which lengths are checked or recorded."""
     if run.settings.fidelity == "off":
         return ["fidelity: off (--longctx-fidelity=off): no probe in the prompts"]
-    if run.settings.prompt_format == "text":
-        return ["fidelity: text prompts carry no probe; every verdict is not_checked"]
     kind = "tokens" if run.plan.profile.model.embedded_name else "text"
     value = probe_value(f"{run.run_id}:0", kind)
     needle, question = probe_texts(kind, value)
@@ -152,11 +165,19 @@ def plan_lines(run: Run) -> list[str]:
         if advertised
         else "the model's advertised context is unknown"
     )
+    others = needles_per_prompt(run) - 1
     return [
         f"fidelity probe ({kind}): each measured prompt, still exactly its length, carries "
         f"the needle {needle.strip()!r} at a depth that changes from point to point "
         f"({', '.join(f'{d:g}' for d in DEPTHS[:5])}, ...) and ends with the question "
-        f"{question.strip()!r}; expected answer for the first point: {value}",
+        f"{question.strip()!r}; expected answer for the first point: {value}"
+        + (
+            f"; a cold prompt holds {others} more needle(s) under other keys "
+            f"({', '.join(NEEDLE_KEYS[1 : 1 + others])}) at other depths, each asked by a "
+            "warm follow-up"
+            if others
+            else ""
+        ),
         f"fidelity --longctx-fidelity={run.settings.fidelity} ({within}): "
         f"checked {', '.join(checked) or 'none'}; recorded only {', '.join(recorded) or 'none'}",
         "needle depths: "
@@ -172,18 +193,22 @@ def judge(run: Run, point: Point, prompt: Prompt, result: PointMeasurement) -> P
     """``result`` with its probe's verdict; raises :class:`PointFailure` (``wrong_answer``)
     for a wrong answer on a point whose answers are checked."""
     how = judgement(run.settings.fidelity, point.prompt_tokens, advertised_context(run))
-    why = (
-        "text prompts (--longctx-prompt-format=text) carry no probe"
-        if run.settings.prompt_format == "text"
-        else ""
-    )
-    verdict = fidelity_verdict(prompt.probe, result.completion_head, how, why)
+    if result.request_heads:  # a concurrency level: every request's answer
+        verdict = requests_verdict(prompt.probe, result.request_heads, how)
+    else:
+        verdict = fidelity_verdict(prompt.probe, result.completion_head, how)
     result = dataclasses.replace(result, fidelity=verdict)
     if verdict["verdict"] == "wrong" and how == "check":
+        which = (
+            f" ({len(verdict['wrong_requests'])} of {verdict['requests']} requests sent at "
+            f"once; the first, request {verdict['wrong_requests'][0]}, shown)"
+            if "wrong_requests" in verdict
+            else ""
+        )
         raise WrongAnswer(
-            f"wrong answer at {point.prompt_tokens} tokens: expected {verdict['expected']}, "
-            f"answered {verdict['answer']} (completion {verdict['completion'][:40]!r}; needle "
-            f"at depth {verdict['depth']:.3f})",
+            f"wrong answer at {point.prompt_tokens} tokens{which}: expected "
+            f"{verdict['expected']}, answered {verdict['answer']} (completion "
+            f"{verdict['completion'][:40]!r}; needle at depth {verdict['depth']:.3f})",
             result,
         )
     return result
@@ -197,8 +222,9 @@ class WrongAnswer(PointFailure):
         self.measurement = measurement
 
 
-def warm_up(run: Run, server: ServerInfo) -> None:
-    """Three short prompts before the first measured point, as the reference study did.
+def warm_up(run: Run, server: ServerInfo) -> dict[str, Any]:
+    """Three short prompts before the first measured point, as the reference study did; how
+    the last one streamed (:func:`stream_fingerprint`), for the run's fingerprint.
 
     They are cold prompts of the smallest selected length (at most 1Ki), so the first measured
     point does not pay for the server's first allocations at that size.
@@ -221,7 +247,7 @@ def warm_up(run: Run, server: ServerInfo) -> None:
                 )
             except MeasurementError as exc:
                 raise ServerError(f"warm-up request {index + 1} failed: {exc}") from exc
-    run.fingerprint["stream"] = stream_fingerprint(run, stream)
+    return stream_fingerprint(run, stream)
 
 
 def stream_fingerprint(run: Run, warm_up: StreamMeasurement | None) -> dict[str, Any]:
@@ -240,54 +266,145 @@ def stream_fingerprint(run: Run, warm_up: StreamMeasurement | None) -> dict[str,
     }
 
 
-def measure(
-    run: Run, server: ServerInfo, client: CompletionClient, point: Point, prompt: Prompt
-) -> PointMeasurement:
-    """One point, with the first-token budget grown from the points measured so far."""
+@dataclass
+class ServerMemory:
+    """What the server measured now holds of this session's prompts, and what it showed the
+    session: kept by :class:`lifecycle.ServerLifecycle`, a new one for each server start (a
+    server started again, or an attached one that stopped answering, holds none of it)."""
+
+    #: When this server last computed each cold point's prompt (monotonic clock): the
+    #: prefix its warm follow-ups find cached.
+    prefix_sent: dict[Point, float] = field(default_factory=dict)
+    #: What this server showed the interference points, found once: its sequence limit as
+    #: probed and its effective chunk (``/server_info``).
+    interference: dict[str, Any] | None = None
+    #: What this server showed the concurrency points, found once: its cache's blocks
+    #: (``vllm:cache_config_info``) and, attached, its sequence limit as probed.
+    concurrency: dict[str, Any] | None = None
+
+    def note_sent(self, point: Point) -> None:
+        """This server has just computed ``point``'s prompt."""
+        self.prefix_sent[point] = time.monotonic()
+
+    def interference_server(self, find: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """What this server shows the interference points: ``find()`` the first time."""
+        if self.interference is None:
+            self.interference = find()
+        return self.interference
+
+    def concurrency_server(self, find: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """What this server shows the concurrency points: ``find()`` the first time."""
+        if self.concurrency is None:
+            self.concurrency = find()
+        return self.concurrency
+
+
+@dataclass(frozen=True)
+class PointSetup:
+    """What the session decides for one point before it is measured (:func:`point_setup`):
+    the measurement's settings, and the run's words an interference point's background
+    needs (its nonces' key, its streams, how its stream is judged)."""
+
+    settings: PointSettings
+    run_id: str
+    background_streams: int
+    stream_tolerance: float
+    keep_disagreeing: bool
+    tcp_keepalive_s: float | None
+    #: A concurrency level's own setup (None for the other points).
+    level: concurrency.LevelSetup | None = None
+
+
+def prepare(run: Run, server: ServerInfo, point: Point) -> PointSetup:
+    """The point's settings, with the first-token budget grown from the points measured so
+    far."""
     budget = FirstTokenBudget(
         default_s=run.plan.profile.sweep.first_token_timeout_s,
         override_s=run.settings.ttft_timeout_s,
     )
-    budget_s, source = budget.for_length(point.length, run.measured_ttft)
+    budget_s, source = budget.for_length(point.length, run.sweep.measured_ttft)
     if run.settings.ttft_timeout_s is not None:
         source += " (--longctx-ttft-timeout)"
-    if point.interference:
-        return measure_interference(run, server, client, point, prompt, budget_s, source)
-    primed = False
-    if point.warm and point.cold not in run.prefix_sent:
-        send_prefix(server, client, point, prompt, run.plan.decode_tokens, budget_s, source)
-        run.prefix_sent[point.cold] = time.monotonic()
-        primed = True
-    sent = run.prefix_sent.get(point.cold) if point.warm else None
     settings = PointSettings(
         decode_tokens=run.plan.decode_tokens,
         first_token_budget_s=budget_s,
         budget_source=source,
         allow_unverified=run.settings.allow_unverified,
-        stream_tolerance=run.settings.stream_tolerance,
-        strict_stream=run.settings.strict_stream,
-        prefix_tokens=point.length if point.warm else 0,
-        prefix_sent_s_ago=None if sent is None else time.monotonic() - sent,
-        # a launched server serves the profile's layout; an attached one, its own
-        planned_bytes=(
-            planned_bytes(run.plan.profile) if point.warm and server.mode == "launched" else None
-        ),
     )
-    try:
-        result = measure_point(
-            client,
+    if not point.interference:
+        settings = dataclasses.replace(
+            settings,
+            stream_tolerance=run.settings.stream_tolerance,
+            strict_stream=run.settings.strict_stream,
+            prefix_tokens=point.length if point.warm else 0,
+            # a launched server serves the profile's layout; an attached one, its own
+            planned_bytes=(
+                planned_bytes(run.plan.profile)
+                if point.warm and server.mode == "launched"
+                else None
+            ),
+        )
+    return PointSetup(
+        settings,
+        run.run_id,
+        run.plan.background_streams,
+        run.settings.stream_tolerance,
+        not run.settings.strict_stream,
+        run.settings.tcp_keepalive_s,
+        concurrency.level_setup(run) if point.concurrent else None,
+    )
+
+
+def measure(
+    client: CompletionClient,
+    server: ServerInfo,
+    point: Point,
+    prompt: Prompt,
+    setup: PointSetup,
+    builder: PromptBuilder,
+    memory: ServerMemory,
+    watch: Any,
+    check_alive: Callable[[float], None],
+    refusal: Callable[[RequestRejectedError], str],
+    levels: concurrency.LevelsMeasured | None = None,
+) -> PointMeasurement:
+    """One point on ``server``: its ``setup``, the ``builder`` of the background prompts,
+    what the server holds of this session's prompts (``memory``), the ``watch`` of its
+    progress, the server's liveness check and 401/403 wording, and for a concurrency level
+    the session's ``levels`` measured so far."""
+    hooks = {"check_alive": check_alive, "refusal": refusal, "watch": watch}
+    if point.interference:
+        return measure_interference(client, server, point, prompt, setup, builder, memory, hooks)
+    if point.concurrent:
+        if setup.level is None or levels is None:
+            raise ValueError(f"{point.id}: a concurrency level needs its setup and levels")
+        return measure_level(client, server, point, prompt, setup, builder, memory, levels)
+    settings = setup.settings
+    primed = False
+    if point.warm and point.cold not in memory.prefix_sent:
+        send_prefix(
             server,
+            client,
             point,
             prompt,
-            settings,
-            **_hooks(run, server, point),
+            settings.decode_tokens,
+            settings.first_token_budget_s,
+            settings.budget_source,
         )
+        memory.note_sent(point.cold)
+        primed = True
+    sent = memory.prefix_sent.get(point.cold) if point.warm else None
+    settings = dataclasses.replace(
+        settings, prefix_sent_s_ago=None if sent is None else time.monotonic() - sent
+    )
+    try:
+        result = measure_point(client, server, point, prompt, settings, **hooks)
     except UnverifiedPoint:
         if not point.warm:
-            run.prefix_sent[point] = time.monotonic()
+            memory.note_sent(point)
         raise
     if not point.warm:
-        run.prefix_sent[point] = time.monotonic()
+        memory.note_sent(point)
     elif primed:  # its cold point was not measured by this server: the follow-up sent it
         result = dataclasses.replace(result, cache={**result.cache, "prefix_sent_by": "follow-up"})
     return result
@@ -311,15 +428,17 @@ def planned_bytes(profile: Profile) -> PlannedBytes | None:
     return request_bytes
 
 
-def background_spec(run: Run, server: ServerInfo, point: Point, streams: int) -> BackgroundSpec:
+def background_spec(
+    setup: PointSetup, builder: PromptBuilder, server: ServerInfo, point: Point, streams: int
+) -> BackgroundSpec:
     """The background streams of ``point``: short prompts of the served model's text, each
     request opening with a nonce of its own (drawn under a key of this run and point, so no
     background prompt shares a first block with a measured one)."""
-    builder = prompt_builder(run, server)
+    run_id = setup.run_id
     base = builder.build(
         BACKGROUND_PROMPT_TOKENS,
-        f"Background request beside {point.id} of run {run.run_id}.",
-        nonce=builder.nonce(f"{run.run_id}:background", 0),
+        f"Background request beside {point.id} of run {run_id}.",
+        nonce=builder.nonce(f"{run_id}:background", 0),
     )
     return BackgroundSpec(
         base_url=server.base_url,
@@ -327,75 +446,81 @@ def background_spec(run: Run, server: ServerInfo, point: Point, streams: int) ->
         streams=streams,
         prompt_ids=tuple(base.ids),
         nonce_pool=builder.nonce_pool(),
-        nonce_key=f"{run.run_id}:background:{point.id}",
+        nonce_key=f"{run_id}:background:{point.id}",
         decode_tokens=BACKGROUND_DECODE_TOKENS,
         api_key=server.api_key,
-        tcp_keepalive_s=run.settings.tcp_keepalive_s,
+        tcp_keepalive_s=setup.tcp_keepalive_s,
     )
-
-
-def interference_server(
-    run: Run, server: ServerInfo, client: CompletionClient, point: Point
-) -> dict[str, Any]:
-    """What this server start shows the interference points, found once per start: whether
-    it runs K + 1 requests at once (probed), and its effective chunk (``/server_info``)."""
-    start = len(run.starts) - 1
-    known = run.interference_servers.get(start)
-    if known is None:
-        streams = run.plan.background_streams + 1
-        known = {
-            "sequence_limit": probe_sequences(
-                client, server, background_spec(run, server, point, streams)
-            ),
-            "server_config": chunk_from_server_info(client.server_info()),
-        }
-        run.interference_servers[start] = known
-    return known
 
 
 def measure_interference(
-    run: Run,
-    server: ServerInfo,
     client: CompletionClient,
+    server: ServerInfo,
     point: Point,
     prompt: Prompt,
-    budget_s: float,
-    source: str,
+    setup: PointSetup,
+    builder: PromptBuilder,
+    memory: ServerMemory,
+    hooks: dict[str, Any],
 ) -> PointMeasurement:
-    """An interference point: the long prompt beside K background streams."""
-    known = interference_server(run, server, client, point)
-    settings = PointSettings(
-        decode_tokens=run.plan.decode_tokens,
-        first_token_budget_s=budget_s,
-        budget_source=source,
-        allow_unverified=run.settings.allow_unverified,
-    )
+    """An interference point: the long prompt beside K background streams. What the server
+    shows them (whether it runs K + 1 requests at once, probed, and its effective chunk,
+    ``/server_info``) is found once per server start."""
+
+    def find() -> dict[str, Any]:
+        streams = setup.background_streams + 1
+        return {
+            "sequence_limit": probe_sequences(
+                client, server, background_spec(setup, builder, server, point, streams)
+            ),
+            "server_config": chunk_from_server_info(client.server_info()),
+        }
+
+    known = memory.interference_server(find)
     load = LoadSettings(
-        background=background_spec(run, server, point, point.background),
-        tolerance=run.settings.stream_tolerance,
-        keep_disagreeing=not run.settings.strict_stream,
+        background=background_spec(setup, builder, server, point, point.background),
+        tolerance=setup.stream_tolerance,
+        keep_disagreeing=setup.keep_disagreeing,
         server_config=known["server_config"],
         sequence_limit=known["sequence_limit"],
     )
-    return measure_under_load(
-        client,
+    return measure_under_load(client, server, point, prompt, setup.settings, load, **hooks)
+
+
+def measure_level(
+    client: CompletionClient,
+    server: ServerInfo,
+    point: Point,
+    prompt: Prompt,
+    setup: PointSetup,
+    builder: PromptBuilder,
+    memory: ServerMemory,
+    levels: concurrency.LevelsMeasured,
+) -> PointMeasurement:
+    """A concurrency level: c prompts of the point's length at once. What the server shows
+    them (its cache's blocks and, attached, whether it runs the highest level at once) is
+    found once per server start."""
+    level = setup.level
+    assert level is not None
+
+    def probe_spec(streams: int) -> BackgroundSpec:
+        return background_spec(setup, builder, server, point, streams)
+
+    known = memory.concurrency_server(
+        lambda: concurrency.server_state(client, server, level, probe_spec)
+    )
+    settings = setup.settings
+    return concurrency.measure(
         server,
         point,
         prompt,
-        settings,
-        load,
-        **_hooks(run, server, point),
+        level,
+        settings.first_token_budget_s,
+        settings.budget_source,
+        builder.nonce_pool(),
+        known,
+        levels,
     )
-
-
-def _hooks(run: Run, server: ServerInfo, point: Point) -> dict[str, Any]:
-    """What a point's measurement calls back into the session: is the server alive, how a
-    401/403 reads, and the watch of its progress."""
-    return {
-        "check_alive": lambda grace_s: session_server.check_alive(run, grace_s=grace_s),
-        "refusal": lambda exc: str(session_server.refused(run, server.base_url, exc)),
-        "watch": live_progress.watch(run, server, point),
-    }
 
 
 def send_prefix(

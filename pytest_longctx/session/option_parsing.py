@@ -1,4 +1,4 @@
-"""Options and ini keys, read once and validated into one frozen object.
+"""Options and ini keys: declared and parsed here, once, into plan/settings.py's frozen Settings.
 
 Every option but ``--longctx-plan`` and ``--longctx-resume`` also exists as an ini key of the
 same name with underscores (``--longctx-to`` -> ``longctx_to``); the command line wins. A flag
@@ -17,16 +17,18 @@ import pytest
 from pytest_longctx.core.sizes import ACCEPTED_FORM, SizeError, parse_size
 from pytest_longctx.gate.tolerances import parse_percent
 from pytest_longctx.measure.agreement import DEFAULT_STREAM_TOLERANCE
-from pytest_longctx.plan.settings import Settings
-from pytest_longctx.plan.sweep import (
+from pytest_longctx.plan.points import (
     COLD,
+    CONCURRENCY,
     DEFAULT_BACKGROUND_STREAMS,
+    DEFAULT_MAX_CONCURRENCY,
     DEFAULT_WARM_QUESTIONS,
     DEFAULT_WARM_SUFFIX,
     INTERFERENCE,
     WARM,
     WORKLOADS,
 )
+from pytest_longctx.plan.settings import Settings
 from pytest_longctx.profiles import DEFAULT_PROFILE
 from pytest_longctx.prompts.probe import FIDELITY_HELP, FIDELITY_MODES
 
@@ -168,8 +170,16 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "what each length measures, comma-separated: 'cold' (a cold prefill per point; "
         "default), 'warm' with cold (then follow-up questions on the same prefix, served from "
         "the cache), 'interference' (the prefill on a server that also carries background "
-        "streams, and what it costs them)",
-        "cold|cold,warm|interference|cold,interference",
+        "streams, and what it costs them), 'concurrency' (c cold prompts of each length sent "
+        "at once: how many fit the KV cache, and what each decodes)",
+        "cold|cold,warm|interference|cold,interference|concurrency",
+    ),
+    OptionSpec(
+        "longctx-max-concurrency",
+        "with --longctx-workload=...concurrency: the highest level, requests of one length "
+        "sent at once (levels 1, 2, 4, ... and the plan's fit and one past it; default "
+        f"{DEFAULT_MAX_CONCURRENCY})",
+        "N",
     ),
     OptionSpec(
         "longctx-warm-questions",
@@ -414,15 +424,16 @@ class _RawOptions:
         return value
 
     def workload(self, prompt_format: str) -> tuple[str, ...]:
-        """Some of ``cold``, ``warm``, ``interference``: a warm follow-up needs its cold
-        point's prefix, so ``warm`` comes with ``cold``."""
+        """Some of ``cold``, ``warm``, ``interference``, ``concurrency``: a warm follow-up
+        needs its cold point's prefix, so ``warm`` comes with ``cold``."""
         name = "longctx-workload"
         if not self.given(name):
             return (COLD,)
         parts = _workload_parts(self.values[name])
         accepted = (
-            "a comma-separated list of cold, warm and interference, such as 'cold', "
-            "'cold,warm', 'interference' or 'cold,interference' (warm needs cold)"
+            "a comma-separated list of cold, warm, interference and concurrency, such as "
+            "'cold', 'cold,warm', 'interference', 'cold,interference' or 'concurrency' "
+            "(warm needs cold)"
         )
         if (
             not parts
@@ -526,6 +537,7 @@ def read_settings(config: pytest.Config) -> Settings:
     workload = raw.workload(prompt_format)
     raw.of_workload(WARM, workload, ("longctx-warm-questions", "longctx-warm-suffix"), "cold,warm")
     streams, chunk = raw.interference(workload, attached=bool(raw.urls("longctx-url")))
+    raw.of_workload(CONCURRENCY, workload, ("longctx-max-concurrency",), "cold,concurrency")
     if suffix is not None and suffix < MIN_WARM_SUFFIX:
         raise _fail(
             "longctx-warm-suffix",
@@ -566,6 +578,8 @@ def read_settings(config: pytest.Config) -> Settings:
         warm_suffix=DEFAULT_WARM_SUFFIX if suffix is None else suffix,
         background_streams=streams,
         max_num_batched_tokens=chunk,
+        max_concurrency=raw.whole("longctx-max-concurrency", DEFAULT_MAX_CONCURRENCY)
+        or DEFAULT_MAX_CONCURRENCY,
         max_relaunches=raw.whole("longctx-max-relaunches", 3, minimum=0) or 0,
         max_crashes_per_length=raw.whole("longctx-max-crashes-per-length", 2) or 2,
         reattach_timeout_s=raw.duration("longctx-reattach-timeout", 60.0, zero=True),

@@ -1,0 +1,210 @@
+"""The concurrency points of a session: each level's c prompts, the fit of the server that
+serves them, the probe of an attached server, and the length's verdict so far.
+
+A launched server is started for these points with room for the highest level
+(``--max-num-seqs``, see session/server.py and session/lifecycle.py). An attached server
+serves with its own limits: it is probed once per start with the highest level selected
+(short requests sent at once, the scheduler's gauges watched, as the interference points
+probe theirs) and a level it cannot run at once is refused with the reason, never measured as
+a fit it did not test. What a server showed is kept with what it holds of this session
+(:class:`point_setup.ServerMemory`, a new one per start); the levels measured so far, which
+outlive a server start, by this module's :class:`LevelsMeasured`, one per session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytest_longctx.capacity import fit_verdict
+from pytest_longctx.client import ClientConfig, CompletionClient
+from pytest_longctx.measure.agreement import STRICT_OPTION
+from pytest_longctx.measure.background import BackgroundSpec
+from pytest_longctx.measure.concurrent import level_prompts, measure_level
+from pytest_longctx.measure.measurement import PointFailure, PointMeasurement
+from pytest_longctx.measure.server_metrics import cache_config_labels
+from pytest_longctx.measure.target import ServerInfo
+from pytest_longctx.measure.under_load import probe_sequences
+from pytest_longctx.plan import capacity_check
+from pytest_longctx.plan.points import Point, SweepPlan
+from pytest_longctx.prompts import Prompt
+from pytest_longctx.session.run import Run
+
+
+@dataclass(frozen=True)
+class LevelSetup:
+    """What the session decides for a concurrency level before it is measured (built by
+    :func:`level_setup`): the plan (its fits and decode tokens), the highest level selected
+    (what an attached server is probed with) and how the streams are judged."""
+
+    plan: SweepPlan
+    run_id: str
+    highest_level: int
+    stream_tolerance: float
+    strict_stream: bool
+    tcp_keepalive_s: float | None
+
+
+def highest_level(run: Run) -> int:
+    """The highest level selected in this session (the plan's limit when none is known)."""
+    levels = [p.concurrency for p in run.selected_points if p.concurrent]
+    return max(levels, default=run.plan.max_concurrency)
+
+
+def level_setup(run: Run) -> LevelSetup:
+    """A concurrency level's setup from the run."""
+    return LevelSetup(
+        plan=run.plan,
+        run_id=run.run_id,
+        highest_level=highest_level(run),
+        stream_tolerance=run.settings.stream_tolerance,
+        strict_stream=run.settings.strict_stream,
+        tcp_keepalive_s=run.settings.tcp_keepalive_s,
+    )
+
+
+@dataclass
+class LevelsMeasured:
+    """The levels this session measured so far, per length, and whether each ran at once:
+    a record's verdict covers them (reports recompute it from all records)."""
+
+    by_length: dict[int, dict[int, bool]] = field(default_factory=dict)
+
+    def note(self, length: int, level: int, ran_at_once: bool) -> dict[int, bool]:
+        """``level`` measured at ``length``; the length's levels so far."""
+        levels = self.by_length.setdefault(length, {})
+        levels[level] = ran_at_once
+        return dict(levels)
+
+    def of(self, length: int) -> dict[int, bool]:
+        """The levels measured so far at ``length``."""
+        return dict(self.by_length.get(length, {}))
+
+
+def refusal(base_url: str, level: int, found: dict[str, Any]) -> str:
+    """Why an attached server cannot run ``level`` requests at once."""
+    return (
+        f"the server at {base_url} cannot run {level} requests at once: with "
+        f"{found.get('wanted')} short requests in flight, at most "
+        f"{found.get('most_running')} ran at once while {found.get('most_waiting')} waited "
+        "(vllm:num_requests_running, vllm:num_requests_waiting). The concurrency workload "
+        f"sends {level} prompts together; serve it with --max-num-seqs {level} or more, or "
+        "lower --longctx-max-concurrency"
+    )
+
+
+def server_state(
+    client: CompletionClient,
+    server: ServerInfo,
+    setup: LevelSetup,
+    probe_spec: Callable[[int], BackgroundSpec],
+) -> dict[str, Any]:
+    """What a server shows the concurrency points (asked once per start, see
+    :meth:`point_setup.ServerMemory.concurrency_server`): its cache (``vllm:cache_config_info``)
+    and, attached, how many requests it runs at once."""
+    try:
+        labels = cache_config_labels(client.metrics_text())
+    except Exception:  # noqa: BLE001 - no /metrics: the plan's fit alone
+        labels = None
+    known: dict[str, Any] = {"cache_labels": labels}
+    if server.mode != "launched":
+        known["sequence_limit"] = probe_sequences(client, server, probe_spec(setup.highest_level))
+    return known
+
+
+def fits_for(
+    plan: SweepPlan, server: ServerInfo, length: int, labels: dict[str, str] | None
+) -> dict:
+    """The length's planned fit and vLLM's figure: a launched server's plan is the
+    profile's; an attached one's is the plan's model of the cache it reports."""
+    planned = dict(plan.planned_fits).get(length)
+    try:
+        served = capacity_check.concurrency_fits(plan, [length], labels).get(length)
+    except ValueError:
+        served = None
+    if served is not None and served.source == "server":
+        if planned is None or server.mode != "launched":
+            planned = served.fit
+        return {
+            "fit_planned": planned,
+            "fit_server_blocks": served.fit,
+            "fit_vllm": round(served.vllm_concurrency, 4),
+            "num_blocks": served.num_blocks,
+            "block_size": served.block_size,
+            "blocks_per_request": served.blocks_per_request,
+        }
+    return {"fit_planned": planned, "fit_vllm": None}
+
+
+def measure(
+    server: ServerInfo,
+    point: Point,
+    prompt: Prompt,
+    setup: LevelSetup,
+    budget_s: float,
+    source: str,
+    nonce_pool: Sequence[int],
+    known: dict[str, Any],
+    measured: LevelsMeasured,
+) -> PointMeasurement:
+    """One level: ``point.concurrency`` prompts of the point's length, each its own nonce
+    first, sent at once, on a server that showed ``known`` (:func:`server_state`); the level
+    joins the session's ``measured`` levels unless its contract failed."""
+    limit = known.get("sequence_limit") or {}
+    if limit and not limit.get("ran_at_once"):
+        most = int(limit.get("most_running") or 0)
+        if point.concurrency > most:
+            raise PointFailure(
+                refusal(server.base_url, point.concurrency, limit), "refused", sent=False
+            )
+    config = ClientConfig(
+        base_url=server.base_url,
+        api_key=server.api_key,
+        tcp_keepalive_s=setup.tcp_keepalive_s,
+    )
+    prompts = level_prompts(
+        list(prompt.ids), nonce_pool, f"{setup.run_id}:{point.id}", point.concurrency
+    )
+    decode_tokens = setup.plan.decode_tokens
+    result = measure_level(config, server.model_name, prompts, decode_tokens, budget_s, source)
+    problems = result.contract_problems()
+    agreement = result.stream_agreement(setup.stream_tolerance)
+    if agreement.get("problem") and setup.strict_stream:
+        problems.append(f"{agreement['problem']} ({STRICT_OPTION})")
+    levels = (
+        measured.of(point.length)
+        if problems
+        else measured.note(point.length, point.concurrency, result.ran_at_once)
+    )
+    fits = fits_for(setup.plan, server, point.length, known.get("cache_labels"))
+    verdict = fit_verdict(point.length, levels, fits["fit_planned"], fits.get("fit_vllm"))
+    record = {
+        **result.to_json(),
+        **fits,
+        **verdict.to_json(),
+        "levels_measured": {str(c): ran for c, ran in sorted(levels.items())},
+    }
+    if limit:
+        record["sequence_limit"] = limit
+    if agreement:
+        record["stream_agreement"] = agreement
+    done = [r for r in result.requests if not r.error]
+    counted = [r.prompt_tokens for r in done if r.prompt_tokens is not None]
+    odd = [n for n in counted if n != point.length]
+    cached = [r.cached_prompt_tokens for r in done if r.cached_prompt_tokens is not None]
+    return PointMeasurement(
+        length=point.length,
+        requested_tokens=decode_tokens,
+        prompt_tokens=odd[0] if odd else point.length,
+        completion_tokens=min((r.completion_tokens for r in done), default=0)
+        if len(done) == len(result.requests)
+        else 0,
+        ttft_s=result.last_request_ttft_s or 0.0,
+        stream_figures=result.figures(),
+        cached_prompt_tokens=max(cached) if cached else None,
+        server_requests=None if result.server_requests is None else int(result.server_requests),
+        concurrency=record,
+        concurrency_problem="; ".join(problems) or None,
+        request_heads=tuple(None if r.error else r.completion_head for r in result.requests),
+    )
