@@ -219,6 +219,8 @@ class StreamTimes:
     tokens: int
     #: The first ids of an id prompt (its nonce), to tell requests apart.
     prompt_head: tuple[int, ...] = ()
+    #: The decode as the engine's clock had it (first token to last), what /metrics counts.
+    decode_s: float = 0.0
 
     @property
     def first_token_at(self) -> float | None:
@@ -862,6 +864,12 @@ class _Handler(BaseHTTPRequestHandler):
                         "cached_tokens": behaviour.cached_prompt_tokens
                     }
                 self._write(chunk([], usage))
+            end = time.perf_counter()
+            first_at, last_at = (decoded[0], decoded[-1]) if decoded else (end, end)
+            if counts:  # the engine's clock: the first token left before the rest of its chunk
+                first_at -= (counts[0] - 1) * behaviour.token_delay_s
+            ttft = first_at - t_body
+            decode = last_at - first_at
             # recorded before [DONE]: a client that has its figures can read the stamps, and
             # a /metrics read right after the stream counts this request, as vLLM's does
             self.fake.record_stream(
@@ -872,14 +880,9 @@ class _Handler(BaseHTTPRequestHandler):
                     tuple(counts),
                     total,
                     tuple(prompt[:8]) if isinstance(prompt := payload.get("prompt"), list) else (),
+                    decode_s=decode,
                 )
             )
-            end = time.perf_counter()
-            first_at, last_at = (decoded[0], decoded[-1]) if decoded else (end, end)
-            if counts:  # the engine's clock: the first token left before the rest of its chunk
-                first_at -= (counts[0] - 1) * behaviour.token_delay_s
-            ttft = first_at - t_body
-            decode = last_at - first_at
             self.fake.count_gaps([decoded[i] - decoded[i - 1] for i in range(1, len(decoded))])
             self.fake.account(
                 requests=1 + behaviour.other_requests,

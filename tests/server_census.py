@@ -161,8 +161,8 @@ def _label(argv: bytes) -> str:
 def _healthy(port: str | None) -> bool:
     if port is None:
         return False
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=0.3) as answer:
+    try:  # a server starting beside two others on a busy host can take 0.3 s to answer
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1.0) as answer:
             return answer.status == 200
     except OSError:
         return False

@@ -17,7 +17,9 @@ PROGRESS_LINE = "longctx 4Ki rep 0 [3/3]"
 
 @dataclass
 class _PrefillTakesTime:
-    """After the warm-up: a first token ``length * 1e-4`` s (4Ki: 0.4 s) after the request."""
+    """After the warm-up: a first token ``length * 1e-4`` s (4Ki: 0.4 s) after the request,
+    the prompt computed 512 tokens a step (4Ki: a step every 50 ms), so the prefilled count
+    moves through the whole prefill, not only in its second half."""
 
     fake: FakeVLLM
     #: A length whose completion comes short (its item fails).
@@ -27,6 +29,7 @@ class _PrefillTakesTime:
         point = item.callspec.params["longctx_point"]  # type: ignore[attr-defined]
         self.fake.configure(
             first_token_delay_s=point.length * 1e-4,
+            prefill_chunk_tokens=512,
             token_delay_s=0.005,
             tokens=3 if point.length == self.fail_at else None,
         )
