@@ -820,6 +820,22 @@ def test_budget_extrapolates_quadratically(
     assert why.startswith("extrapolated")
 
 
+def test_a_concurrency_levels_budget_covers_each_request_waiting_for_the_others() -> None:
+    """Four 8Ki prompts at once on a server with room for three: the fourth starts after
+    another has prefilled and decoded, so one request's budget is not enough for it."""
+    budget = FirstTokenBudget(floor_s=60.0, safety_factor=3.0)
+    one, _ = budget.for_length(8192, {8192: 14.4})
+    assert one == 60.0  # 14.4 s x 3 = 43.2 s is below the floor
+    seconds, why = budget.for_length(8192, {8192: 14.4}, requests=4)
+    assert seconds == 4 * one
+    assert why.startswith("floor of 60 s") and "x 4 prompts sent at once" in why
+    extrapolated, _ = budget.for_length(32768, {8192: 14.4}, requests=2)
+    assert extrapolated == pytest.approx(2 * 14.4 * 16 * 3)
+    assert FirstTokenBudget(override_s=90.0).for_length(8192, {}, requests=4)[0] == 90.0
+    with pytest.raises(ValueError, match="requests"):
+        budget.for_length(8192, {}, requests=0)
+
+
 def test_budget_floor_and_bad_values() -> None:
     budget = FirstTokenBudget(floor_s=60.0, safety_factor=3.0)
     seconds, why = budget.for_length(8192, {1024: 0.08, 2048: 0.2, 4096: float("nan")})

@@ -35,17 +35,32 @@ class FirstTokenBudget:
         if self.override_s is not None and not self.override_s > 0:
             raise ValueError(f"override_s={self.override_s!r}: expected a positive number")
 
-    def for_length(self, length: int, measured: Mapping[int, float]) -> tuple[float, str]:
+    def for_length(
+        self, length: int, measured: Mapping[int, float], requests: int = 1
+    ) -> tuple[float, str]:
         """Seconds to wait for the first token of a ``length``-token prompt, and why.
 
         ``measured`` maps lengths to the slowest TTFT seen there. The base is the largest
         measured length at or below ``length`` (at or below, so repeats of a length reuse
-        their own first measurement).
+        their own first measurement). ``requests`` prompts sent at once (a concurrency level)
+        share the server's prefill, and one past the server's room waits for another to
+        finish: each may wait up to that many prefills, so the budget is that many times one
+        request's. An explicit override is the user's per-request limit and stays as given.
         """
         if length <= 0:
             raise ValueError(f"length={length}: expected a positive token count")
+        if requests < 1:
+            raise ValueError(f"requests={requests}: expected at least one request")
         if self.override_s is not None:
             return self.override_s, f"explicit override of {self.override_s:g} s"
+        seconds, why = self._one_request(length, measured)
+        if requests == 1:
+            return seconds, why
+        return seconds * requests, (
+            f"{why}; x {requests} prompts sent at once, each of which may wait for the others"
+        )
+
+    def _one_request(self, length: int, measured: Mapping[int, float]) -> tuple[float, str]:
         usable = {
             base: ttft
             for base, ttft in measured.items()

@@ -322,7 +322,8 @@ def prepare(run: Run, server: ServerInfo, point: Point) -> PointSetup:
         default_s=run.plan.profile.sweep.first_token_timeout_s,
         override_s=run.settings.ttft_timeout_s,
     )
-    budget_s, source = budget.for_length(point.length, run.sweep.measured_ttft)
+    requests = point.concurrency if point.concurrent else 1
+    budget_s, source = budget.for_length(point.length, run.sweep.measured_ttft, requests)
     if run.settings.ttft_timeout_s is not None:
         source += " (--longctx-ttft-timeout)"
     settings = PointSettings(
