@@ -4,9 +4,10 @@ streams, at two chunk sizes, and a server that runs one sequence at a time refus
 Two sessions attach to the suite's loaded servers (room for five sequences, the chunk given,
 the scheduler config readable through the development endpoints), one for each chunk size, and
 the tests share them. On two cores only relations hold that no load can turn: the streams
-wait longer during the prefill than idle, and a chunk that holds the whole prompt lets fewer
-of their tokens through it than a small one. A launched session's own interference server
-(its ``--max-num-seqs`` and chunk) is shown by its plan, in ``test_interference_session.py``.
+wait longer during the prefill than idle, and a chunk that holds the whole prompt stalls them
+longer than a small one (one step of the whole prefill against one of its eight). A launched
+session's own interference server (its ``--max-num-seqs`` and chunk) is shown by its plan, in
+``test_interference_session.py``.
 """
 
 from __future__ import annotations
@@ -93,12 +94,16 @@ def test_background_gaps_during_a_16ki_prefill_are_longer_than_idle_ones(
     assert idle.count("/") == prefill.count("/") == 2
 
 
-def test_a_chunk_that_holds_the_whole_prompt_lets_fewer_tokens_through(
+def test_a_chunk_that_holds_the_whole_prompt_stalls_the_streams_longer(
     chunk_runs: dict[int, tuple[Session, Path]], tmp_path: Path
 ) -> None:
     small, whole = _point(chunk_runs[SMALL]), _point(chunk_runs[WHOLE])
-    during = "bg_tokens_during_prefill"
-    assert whole.figures[during] < small.figures[during], (whole.figures, small.figures)
+    # The streams' longest wait beside the prefill: one step of the whole prompt against one
+    # of its eight. (Not the tokens let through the TTFT window: it opens when the request is
+    # sent, and a busy host's API server took seconds before the step began once, the streams
+    # decoding all along: 83 tokens against the small chunk's 28.)
+    longest = "bg_itl_prefill_max"
+    assert whole.figures[longest] > small.figures[longest], (whole.figures, small.figures)
     runs = [str(run_folder(chunk_runs[chunk][1])) for chunk in (SMALL, WHOLE)]
     done = subprocess.run(
         [sys.executable, "-m", "pytest_longctx", "compare", *runs, "--output", str(tmp_path)],
