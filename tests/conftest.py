@@ -55,6 +55,9 @@ _import_all("h11", "httpcore", "httpx", "pytest_longctx")
 # pytester points HOME at a temporary folder: keep sub-sessions on the real cache of embedded
 # models and built prompts, as a user's repeated sessions would be.
 os.environ.setdefault(CACHE_ENV, str(cache_root()))
+# ... and on one matplotlib font cache, which a fresh HOME would make each report's first
+# plot build again.
+os.environ.setdefault("MPLCONFIGDIR", str(cache_root() / "matplotlib"))
 
 #: Reuse a cpu-tiny server that is already running (while developing), instead of launching.
 EXISTING_SERVER_ENV = "LONGCTX_TEST_SERVER_URL"

@@ -133,15 +133,27 @@ def raw_lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def fake_session_args(url: str, output: Path) -> list[str]:
-    """A sub-session attached to a fake server, writing under ``output``, with a short decode."""
+#: Sessions of the suite draw no plots unless a test asks (``PLOTS``): matplotlib's rendering
+#: is most of a short session's reports, and only the tests of the reports look at them.
+NO_PLOTS = "--longctx-plots=off"
+PLOTS = "--longctx-plots=on"
+
+
+def fake_session_args(url: str, output: Path, *, plots: bool = False) -> list[str]:
+    """A sub-session attached to a fake server, writing under ``output``, with a short decode
+    and, unless ``plots``, no plots."""
     return [
         "-p",
         "no:cacheprovider",
         f"--longctx-url={url}",
         f"--longctx-output={output}",
         "--longctx-decode-tokens=8",
+        PLOTS if plots else NO_PLOTS,
     ]
+
+
+#: A shared server is warm after its first session: later sessions send it one warm-up prompt.
+WARMUP_OPTION = "--longctx-warmup-prompts"
 
 
 def run_session(  # noqa: ANN201
@@ -153,13 +165,20 @@ def run_session(  # noqa: ANN201
 ):
     """A pytest session in its own process, as a user runs one, writing under ``reports/``.
 
-    Returns the run result and the output root. With ``url`` it attaches to that server.
-    Bursts are kept, as by default, unless ``strict_stream`` (:data:`STRICT_STREAM`). A session
-    that outlives ``timeout`` (default: :data:`ATTACHED_TIMEOUT_S` attached, else
-    :data:`LAUNCHING_TIMEOUT_S`) fails the test with the end of what it printed.
+    Returns the run result and the output root. With ``url`` it attaches to that server, which
+    the suite keeps warm: one warm-up prompt (it shows how the server streams) instead of the
+    profile's three, unless ``--longctx-warmup-prompts`` is given. No plots unless ``PLOTS``
+    is among ``args``. Bursts are kept, as by default, unless ``strict_stream``
+    (:data:`STRICT_STREAM`). A session that outlives ``timeout`` (default:
+    :data:`ATTACHED_TIMEOUT_S` attached, else :data:`LAUNCHING_TIMEOUT_S`) fails the test
+    with the end of what it printed.
     """
     output = pytester.path / "reports"
     attach = [f"--longctx-url={url}"] if url else []
+    if url and not any(arg.startswith(WARMUP_OPTION) for arg in args):
+        attach.append(f"{WARMUP_OPTION}=1")
+    if not any(arg.startswith("--longctx-plots") for arg in args):
+        attach.append(NO_PLOTS)
     keep = [STRICT_STREAM] if strict_stream and STRICT_STREAM not in args else []
     if timeout is None:
         timeout = ATTACHED_TIMEOUT_S if url else LAUNCHING_TIMEOUT_S
@@ -205,11 +224,11 @@ def fault_session(pytester, fake):  # noqa: ANN001, ANN201
     pytester.makepyfile(test_sweep=SWEEP_TEST)
     output = pytester.path / "reports"
 
-    def run(*args: str, stop_server: bool = False, **changes: Any):  # noqa: ANN202
+    def run(*args: str, stop_server: bool = False, plugins: tuple = (), **changes: Any):  # noqa: ANN202
         result = pytester.runpytest(
             *fake_session_args(fake.url, output),
             *args,
-            plugins=[FaultAfterWarmUp(fake, changes, stop_server)],
+            plugins=[FaultAfterWarmUp(fake, changes, stop_server), *plugins],
         )
         return result, records_of(output)
 

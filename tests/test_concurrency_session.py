@@ -8,7 +8,7 @@ import json
 
 import pytest
 from fake_vllm import Behaviour, FakeVLLMProcess
-from longctx_testing import SWEEP_TEST, fake_session_args, records_of, run_folder
+from longctx_testing import PLOTS, SWEEP_TEST, fake_session_args, records_of, run_folder
 
 WORKLOAD = "--longctx-workload=concurrency"
 
@@ -106,7 +106,7 @@ def _behaviour(**changes) -> Behaviour:  # noqa: ANN003
 def test_a_session_records_each_level_and_the_lengths_fit(pytester: pytest.Pytester) -> None:
     with FakeVLLMProcess(_behaviour()) as fake:
         result, records = _session(
-            pytester, fake.url, "-m", "len==1Ki", WORKLOAD, "--longctx-max-concurrency=2"
+            pytester, fake.url, "-m", "len==1Ki", WORKLOAD, "--longctx-max-concurrency=2", PLOTS
         )
     result.assert_outcomes(passed=2)
     one, two = records

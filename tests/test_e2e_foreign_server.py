@@ -13,7 +13,7 @@ import json
 
 import httpx
 import pytest
-from longctx_testing import fine_grained_qwen_spec, records_of, run_folder, run_session
+from longctx_testing import PLOTS, fine_grained_qwen_spec, records_of, run_folder, run_session
 
 from pytest_longctx.profiles.embedded_models import default_models_dir
 
@@ -88,7 +88,9 @@ def test_the_records_describe_the_served_model_not_the_profile(
 ) -> None:
     """Attached with the default profile (cpu-tiny: a Llama) to a Qwen2 server."""
     folder = default_models_dir() / fine_grained_qwen_spec().folder_name
-    result, output = run_session(sweep_dir, "-m", "len==1Ki", RECORD_ANSWERS, url=foreign_model_url)
+    result, output = run_session(
+        sweep_dir, "-m", "len==1Ki", RECORD_ANSWERS, PLOTS, url=foreign_model_url
+    )
     result.assert_outcomes(passed=1)
     (record,) = records_of(output)
     fingerprint = record.fingerprint

@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from longctx_testing import records_of, run_folder, run_session
+from longctx_testing import PLOTS, records_of, run_folder, run_session
 from server_pool import SMALL_CHUNK
 
 from pytest_longctx.progress.samples import read_samples
@@ -50,6 +50,7 @@ def test_a_long_prefill_is_watched_chunk_by_chunk(
             f"--longctx-decode-tokens={DECODE}",
             INTERVAL,
             "--longctx-progress-throttle=0",
+            PLOTS,
             url=loaded_url,
         )
     finally:

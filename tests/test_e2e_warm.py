@@ -12,7 +12,7 @@ import json
 import textwrap
 
 import pytest
-from longctx_testing import records_of, run_folder, run_session
+from longctx_testing import PLOTS, records_of, run_folder, run_session
 
 pytestmark = pytest.mark.vllm
 
@@ -37,7 +37,7 @@ def test_warm_follow_ups_at_16ki_are_served_from_cache_and_an_eviction_is_named(
 ) -> None:
     sweep_dir.makeconftest(EVICTING_CONFTEST.format(url=whole_chunk_url))
     result, output = run_session(
-        sweep_dir, "-m", "len==16Ki", "--longctx-workload=cold,warm", url=whole_chunk_url
+        sweep_dir, "-m", "len==16Ki", "--longctx-workload=cold,warm", PLOTS, url=whole_chunk_url
     )
     result.assert_outcomes(passed=3, failed=1)
     records = records_of(output)

@@ -11,7 +11,14 @@ import sys
 
 import pytest
 from fake_vllm import Behaviour, FakeVLLMProcess
-from longctx_testing import SWEEP_TEST, fake_session_args, records_of, run_folder, run_session
+from longctx_testing import (
+    PLOTS,
+    SWEEP_TEST,
+    fake_session_args,
+    records_of,
+    run_folder,
+    run_session,
+)
 
 from pytest_longctx.core.records import read_records
 from pytest_longctx.gate import Tolerances, compare_length
@@ -135,7 +142,7 @@ def stalling_fake():  # noqa: ANN201
 def test_a_session_records_and_reports_what_the_prefill_cost_the_streams(
     pytester: pytest.Pytester, stalling_fake: FakeVLLMProcess
 ) -> None:
-    result, records = _session(pytester, stalling_fake.url, "-m", "len==1Ki", LOAD)
+    result, records = _session(pytester, stalling_fake.url, "-m", "len==1Ki", LOAD, PLOTS)
     result.assert_outcomes(passed=2)
     cold, loaded = records
     assert (cold.cache_state, loaded.cache_state) == ("cold", "interference")

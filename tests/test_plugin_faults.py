@@ -48,6 +48,26 @@ def test_reported_figures_match_the_injected_timing(session) -> None:  # noqa: A
     assert (record.prompt_tokens, record.completion_tokens) == (1024, 8)
 
 
+@pytest.mark.parametrize(("given", "warm_ups"), [((), 3), (("--longctx-warmup-prompts=1",), 1)])
+def test_the_warmup_prompts_sent_are_the_profiles_unless_given(
+    session,
+    fake_vllm,
+    given: tuple[str, ...],
+    warm_ups: int,  # noqa: ANN001
+) -> None:
+    sent_before_the_point: list[int] = []
+
+    class CountAtFirstItem:
+        def pytest_runtest_call(self) -> None:
+            sent_before_the_point.append(len(fake_vllm.streams))
+
+    result, records = session("-m", "len==1Ki", *given, plugins=[CountAtFirstItem()])
+    result.assert_outcomes(passed=1)
+    assert sent_before_the_point == [warm_ups]  # each warm-up is one streamed completion
+    assert len(fake_vllm.streams) == warm_ups + 1
+    assert records[0].fingerprint["stream"]["stream_interval"] == 1  # the last warm-up's
+
+
 def test_first_token_timeout_fails_the_item_and_the_session_goes_on(session) -> None:  # noqa: ANN001
     result, records = session(
         "--longctx-to=2Ki", "--longctx-ttft-timeout=0.5", fault="hang_after_headers"

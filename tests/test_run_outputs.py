@@ -75,3 +75,31 @@ def test_a_server_left_by_an_earlier_run_is_named(pytester: pytest.Pytester) -> 
     finally:
         leftover.kill()
         leftover.wait()
+
+
+@pytest.mark.parametrize("plots", ["on", "off"])
+def test_plots_off_leaves_the_reports_without_figures(
+    pytester: pytest.Pytester,
+    fake_vllm,
+    plots: str,  # noqa: ANN001
+) -> None:
+    """``--longctx-plots=off``: the same records and reports, no PNG drawn and none named."""
+    from longctx_testing import fake_session_args
+
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    output = pytester.path / "reports"
+    args = fake_session_args(fake_vllm.url, output)
+    result = pytester.runpytest(*args, "--longctx-to=2Ki", f"--longctx-plots={plots}")
+    result.assert_outcomes(passed=2)
+    folder = run_folder(output)
+    assert len(records_of(output)) == 2
+    drawn = sorted(p.name for p in folder.glob("*.png"))
+    markdown = (folder / "report.md").read_text()
+    page = (folder / "report.html").read_text()
+    assert (folder / "benchmark.json").is_file()
+    if plots == "on":
+        assert {"ttft.png", "decode.png"} <= set(drawn)
+        assert "![ttft](ttft.png)" in markdown
+    else:
+        assert drawn == []
+        assert ".png" not in markdown and "ttft.png" not in page

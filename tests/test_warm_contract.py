@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import pytest
 from fake_vllm import FakeVLLM
 from longctx_testing import (
+    PLOTS,
     SWEEP_TEST,
     fake_session_args,
     launch_fake_conftest,
@@ -179,7 +180,9 @@ def _prompts(fake: FakeVLLM) -> list[list[int]]:
 def test_follow_ups_reuse_the_cold_prompt_exactly_and_pass_when_it_was_served(
     session, fake_vllm: FakeVLLM, pytester: pytest.Pytester
 ) -> None:  # noqa: ANN001
-    result, records = session("-m", "len==1Ki", WARM, "--longctx-warm-questions=2", warm=1024)
+    result, records = session(
+        "-m", "len==1Ki", WARM, "--longctx-warm-questions=2", PLOTS, warm=1024
+    )
     result.assert_outcomes(passed=3)
     assert [(r.cache_state, r.question, r.prompt_tokens) for r in records] == [
         ("cold", 0, 1024),

@@ -153,6 +153,8 @@ class SweepPlan:
     #: The plan's fit per length, (length, requests that fit at once): each length's levels
     #: include its fit plus one. Set from the capacity plan once the plan is built.
     planned_fits: tuple[tuple[int, int], ...] = ()
+    #: Unmeasured requests before the first point (--longctx-warmup-prompts or the profile's).
+    warmup_prompts: int = 3
 
     @property
     def concurrency(self) -> bool:
@@ -267,4 +269,9 @@ def build_plan(settings: Settings, profile: Profile) -> SweepPlan:
         ),
         cold_points=COLD in settings.workload,
         max_concurrency=settings.max_concurrency if CONCURRENCY in settings.workload else 0,
+        warmup_prompts=(
+            profile.sweep.warmup_prompts
+            if settings.warmup_prompts is None
+            else settings.warmup_prompts
+        ),
     )

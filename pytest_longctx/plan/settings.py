@@ -69,6 +69,10 @@ class Settings:
     tcp_keepalive_s: float = 15.0
     #: vLLM's ``--sse-keep-alive-interval`` for launched servers (whole seconds); 0: off.
     sse_keep_alive_s: int = 30
+    #: Unmeasured requests before the first point; None: the profile's.
+    warmup_prompts: int | None = None
+    #: Whether the session's reports draw their PNG plots (--longctx-plots).
+    plots: bool = True
 
     @property
     def url(self) -> str | None:

@@ -35,6 +35,7 @@ def write_reports(
     commit_info: Mapping[str, Any] | None = None,
     gate: GateView | None = None,
     html: bool = True,
+    plots: bool = True,
 ) -> list[Path]:
     """Write report.md, the plots, report.html and benchmark.json; return the paths written.
 
@@ -44,39 +45,45 @@ def write_reports(
 
     With ``gate`` (:func:`pytest_longctx.reporting.gate_report.build_view`), both reports get
     the regression gate's section and ``gate.png``. Each file is replaced atomically, so this
-    can run after every sweep point while the reports are open.
+    can run after every sweep point while the reports are open. With ``plots=False`` no figure
+    is drawn (matplotlib's rendering is most of a short session's reports) and the reports
+    name none.
     """
     records = list(records)
     out_dir = Path(out_dir)
-    plots = write_plots(
-        out_dir,
-        records,
-        [
-            draw_kv_cache_plot,
-            draw_prefill_rate_plot,
-            draw_reuse_plot,
-            draw_itl_plot,
-            draw_ttft_plot,
-            draw_concurrency_plot,
-            *extra_plots,
-        ],
+    drawn = (
+        write_plots(
+            out_dir,
+            records,
+            [
+                draw_kv_cache_plot,
+                draw_prefill_rate_plot,
+                draw_reuse_plot,
+                draw_itl_plot,
+                draw_ttft_plot,
+                draw_concurrency_plot,
+                *extra_plots,
+            ],
+        )
+        if plots
+        else []
     )
     markdown_path = out_dir / MARKDOWN_FILENAME
-    if gate is not None:
+    if gate is not None and plots:
         gate = gate_report.write_gate_plot(gate, out_dir)
     markdown = write_markdown(
         markdown_path,
         records,
         title=title,
         reproduce=reproduce,
-        plots=plots,
+        plots=drawn,
         sections=[gate_report.markdown_section(gate, markdown_path)] if gate else [],
     )
     page = (
         write_standalone_html(
             out_dir / HTML_FILENAME,
             records,
-            plots,
+            drawn,
             title,
             reproduce=reproduce,
             sections=[gate_report.html_fragment(gate)] if gate else [],
@@ -88,5 +95,5 @@ def write_reports(
         out_dir / BENCHMARK_FILENAME, records, machine_info, commit_info
     )
     if gate is not None and gate.plot is not None:
-        plots.append(gate.plot)
-    return [markdown, *plots, *([page] if page else []), benchmark]
+        drawn.append(gate.plot)
+    return [markdown, *drawn, *([page] if page else []), benchmark]

@@ -119,6 +119,18 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "longctx-decode-tokens", "tokens generated per request (default: the profile's)", "N"
     ),
     OptionSpec(
+        "longctx-plots",
+        "draw the reports' PNG plots (default on); off writes report.md, report.html and "
+        "benchmark.json without them, for a session that only measures or gates",
+        "on|off",
+    ),
+    OptionSpec(
+        "longctx-warmup-prompts",
+        "unmeasured requests sent before the first point (default: the profile's); the last "
+        "shows how the server streams, so with 0 the run's fingerprint has no stream figures",
+        "N",
+    ),
+    OptionSpec(
         "longctx-ttft-timeout",
         "time allowed for the first token, e.g. 90s, 30m, 6h or plain seconds, overriding the "
         "budget grown from measured points",
@@ -554,6 +566,8 @@ def read_settings(config: pytest.Config) -> Settings:
         api_key_env=raw.text("longctx-api-key-env"),
         output=Path(raw.text("longctx-output", "reports") or "reports"),
         decode_tokens=raw.whole("longctx-decode-tokens", None, minimum=2),
+        warmup_prompts=raw.whole("longctx-warmup-prompts", None, minimum=0),
+        plots=raw.choice("longctx-plots", ("on", "off"), "on") == "on",
         ttft_timeout_s=raw.duration("longctx-ttft-timeout", None),
         prompt_format=prompt_format,
         fidelity=raw.choice("longctx-fidelity", FIDELITY_MODES, "auto"),

@@ -146,6 +146,7 @@ def finish(config: pytest.Config, run: Run) -> None:
         title=_title(run),
         gate=gate_report_view(run, records),
         html=False,  # pytest-html writes report.html, with its table of the session's tests
+        plots=run.settings.plots,
     )
     run.reports.plot_paths = [
         path for path in written if path.suffix == ".png" and path.name != GATE_PLOT

@@ -223,8 +223,9 @@ class WrongAnswer(PointFailure):
 
 
 def warm_up(run: Run, server: ServerInfo) -> dict[str, Any]:
-    """Three short prompts before the first measured point, as the reference study did; how
-    the last one streamed (:func:`stream_fingerprint`), for the run's fingerprint.
+    """Short prompts before the first measured point (three by default, as the reference study
+    sent; ``--longctx-warmup-prompts`` sets how many); how the last one streamed
+    (:func:`stream_fingerprint`), for the run's fingerprint.
 
     They are cold prompts of the smallest selected length (at most 1Ki), so the first measured
     point does not pay for the server's first allocations at that size.
@@ -234,7 +235,7 @@ def warm_up(run: Run, server: ServerInfo) -> dict[str, Any]:
     with client_for(server) as client:
         builder = prompt_builder(run, server)
         stream: StreamMeasurement | None = None
-        for index in range(run.plan.profile.sweep.warmup_prompts):
+        for index in range(run.plan.warmup_prompts):
             # Nonces after the plan's points: a warm-up shares no first token with a point.
             nonce = builder.nonce(run.run_id, len(run.plan.points) + 1 + index)
             prompt = builder.build(length, f"Warm-up {index + 1} of run {run.run_id}.", nonce=nonce)
