@@ -55,9 +55,14 @@ _import_all("h11", "httpcore", "httpx", "pytest_longctx")
 # pytester points HOME at a temporary folder: keep sub-sessions on the real cache of embedded
 # models and built prompts, as a user's repeated sessions would be.
 os.environ.setdefault(CACHE_ENV, str(cache_root()))
-# ... and on one matplotlib font cache, which a fresh HOME would make each report's first
-# plot build again.
+# ... on one matplotlib font cache, which a fresh HOME would make each report's first plot
+# build again, and on the user's vLLM cache: a server a sub-session launches would otherwise
+# inspect its model class again in a process of its own (about 20 s of CPU a launch).
 os.environ.setdefault("MPLCONFIGDIR", str(cache_root() / "matplotlib"))
+os.environ.setdefault(
+    "VLLM_CACHE_ROOT",
+    os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "vllm"),
+)
 
 #: Reuse a cpu-tiny server that is already running (while developing), instead of launching.
 EXISTING_SERVER_ENV = "LONGCTX_TEST_SERVER_URL"

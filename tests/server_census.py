@@ -161,8 +161,9 @@ def _label(argv: bytes) -> str:
 def _healthy(port: str | None) -> bool:
     if port is None:
         return False
-    try:  # a server starting beside two others on a busy host can take 0.3 s to answer
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1.0) as answer:
+    try:  # a server starting beside two others on a busy host can take over a second to
+        # answer (a layer-kinds server, up for a minute, was once counted never ready)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=3.0) as answer:
             return answer.status == 200
     except OSError:
         return False

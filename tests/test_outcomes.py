@@ -398,12 +398,14 @@ def test_a_relaunch_rewrites_server_json_as_running(tmp_path: Path) -> None:
 
 @dataclass
 class _ComesBack:
-    """Stops the fake server as the first point runs, and starts one on the same port a
-    second later, as a supervisor restarting it would."""
+    """Stops the fake server as the first point runs, and starts one on the same port as a
+    supervisor restarting it would: a second later (``at_once`` False: the next point waits
+    for it) or as soon as the failed point ends (it answers before the next point asks)."""
 
     fake: FakeVLLM
     model: str
     started: list[FakeVLLM]
+    at_once: bool = False
 
     def pytest_runtest_call(self, item: pytest.Item) -> None:
         if self.started:
@@ -412,15 +414,23 @@ class _ComesBack:
         self.fake.stop()
         again = FakeVLLM(Behaviour(model=self.model), port=port)
         self.started.append(again)
-        threading.Timer(1.0, again.start).start()
+        if not self.at_once:
+            threading.Timer(1.0, again.start).start()
+
+    def pytest_runtest_teardown(self, item: pytest.Item) -> None:
+        if self.at_once and len(self.started) == 1:
+            self.started.append(self.started[0].start())
 
 
+@pytest.mark.parametrize("at_once", [False, True], ids=["back-later", "back-at-once"])
 @pytest.mark.parametrize("model", ["fake-model", "another-model"])
 def test_an_attached_server_that_answers_again_is_checked_and_measured(
-    pytester: pytest.Pytester, fake_vllm: FakeVLLM, model: str
+    pytester: pytest.Pytester, fake_vllm: FakeVLLM, model: str, at_once: bool
 ) -> None:
     """The same server back within the wait: the next point is measured; another model on
-    that port is not the server this run measured, and its points fail as server_gone."""
+    that port is not the server this run measured, and its points fail as server_gone. Back
+    before the next point asks, it is checked all the same (a busy host ends the failed point
+    late)."""
     pytester.makepyfile(test_sweep=SWEEP_TEST)
     output = pytester.path / "reports"
     started: list[FakeVLLM] = []
@@ -433,7 +443,7 @@ def test_an_attached_server_that_answers_again_is_checked_and_measured(
             "--longctx-decode-tokens=8",
             "--longctx-to=2Ki",
             "--longctx-reattach-timeout=30s",
-            plugins=[_ComesBack(fake_vllm, model, started)],
+            plugins=[_ComesBack(fake_vllm, model, started, at_once)],
         )
     finally:
         for server in started:

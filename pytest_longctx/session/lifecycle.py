@@ -115,6 +115,9 @@ class ServerLifecycle:
         self.crashes: dict[int, list[str]] = {}
         #: Why the server must be started again before the next point (a hang), when it must.
         self.restart_cause: ServerError | None = None
+        #: Why an attached server was lost during a point: before the next one it is checked
+        #: to be the server this run measured, however soon it answers again.
+        self.lost: ServerError | None = None
         #: Relaunches tried, those whose start failed included (the limit's count).
         self.relaunches = 0
         #: Bytes used on each of a GPU server's devices before its first start: a relaunch
@@ -440,8 +443,12 @@ class ServerLifecycle:
 
     def after_failure(self, point: Point, failure: PointFailure) -> None:
         """Count a crash against its length; a hung launched server is stopped, to be started
-        again before the next point."""
-        if not failure.sent or failure.failure_class not in CRASH_CLASSES:
+        again before the next point; an attached one that was lost is checked before it."""
+        if failure.failure_class not in CRASH_CLASSES:
+            return
+        if self.launched is None:  # attached: the next point checks what answers there
+            self.lost = ServerError(str(failure).splitlines()[0], failure.failure_class)
+        if not failure.sent:
             return
         self.crashes.setdefault(point.length, []).append(failure.failure_class)
         if failure.failure_class == "hang" and self.launched is not None:
@@ -594,18 +601,23 @@ class ServerLifecycle:
                 )
 
     def _reattach(self, server: ServerInfo) -> None:
-        """An attached server that stopped answering: wait for it, and check it is the same."""
+        """An attached server that stopped answering, or that a point lost: wait for it, and
+        check it is the same. A server lost during a point is checked even when it already
+        answers again (a supervisor may restart it, or another, within a second)."""
         run = self.run
+        gone, self.lost = self.lost, None
+        answering = True
         try:
             check_attached(server.base_url, server.api_key, api_key_env_name(run))
-            return
         except ServerError as exc:
             if exc.failure_class not in ("server_gone", "hang", "engine_died"):
                 raise PointFailure(str(exc), exc.failure_class, exc.evidence, sent=False) from None
-            gone = exc
+            gone, answering = exc, False
+        if gone is None:
+            return
         waited = time.monotonic()
         deadline = waited + run.settings.reattach_timeout_s
-        while True:
+        while not answering:
             try:
                 check_attached(server.base_url, server.api_key, api_key_env_name(run))
                 break
@@ -640,7 +652,7 @@ class ServerLifecycle:
         self.use_server(server)
         self.note_start(
             None,
-            f"server_gone: {str(gone).splitlines()[0]}; answered again after "
+            f"{gone.failure_class}: {str(gone).splitlines()[0]}; answered again after "
             f"{time.monotonic() - waited:.1f} s",
             attached=server.base_url,
         )
