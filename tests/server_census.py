@@ -10,8 +10,9 @@ pytest sessions run in subprocesses and the Pythons that import vLLM or torch to
 questions (vLLM's parser, its capacity figures, a config class: ``core/warm_python.py``).
 
 Wall time ranks tests by what they waited for; on a busy host it ranks them by the load. CPU
-seconds (this process and the children it reaped during the test: subprocess sessions, a
-stopped server) do not depend on the load, so the summary lists the tests that used the most.
+seconds (this process and every process under it during the test: subprocess sessions, the
+shared servers' work for it) depend far less on the load, so the summary lists the tests that
+used the most.
 """
 
 from __future__ import annotations
@@ -115,9 +116,34 @@ def _helper_kind(argv: bytes) -> str | None:
 
 
 def cpu_seconds() -> float:
-    """CPU time of this process and of the children it has reaped."""
+    """CPU time of this process and of every process under it: the children it has reaped,
+    and those still running (the servers it started, with their engines, and what a session
+    in a subprocess runs). A child's time moves from the second to the first when it is
+    reaped, so a test's difference counts each once, whenever its processes end: the work a
+    test had a shared server do is that test's, not the one during which the server stops."""
     own = os.times()
-    return own.user + own.system + own.children_user + own.children_system
+    total = own.user + own.system + own.children_user + own.children_system
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in _descendants(os.getpid()):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += sum(int(f) for f in fields[11:15]) / tick  # utime stime cutime cstime
+    return total
+
+
+def _descendants(root: int) -> list[int]:
+    """Every process under ``root``, from the kernel's list of each thread's children."""
+    found: list[int] = []
+    pending = [root]
+    while pending:
+        pid = pending.pop()
+        with contextlib.suppress(OSError):
+            for task in os.scandir(f"/proc/{pid}/task"):
+                with contextlib.suppress(OSError):
+                    children = Path(f"{task.path}/children").read_text().split()
+                    found.extend(int(c) for c in children)
+                    pending.extend(int(c) for c in children)
+    return found
 
 
 def _parent(pid: int) -> int:
@@ -216,7 +242,7 @@ class CensusPlugin:
         terminalreporter.write_sep("=", f"the {CPU_SHOWN} tests that used the most CPU")
         terminalreporter.write_line(
             f"{sum(self.cpu.values()):.0f} s of CPU in {len(self.cpu)} tests "
-            "(the process that ran each and the children it reaped during the test)"
+            "(the process that ran each and every process under it, its servers' work included)"
         )
         for nodeid, seconds in sorted(self.cpu.items(), key=lambda kv: -kv[1])[:CPU_SHOWN]:
             terminalreporter.write_line(f"{seconds:8.1f} s  {nodeid}")
