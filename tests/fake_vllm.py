@@ -850,9 +850,14 @@ class _Handler(BaseHTTPRequestHandler):
                 counts.append(count)
                 sent += count
                 self.fake.track([t_body, prompt_tokens, sent], behaviour)
-            for event in held:
-                written.append(time.perf_counter())
-                self._write(event)
+            if behaviour.deliver_at_once:  # the whole stream, read event by event
+                for event in held:
+                    written.append(time.perf_counter())
+                    self._write(event)
+            elif held:  # the end of a stream in one write, as a starved server's buffer
+                # leaves: a pause of this thread between writes would break the flush in two
+                written.extend([time.perf_counter()] * len(held))
+                self._write(b"".join(held))
             if include_usage:
                 usage = {
                     "prompt_tokens": prompt_tokens,

@@ -346,7 +346,10 @@ def test_the_stream_tolerance_decides_a_partial_flush(
         pytester.makeini("[pytest]\nlongctx_stream_tolerance = 25%\n")
     result, records = session(*args, token_delay_s=0.05, flush_last_tokens=11)
     (record,) = records
-    assert record.stream["largest_burst"]["tokens"] == 10
+    burst = record.stream["largest_burst"]["tokens"]
+    # the ten flushed tokens; a host that pauses the client while it reads them may split
+    # off the last one or two (seen: 8), still beyond 25% of the decode
+    assert 8 <= burst <= 10, burst
     tolerance = 0.5 if how == "default" else 0.25
     assert record.fingerprint["stream"]["tolerance"] == tolerance
     if how == "default":
@@ -355,8 +358,9 @@ def test_the_stream_tolerance_decides_a_partial_flush(
         return
     result.assert_outcomes(failed=1)
     assert record.failure_class == "contract"
-    assert "the stream delivered 10 tokens within" in record.reason
-    assert "32% of the decode in one burst of 10 chunks, beyond the 25% allowed" in record.reason
+    assert f"the stream delivered {burst:g} tokens within" in record.reason
+    share = f"{burst / 31:.0%} of the decode in one burst of {burst:g} chunks"
+    assert f"{share}, beyond the 25% allowed" in record.reason
     assert "decode rate" not in record.reason  # the rate over the whole decode agrees
 
 

@@ -373,8 +373,9 @@ def _measure(fake: FakeVLLM, watch: PointWatch, length: int):  # noqa: ANN202
 def test_samples_rise_chunk_by_chunk_to_the_whole_prompt(tmp_path: Path) -> None:
     length = 16384
     # computed in 512-token steps (32 in the second): with 2,048 (eight), a busy host's sampler
-    # once read only two of them
-    behaviour = Behaviour(first_token_delay_s=1.0, token_delay_s=0.02, prefill_chunk_tokens=512)
+    # once read only two of them; 16 tokens decoded in 1.6 s (in 0.3 s a busy host's sampler
+    # once read none of them)
+    behaviour = Behaviour(first_token_delay_s=1.0, token_delay_s=0.1, prefill_chunk_tokens=512)
     with FakeVLLM(behaviour) as fake:
         path = samples.samples_path(tmp_path, "len=16Ki-rep=0")
         watch, published = _watch(fake, length, samples_path=path)
