@@ -398,9 +398,15 @@ def test_multi_token_chunks_counted_exactly(server: FakeVLLM, running_usage: boo
     assert figures["chunk_gap_median"] == pytest.approx(quantile(gaps, 0.5))
     assert figures["chunk_gap_max"] == gaps[-1]
     assert figures["derived_itl_median"] == pytest.approx(quantile(sorted(result.itl_s), 0.5))
-    # three tokens' time apart, not one's: a stand-in held back by a busy host catches up at
-    # twice its pace (MIN_STEP_SHARE), which still leaves a chunk more than one token's time
-    assert figures["chunk_gap_median"] >= 3 * 0.02 * MIN_STEP_SHARE > 0.02
+    # the stand-in wrote its chunks three tokens' time apart, not one's: held back by a busy
+    # host it catches up at twice its pace (MIN_STEP_SHARE), still more than one token's time.
+    # The client's gaps are the same ones as it read them, every one between two chunks (a
+    # pause of the reader moves them: 15 ms once for a 60 ms step).
+    written = server.streams[-1].chunks_written_at
+    wrote = sorted(b - a for a, b in zip(written, written[1:], strict=False))
+    assert quantile(wrote, 0.5) >= 3 * 0.02 * MIN_STEP_SHARE > 0.02
+    read = result.token_times_s
+    assert len(gaps) == len(wrote) and sum(gaps) == pytest.approx(read[-1] - read[0])
     assert result.chunking()["tokens_per_chunk"] == [[3, 6], [2, 1]]
     assert result.tokens_per_chunk == (3, 3, 3, 3, 3, 3, 2)
     assert len(result.itl_s) == 17  # every token after the first chunk gets a gap

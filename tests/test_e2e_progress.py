@@ -60,7 +60,7 @@ def test_a_long_prefill_is_watched_chunk_by_chunk(
 
     # The samples of the 16Ki point: the gauge rose chunk by chunk, in whole blocks.
     folder = run_folder(output)
-    point = read_samples(folder / "samples" / "len=16Ki-rep=0.jsonl")
+    point = read_samples(folder / "samples" / "len=4Ki-rep=0.jsonl")
     block = point.header["block_size"]
     assert point.header["capacity_tokens"] > LENGTH
     prefill = [s for s in point.samples if s["phase"] == "prefill" and s["kv_tokens"] is not None]
@@ -110,10 +110,11 @@ def test_a_long_prefill_is_watched_chunk_by_chunk(
 
 
 def test_quiet_mode_prints_nothing(sweep_dir: pytest.Pytester, loaded_url: str) -> None:
+    """A 4Ki point: two prefill steps of the small chunk, seconds for the sampler to see."""
     result, output = run_session(
         sweep_dir,
         "-m",
-        "len==16Ki",
+        "len==4Ki",
         "--longctx-progress=off",
         INTERVAL,
         "--longctx-progress-throttle=0",
@@ -121,9 +122,9 @@ def test_quiet_mode_prints_nothing(sweep_dir: pytest.Pytester, loaded_url: str) 
     )
     result.assert_outcomes(passed=1)
     text = result.stdout.str()
-    assert "longctx next" not in text and "longctx 16Ki" not in text
+    assert "longctx next" not in text and "longctx 4Ki" not in text
     assert "pytest-longctx progress" not in text
     folder = run_folder(output)
     assert json.loads((folder / "progress.json").read_text())["phase"] == "finished"
-    point = read_samples(folder / "samples" / "len=16Ki-rep=0.jsonl")
+    point = read_samples(folder / "samples" / "len=4Ki-rep=0.jsonl")
     assert [s for s in point.samples if s["phase"] == "prefill"]

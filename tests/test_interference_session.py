@@ -22,6 +22,7 @@ from longctx_testing import (
 
 from pytest_longctx.core.records import read_records
 from pytest_longctx.gate import Tolerances, compare_length
+from pytest_longctx.plan.points import BACKGROUND_DECODE_TOKENS, BACKGROUND_PROMPT_TOKENS
 
 LOAD = "--longctx-workload=cold,interference"
 PREFILL_S = 0.6
@@ -74,7 +75,8 @@ def test_the_plan_shows_the_interference_items_and_their_own_server(
     assert "--max-num-batched-tokens 1024" in loaded_line
     assert "VLLM_SERVER_DEV_MODE=1" in loaded_line
     assert "--enable-prompt-tokens-details" in loaded_line
-    assert "interference points: each length beside 4 background requests of 192 tokens" in text
+    each = BACKGROUND_PROMPT_TOKENS + BACKGROUND_DECODE_TOKENS
+    assert f"interference points: each length beside 4 background requests of {each} tokens" in text
 
 
 def test_interference_items_are_selected_like_any_other(pytester: pytest.Pytester) -> None:

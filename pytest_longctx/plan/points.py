@@ -37,8 +37,12 @@ DEFAULT_WARM_SUFFIX = 256
 DEFAULT_BACKGROUND_STREAMS = 4
 #: Each background request: a short prompt of its own (its own nonce first), then a bounded
 #: decode; re-issued as it ends, so no stream grows its own context through a long prefill.
+#: The decode outlasts the wait before the long prompt's first step: a request re-issued while
+#: the long prompt is admitted waits behind its prefill (vLLM schedules the running prefill's
+#: chunk before a waiting request), so streams that all end then stream nothing beside it. With
+#: 64 tokens, four streams of a busy CPU server once all ended in that wait (each ran 1.5 s).
 BACKGROUND_PROMPT_TOKENS = 128
-BACKGROUND_DECODE_TOKENS = 64
+BACKGROUND_DECODE_TOKENS = 256
 #: Seconds of background streaming recorded before the long prompt is sent: the reference.
 IDLE_REFERENCE_S = 3.0
 
