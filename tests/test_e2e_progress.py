@@ -60,7 +60,7 @@ def test_a_long_prefill_is_watched_chunk_by_chunk(
 
     # The samples of the 16Ki point: the gauge rose chunk by chunk, in whole blocks.
     folder = run_folder(output)
-    point = read_samples(folder / "samples" / "len=4Ki-rep=0.jsonl")
+    point = read_samples(folder / "samples" / "len=16Ki-rep=0.jsonl")
     block = point.header["block_size"]
     assert point.header["capacity_tokens"] > LENGTH
     prefill = [s for s in point.samples if s["phase"] == "prefill" and s["kv_tokens"] is not None]
