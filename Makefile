@@ -30,13 +30,17 @@ SWEEP_ARGS = --longctx-profile=$(PROFILE) --longctx-repeats=$(REPEATS) \
 
 install: $(VENV)/.installed
 
-# uv installs the same packages as pip in about a third of the time (it unpacks and compiles
-# on every core; pip on one): a minute of a clean clone's CI instead of three. It looks for
-# wheels where pip is told to (PIP_FIND_LINKS: the CPU torch). Where uv cannot install, pip does.
+# uv installs the same packages as pip in about a third of the time (it unpacks on every core;
+# pip on one): a minute of a clean clone's CI instead of three. It looks for wheels where pip is
+# told to (PIP_FIND_LINKS: the CPU torch). Where uv cannot install, pip does. Nothing is
+# compiled ahead: Python writes the bytecode of the modules a process imports, the first time
+# (compiling every installed module ahead cost 87 CPU-s, most of it for modules no test imports;
+# hosts that set PYTHONDONTWRITEBYTECODE would otherwise compile vLLM and torch in every process).
+unexport PYTHONDONTWRITEBYTECODE
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip uv
-	$(VENV)/bin/uv pip install --python $(PY) --quiet --compile-bytecode \
+	$(VENV)/bin/uv pip install --python $(PY) --quiet \
 		$(foreach links,$(PIP_FIND_LINKS),--find-links $(links)) "$(TORCH)" -e ".[$(EXTRAS)]" \
 	|| { $(PY) -m pip install --quiet "$(TORCH)" && $(PY) -m pip install --quiet -e ".[$(EXTRAS)]"; }
 	# PyPI's torchvision/torchaudio/torchcodec break `import transformers` beside the CPU torch.
@@ -62,6 +66,15 @@ docs: install
 # spare, REST_WORKERS=2 spreads the rest over two xdist workers, a module at a time.
 REST_WORKERS ?= 0
 TEST_SESSIONS = test-shared test-own-servers test-rest
+# Three sessions and up to four vLLM servers share the host's cores: every process of the tests
+# gets one OpenMP thread. With one per core, a server whose second thread waits for a core
+# another process holds spins at each step: three 8Ki prompts cost a server 23 CPU-s with two
+# threads on a loaded 2-core host and 14 with one (and took 18 s instead of 14). TEST_THREADS=
+# leaves OpenMP its own default (a host with cores to spare, one session).
+TEST_THREADS ?= 1
+ifneq ($(TEST_THREADS),)
+$(TEST_SESSIONS) test-serial: export OMP_NUM_THREADS = $(TEST_THREADS)
+endif
 test: install lint
 	$(MAKE) --no-print-directory -j3 --output-sync=target $(TEST_SESSIONS)
 
