@@ -277,7 +277,7 @@ def test_retrieving_model_answers_the_needle_its_question_names(
         for key, (depth, value) in enumerate(zip((0.0, 0.3, 0.6, 1.0), values, strict=True))
     }
     for key, value in enumerate(values):
-        prompt = haystack(4096, needles, len(tokenizer), ids(keyed_question_token(key)))
+        prompt = haystack(2048, needles, len(tokenizer), ids(keyed_question_token(key)))
         top = next_token_logprobs(folder, prompt)
         assert max(top, key=top.__getitem__) == ids(needle_token(value)), (key, top)
         assert top[ids(needle_token(value))] > -0.01

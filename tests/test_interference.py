@@ -4,6 +4,7 @@ the server's inter-token histogram as a cross-check, and the sequence probe."""
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from array import array
@@ -15,6 +16,7 @@ from pytest_longctx.measure.background import (
     BackgroundRequest,
     BackgroundSpec,
     BackgroundStreams,
+    request_decode_tokens,
     request_prompt,
 )
 from pytest_longctx.measure.interference import (
@@ -219,11 +221,39 @@ def test_the_stamps_are_the_servers_writes_seen_on_the_same_clock() -> None:
     lags = []
     for request in requests:
         server = by_nonce[tuple(request_prompt(spec, request.stream, request.index)[:4])]
-        assert len(server.chunks_written_at) == len(request.token_times) == 16
+        tokens = request_decode_tokens(spec, request.stream, request.index)
+        assert len(server.chunks_written_at) == len(request.token_times) == tokens
         for wrote, arrived in zip(server.chunks_written_at, request.token_times, strict=True):
             lags.append(arrived - wrote)
     assert min(lags) >= 0  # never before the fake wrote it: one clock for both processes
     assert statistics.median(lags) < 0.005
+
+
+def test_the_streams_requests_never_end_in_the_same_step() -> None:
+    """The first requests end a K-th of the decode apart and the later ones decode all of
+    it, so one stream's request boundary falls while the others are inside theirs: a
+    prefill step the long prompt holds shows as a gap in K - 1 streams at least. (Sent in
+    step, all four requests of a busy CPU server once ended together just as a 16Ki prompt
+    began its one-step prefill: the streams waited it out as first-token time, and the
+    longest gap beside it was 0.4 s.)"""
+    with FakeVLLMProcess(_behaviour()) as fake, BackgroundStreams(_spec(fake.url)) as streams:
+        assert streams.wait_streaming(30)
+        time.sleep(1.2)
+        requests = streams.stop()
+    first = sorted((r.stream, r.completion_tokens) for r in requests if r.index == 0)
+    assert first == [(0, 5), (1, 10), (2, 16)]
+    assert {r.completion_tokens for r in requests if r.index > 0} == {16}
+    ends: dict[int, list[float]] = {}
+    for r in requests:
+        ends.setdefault(r.stream, []).append(r.token_times[-1])
+    # no two streams' requests end within a token of each other (lockstep: all at once)
+    every_end = sorted((t, stream) for stream, times in ends.items() for t in times)
+    close = [
+        (a, b)
+        for a, b in itertools.pairwise(every_end)
+        if a[1] != b[1] and b[0] - a[0] < TOKEN_S / 2
+    ]
+    assert not close, close
 
 
 def test_every_background_request_has_its_own_nonce() -> None:
@@ -235,7 +265,7 @@ def test_every_background_request_has_its_own_nonce() -> None:
 
 def test_the_point_sees_its_prompt_cold_and_every_request_counted(stalled) -> None:  # noqa: ANN001
     result, streams = stalled
-    short = [s for s in streams if s.tokens == 16]
+    short = [s for s in streams if s.tokens != 8]  # all but the measured request
     assert result.interference["background_requests"] == {
         "requests": len(short),
         "finished": len(short),

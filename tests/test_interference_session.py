@@ -151,7 +151,12 @@ def test_a_session_records_and_reports_what_the_prefill_cost_the_streams(
     assert loaded.nodeid.endswith("[len=1Ki-rep=0-interference]")
     assert loaded.background_streams == 4 and cold.background_streams == 0
     figures = loaded.figures
-    assert figures["bg_tokens_during_prefill"] == 0
+    # The streams' tokens stop for the prefill. Those counted in its window left the stand-in
+    # before it had read the long prompt: on a loaded host it reads a request a while after
+    # the client sent it (12 tokens once, 60 ms of four streams): a small share of what the
+    # streams send in as long a window idle.
+    during = figures["bg_tokens_during_prefill"]
+    assert during < 0.25 * figures["bg_rate_idle"] * loaded.interference["windows_s"]["prefill"]
     # the stall against the streams' usual gap: their median, which one pause of a busy host
     # (it moves the p99 of a few dozen gaps) leaves where it was
     assert figures["bg_itl_prefill_max"] > 0.8 * PREFILL_S > 10 * figures["bg_itl_idle_median"]
@@ -164,7 +169,8 @@ def test_a_session_records_and_reports_what_the_prefill_cost_the_streams(
     report = (folder / "report.md").read_text()
     assert "## Interference: what one long prefill costs the streams beside it" in report
     row = next(line for line in report.splitlines() if line.startswith("| 1Ki | 1 | 4 |"))
-    assert "16,384" in row and "0 (stalled)" in row
+    assert "16,384" in row and f" {during:,.0f}" in row
+    assert ("(stalled)" in row) == (during == 0)
     # one TTFT alone (the cold point's), one under load
     assert f"{cold.figures['ttft']:,.3f}" in row and f"{figures['ttft']:,.3f}" in row
     assert "1Ki repeat 0" not in report.split("## Points that did not pass")[1]
