@@ -75,8 +75,12 @@ TEST_THREADS ?= 1
 ifneq ($(TEST_THREADS),)
 $(TEST_SESSIONS) test-serial: export OMP_NUM_THREADS = $(TEST_THREADS)
 endif
+# The sessions share one warm Python (vLLM's parser and capacity functions, imported once);
+# it is stopped when the last has ended, not by the first (tests/conftest.py).
 test: install lint
-	$(MAKE) --no-print-directory -j3 --output-sync=target $(TEST_SESSIONS)
+	status=0; LONGCTX_TEST_SHARED_WARM_PYTHON=1 $(MAKE) --no-print-directory -j3 \
+		--output-sync=target $(TEST_SESSIONS) || status=$$?; \
+	$(PY) -c "from pytest_longctx.core import warm_python; warm_python.stop()"; exit $$status
 
 OWN_SERVERS = own_server or stand_in
 test-shared: MARKS = shared_server or (oracle and not ($(OWN_SERVERS)))

@@ -176,11 +176,18 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(CensusPlugin(watch), "longctx-test-census")
 
 
+#: Set by ``make test`` for its side-by-side sessions: they share one warm Python, which the
+#: first session to end would stop under the others (each then imports vLLM again, about
+#: 20 CPU-s); ``make test`` stops it once all have ended.
+SHARED_WARM_PYTHON_ENV = "LONGCTX_TEST_SHARED_WARM_PYTHON"
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     pool = config.stash.get(POOL_KEY, None)
     if pool is not None:
         pool.close()
-        warm_python.stop()  # the run leaves no process behind
+        if not os.environ.get(SHARED_WARM_PYTHON_ENV):
+            warm_python.stop()  # the run leaves no process behind
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
