@@ -231,11 +231,13 @@ def test_the_stamps_are_the_servers_writes_seen_on_the_same_clock() -> None:
 
 def test_the_streams_requests_never_end_in_the_same_step() -> None:
     """The first requests end a K-th of the decode apart and the later ones decode all of
-    it, so one stream's request boundary falls while the others are inside theirs: a
-    prefill step the long prompt holds shows as a gap in K - 1 streams at least. (Sent in
-    step, all four requests of a busy CPU server once ended together just as a 16Ki prompt
-    began its one-step prefill: the streams waited it out as first-token time, and the
-    longest gap beside it was 0.4 s.)"""
+    it, so on a server that steps every stream together (vLLM's batch) the streams' request
+    boundaries stay that far apart: a prefill step the long prompt holds shows as a gap in
+    K - 1 streams at least. (Sent in step, all four requests of a busy CPU server once ended
+    together just as a 16Ki prompt began its one-step prefill: the streams waited it out as
+    first-token time, and the longest gap beside it was 0.4 s.) The stand-in streams each
+    request on its own clock, so only the first requests' ends are compared here: later ones
+    drift with each request's own overhead."""
     with FakeVLLMProcess(_behaviour()) as fake, BackgroundStreams(_spec(fake.url)) as streams:
         assert streams.wait_streaming(30)
         time.sleep(1.2)
@@ -243,17 +245,9 @@ def test_the_streams_requests_never_end_in_the_same_step() -> None:
     first = sorted((r.stream, r.completion_tokens) for r in requests if r.index == 0)
     assert first == [(0, 5), (1, 10), (2, 16)]
     assert {r.completion_tokens for r in requests if r.index > 0} == {16}
-    ends: dict[int, list[float]] = {}
-    for r in requests:
-        ends.setdefault(r.stream, []).append(r.token_times[-1])
-    # no two streams' requests end within a token of each other (lockstep: all at once)
-    every_end = sorted((t, stream) for stream, times in ends.items() for t in times)
-    close = [
-        (a, b)
-        for a, b in itertools.pairwise(every_end)
-        if a[1] != b[1] and b[0] - a[0] < TOKEN_S / 2
-    ]
-    assert not close, close
+    # the first requests end in stream order, several tokens apart (sent in step: together)
+    ends = [r.token_times[-1] for r in sorted(requests, key=lambda r: r.stream) if r.index == 0]
+    assert all(b - a > 2 * TOKEN_S for a, b in itertools.pairwise(ends)), ends
 
 
 def test_every_background_request_has_its_own_nonce() -> None:
