@@ -93,7 +93,7 @@ def test_the_request_past_the_plans_fit_waits_or_is_preempted(pytester: pytest.P
         assert fit["fit_vllm"] >= fit["fit_planned"]
     past = next(r for r in records if r.length == LENGTH and r.concurrency_level == 3)
     assert not past.concurrency["ran_at_once"]
-    # the fourth request waited for room (its first token after another's last) or was
+    # the third request waited for room (its first token after another's last) or was
     # preempted
     assert past.concurrency["preemptions"] or not past.concurrency["overlap"]
     report = (run_folder(output) / "report.md").read_text()
