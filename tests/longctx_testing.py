@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -17,6 +19,28 @@ from typing import Any
 import pytest
 
 from pytest_longctx.core.records import Record, read_records
+
+
+class _DeferredModule:
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("_"):  # collection asks every name in a test file for private ones
+            raise AttributeError(f"{self._name} is imported at its first public name, not {attr}")
+        return getattr(importlib.import_module(self._name), attr)
+
+
+def deferred_import(name: str) -> Any:
+    """``name``, imported at its first use rather than now. Each session of ``make test``
+    collects every test file, and a file that imported vLLM, torch or transformers at the top
+    made every session pay for it (about 20 CPU-s in a session that runs none of its tests).
+    Like ``pytest.importorskip``, a package that is not installed skips the file. Only public
+    names are looked up through it (import a private one where it is used)."""
+    if importlib.util.find_spec(name.partition(".")[0]) is None:
+        pytest.skip(f"could not import {name!r}", allow_module_level=True)
+    return _DeferredModule(name)
+
 
 REPO = Path(__file__).resolve().parents[1]
 #: The Kimi Linear config.json copy the reference profiles ship: the figures tested are the

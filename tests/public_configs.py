@@ -17,7 +17,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import transformers
+from longctx_testing import deferred_import
+
+transformers = deferred_import("transformers")
 
 PUBLISHED_DIR = Path(__file__).parent / "published_configs"
 

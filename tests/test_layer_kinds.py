@@ -13,7 +13,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from longctx_testing import KIMI_CONFIG
+from longctx_testing import KIMI_CONFIG, deferred_import
 
 from pytest_longctx.capacity import (
     GIB,
@@ -25,12 +25,12 @@ from pytest_longctx.capacity import (
 from pytest_longctx.capacity.groups import AllocatorSettings
 from pytest_longctx.capacity.kinds import pp_partition
 
-transformers = pytest.importorskip("transformers")
-torch = pytest.importorskip("torch")
-kv_iface = pytest.importorskip("vllm.v1.kv_cache_interface")
-kv_utils = pytest.importorskip("vllm.v1.core.kv_cache_utils")
+transformers = deferred_import("transformers")
+torch = deferred_import("torch")
+kv_iface = deferred_import("vllm.v1.kv_cache_interface")
+kv_utils = deferred_import("vllm.v1.core.kv_cache_utils")
 
-from public_configs import (  # noqa: E402 - needs transformers
+from public_configs import (  # noqa: E402 - skipped without transformers
     NEMOTRON_H_8B_PATTERN,
     VLLM_GIB_AT_64MI_TP8,
     as_dict,
@@ -164,11 +164,13 @@ def vllm_specs(hf_config, pattern, *, kv_dtype, block: int, state=None, mode="no
 
 def vllm_bytes(specs: dict, tokens: int, *, dcp: int = 1, mode: str = "none") -> int:
     """vLLM's own memory for one request of ``tokens`` on a rank holding ``specs``."""
+    from vllm.v1.core.kv_cache_utils import _max_memory_usage_bytes_from_groups
+
     from pytest_longctx.capacity.oracle import oracle_config
 
     config = oracle_config(AllocatorSettings(16, dcp, IN_FLIGHT, mamba_cache_mode=mode), tokens, TP)
     groups = kv_utils.get_kv_cache_groups(config, dict(specs))
-    return kv_utils._max_memory_usage_bytes_from_groups(config, groups)
+    return _max_memory_usage_bytes_from_groups(config, groups)
 
 
 def plan_bytes(config: dict, tokens: int, **options) -> int:
@@ -485,6 +487,11 @@ def test_dcp_rules_are_vllms() -> None:
 
 def test_pp_stage_memory_is_vllms_projection() -> None:
     """Gemma 3 over 4 stages: each rank projects the global groups onto its own layers."""
+    from vllm.v1.core.kv_cache_utils import (
+        _max_memory_usage_bytes_from_groups,
+        _project_kv_cache_groups_to_worker,
+    )
+
     from pytest_longctx.capacity.oracle import oracle_config
 
     hf = gemma3_27b()
@@ -494,8 +501,8 @@ def test_pp_stage_memory_is_vllms_projection() -> None:
     needs = []
     for start, end in pp_partition(62, 4):
         worker = {f"layers.{i}": specs[f"layers.{i}"] for i in range(start, end)}
-        projected = kv_utils._project_kv_cache_groups_to_worker(groups, worker)
-        needs.append(kv_utils._max_memory_usage_bytes_from_groups(config, projected))
+        projected = _project_kv_cache_groups_to_worker(groups, worker)
+        needs.append(_max_memory_usage_bytes_from_groups(config, projected))
     layout = cache_layout(
         as_dict(hf), tensor_parallel=TP, pipeline_parallel=4, in_flight_tokens=IN_FLIGHT
     )
@@ -536,6 +543,7 @@ def gpu_cache_labels(num_blocks: int, max_model_len: int) -> tuple[dict[str, str
     writes an unset size, and the group-aware capacity vLLM computes for ``num_blocks``.
     Returns the labels, vLLM's token capacity and its bytes per block."""
     from vllm.config.cache import CacheConfig
+    from vllm.v1.core.kv_cache_utils import _pool_bytes_per_block
 
     from pytest_longctx.capacity.oracle import oracle_config
 
@@ -554,7 +562,7 @@ def gpu_cache_labels(num_blocks: int, max_model_len: int) -> tuple[dict[str, str
     cache.kv_cache_size_tokens = tokens
     labels = cache.metrics_info()
     assert labels["kv_cache_memory_bytes"] == "None"
-    return labels, tokens, kv_utils._pool_bytes_per_block(config, groups)
+    return labels, tokens, _pool_bytes_per_block(config, groups)
 
 
 def test_a_gpu_servers_report_is_compared_on_the_blocks_it_made() -> None:

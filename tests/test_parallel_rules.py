@@ -14,15 +14,15 @@ from types import SimpleNamespace
 from unittest import mock
 
 import pytest
-from longctx_testing import KIMI_CONFIG
+from longctx_testing import KIMI_CONFIG, deferred_import
 
 from pytest_longctx.capacity import ParallelLayoutError, cache_layout, load_model_config
 from pytest_longctx.capacity.kinds import pp_partition
 
-torch = pytest.importorskip("torch")
-ParallelConfig = pytest.importorskip("vllm.config.parallel").ParallelConfig
-ModelConfig = pytest.importorskip("vllm.config.model").ModelConfig
-kv_iface = pytest.importorskip("vllm.v1.kv_cache_interface")
+torch = deferred_import("torch")
+vllm_parallel = deferred_import("vllm.config.parallel")
+vllm_model = deferred_import("vllm.config.model")
+kv_iface = deferred_import("vllm.v1.kv_cache_interface")
 
 
 def gqa_config(heads: int, kv_heads: int, sliding_window: int | None = None) -> dict:
@@ -46,14 +46,16 @@ def vllm_refuses(heads: int, kv_heads: int, tp: int, dcp: int) -> str | None:
     from vllm.model_executor.layers.linear import QKVParallelLinear
 
     try:
-        parallel = ParallelConfig(tensor_parallel_size=tp, decode_context_parallel_size=dcp)
+        parallel = vllm_parallel.ParallelConfig(
+            tensor_parallel_size=tp, decode_context_parallel_size=dcp
+        )
         model = SimpleNamespace(  # the fields verify_with_parallel_config reads
             model_arch_config=SimpleNamespace(total_num_attention_heads=heads),
             use_mla=False,
             get_total_num_kv_heads=lambda: kv_heads,
             multimodal_config=None,
         )
-        ModelConfig.verify_with_parallel_config(model, parallel)
+        vllm_model.ModelConfig.verify_with_parallel_config(model, parallel)
     except (ValidationError, ValueError) as exc:
         return str(exc)
     # The model's QKV projection on rank 0 of a TP group of that size, built on no memory.
@@ -132,7 +134,7 @@ def test_tp_pcp_dcp_combinations_are_refused_exactly_where_vllm_refuses(
     from pydantic import ValidationError
 
     try:
-        ParallelConfig(
+        vllm_parallel.ParallelConfig(
             tensor_parallel_size=tp,
             prefill_context_parallel_size=pcp,
             decode_context_parallel_size=dcp,

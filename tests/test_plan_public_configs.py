@@ -14,10 +14,7 @@ from pathlib import Path
 
 import pytest
 from longctx_testing import SWEEP_TEST
-
-pytest.importorskip("transformers")
-
-from public_configs import (  # noqa: E402 - needs transformers
+from public_configs import (
     PUBLISHED,
     VLLM_GIB_AT_64MI_TP8,
     as_dict,
@@ -86,15 +83,18 @@ def run_plan(pytester: pytest.Pytester, profile: Path) -> pytest.RunResult:
     )
 
 
-#: The configs as their checkpoints ship them, built at import: pytester's module snapshot
-#: would drop what transformers imports lazily while building one inside a test.
-CONFIGS = {
-    "gpt-oss-120b": as_dict(gpt_oss_120b()),
-    "gemma-3-27b": as_dict(gemma3_27b()),
-    "Llama-4-Scout": as_dict(llama4_scout()),
-    "Qwen3-Next-80B": as_dict(qwen3_next_80b()),
-    "DeepSeek-V3.2": as_dict(deepseek_v32()),
-}
+@pytest.fixture(scope="module")
+def configs() -> dict[str, dict]:
+    """The configs as their checkpoints ship them. Built before any test's ``pytester``
+    (a wider scope is set up first): pytester's module snapshot would drop what transformers
+    imports lazily while building one inside a test."""
+    return {
+        "gpt-oss-120b": as_dict(gpt_oss_120b()),
+        "gemma-3-27b": as_dict(gemma3_27b()),
+        "Llama-4-Scout": as_dict(llama4_scout()),
+        "Qwen3-Next-80B": as_dict(qwen3_next_80b()),
+        "DeepSeek-V3.2": as_dict(deepseek_v32()),
+    }
 
 
 @pytest.mark.parametrize(
@@ -108,10 +108,14 @@ CONFIGS = {
     ],
 )
 def test_the_plan_gives_vllms_figure_for_every_layer_pattern(
-    pytester: pytest.Pytester, name: str, kv_cache_dtype: str, serving: str
+    configs: dict[str, dict],
+    pytester: pytest.Pytester,
+    name: str,
+    kv_cache_dtype: str,
+    serving: str,
 ) -> None:
     profile = write_profile(
-        pytester.path, name, CONFIGS[name], kv_cache_dtype=kv_cache_dtype, serving=serving
+        pytester.path, name, configs[name], kv_cache_dtype=kv_cache_dtype, serving=serving
     )
     assert_vllms_figure_and_no_fit(run_plan(pytester, profile), VLLM_GIB_AT_64MI_TP8[name])
 

@@ -17,11 +17,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from longctx_testing import deferred_import
 
 from pytest_longctx.capacity import GIB, ModelConfigError, cache_layout, load_model_config
 
-torch = pytest.importorskip("torch")
-vllm_config = pytest.importorskip("vllm.transformers_utils.config")
+torch = deferred_import("torch")
+vllm_config = deferred_import("vllm.transformers_utils.config")
 
 from public_configs import PUBLISHED, PUBLISHED_DIR, VLLM_GIB_AT_64MI_TP8  # noqa: E402
 from test_layer_kinds import IN_FLIGHT, MI, TP, vllm_bytes, vllm_specs  # noqa: E402
