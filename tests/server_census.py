@@ -4,7 +4,8 @@ tests that used the most CPU.
 Servers are started by this process (the shared pool), by the sweep session it runs, and by
 sessions it runs in subprocesses; only the process table sees them all. A thread looks at it
 twice a second, follows each new vLLM API server process until its ``/health`` answers 200 or
-it exits, and the terminal summary prints the count and the seconds spent starting. A server
+it exits (one stopped between two looks is ready if its log says it served), and the terminal
+summary prints the count and the seconds spent starting. A server
 that failed to start is counted apart (some tests start one on purpose). The same look counts
 pytest sessions run in subprocesses and the Pythons that import vLLM or torch to answer
 questions (vLLM's parser, its capacity figures, a config class: ``core/warm_python.py``).
@@ -29,6 +30,8 @@ import pytest
 
 #: What names a vLLM API server in a command line (module or console script).
 SERVER_MARKERS = (b"vllm.entrypoints.openai.api_server", b"vllm\x00serve")
+#: What a vLLM API server writes to its log once it serves (uvicorn's line).
+READY_LINE = b"Application startup complete"
 POLL_S = 0.5
 #: Other processes the run starts, by what their command line names.
 HELPER_KINDS = {
@@ -48,7 +51,11 @@ class Start:
     label: str
     port: str | None
     seen_at: float
+    log: Path | None = None
     ready_s: float | None = None
+    #: Ready by its log only: stopped before a look asked ``/health`` (``ready_s`` is then
+    #: the most it can have taken).
+    ready_by_log: bool = False
     gone_at: float | None = None
 
 
@@ -58,6 +65,8 @@ class Census:
     helpers: dict[str, set[int]] = field(default_factory=dict)
     seen: set[int] = field(default_factory=set)
     stop: threading.Event = field(default_factory=threading.Event)
+    #: What names a server in a command line (a test of the census names its own).
+    markers: tuple[bytes, ...] = SERVER_MARKERS
 
     def watch(self) -> None:
         while not self.stop.wait(POLL_S):
@@ -77,17 +86,19 @@ class Census:
                 continue
             with contextlib.suppress(OSError):
                 argv = Path(f"/proc/{pid}/cmdline").read_bytes()
-                if any(marker in argv for marker in SERVER_MARKERS) and _ours(pid):
-                    self.starts[pid] = Start(pid, _label(argv), _port(argv), now)
+                if any(marker in argv for marker in self.markers) and _ours(pid, self.markers):
+                    self.starts[pid] = Start(pid, _label(argv), _port(argv), now, _log(pid))
                     alive.add(pid)
                     continue
                 self.seen.add(pid)
                 kind = _helper_kind(argv)
-                if kind is not None and _ours(pid):
+                if kind is not None and _ours(pid, self.markers):
                     self.helpers.setdefault(kind, set()).add(pid)
         for start in self.starts.values():
             if start.gone_at is None and start.pid not in alive:
                 start.gone_at = now
+                if start.ready_s is None and _log_says_ready(start.log):
+                    start.ready_s, start.ready_by_log = now - start.seen_at, True
             elif start.gone_at is None and start.ready_s is None and _healthy(start.port):
                 start.ready_s = now - start.seen_at
 
@@ -102,6 +113,8 @@ class Census:
         ]
         for start in sorted(self.starts.values(), key=lambda s: s.seen_at):
             until = f"ready in {start.ready_s:.1f} s" if start.ready_s else "never ready"
+            if start.ready_by_log:  # a test stopped it within a look of its start-up
+                until = f"ready in at most {start.ready_s:.1f} s (by its log)"
             lines.append(f"  pid {start.pid}: {until}, {start.label}")
         counted = ", ".join(f"{len(self.helpers.get(kind, ()))} {kind}" for kind in HELPER_KINDS)
         lines.append(f"other processes (seen at least {POLL_S} s): {counted}")
@@ -150,12 +163,12 @@ def _parent(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
-def _ours(pid: int) -> bool:
+def _ours(pid: int, markers: tuple[bytes, ...]) -> bool:
     """A server this run started (a descendant of this process), counted once: its first
     process, not the engine or workers that carry the same command line in some modes."""
     try:
         parent = _parent(pid)
-        if any(m in Path(f"/proc/{parent}/cmdline").read_bytes() for m in SERVER_MARKERS):
+        if any(m in Path(f"/proc/{parent}/cmdline").read_bytes() for m in markers):
             return False
         while parent > 1:
             if parent == os.getpid():
@@ -182,6 +195,23 @@ def _label(argv: bytes) -> str:
         if flag in parts[:-1]:
             shown.append(f"{flag} {parts[parts.index(flag) + 1]}")
     return " ".join(shown) or " ".join(parts[-4:])
+
+
+def _log(pid: int) -> Path | None:
+    """The file the server writes its output to (the launcher sends both streams there)."""
+    with contextlib.suppress(OSError):
+        path = Path(os.readlink(f"/proc/{pid}/fd/1"))
+        return path if path.is_file() else None
+    return None
+
+
+def _log_says_ready(log: Path | None) -> bool:
+    if log is None:
+        return False
+    try:
+        return READY_LINE in log.read_bytes()
+    except OSError:
+        return False
 
 
 def _healthy(port: str | None) -> bool:

@@ -1,0 +1,83 @@
+"""The test suite's own tooling: what its sessions import to collect, and the census of the
+vLLM servers a run started (``tests/server_census.py``), whose figures each CI log carries."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from longctx_testing import REPO
+from server_census import READY_LINE, Census
+
+HEAVY = ("vllm", "torch", "transformers")
+
+COLLECT = """
+import json, sys, pytest
+code = pytest.main(["-p", "no:cacheprovider", "--collect-only", "-q", "-m", sys.argv[1], "tests"])
+print(json.dumps([int(code), sorted(m for m in sys.argv[2:] if m in sys.modules)]))
+"""
+
+
+def test_collecting_every_test_file_imports_no_heavy_package() -> None:
+    """`make test` runs three sessions and each collects every test file: an import at the top
+    of one file is paid by all three (vLLM, torch and transformers: about 17 CPU-s of
+    collection a session)."""
+    done = subprocess.run(
+        [sys.executable, "-c", COLLECT, "own_server or stand_in", *HEAVY],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    code, imported = json.loads(done.stdout.strip().splitlines()[-1])
+    assert code == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert imported == [], f"collection imported {imported}: use deferred_import"
+
+
+#: A server's stand-in for the census: it writes ``line`` to its log and exits a moment later.
+LOOKALIKE = "import sys, time; print(sys.argv[1], flush=True); time.sleep(float(sys.argv[2]))"
+#: What names it in its command line (not a vLLM server: the session's own census skips it).
+LOOKALIKE_MARKER = b"census-lookalike-api-server"
+
+
+def _lookalike(log: Path, line: str, stay_s: float) -> subprocess.Popen:
+    with log.open("w") as out:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                LOOKALIKE,
+                line,
+                str(stay_s),
+                LOOKALIKE_MARKER.decode(),
+                "--port",
+                "1",
+            ],  # fmt: skip
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def test_a_server_stopped_before_the_census_asked_is_ready_by_its_log(tmp_path: Path) -> None:
+    """A test that stops its server within a look of its start-up (a layer-kinds server, read
+    and stopped at once) left the census no time to ask ``/health``: its log says whether it
+    served. One that exits without that line never was ready."""
+    census = Census(markers=(LOOKALIKE_MARKER,))
+    served = _lookalike(tmp_path / "served.log", READY_LINE.decode(), 1.0)
+    refused = _lookalike(tmp_path / "refused.log", "ValueError: not enough KV cache", 1.0)
+    deadline = time.monotonic() + 30
+    while len(census.starts) < 2 and time.monotonic() < deadline:
+        census.look()
+        time.sleep(0.05)
+    assert set(census.starts) == {served.pid, refused.pid}
+    served.wait(30)
+    refused.wait(30)
+    census.look()
+    assert census.starts[served.pid].ready_by_log
+    assert census.starts[refused.pid].ready_s is None
+    lines = census.summary()
+    assert lines[0].startswith("vLLM servers started by this run: 2 (1 ready, 1 never ready)")
+    assert any(f"pid {served.pid}: ready in at most" in line for line in lines), lines
