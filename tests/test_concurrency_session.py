@@ -104,7 +104,10 @@ def _behaviour(**changes) -> Behaviour:  # noqa: ANN003
 
 
 def test_a_session_records_each_level_and_the_lengths_fit(pytester: pytest.Pytester) -> None:
-    with FakeVLLMProcess(_behaviour()) as fake:
+    # Whether the level ran at once is the server's running gauge, read every 50 ms: each
+    # request decodes for 0.6 s here, which a loaded host's poll still sees (at 0.16 s a poll
+    # once missed both running together)
+    with FakeVLLMProcess(_behaviour(token_delay_s=0.08)) as fake:
         result, records = _session(
             pytester, fake.url, "-m", "len==1Ki", WORKLOAD, "--longctx-max-concurrency=2", PLOTS
         )
