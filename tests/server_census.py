@@ -90,6 +90,8 @@ class Census:
                     self.starts[pid] = Start(pid, _label(argv), _port(argv), now, _log(pid))
                     alive.add(pid)
                     continue
+                if _forked_not_yet_run(pid, argv):
+                    continue  # looked at again once it runs its own command
                 self.seen.add(pid)
                 kind = _helper_kind(argv)
                 if kind is not None and _ours(pid, self.markers):
@@ -195,6 +197,15 @@ def _label(argv: bytes) -> str:
         if flag in parts[:-1]:
             shown.append(f"{flag} {parts[parts.index(flag) + 1]}")
     return " ".join(shown) or " ".join(parts[-4:])
+
+
+def _forked_not_yet_run(pid: int, argv: bytes) -> bool:
+    """A child between its fork and its exec carries its parent's command line (a pool
+    server, looked at in that moment and never again, was once left out of the count)."""
+    try:
+        return argv == Path(f"/proc/{_parent(pid)}/cmdline").read_bytes()
+    except (OSError, ValueError, IndexError):
+        return False
 
 
 def _log(pid: int) -> Path | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -81,3 +82,43 @@ def test_a_server_stopped_before_the_census_asked_is_ready_by_its_log(tmp_path: 
     lines = census.summary()
     assert lines[0].startswith("vLLM servers started by this run: 2 (1 ready, 1 never ready)")
     assert any(f"pid {served.pid}: ready in at most" in line for line in lines), lines
+
+
+def test_a_server_looked_at_before_its_exec_is_counted_once_it_runs(tmp_path: Path) -> None:
+    """Between its fork and its exec a child carries its parent's command line: a look in
+    that moment must not settle what the process is."""
+    census = Census(markers=(LOOKALIKE_MARKER,))
+    started: list[subprocess.Popen] = []
+
+    def start() -> None:
+        with (tmp_path / "late.log").open("w") as out:
+            started.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-c",
+                        LOOKALIKE,
+                        READY_LINE.decode(),
+                        "1.0",
+                        LOOKALIKE_MARKER.decode(),
+                        "--port",
+                        "1",
+                    ],  # fmt: skip
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    preexec_fn=lambda: time.sleep(1.0),  # forked, the child waits to exec
+                )
+            )
+
+    starting = threading.Thread(target=start)
+    starting.start()
+    looks_before_exec = 0
+    while starting.is_alive():  # Popen returns once the child has exec'd
+        census.look()
+        looks_before_exec += 1
+        time.sleep(0.05)
+    starting.join()
+    census.look()
+    assert looks_before_exec >= 5
+    assert list(census.starts) == [started[0].pid]
+    started[0].wait(30)
