@@ -200,8 +200,11 @@ def _label(argv: bytes) -> str:
 
 
 def _forked_not_yet_run(pid: int, argv: bytes) -> bool:
-    """A child between its fork and its exec carries its parent's command line (a pool
-    server, looked at in that moment and never again, was once left out of the count)."""
+    """A child between its fork and its exec carries its parent's command line, and one in
+    its exec none (a pool server, looked at in such a moment and never again, was once left
+    out of the count). Kernel threads have none either: they are looked at each time."""
+    if not argv:
+        return True
     try:
         return argv == Path(f"/proc/{_parent(pid)}/cmdline").read_bytes()
     except (OSError, ValueError, IndexError):
