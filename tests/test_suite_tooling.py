@@ -44,7 +44,8 @@ LOOKALIKE = "import sys, time; print(sys.argv[1], flush=True); time.sleep(float(
 LOOKALIKE_MARKER = b"census-lookalike-api-server"
 
 
-def _lookalike(log: Path, line: str, stay_s: float) -> subprocess.Popen:
+def _lookalike(log: Path, line: str, stay_s: float, exec_after_s: float = 0.0) -> subprocess.Popen:
+    """Started; with ``exec_after_s``, the child waits that long between its fork and exec."""
     with log.open("w") as out:
         return subprocess.Popen(
             [
@@ -59,6 +60,7 @@ def _lookalike(log: Path, line: str, stay_s: float) -> subprocess.Popen:
             ],  # fmt: skip
             stdout=out,
             stderr=subprocess.STDOUT,
+            preexec_fn=(lambda: time.sleep(exec_after_s)) if exec_after_s else None,
         )
 
 
@@ -91,24 +93,7 @@ def test_a_server_looked_at_before_its_exec_is_counted_once_it_runs(tmp_path: Pa
     started: list[subprocess.Popen] = []
 
     def start() -> None:
-        with (tmp_path / "late.log").open("w") as out:
-            started.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-c",
-                        LOOKALIKE,
-                        READY_LINE.decode(),
-                        "1.0",
-                        LOOKALIKE_MARKER.decode(),
-                        "--port",
-                        "1",
-                    ],  # fmt: skip
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    preexec_fn=lambda: time.sleep(1.0),  # forked, the child waits to exec
-                )
-            )
+        started.append(_lookalike(tmp_path / "late.log", READY_LINE.decode(), 1.0, 1.0))
 
     starting = threading.Thread(target=start)
     starting.start()
