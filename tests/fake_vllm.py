@@ -96,6 +96,11 @@ class Behaviour:
     #: Tokens generated; None: ``max_tokens``, clamped to ``max_model_len - prompt`` as vLLM does.
     tokens: int | None = None
     tokens_per_chunk: int = 1
+    #: Tokens of each chunk in turn, the rest ``tokens_per_chunk`` each: ``(1, 20, 11)`` is a
+    #: 32-token stream that fell behind after its first token, vLLM's API server merging the
+    #: next 20 into one chunk and the last 11 into another, each sent once its last token is
+    #: decoded.
+    chunk_tokens: tuple[int, ...] = ()
     #: Chunks whose choice has no ``text`` (and empty token_ids): keep-alives, sent at once
     #: before the first token; they carry no token.
     empty_chunks_first: int = 0
@@ -184,8 +189,8 @@ class Behaviour:
     def __post_init__(self) -> None:
         if self.fault is not None and self.fault not in FAULTS:
             raise ValueError(f"fault={self.fault!r}: expected one of {', '.join(FAULTS)}")
-        if self.tokens_per_chunk < 1:
-            raise ValueError("tokens_per_chunk must be >= 1")
+        if self.tokens_per_chunk < 1 or any(count < 1 for count in self.chunk_tokens):
+            raise ValueError("tokens_per_chunk and chunk_tokens must be >= 1")
         if self.prefill_interference not in PREFILL_INTERFERENCE:
             raise ValueError(f"prefill_interference must be one of {PREFILL_INTERFERENCE}")
 
@@ -801,7 +806,9 @@ class _Handler(BaseHTTPRequestHandler):
                 if fault in faults and (sent >= behaviour.fault_after_tokens):
                     self._inject(fault)
                     return
-                count = min(behaviour.tokens_per_chunk, total - sent)
+                planned = behaviour.chunk_tokens
+                count = planned[len(counts)] if len(counts) < len(planned) else None
+                count = min(count or behaviour.tokens_per_chunk, total - sent)
                 last_index = sent + count - 1
                 # late (the host paused us): catch up step by step, not at once
                 step_share = count * behaviour.token_delay_s * MIN_STEP_SHARE

@@ -907,6 +907,24 @@ def test_inter_token_latencies_leave_out_chunks_a_stream_interval_1_server_coale
     assert result_module.infer_stream_interval((1, 1, 1), exact=False) is None
 
 
+def test_the_stream_interval_divides_every_chunk_between_the_first_and_the_last() -> None:
+    """vLLM merges whole chunks when a stream falls behind: the interval divides them all, and
+    the interval earlier streams of the server showed holds where it does."""
+    infer = result_module.infer_stream_interval
+    assert infer((1, 2, 2, 1, 2, 1)) == 1  # mostly pairs, yet a chunk of one between
+    assert infer((1, 8, 16, 8, 7)) == 8
+    assert infer((1, 20, 11)) == 20  # alone: a server at interval 20
+    assert infer((1, 20, 11), known=1) == 1  # the warm-ups showed 1: a stream that fell behind
+    assert infer((1, 16, 8, 7), known=8) == 8
+    assert infer((1, 8, 8, 7), known=23) == 8  # 23 divides no chunk: the stream's own reading
+    assert infer((1, 23), known=8) == 8
+    times = (0.5, 0.51, 0.53, 0.54)
+    assert result_module.inter_token_gaps(times, (1, 2, 2, 1), exact=True) == ()
+    assert result_module.inter_token_gaps(
+        times, (1, 2, 2, 1), exact=True, known_interval=1
+    ) == pytest.approx((0.01,))
+
+
 def test_chunk_counts_come_from_the_running_usage_count_when_every_chunk_has_one() -> None:
     counter = client_module._ChunkCounter()
     assert [counter.add(1, "text", running) for running in (1, 9, 17, 20)] == [1, 8, 8, 3]

@@ -367,10 +367,11 @@ def test_the_stream_tolerance_decides_a_partial_flush(
 def test_multi_token_chunks_are_recorded_as_chunks(
     session,  # noqa: ANN001
     pytester: pytest.Pytester,
+    fake_vllm: FakeVLLM,
 ) -> None:
-    result, records = session(
-        "-m", "len==1Ki", "--longctx-decode-tokens=33", token_delay_s=0.02, tokens_per_chunk=4
-    )  # 80 ms between chunks, eight of them: a busy host's pause moves one gap, not the median
+    fake_vllm.configure(tokens_per_chunk=4)  # the server's interval, its warm-ups' too
+    result, records = session("-m", "len==1Ki", "--longctx-decode-tokens=33", token_delay_s=0.02)
+    # 80 ms between chunks, eight of them: a busy host's pause moves one gap, not the median
     result.assert_outcomes(passed=1)
     (record,) = records
     assert record.stream["stream_interval"] == 4
@@ -382,12 +383,46 @@ def test_multi_token_chunks_are_recorded_as_chunks(
     assert record.figures["derived_itl_median"] == pytest.approx(
         record.figures["chunk_gap_median"] / 4, rel=0.5
     )
-    assert record.fingerprint["stream"]["stream_interval"] == 1  # the warm-up, before the change
+    assert record.fingerprint["stream"]["stream_interval"] == 4  # the warm-ups showed it too
     report = (run_folder(pytester.path / "reports") / "report.md").read_text()
     assert (
         "- Streaming: 1 of 1 passed points streamed chunks of 4 tokens (stream interval 4, "
         "counted from the running usage count)" in report
     )
+
+
+def test_a_stream_the_server_merged_keeps_interval_1_and_its_itl_is_left_unjudged(
+    session,  # noqa: ANN001
+    pytester: pytest.Pytester,
+    fake_vllm: FakeVLLM,
+) -> None:
+    """On a busy host vLLM's API server falls behind and merges a stream's chunks: a server
+    that streams every token (its warm-ups showed it) sends a 32-token decode as chunks of 1,
+    20 and 11, each once its last token is decoded (no burst). Read alone, those counts are a
+    server at stream interval 20; read with the warm-ups, a stream that fell behind. Its gaps
+    are no token's, so the gate leaves its ITL unjudged, as for a burst, and compares the
+    rest instead of failing the length for a stream interval the server does not have."""
+    args = ("-m", "len==1Ki", "--longctx-decode-tokens=32", "--longctx-tolerance=ttft=1000%")
+    merged = {"token_delay_s": 0.02, "chunk_tokens": (1, 20, 11)}
+    result, records = session(*args, **merged)
+    result.assert_outcomes(passed=1)
+    (baseline,) = records
+    assert baseline.stream["tokens_per_chunk"] == [[1, 1], [20, 1], [11, 1]]
+    assert baseline.fingerprint["stream"]["stream_interval"] == 1
+    assert baseline.stream["stream_interval"] == 1 and baseline.stream["per_token_gaps"] is True
+    assert baseline.stream["coalesced_chunks"] == 2
+    assert baseline.stream["decode_source"] == "stream"  # on schedule: no burst
+    assert "itl_median" not in baseline.figures and "decode_throughput" in baseline.figures
+    report = (run_folder(pytester.path / "reports") / "report.md").read_text()
+    assert "Streaming:" not in report  # not a server of chunks of several tokens
+
+    path = run_folder(pytester.path / "reports") / "results.jsonl"
+    fake_vllm.configure(chunk_tokens=())  # the next session's warm-ups: every token again
+    result, records = session(*args, f"--longctx-baseline={path}", **merged)
+    result.assert_outcomes(passed=2)  # the point and its length's regression item
+    report = (run_folder(pytester.path / "reports") / "report.md").read_text()
+    assert "Streams in bursts:" in report
+    assert "were merged by the server into chunks of several tokens" in report
 
 
 def test_without_the_servers_decode_time_the_stream_cannot_be_checked(session) -> None:  # noqa: ANN001

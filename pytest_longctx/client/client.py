@@ -531,6 +531,7 @@ class CompletionClient:
         budget_source: str = "the caller's limit",
         check_count: bool = True,
         progress: StreamProgress | None = None,
+        stream_interval: int | None = None,
     ) -> StreamMeasurement:
         """Stream ``request`` and time it; raises a :class:`MeasurementError` on any doubt.
 
@@ -540,6 +541,8 @@ class CompletionClient:
         :class:`CompletionCountError` (the measurement rides along on the error).
         ``progress``, when given, is updated as the stream goes (t0, first token, tokens
         received) for a watcher in another thread; updating it is a few assignments.
+        ``stream_interval`` is the server's, when earlier streams showed it: a stream that
+        fell behind, its chunks merged, is then still read as one of that interval.
         """
         if not first_token_budget_s > 0:
             raise ValueError(f"first_token_budget_s={first_token_budget_s!r}: expected > 0")
@@ -566,7 +569,13 @@ class CompletionClient:
             extensions={"trace": exchange},
         )
         context = _MeasureContext(
-            request, body, first_token_budget_s, budget_source, exchange, progress_counter=progress
+            request,
+            body,
+            first_token_budget_s,
+            budget_source,
+            exchange,
+            progress_counter=progress,
+            stream_interval=stream_interval,
         )
         # Everything that is the instrument's and not the server's happens before t0: the body
         # (above), the connection, and the watchdog thread's start. At t0 the deadline moves
@@ -752,7 +761,9 @@ class CompletionClient:
         throughput, gaps = summarize_stream(state.token_times, tokens_per_chunk, completion_tokens)
         # Inter-token latencies only from chunks of one token, on a server streaming each.
         exact = sum(tokens_per_chunk) == completion_tokens
-        ordered = sorted(inter_token_gaps(state.token_times, tokens_per_chunk, exact))
+        ordered = sorted(
+            inter_token_gaps(state.token_times, tokens_per_chunk, exact, context.stream_interval)
+        )
         details = state.usage.get("prompt_tokens_details")
         cached = details.get("cached_tokens") if isinstance(details, Mapping) else None
         exchange = context.exchange
@@ -787,6 +798,7 @@ class CompletionClient:
             response_headers_s=context.response_headers_s,
             started_perf_s=context.t0,
             completion_head=state.head,
+            server_stream_interval=context.stream_interval,
         )
         if check_count and completion_tokens != request.decode_tokens:
             raise CompletionCountError(
@@ -892,6 +904,8 @@ class _MeasureContext:
     connect_s: float | None = None  # the connection opened before t0
     response_headers_s: float | None = None
     progress_counter: StreamProgress | None = None
+    #: The server's stream interval as known before this request (``measure``'s).
+    stream_interval: int | None = None
 
     def describe_request(self) -> str:
         return describe(self.request)

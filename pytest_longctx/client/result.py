@@ -48,6 +48,9 @@ class StreamMeasurement:
     started_perf_s: float = 0.0
     #: The completion's first :data:`COMPLETION_HEAD_CHARS` characters: the probe's answer.
     completion_head: str = ""
+    #: The server's stream interval as known before this request (its warm-ups showed it);
+    #: None when not known. One stream's counts can hide it: see :func:`infer_stream_interval`.
+    server_stream_interval: int | None = None
 
     @property
     def stream_tokens(self) -> int:
@@ -83,8 +86,11 @@ class StreamMeasurement:
 
     @property
     def stream_interval(self) -> int | None:
-        """The server's stream interval as the counts show it (:func:`infer_stream_interval`)."""
-        return infer_stream_interval(self.tokens_per_chunk, self.counts_exact)
+        """The server's stream interval as the counts show it, with what was known of it
+        before (:func:`infer_stream_interval`)."""
+        return infer_stream_interval(
+            self.tokens_per_chunk, self.counts_exact, self.server_stream_interval
+        )
 
     def chunking(self) -> dict[str, Any]:
         """How the stream was chunked, for the record: counts, their source, the interval."""
@@ -106,9 +112,9 @@ class StreamMeasurement:
             "stream_interval": self.stream_interval,
             "per_token_gaps": self.per_token,
             # chunks after the first that carried more than the interval: tokens the server
-            # coalesced because the stream fell behind
+            # coalesced because the stream fell behind (the last carries the remainder, less)
             "coalesced_chunks": sum(
-                count > (self.stream_interval or count) for count in counts[1:-1]
+                count > (self.stream_interval or count) for count in counts[1:]
             ),
         }
 
@@ -178,23 +184,37 @@ def summarize_stream(
     return throughput, tuple(gaps)
 
 
-def infer_stream_interval(tokens_per_chunk: Sequence[int], exact: bool = True) -> int | None:
-    """The commonest count among the chunks between the first (vLLM sends it alone) and the
-    last (the remainder), ties to the larger; with no such chunk, the last one's (a lower
-    bound). None when the counts are not exact (text counted while chunks held several)."""
+def infer_stream_interval(
+    tokens_per_chunk: Sequence[int], exact: bool = True, known: int | None = None
+) -> int | None:
+    """The server's stream interval, by vLLM's rule: the first token goes alone, every chunk
+    after it carries the interval's count or, where the stream fell behind and the API server
+    merged chunks, a multiple of it, and the last the remainder. So the interval divides every
+    chunk between the first and the last: their greatest common divisor, or the interval
+    ``known`` from earlier streams of the same server where it divides them all (chunks of 1,
+    20 and 11 are a stream that fell behind on a server whose warm-ups showed 1, and one at
+    interval 20 on a server never seen). With no chunk between, the known interval or else the
+    last chunk's count (a lower bound). None when the counts are not exact (text counted while
+    chunks held several)."""
     if not exact or len(tokens_per_chunk) < 2:
         return None
-    middle = list(tokens_per_chunk[1:-1]) or list(tokens_per_chunk[-1:])
-    return max(set(middle), key=lambda count: (middle.count(count), count))
+    middle = tokens_per_chunk[1:-1]
+    if not middle:
+        return known or tokens_per_chunk[-1]
+    divisor = math.gcd(*middle)
+    return known if known and divisor % known == 0 else divisor
 
 
 def inter_token_gaps(
-    token_times_s: Sequence[float], tokens_per_chunk: Sequence[int], exact: bool
+    token_times_s: Sequence[float],
+    tokens_per_chunk: Sequence[int],
+    exact: bool,
+    known_interval: int | None = None,
 ) -> tuple[float, ...]:
     """The gaps before each chunk that carried exactly one token, when the server streamed
     every token (stream interval 1); none otherwise. A chunk of two (the server coalesced
     them while the stream fell behind) has no per-token gap and is left out."""
-    if infer_stream_interval(tokens_per_chunk, exact) != 1:
+    if infer_stream_interval(tokens_per_chunk, exact, known_interval) != 1:
         return ()
     return tuple(
         token_times_s[index] - token_times_s[index - 1]

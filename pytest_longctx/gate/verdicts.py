@@ -477,27 +477,55 @@ STREAM_GAP_METRICS = frozenset({"itl_median"})
 
 
 def _stream_set_aside(baseline: list[Record], current: list[Record]) -> str | None:
-    """Why a side has no per-token gap figure: every one of its points kept the server's
-    decode figure (or none), its stream having arrived in bursts; None otherwise."""
+    """Why a side has no per-token gap figure: each of its points' streams arrived in bursts
+    (the server's decode figure kept, or none) or merged into chunks of several tokens by a
+    server that fell behind, on a busy host; None otherwise."""
     sides = {"the baseline": baseline, "this run": current}
     set_aside = {
         side: records
         for side, records in sides.items()
-        if records and all(_decode_source(r) != "stream" for r in records)
+        if records and all(_burst(r) or _merged(r) for r in records)
     }
     if not set_aside or any(side not in set_aside for side, rs in sides.items() if rs):
         return None
+    chosen = [r for records in set_aside.values() for r in records]
+    how = []
+    if any(_burst(r) for r in chosen):
+        how.append(
+            "arrived in bursts or off the server's decode, so their gaps are kept as "
+            "stream_* figures and are not the server's"
+        )
+    if any(_merged(r) for r in chosen):
+        how.append(
+            "were merged by the server into chunks of several tokens (its stream "
+            "interval is 1, but it fell behind), so no gap between chunks is one token's"
+        )
     return (
         f"{' and '.join(set_aside)} recorded no per-token gap: "
-        f"{'their' if len(set_aside) > 1 else 'its'} streams arrived in bursts or off the "
-        "server's decode (a busy host), so their gaps are kept as stream_* figures and are "
-        "not the server's; TTFT and decode throughput still compare (--longctx-strict-stream "
-        "fails such points instead)"
+        f"{'their' if len(set_aside) > 1 else 'its'} streams {', or '.join(how)} (a busy "
+        "host); TTFT and decode throughput still compare (--longctx-strict-stream "
+        "fails bursts instead)"
     )
 
 
 def _decode_source(record: Record) -> str:
     return str(record.stream.get("decode_source") or "stream") if record.stream else "stream"
+
+
+def _burst(record: Record) -> bool:
+    """The point kept the server's decode figure, or none: its stream arrived in bursts."""
+    return _decode_source(record) != "stream"
+
+
+def _merged(record: Record) -> bool:
+    """A server that streams every token merged all the point's tokens after the first into
+    chunks of several: the stream fell behind, and no gap of it is one token's."""
+    stream = record.stream or {}
+    return bool(
+        stream.get("per_token_gaps")
+        and stream.get("coalesced_chunks")
+        and "itl_median" not in record.figures
+    )
 
 
 def _decode_sources(baseline: list[Record], current: list[Record]) -> str:

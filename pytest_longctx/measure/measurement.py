@@ -257,6 +257,9 @@ class PointSettings:
     #: The capacity plan's bytes for a request, for the resident KV of a server that does not
     #: say its cache's size (a launched server's; None: not known).
     planned_bytes: PlannedBytes | None = None
+    #: The server's stream interval as its warm-ups showed it (None: not known): the point's
+    #: stream is read as one of that interval even where the server merged its chunks.
+    stream_interval: int | None = None
 
 
 def point_request(
@@ -315,6 +318,7 @@ def send_measured(
             budget_source=settings.budget_source,
             check_count=False,
             progress=watch.stream if watch is not None else None,
+            stream_interval=settings.stream_interval,
         )
     except RequestRejectedError as exc:
         if exc.status_code in (401, 403):

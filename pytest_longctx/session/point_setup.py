@@ -243,8 +243,14 @@ def warm_up(run: Run, server: ServerInfo) -> dict[str, Any]:
                 model=server.model_name, prompt=prompt.ids, decode_tokens=WARMUP_DECODE_TOKENS
             )
             try:
+                # each warm-up reads the interval with the ones before it: a stream whose
+                # chunks the server merged does not hide the interval the others showed
                 stream = client.measure(
-                    request, first_token_budget_s=600.0, budget_source="warm-up", check_count=False
+                    request,
+                    first_token_budget_s=600.0,
+                    budget_source="warm-up",
+                    check_count=False,
+                    stream_interval=stream.stream_interval if stream is not None else None,
                 )
             except MeasurementError as exc:
                 raise ServerError(f"warm-up request {index + 1} failed: {exc}") from exc
@@ -332,6 +338,7 @@ def prepare(run: Run, server: ServerInfo, point: Point) -> PointSetup:
         first_token_budget_s=budget_s,
         budget_source=source,
         allow_unverified=run.settings.allow_unverified,
+        stream_interval=(run.findings.fingerprint.get("stream") or {}).get("stream_interval"),
     )
     if not point.interference:
         settings = dataclasses.replace(
