@@ -275,10 +275,29 @@ def test_the_point_sees_its_prompt_cold_and_every_request_counted(stalled) -> No
     assert result.interference["long_cached_tokens"] == 0
 
 
+def written_before_the_prefill(result, streams) -> int:  # noqa: ANN001
+    """Background tokens the stand-in wrote from the long prompt's send until it had read
+    that prompt and began its prefill. They waited for no prefill, but a host that holds the
+    stand-in back there (a tenth of a second once, on a loaded host) lets them through after
+    a gap the client cannot tell from a slowed step. The send is no later than the long
+    prompt's first token's write less its TTFT (the token arrives after its write); a token
+    earlier may be in flight at the send."""
+    (long,) = [s for s in streams if s.prompt_head[:4] == (0, 1, 2, 3)]
+    sent_no_later = long.first_token_at - result.ttft_s
+    return sum(
+        count
+        for stream in streams
+        if stream is not long
+        for at, count in zip(stream.chunks_written_at, stream.tokens_per_chunk, strict=True)
+        if sent_no_later - TOKEN_S <= at < long.body_read_at
+    )
+
+
 def test_a_stalling_prefill_reads_as_a_stall(stalled) -> None:  # noqa: ANN001
-    result, _ = stalled
+    result, streams = stalled
     figures = result.figures()
-    assert figures["bg_tokens_during_prefill"] == 0
+    # none written during the stand-in's prefill (the rule on exact times: the test above)
+    assert figures["bg_tokens_during_prefill"] <= written_before_the_prefill(result, streams)
     assert figures["bg_itl_prefill_max"] > 0.8 * PREFILL_S
     assert figures["bg_itl_idle_median"] == pytest.approx(TOKEN_S, abs=0.01)
     assert figures["bg_itl_idle_p99"] < 0.2 * PREFILL_S
