@@ -918,6 +918,8 @@ def test_the_stream_interval_divides_every_chunk_between_the_first_and_the_last(
     assert infer((1, 16, 8, 7), known=8) == 8
     assert infer((1, 8, 8, 7), known=23) == 8  # 23 divides no chunk: the stream's own reading
     assert infer((1, 23), known=8) == 8
+    assert infer((32,), known=1) == 1  # the whole stream merged into its first chunk
+    assert infer((32,)) is None
     times = (0.5, 0.51, 0.53, 0.54)
     assert result_module.inter_token_gaps(times, (1, 2, 2, 1), exact=True) == ()
     assert result_module.inter_token_gaps(

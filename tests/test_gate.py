@@ -982,6 +982,46 @@ def test_itl_held_back_on_both_sides_is_said_unjudged():
     assert verdict.status == "ok" and by_metric(verdict)["ttft"].status == "ok"
 
 
+@pytest.mark.parametrize(
+    ("stream", "said"),
+    [
+        (
+            {"decode_source": "server", "per_token_gaps": False, "stream_interval": None},
+            "its streams arrived in bursts",
+        ),
+        (
+            {"decode_source": "stream", "per_token_gaps": True, "coalesced_chunks": 2},
+            "its streams were merged by the server into chunks of several tokens",
+        ),
+    ],
+    ids=["one-chunk-burst", "merged"],
+)
+def test_a_stream_a_busy_server_merged_is_unjudged_not_a_chunked_server(stream: dict, said: str):
+    """A busy host's API server falls behind and merges a stream's chunks: the whole decode
+    in one chunk (a burst, and with no warm-up to show the interval, an unknown one), or
+    chunks of 1, 20 and 11 on a server whose warm-ups showed interval 1 (no burst, and no
+    gap of one token). Neither is a server that streams chunks of several tokens: ITL is
+    left unjudged and the length does not fail."""
+    current = [
+        Record(
+            **{
+                **vars(record),
+                "figures": {k: v for k, v in record.figures.items() if k != "itl_median"},
+                "stream": stream,
+            }
+        )
+        for record in points("now", 4 * KI, *BASELINE_FIGURES[4 * KI])
+    ]
+    verdict = compare_length(baseline_sweep(), current, 4 * KI)
+    itl = by_metric(verdict)["itl"]
+    assert itl.status == "unjudged", itl.message
+    assert itl.message.startswith(
+        "median inter-token latency at 4Ki: not compared, this run recorded no per-token gap: "
+        + said
+    )
+    assert verdict.status == "ok"
+
+
 # --------------------------------------------------------------------------- answers
 
 

@@ -316,7 +316,10 @@ def test_a_burst_keeps_the_point_with_the_servers_decode(
         # host's to decide: a busy one paused the reader 0.5 s inside it once)
         assert figures["stream_decode_throughput"] != figures["decode_throughput"]
     assert record.stream["decode_source"] == "server"
+    # the server streams every token, as its warm-ups showed: the host merged these chunks
+    assert record.stream["stream_interval"] == 1 and record.stream["per_token_gaps"] is True
     if "tokens_per_chunk" in shape:
+        assert record.stream["coalesced_chunks"] == 1  # the first chunk carried all 16
         said = "the stream delivered 16 tokens within 0 ms, all in one chunk"
     else:
         burst = int(record.stream["largest_burst"]["tokens"])

@@ -74,6 +74,17 @@ class StreamMeasurement:
         times = self.token_times_s
         return tuple(times[index] - times[index - 1] for index in range(1, len(times)))
 
+    @property
+    def coalesced_chunks(self) -> int:
+        """Chunks the server merged because the stream fell behind: the first when it carried
+        more than its one token (vLLM sends the first alone), and those after it that carried
+        more than the interval (the last carries the remainder, less); 0 when the interval is
+        unknown."""
+        counts, interval = self.tokens_per_chunk, self.stream_interval
+        if not counts or interval is None:
+            return 0
+        return int(counts[0] > 1) + sum(count > interval for count in counts[1:])
+
     def chunk_token_counts(self) -> tuple[float, ...]:
         """Tokens each carrying chunk brought; where the stream's count fell short of the
         server's (text counted, several tokens a chunk), the chunks after the first share the
@@ -111,11 +122,9 @@ class StreamMeasurement:
             ),
             "stream_interval": self.stream_interval,
             "per_token_gaps": self.per_token,
-            # chunks after the first that carried more than the interval: tokens the server
-            # coalesced because the stream fell behind (the last carries the remainder, less)
-            "coalesced_chunks": sum(
-                count > (self.stream_interval or count) for count in counts[1:]
-            ),
+            # chunks that carried more than the interval (the first, more than its one token):
+            # tokens the server coalesced because the stream fell behind
+            "coalesced_chunks": self.coalesced_chunks,
         }
 
     def chunk_figures(self) -> dict[str, float]:
@@ -194,10 +203,13 @@ def infer_stream_interval(
     ``known`` from earlier streams of the same server where it divides them all (chunks of 1,
     20 and 11 are a stream that fell behind on a server whose warm-ups showed 1, and one at
     interval 20 on a server never seen). With no chunk between, the known interval or else the
-    last chunk's count (a lower bound). None when the counts are not exact (text counted while
-    chunks held several)."""
-    if not exact or len(tokens_per_chunk) < 2:
+    last chunk's count (a lower bound); with one chunk only (the whole stream merged), the
+    known interval or None. None when the counts are not exact (text counted while chunks
+    held several)."""
+    if not exact:
         return None
+    if len(tokens_per_chunk) < 2:
+        return known
     middle = tokens_per_chunk[1:-1]
     if not middle:
         return known or tokens_per_chunk[-1]

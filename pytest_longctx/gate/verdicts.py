@@ -557,10 +557,15 @@ def _why_not_compared(metric: Metric, before: Stats | None, after: Stats | None)
 def _chunked_stream(baseline: list[Record], current: list[Record]) -> str | None:
     """Why a side has no inter-token latency: its chunks carried several tokens each, so its
     gaps are between chunks and are never gated as if they were between tokens; None when
-    every chunk of both sides carried one token."""
+    every chunk of both sides carried one token, or arrived in a burst (a busy host's doing,
+    not the server's stream interval: :func:`_stream_set_aside`)."""
     sides = {"the baseline": baseline, "this run": current}
     chunked = {
-        side: [r for r in records if r.stream and not r.stream.get("per_token_gaps", True)]
+        side: [
+            r
+            for r in records
+            if r.stream and not r.stream.get("per_token_gaps", True) and not _burst(r)
+        ]
         for side, records in sides.items()
     }
     chunked = {side: records for side, records in chunked.items() if records}
