@@ -244,9 +244,11 @@ def test_a_level_that_runs_at_once(fake_vllm) -> None:
 
 def test_a_request_that_waits_for_room_did_not_run_at_once(fake_vllm) -> None:
     """Room for two: the third request starts when one of the first two has finished, its
-    TTFT carries the wait, and the waiting gauge shows it."""
+    TTFT carries the wait, and the waiting gauge shows it. Each decodes for 0.8 s: a loaded
+    host once sent the third 0.2 s after the others, when a decode of 0.2 s had ended and
+    there was no wait left."""
     fake_vllm.configure(first_token_delay_s=0.1, token_delay_s=0.02, max_num_seqs=2)
-    result = measure_level(ClientConfig(fake_vllm.url), "fake-model", prompts(3), 10, 10.0)
+    result = measure_level(ClientConfig(fake_vllm.url), "fake-model", prompts(3), 40, 10.0)
     assert result.errors == []
     assert not result.overlap and not result.ran_at_once
     assert result.last_request_ttft_s > 0.25
