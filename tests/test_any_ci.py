@@ -284,11 +284,11 @@ def test_junit_xml_carries_each_points_figures_and_the_gates_verdicts(
         assert gate["longctx_gate_status"] in ("ok", "improved")
         for metric in ("ttft", "decode", "itl"):
             if metric == "itl" and gate["longctx_gate_itl"] == "unjudged":
-                # a side whose streams a busy host held back has no per-token gap to compare:
-                # said, and no failure
+                # a side whose streams a busy host held back (bursts) or merged into chunks of
+                # several tokens has no per-token gap to compare: said, and no failure
                 sides = (records, records_of(pytester.path / "baseline-reports"))
                 assert any(
-                    all(r.stream["decode_source"] != "stream" for r in side if r.length == length)
+                    all("itl_median" not in r.figures for r in side if r.length == length)
                     for side in sides
                 )
                 continue

@@ -47,7 +47,13 @@ def test_sweep_1ki_to_4ki_two_repeats(sweep_dir: pytest.Pytester, vllm_url: str)
         # (a host busy enough can hold back every chunk of a point: none is then one token)
         assert sum(k * n for k, n in stream["tokens_per_chunk"]) == 32
         prefix = "stream_" if stream["decode_source"] == "server" else ""
-        assert record.figures[f"{prefix}itl_median"] > 0
+        # an inter-token latency wherever a chunk after the first carried one token (a busy
+        # host's API server can merge a whole point's decode into one or two chunks)
+        counts = [tokens for tokens, times in stream["tokens_per_chunk"] for _ in range(times)]
+        if 1 in counts[1:]:
+            assert record.figures[f"{prefix}itl_median"] > 0
+        else:
+            assert f"{prefix}itl_median" not in record.figures
         chunk_gaps = f"{prefix}chunk_gap_median" in record.figures
         # chunk gaps only where a chunk after the first carried several tokens (a first
         # chunk of two, which a busy host makes, leaves every gap one token's)

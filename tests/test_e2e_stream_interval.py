@@ -12,27 +12,37 @@ from longctx_testing import records_of, run_folder, run_session
 
 pytestmark = pytest.mark.vllm
 
+#: Tokens each point decodes (the default): 32 = 1 + 8 x 3 + 7 on a quiet host
+DECODE_TOKENS = 32
+QUIET_SHAPE = [1, 8, 8, 8, 7]
+#: Further short sessions run only where a busy host burst every point of the sweep, so that
+#: some stream is left to compare with the server; none agreeing after them fails the test
+RETRIES = 2
 
-def test_a_sweep_records_the_chunking_and_agrees_with_the_server(
-    sweep_dir: pytest.Pytester, stream_interval_8_url: str
-) -> None:
-    """On a 2-core host shared with other work a stream now and then falls behind the decode;
-    such a point is kept with the server's figure (the default), and the stream's own figure
-    stays in its record to be compared here."""
-    result, output = run_session(
-        sweep_dir, "--longctx-to=4Ki", "--longctx-repeats=2", url=stream_interval_8_url
-    )
-    result.assert_outcomes(passed=6)
-    records = records_of(output)
-    ratios, per_token, spans = [], [], []
+
+def check_points(records, per_token: list, ratios: list, spans: list) -> None:  # noqa: ANN001
+    """Each point's chunking and figures; where its stream kept the decode, the figures to
+    compare with the server's are appended to the three lists."""
     for record in records:
         stream = record.stream
         assert stream["token_count_source"] == "usage"
         assert stream["stream_interval"] == 8
-        assert stream["tokens_per_chunk"] == [[1, 1], [8, 3], [7, 1]]  # 32 = 1 + 8 x 3 + 7
+        # where the stream fell behind, the API server merged whole chunks: each between the
+        # first and the last still a multiple of the interval
+        counts = [tokens for tokens, times in stream["tokens_per_chunk"] for _ in range(times)]
+        assert sum(counts) == DECODE_TOKENS and all(count % 8 == 0 for count in counts[1:-1]), (
+            counts
+        )
+        if stream["coalesced_chunks"] == 0:
+            assert counts == QUIET_SHAPE
         assert stream["per_token_gaps"] is False
         figures = record.figures
         server = figures["server_decode_throughput"]
+        if len(counts) == 1:  # merged whole: no two chunks to time, the server's figure kept
+            assert stream["decode_source"] == "server"
+            assert figures["decode_throughput"] == pytest.approx(server)
+            assert not {"stream_decode_throughput", "stream_chunk_gap_median"} & set(figures)
+            continue
         if stream["decode_source"] == "stream":
             assert stream["agreement"] == "agrees"
             client = figures["decode_throughput"]
@@ -52,9 +62,34 @@ def test_a_sweep_records_the_chunking_and_agrees_with_the_server(
         # kept as such, and the per-token figure is derived from them
         assert not {"itl_median", "itl_p90", "itl_max", "stream_itl_median"} & set(figures)
         assert gap >= 0 and derived > 0  # a burst's chunks arrive together: gaps near 0
+
+
+def test_a_sweep_records_the_chunking_and_agrees_with_the_server(
+    sweep_dir: pytest.Pytester, stream_interval_8_url: str
+) -> None:
+    """On a 2-core host shared with other work a stream now and then falls behind the decode
+    (with three busy loops beside it, every point of a sweep did); such a point is kept with
+    the server's figure (the default), and the stream's own figure stays in its record to be
+    compared here."""
+    result, output = run_session(
+        sweep_dir, "--longctx-to=4Ki", "--longctx-repeats=2", url=stream_interval_8_url
+    )
+    result.assert_outcomes(passed=6)
+    records = records_of(output)
+    per_token, ratios, spans = [], [], []
+    check_points(records, per_token, ratios, spans)
+    report = (run_folder(output) / "report.md").read_text()
+    for _ in range(RETRIES):
+        if per_token:
+            break
+        again, _output = run_session(
+            sweep_dir, "--longctx-to=1Ki", "--longctx-repeats=3", url=stream_interval_8_url
+        )
+        again.assert_outcomes(passed=3)
+        check_points(records_of(output), per_token, ratios, spans)
     # where the stream agreed: its decode rate within a few percent of the server's (a burst's
     # own rate is far off by definition, and its point keeps the server's figure)
-    assert per_token, ratios  # a busy host bursts some streams, never all of them
+    assert per_token, "every stream of every session arrived in bursts"
     # (within 3% on a quiet host; 25% off seen at one of the two points a busy host left
     # agreeing: tighter than the 50% "agrees" allows, and far from a misread interval's 8x)
     assert statistics.median(ratios) == pytest.approx(1.0, abs=0.3), ratios
@@ -67,7 +102,6 @@ def test_a_sweep_records_the_chunking_and_agrees_with_the_server(
     assert records[0].fingerprint["stream"]["stream_interval"] == 8  # from the warm-up
     assert records[0].fingerprint["stream"]["token_count_source"] == "usage"
     assert records[0].fingerprint["stream"]["bursts_allowed"] is True
-    report = (run_folder(output) / "report.md").read_text()
     assert (
         "- Streaming: 6 of 6 passed points streamed chunks of 8 tokens (stream interval 8, "
         "counted from the running usage count)" in report
