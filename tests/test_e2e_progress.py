@@ -69,11 +69,15 @@ def test_a_long_prefill_is_watched_chunk_by_chunk(
     assert all(value % block == 0 for value in tokens), tokens
     assert len({value for value in tokens if 0 < value < LENGTH}) >= 3, tokens
     # The first reading after the first token: the whole prompt, within one block of L (plus
-    # the tokens decoded by then).
+    # the tokens decoded by then). A stream a busy host held back and flushed at once (all 128
+    # tokens within 22 ms, once) has ended before the sampler reads: no reading then.
     decode = [s for s in point.samples if s["phase"] == "decode" and s["kv_tokens"] is not None]
-    assert decode, point.samples
-    assert LENGTH <= decode[0]["kv_tokens"] <= LENGTH + block + DECODE, decode[0]
-    assert decode[0]["prefilled"] == LENGTH
+    last = records_of(output)[-1]
+    if last.stream["decode_source"] == "stream":
+        assert decode, point.samples
+    for reading in decode[:1]:
+        assert LENGTH <= reading["kv_tokens"] <= LENGTH + block + DECODE, reading
+        assert reading["prefilled"] == LENGTH
     assert len(point.prefill_curve()) >= 2
 
     # progress.json moved while the point ran, as another program sees it.
