@@ -255,6 +255,29 @@ def test_the_streams_requests_never_end_in_the_same_step() -> None:
     assert all(b - a > 2 * TOKEN_S for a, b in itertools.pairwise(spans)), spans
 
 
+def test_streams_flushed_whole_are_streaming_once_each_first_request_arrived() -> None:
+    """A starved API server hands each background request over whole, in one flush: the
+    stream's first token and its last arrive together and the next request starts at once.
+    Each stream counts as streaming from its first token however briefly its request lasted
+    after it, so the wait ends with the streams' first requests (it once went on for 45 s,
+    33 requests, until a poll happened to fall inside one)."""
+    with (
+        FakeVLLMProcess(_behaviour(deliver_at_once=True)) as fake,
+        BackgroundStreams(_spec(fake.url)) as streams,
+    ):
+        assert streams.wait_streaming(60)
+        requests = streams.stop()
+    ready = streams.ready_at
+    assert ready is not None
+    first = {r.stream: r for r in requests if r.index == 0}
+    assert sorted(first) == [0, 1, 2]
+    # the wait ended only once every stream's first request had arrived ...
+    assert all(r.token_times[0] <= ready for r in first.values())
+    # ... and no stream was on its third request by then (each one 16 tokens of the stand-in)
+    late = [(r.stream, r.index) for r in requests if r.index >= 2 and r.token_times[0] < ready]
+    assert not late, late
+
+
 def test_every_background_request_has_its_own_nonce() -> None:
     spec = _spec("http://unused")
     prompts = [request_prompt(spec, stream, index) for stream in range(3) for index in range(50)]

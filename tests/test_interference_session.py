@@ -295,7 +295,9 @@ def test_gaps_the_servers_histogram_does_not_confirm_keep_the_ttft_without_a_dec
     no decode figure of its own. The point passes with its TTFT, its decode figures set aside
     and the reason said; --longctx-strict-stream fails it."""
     args = ("-m", "len==1Ki", "-k", "interference", LOAD)
-    with FakeVLLMProcess(_behaviour(deliver_at_once=True)) as fake:
+    # a faster decode than the other tests': each background request (256 tokens) is held
+    # back whole, and the streams' first, the probe's and the last requests are waited out
+    with FakeVLLMProcess(_behaviour(deliver_at_once=True, token_delay_s=0.005)) as fake:
         result, records = _session(pytester, fake.url, *args, output="kept")
         result.assert_outcomes(passed=1)
         (record,) = [r for r in records if r.cache_state == "interference"]

@@ -109,9 +109,12 @@ def _stream_loop(
     stream: int,
     stop: threading.Event,
     progress: list[StreamProgress],
+    streamed: set[int],
     results: Any,
 ) -> None:
-    """Send one request after the other until ``stop``; report each as it ends."""
+    """Send one request after the other until ``stop``; report each as it ends, and note the
+    stream in ``streamed`` once a request of it brought a token (a request flushed whole can
+    end before a poll of ``progress`` sees its first token)."""
     config = ClientConfig(
         base_url=spec.base_url, api_key=spec.api_key, tcp_keepalive_s=spec.tcp_keepalive_s
     )
@@ -139,6 +142,8 @@ def _stream_loop(
                 results.put(("request", failed))
                 stop.wait(0.5)  # a server that refuses or died: do not spin on it
             else:
+                if measured.token_times_s:
+                    streamed.add(stream)
                 start = measured.started_perf_s
                 results.put(
                     (
@@ -163,9 +168,10 @@ def _serve(spec: BackgroundSpec, stop_event: Any, ready: Any, results: Any) -> N
     results.put(("clock", time.get_clock_info(CLOCK).implementation))
     stop = threading.Event()
     progress = [StreamProgress() for _ in range(spec.streams)]
+    ended: set[int] = set()  # streams a request of which ended with tokens (their threads')
     threads = [
         threading.Thread(
-            target=_stream_loop, args=(spec, index, stop, progress, results), daemon=True
+            target=_stream_loop, args=(spec, index, stop, progress, ended, results), daemon=True
         )
         for index in range(spec.streams)
     ]
@@ -175,6 +181,7 @@ def _serve(spec: BackgroundSpec, stop_event: Any, ready: Any, results: Any) -> N
     while not stop_event.is_set():
         if not ready.is_set():
             streamed |= {i for i, p in enumerate(progress) if p.first_token_at is not None}
+            streamed |= set(ended)
             if len(streamed) == spec.streams:
                 ready.set()
         time.sleep(_POLL_S)
