@@ -49,25 +49,31 @@ def main() -> None:
     args, _ = parser.parse_known_args()
     completions = [0]
     lock = threading.Lock()
+
+    def first_time() -> bool:
+        """True where no ``--once`` is given, or for the one process (of the servers that
+        share FILE: one per xdist worker) that creates it: two that reached their N-th request
+        together both found it missing and both died, when FILE was checked, then touched."""
+        if not args.once:
+            return True
+        try:
+            os.close(os.open(args.once, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return False
+        return True
+
     complete = _Handler._complete
 
     def counting(handler, payload, behaviour, t_body):  # noqa: ANN001, ANN202
         with lock:
             completions[0] += 1
             count = completions[0]
-        once = Path(args.once) if args.once else None
         for at, fault in ((args.freeze_at, "freeze"), (args.stick_at, "stuck_engine")):
-            if count == at and not (once and once.exists()):
-                if once:
-                    once.touch()
+            if count == at and first_time():
                 behaviour = fake.configure(fault=fault).behaviour
-        if count == args.slow_at and not (once and once.exists()):
-            if once:
-                once.touch()
+        if count == args.slow_at and first_time():
             behaviour = replace(behaviour, **json.loads(args.slow))
-        if count == args.die_at and not (once and once.exists()):
-            if once:
-                once.touch()
+        if count == args.die_at and first_time():
             if args.die_line:
                 print(args.die_line, file=sys.stderr, flush=True)
             if args.exit_code == -9:
