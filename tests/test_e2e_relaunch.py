@@ -34,9 +34,11 @@ SECRET = "sk-longctx-test-8c1f3e9a77"
 KILLER = """
 import os, re, signal, threading, time
 import httpx
+from pytest_longctx.client import CompletionClient
 
 KILL_BETWEEN = {between!r}
 KILL_DURING = {during!r}
+KILL_AFTER_SEND_S = 0.3
 #: Each server the session started, as it became ready; None for an attached one.
 servers = []
 
@@ -47,13 +49,35 @@ def _kill(server):
     os.killpg(server.pgid, signal.SIGKILL)
     server.process.wait()
 
-def _kill_once_running(done):
+# The measured request, told from the warm-ups (shorter) by its prompt's length: set as the
+# session's client sends it.
+sending = {{}}
+_measure = CompletionClient.measure
+
+def _watched_measure(self, request, *args, **kwargs):
+    sent = sending.get(len(request.prompt))
+    if sent is not None:
+        sent.set()
+    return _measure(self, request, *args, **kwargs)
+
+CompletionClient.measure = _watched_measure
+
+# Once the engine has the point's request (the gauge says so), or a moment after the client
+# sent it: an engine in the API server's process can hold its event loop, /metrics included,
+# for a whole request (a first 2Ki request after a relaunch once did, for 1.2 s).
+def _kill_once_running(done, sent):
+    while not done.is_set() and not sent.wait(0.01):
+        pass
+    sent_at = time.monotonic()
     while not done.is_set():
-        server = servers[-1]  # the item may relaunch the server first: follow the newest
+        server = servers[-1]
+        if time.monotonic() - sent_at > KILL_AFTER_SEND_S:
+            _kill(server)
+            return
         try:  # a busy single-process server answers late: keep asking
-            text = httpx.get(server.base_url + "/metrics", timeout=30).text
+            text = httpx.get(server.base_url + "/metrics", timeout=0.1).text
         except httpx.HTTPError:
-            time.sleep(0.05)
+            time.sleep(0.01)
             continue
         if re.search(r"^vllm:num_requests_running\\{{.*\\}} [1-9]", text, re.M):
             _kill(server)
@@ -64,9 +88,11 @@ def pytest_runtest_call(item):
     point = item.callspec.params.get("longctx_point") if hasattr(item, "callspec") else None
     if point is None or point.length not in KILL_DURING or not servers or servers[-1] is None:
         return
-    done = threading.Event()
+    done, sent = threading.Event(), threading.Event()
     item._killer_done = done
-    threading.Thread(target=_kill_once_running, args=(done,), daemon=True).start()
+    sending.clear()
+    sending[point.length] = sent
+    threading.Thread(target=_kill_once_running, args=(done, sent), daemon=True).start()
 
 def pytest_runtest_teardown(item):
     done = getattr(item, "_killer_done", None)
