@@ -348,6 +348,11 @@ def cpu_tiny_streaming(stream_interval: int, log_dir: Path) -> Iterator[str]:
         yield url
 
 
+def chunk_counts(stream: dict) -> list[int]:
+    """Each chunk's tokens, in order, from a record's run-length ``tokens_per_chunk``."""
+    return [tokens for tokens, times in stream["tokens_per_chunk"] for _ in range(times)]
+
+
 def assert_bursts_kept_with_the_servers_figure(records, report: str) -> None:  # noqa: ANN001
     """Every point is the stream's figure where it agreed with the server's, else the
     server's, with the stream's own beside it (where it had two chunks to time), and the

@@ -6,6 +6,7 @@ import pytest
 from longctx_testing import (
     WARMUP_OPTION,
     assert_bursts_kept_with_the_servers_figure,
+    chunk_counts,
     records_of,
     run_folder,
     run_session,
@@ -54,7 +55,7 @@ def test_sweep_1ki_to_4ki_two_repeats(sweep_dir: pytest.Pytester, vllm_url: str)
         prefix = "stream_" if stream["decode_source"] == "server" else ""
         # an inter-token latency wherever a chunk after the first carried one token (a busy
         # host's API server can merge a whole point's decode into one or two chunks)
-        counts = [tokens for tokens, times in stream["tokens_per_chunk"] for _ in range(times)]
+        counts = chunk_counts(stream)
         if 1 in counts[1:]:
             assert record.figures[f"{prefix}itl_median"] > 0
         else:

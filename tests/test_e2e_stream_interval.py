@@ -8,7 +8,7 @@ from __future__ import annotations
 import statistics
 
 import pytest
-from longctx_testing import WARMUP_OPTION, records_of, run_folder, run_session
+from longctx_testing import WARMUP_OPTION, chunk_counts, records_of, run_folder, run_session
 
 pytestmark = pytest.mark.vllm
 
@@ -29,7 +29,7 @@ def check_points(records, per_token: list, ratios: list, spans: list) -> None:  
         assert stream["stream_interval"] == 8
         # where the stream fell behind, the API server merged whole chunks: each between the
         # first and the last still a multiple of the interval
-        counts = [tokens for tokens, times in stream["tokens_per_chunk"] for _ in range(times)]
+        counts = chunk_counts(stream)
         assert sum(counts) == DECODE_TOKENS and all(count % 8 == 0 for count in counts[1:-1]), (
             counts
         )
@@ -90,7 +90,11 @@ def test_a_sweep_records_the_chunking_and_agrees_with_the_server(
         if per_token:
             break
         again, _output = run_session(
-            sweep_dir, "--longctx-to=1Ki", "--longctx-repeats=3", url=stream_interval_8_url
+            sweep_dir,
+            "--longctx-to=1Ki",
+            "--longctx-repeats=3",
+            f"{WARMUP_OPTION}=3",
+            url=stream_interval_8_url,
         )
         again.assert_outcomes(passed=3)
         check_points(records_of(output), per_token, ratios, spans)

@@ -109,11 +109,11 @@ def _stream_loop(
     stream: int,
     stop: threading.Event,
     progress: list[StreamProgress],
-    streamed: set[int],
+    ended: set[int],
     results: Any,
 ) -> None:
     """Send one request after the other until ``stop``; report each as it ends, and note the
-    stream in ``streamed`` once a request of it brought a token (a request flushed whole can
+    stream in ``ended`` once a request of it ended with a token (a request flushed whole can
     end before a poll of ``progress`` sees its first token)."""
     config = ClientConfig(
         base_url=spec.base_url, api_key=spec.api_key, tcp_keepalive_s=spec.tcp_keepalive_s
@@ -143,7 +143,7 @@ def _stream_loop(
                 stop.wait(0.5)  # a server that refuses or died: do not spin on it
             else:
                 if measured.token_times_s:
-                    streamed.add(stream)
+                    ended.add(stream)
                 start = measured.started_perf_s
                 results.put(
                     (
