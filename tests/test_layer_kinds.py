@@ -530,7 +530,7 @@ def test_oracle_answers_for_the_plans_own_layers() -> None:
     settings = layout.allocation.settings
     answer = ask_vllm(specs_for_layers(layout.layers, settings, kv_element_bytes=2), settings, MI)
     assert answer.per_rank_bytes == sum(layout.request_bytes(MI))
-    assert answer.version.startswith("vllm")
+    assert answer.version.startswith("vLLM ")
     assert vllm_version() == answer.version
 
 

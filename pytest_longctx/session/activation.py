@@ -24,6 +24,7 @@ import pytest
 from pytest_longctx.plan import capacity_check
 from pytest_longctx.plan.points import PlanError, build_plan
 from pytest_longctx.profiles import ProfileError, load_profile
+from pytest_longctx.profiles.vllm_releases import UnsupportedRelease
 from pytest_longctx.session import gate_items, selection, workers
 from pytest_longctx.session.api_key import ApiKeyError, check_api_key_env
 from pytest_longctx.session.option_parsing import read_settings
@@ -71,8 +72,14 @@ def prepare(config: pytest.Config) -> PreparedSweep:
             workers.place(config, settings, plan),
         )
         check_api_key_env(run)
+        if not settings.url:  # a launch runs the vLLM installed here (or the pinned one)
+            capacity_check.planned_release(plan.profile)
+            refusal = capacity_check.warm_refusal(plan)
+            if refusal:
+                raise PlanError(refusal)
         gate_items.configure(run)
     except (
+        UnsupportedRelease,
         selection.SelectionError,
         ProfileError,
         PlanError,

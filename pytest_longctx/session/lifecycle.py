@@ -36,10 +36,10 @@ from pytest_longctx.measure.measurement import PointFailure
 from pytest_longctx.measure.outcomes import PROBE_TIMEOUT_S
 from pytest_longctx.measure.server_metrics import cache_config_labels
 from pytest_longctx.measure.target import ServerError, ServerInfo
-from pytest_longctx.plan import capacity_check
+from pytest_longctx.plan import capacity_check, versions
 from pytest_longctx.plan.points import COLD, CONCURRENCY, INTERFERENCE, Point
 from pytest_longctx.plan.servers import VISIBLE_DEVICES_ENV
-from pytest_longctx.profiles import hardware
+from pytest_longctx.profiles import hardware, vllm_releases
 from pytest_longctx.progress import telemetry
 from pytest_longctx.reporting.reuse import format_bytes
 from pytest_longctx.serving import model_description
@@ -167,6 +167,15 @@ class ServerLifecycle:
             self.current = exc
             raise
         expected = run.plan.profile.serving.expected_versions.get("vllm")
+        if info.mode == "launched":
+            lengths = sorted({p.length for p in run.selected_points})
+            run.findings.problems += versions.version_findings(
+                run.plan.profile, lengths, run.findings.fingerprint.get("node_versions", {})
+            )
+        if info.engine_version and not vllm_releases.is_supported(info.engine_version):
+            run.findings.problems.append(
+                vllm_releases.unsupported_message(info.engine_version, f"serving {info.base_url}")
+            )
         if expected and info.engine_version and not same_release(info.engine_version, expected):
             run.findings.problems.append(
                 f"vLLM {info.engine_version} serves this session; profile "

@@ -250,6 +250,8 @@ def fingerprint(
         "vllm_version": info.engine_version,
         "torch_version": hardware.package_version("torch") if info.mode == "launched" else None,
         "expected_versions": dict(profile.serving.expected_versions),
+        # what the launched server ran with, read on this node (vLLM, AITER, torch, ROCm)
+        "node_versions": hardware.node_versions() if info.mode == "launched" else {},
         "server_mode": info.mode,
         "server_url": info.base_url,
         "server_command": list(info.command.argv) if info.command else None,

