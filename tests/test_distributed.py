@@ -101,7 +101,12 @@ def test_gpu_servers_get_their_own_devices(profile: str, variable: str) -> None:
     )
     first = ",".join(str(i) for i in range(per_server))
     second = ",".join(str(i) for i in range(per_server, 2 * per_server))
-    assert [dict(s.env) for s in slots] == [{variable: first}, {variable: second}]
+    # ROCm: HIP_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES both, the same (vLLM refuses them apart).
+    variables = (variable, "CUDA_VISIBLE_DEVICES")
+    assert [dict(s.env) for s in slots] == [
+        dict.fromkeys(variables, first),
+        dict.fromkeys(variables, second),
+    ]
     with pytest.raises(ServerSplitError, match="--longctx-devices-per-server"):
         split_servers(
             settings(devices_per_server=per_server), loaded, 3, [0], devices=2 * per_server
@@ -110,7 +115,11 @@ def test_gpu_servers_get_their_own_devices(profile: str, variable: str) -> None:
     # hands out those, never indices from 0.
     given = [str(i) for i in range(8, 8 + 2 * per_server)]
     slots = split_servers(
-        settings(devices_per_server=per_server), loaded, 2, [0], visible_devices=given
+        settings(devices_per_server=per_server),
+        loaded,
+        2,
+        [0],
+        environ={variable: ",".join(given)},
     )
     assert [s.devices for s in slots] == [tuple(given[:per_server]), tuple(given[per_server:])]
 

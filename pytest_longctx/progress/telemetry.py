@@ -9,16 +9,22 @@ per device, read at the progress sampler's cadence.
   ``{"gpu_data": [...]}`` in newer releases) whose figures are ``{"value": v, "unit": u}``
   objects or ``"N/A"``: ``usage.gfx_activity`` (%), ``power.socket_power`` (W),
   ``mem_usage.used_vram`` and ``total_vram`` (MB, which amd-smi counts in MiB). Its GPU
-  numbers are amd-smi's own: ``amd-smi list --json`` gives each one's ``bdf`` (PCI bus id),
-  ``uuid`` and, in recent releases, ``hip_id`` (the number HIP gives it).
+  numbers are amd-smi's own: ``amd-smi list -e --json`` gives each one's ``bdf`` (PCI bus
+  id), ``uuid`` and its enumeration: ``hip_id``, the number HIP gives it with nothing hidden
+  (amd-smi's KFD node id less the smallest GPU node's), and ``hip_uuid`` (``GPU-`` and 16
+  hex digits, a form ROCR_VISIBLE_DEVICES and HIP_VISIBLE_DEVICES accept). amd-smi prints
+  the enumeration only under ``-e`` (``--enumeration``); a release without it refuses
+  ``-e``, and ``amd-smi list --json`` is read instead.
 * AMD without amd-smi: ``rocm-smi --showuse --showpower --showmeminfo vram --showbus
   --json``: ``{"card0": {"GPU use (%)": "12", "... Power (W)": "35.0", "VRAM Total Memory
   (B)": ..., "VRAM Total Used Memory (B)": ..., "PCI Bus": "0000:05:00.0"}}``.
 
 Only the server's own devices are read: those its ``CUDA_VISIBLE_DEVICES`` or
-``HIP_VISIBLE_DEVICES`` names (:class:`DeviceScope`), matched to the tool's devices by PCI
-bus id (a tool's numbers are not the runtime's: nvidia-smi counts in PCI order, amd-smi and
-rocm-smi in their own). A host without any of the tools (a CPU host) has telemetry recorded
+``HIP_VISIBLE_DEVICES`` names (:class:`DeviceScope`), counted within the devices an
+inherited ``ROCR_VISIBLE_DEVICES`` leaves (ROCm's runtime applies it first and numbers what
+it leaves from 0; Slurm and Kubernetes set it on AMD nodes), matched to the tool's devices by
+PCI bus id (a tool's numbers are not the runtime's: nvidia-smi counts in PCI order, amd-smi
+and rocm-smi in their own). A host without any of the tools (a CPU host) has telemetry recorded
 as missing, with the reason; a tool that fails is a missing reading, never an error.
 """
 
@@ -39,8 +45,11 @@ NVIDIA_SMI = (
     "--format=csv,noheader,nounits",
 )
 AMD_SMI = ("amd-smi", "metric", "--usage", "--power", "--mem-usage", "--json")
-#: amd-smi's static list: each GPU's number, PCI bus id, UUID and HIP number.
-AMD_SMI_LIST = ("amd-smi", "list", "--json")
+#: amd-smi's static list with its enumeration: each GPU's number, PCI bus id, UUID, HIP
+#: number and HIP UUID.
+AMD_SMI_LIST = ("amd-smi", "list", "-e", "--json")
+#: The same without the enumeration, for a release that refuses ``-e``: no HIP numbers.
+AMD_SMI_LIST_PLAIN = ("amd-smi", "list", "--json")
 ROCM_SMI = ("rocm-smi", "--showuse", "--showpower", "--showmeminfo", "vram", "--showbus", "--json")
 #: The tools average power over about a second (nvidia-smi's power.draw is a one-second
 #: average on recent drivers, amd-smi's socket power likewise): a span shorter than this,
@@ -216,17 +225,20 @@ def parse_rocm_smi(text: str) -> list[DeviceReading]:
 
 @dataclass(frozen=True)
 class ListedDevice:
-    """One GPU as ``amd-smi list`` names it: amd-smi's number, bus id, UUID, HIP's number."""
+    """One GPU as ``amd-smi list`` names it: amd-smi's number, bus id, UUID, HIP's number
+    and HIP's UUID."""
 
     index: int
     bus_id: str | None
     uuid: str | None = None
     hip_id: int | None = None
+    hip_uuid: str | None = None
 
 
 def parse_amd_smi_list(text: str) -> list[ListedDevice]:
-    """``amd-smi list --json``: ``[{"gpu": 0, "bdf": "0000:05:00.0", "uuid": ..., "hip_id":
-    0}, ...]`` (``hip_id`` only in recent releases)."""
+    """``amd-smi list -e --json``: ``[{"gpu": 0, "bdf": "0000:05:00.0", "uuid": ...,
+    "hsa_id": 2, "hip_id": 0, "hip_uuid": "GPU-...", ...}, ...]`` (without ``-e``, or where
+    amd-smi cannot tell, no ``hip_id``/``hip_uuid`` or ``"N/A"``)."""
     try:
         data = json.loads(text)
     except ValueError as exc:
@@ -240,12 +252,14 @@ def parse_amd_smi_list(text: str) -> list[ListedDevice]:
         if not isinstance(gpu, Mapping):
             raise TelemetryError(f"amd-smi list: GPU entry {position} is not an object")
         index, hip = gpu.get("gpu", position), gpu.get("hip_id")
+        hip_uuid = str(gpu.get("hip_uuid") or "")
         listed.append(
             ListedDevice(
                 index=int(index) if str(index).isdigit() else position,
                 bus_id=bus_id(gpu.get("bdf")),
                 uuid=str(gpu["uuid"]) if gpu.get("uuid") else None,
                 hip_id=int(hip) if str(hip).isdigit() else None,
+                hip_uuid=hip_uuid if hip_uuid.upper().startswith("GPU-") else None,
             )
         )
     return listed
@@ -260,31 +274,43 @@ def _uuid_key(text: str) -> str:
 @dataclass(frozen=True)
 class DeviceScope:
     """The devices one server was given: the ids of its ``variable`` (``CUDA_VISIBLE_DEVICES``
-    or ``HIP_VISIBLE_DEVICES``; none: every device of this host), and the nodes its profile
-    spans with their devices each (a Ray server's other nodes are not read from here)."""
+    or ``HIP_VISIBLE_DEVICES``) counted within those the ids of ``beneath_variable``
+    (``ROCR_VISIBLE_DEVICES``, which ROCm's runtime applies first) leave visible (neither:
+    every device of this host), and the nodes its profile spans with their devices each (a
+    Ray server's other nodes are not read from here)."""
 
     ids: tuple[str, ...] = ()
     variable: str = "CUDA_VISIBLE_DEVICES"
     nodes: int = 1
     devices_per_node: int | None = None
+    #: The runtime's own narrowing, in its order (empty: none).
+    beneath: tuple[str, ...] = ()
+    beneath_variable: str = "ROCR_VISIBLE_DEVICES"
 
     def bus_ids(
         self, readings: Sequence[DeviceReading], listed: Sequence[ListedDevice] = ()
     ) -> frozenset[str] | None:
-        """The PCI bus ids of the scope's devices; None for every device. A number is the
-        runtime's: HIP's ``hip_id`` where amd-smi lists it, else the place in PCI bus order
-        (nvidia-smi's own order, and CUDA's under ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` or on a
-        node of one GPU model); a UUID is matched as such. Raises TelemetryError naming an
+        """The PCI bus ids of the scope's devices; None for every device. A number in
+        ``beneath`` is the runtime's with nothing hidden: HIP's ``hip_id`` where amd-smi lists
+        it, else the place in PCI bus order (nvidia-smi's own order, and CUDA's under
+        ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` or on a node of one GPU model); a number in ``ids``
+        is the same where nothing is beneath, else the place in ``beneath``'s list; a UUID is
+        matched as such (amd-smi's ``uuid`` or ``hip_uuid``). Raises TelemetryError naming an
         id no device matches."""
-        if not self.ids:
+        if not self.ids and not self.beneath:
             return None
         by_pci = sorted((r for r in readings if r.bus_id), key=lambda r: r.bus_id or "")
         hip = {d.hip_id: d.bus_id for d in listed if d.hip_id is not None and d.bus_id}
         uuids = {_uuid_key(r.uuid): r.bus_id for r in readings if r.uuid and r.bus_id}
-        uuids.update({_uuid_key(d.uuid): d.bus_id for d in listed if d.uuid and d.bus_id})
-        found = set()
-        for device in self.ids:
-            if device.strip().isdigit():
+        for device in listed:
+            for uuid in (device.uuid, device.hip_uuid):
+                if uuid and device.bus_id:
+                    uuids[_uuid_key(uuid)] = device.bus_id
+
+        def unhidden(device: str, given: str) -> str:
+            """The bus id of a device as the runtime numbers it with nothing hidden."""
+            device = device.strip()
+            if device.isdigit():
                 number = int(device)
                 if hip:
                     found_id = hip.get(number)
@@ -294,12 +320,39 @@ class DeviceScope:
                 found_id = uuids.get(_uuid_key(device))
             if found_id is None:
                 raise TelemetryError(
-                    f"{self.variable}={','.join(self.ids)}: device {device} is not among the "
-                    f"{len(readings)} the tool lists with a PCI bus id, so no reading can be "
-                    "told to be the server's"
+                    f"{given}: device {device} is not among the {len(readings)} the tool "
+                    "lists with a PCI bus id, so no reading can be told to be the server's"
                 )
-            found.add(found_id)
+            return found_id
+
+        if not self.beneath:
+            given = f"{self.variable}={','.join(self.ids)}"
+            return frozenset(unhidden(device, given) for device in self.ids)
+        under = f"{self.beneath_variable}={','.join(self.beneath)}"
+        visible = [unhidden(device, under) for device in self.beneath]
+        if not self.ids:
+            return frozenset(visible)
+        given = f"{self.variable}={','.join(self.ids)} within {under}"
+        found = set()
+        for device in self.ids:
+            device = device.strip()
+            if not device.isdigit():
+                found.add(unhidden(device, given))
+            elif int(device) < len(visible):
+                found.add(visible[int(device)])
+            else:
+                raise TelemetryError(
+                    f"{given}: device {device} is not among the {len(visible)} that "
+                    f"{self.beneath_variable} leaves visible, counted from 0"
+                )
         return frozenset(found)
+
+    def describe(self) -> str:
+        """``HIP_VISIBLE_DEVICES=0,1 within ROCR_VISIBLE_DEVICES=4,5,6,7``."""
+        parts = [f"{self.variable}={','.join(self.ids)}"] if self.ids else []
+        if self.beneath:
+            parts.append(f"{self.beneath_variable}={','.join(self.beneath)}")
+        return " within ".join(parts)
 
     def coverage(self, read: int) -> str | None:
         """What the readings cover of a server over several nodes: None on one node."""
@@ -370,10 +423,7 @@ class DeviceTelemetry:
                 continue
             listed: tuple[ListedDevice, ...] = ()
             if argv == AMD_SMI:
-                try:
-                    listed = tuple(parse_amd_smi_list(_run(AMD_SMI_LIST)))
-                except TelemetryError as exc:
-                    failures.append(str(exc))
+                listed = _amd_smi_list(failures)
             found = cls(tool=argv[0], argv=tuple(argv), parser=parser, scope=scope, listed=listed)
             readings = found._with_bus_ids(readings)
             try:
@@ -411,25 +461,48 @@ class DeviceTelemetry:
             self.problem = str(exc)
             return None
 
+    def numbering(self) -> str:
+        """How the runtime's device numbers were matched to the tool's devices."""
+        if any(device.hip_id is not None for device in self.listed):
+            return "HIP's numbers as amd-smi list -e gives them (hip_id)"
+        if self.tool == "nvidia-smi":
+            return "PCI bus order (nvidia-smi's, and CUDA's under CUDA_DEVICE_ORDER=PCI_BUS_ID)"
+        return f"PCI bus order ({self.tool} gives no HIP numbers here)"
+
     def describe(self) -> dict[str, Any]:
-        """For the fingerprint and the sample files: the tool and the devices it reads (and
-        what they cover of a server over several nodes), or why none."""
+        """For the fingerprint and the sample files: the tool and the devices it reads, how
+        they were told apart (and what they cover of a server over several nodes), or why
+        none."""
         if self.tool is None:
             return {"tool": None, "missing": self.missing}
         scope = self.scope
+        scoped = bool(scope.ids or scope.beneath)
         described: dict[str, Any] = {
             "tool": self.tool,
             "command": list(self.argv),
             "devices": (
-                f"{scope.variable}={','.join(scope.ids)}: bus " + ", ".join(sorted(self.own or ()))
-                if scope.ids
+                f"{scope.describe()}: bus " + ", ".join(sorted(self.own or ()))
+                if scoped
                 else f"every device {self.tool} lists (no device ids known for the server)"
             ),
         }
+        if scoped:
+            described["numbering"] = self.numbering()
         coverage = scope.coverage(self.devices_read)
         if coverage is not None:
             described["coverage"] = coverage
         return described
+
+
+def _amd_smi_list(failures: list[str]) -> tuple[ListedDevice, ...]:
+    """amd-smi's list with HIP's numbers (``list -e``), else without them (a release that
+    refuses ``-e``); empty, with the failure noted, when neither reads."""
+    for argv in (AMD_SMI_LIST, AMD_SMI_LIST_PLAIN):
+        try:
+            return tuple(parse_amd_smi_list(_run(argv)))
+        except TelemetryError as exc:
+            failures.append(f"{' '.join(argv)}: {exc}")
+    return ()
 
 
 def memory_used(

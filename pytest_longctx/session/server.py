@@ -19,7 +19,7 @@ from pytest_longctx.core.files import exclusive_lock, write_atomically
 from pytest_longctx.gate import fingerprint_mismatch
 from pytest_longctx.measure.target import ServerError, ServerInfo
 from pytest_longctx.plan.points import COLD, CONCURRENCY, INTERFERENCE, Point, SweepPlan
-from pytest_longctx.plan.servers import VISIBLE_DEVICES_ENV
+from pytest_longctx.plan.servers import devices_note, visible_devices
 from pytest_longctx.profiles import Profile, hardware
 from pytest_longctx.profiles.extra_args import cache_flags
 from pytest_longctx.progress import telemetry
@@ -130,6 +130,9 @@ def describe_server(config: pytest.Config, run: Run) -> str:
             )
     else:
         lines = []
+    note = None if run.settings.url else devices_note(run.plan.profile, run.servers, os.environ)
+    if note:
+        lines.append(note)
     if run.settings.url:
         endpoints = ", ".join(run.settings.urls)
         lines.append(f"server: attach to {endpoints} (model and max_model_len from /v1/models)")
@@ -211,22 +214,23 @@ def refused(run: Run, base_url: str, exc: RequestRejectedError) -> ServerError:
 
 
 def device_scope(run: Run) -> telemetry.DeviceScope:
-    """The devices this session's server runs on, for its telemetry: the ids its slot gives
-    it, else the profile's own ``CUDA_VISIBLE_DEVICES``/``HIP_VISIBLE_DEVICES``, else the
-    ones this process inherited (none: every device; an attached server's are not known),
-    and the nodes the profile spans."""
+    """The devices this session's server runs on, for its telemetry: what its environment
+    gives it (this process's, the profile's, its slot's on top), read as its platform reads
+    it (``HIP_VISIBLE_DEVICES`` or ``CUDA_VISIBLE_DEVICES`` within an inherited
+    ``ROCR_VISIBLE_DEVICES`` on ROCm; none: every device; an attached server's are not
+    known), and the nodes the profile spans."""
     profile = run.plan.profile
-    variable = VISIBLE_DEVICES_ENV.get(profile.serving.device, VISIBLE_DEVICES_ENV["cuda"])
-    ids: tuple[str, ...] = ()
-    if not run.settings.url:
-        given = (
-            run.slot.env.get(variable)
-            or profile.serving.env.get(variable)
-            or os.environ.get(variable, "")
-        )
-        ids = tuple(d.strip() for d in given.split(",") if d.strip())
+    environ = {} if run.settings.url else {**os.environ, **profile.serving.env, **run.slot.env}
+    seen = visible_devices(profile.serving.device, environ)
     spans = profile.hardware
-    return telemetry.DeviceScope(ids, variable, spans.nodes, spans.devices)
+    return telemetry.DeviceScope(
+        seen.ids or (),
+        seen.variable or seen.rule.variables[0],
+        spans.nodes,
+        spans.devices,
+        beneath=seen.beneath or (),
+        beneath_variable=seen.rule.beneath or "ROCR_VISIBLE_DEVICES",
+    )
 
 
 def selected_max_model_len_for(run: Run, lengths: list[int]) -> int:

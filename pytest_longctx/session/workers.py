@@ -15,12 +15,7 @@ import time
 import pytest
 
 from pytest_longctx.plan.points import Point, SweepPlan
-from pytest_longctx.plan.servers import (
-    VISIBLE_DEVICES_ENV,
-    ServerSlot,
-    ServerSplitError,
-    split_servers,
-)
+from pytest_longctx.plan.servers import ServerSlot, ServerSplitError, split_servers
 from pytest_longctx.plan.settings import Settings
 from pytest_longctx.profiles.hardware import core_siblings
 from pytest_longctx.session.run import Placement, Run
@@ -91,14 +86,13 @@ def split(
             "once: use -n N (--dist load)"
         )
     cores = sorted(os.sched_getaffinity(0))
-    inherited = os.environ.get(VISIBLE_DEVICES_ENV.get(plan.profile.serving.device, ""), "")
     try:
         servers = split_servers(
             settings,
             plan.profile,
             workers,
             cores,
-            visible_devices=[d for d in inherited.split(",") if d.strip()] or None,
+            environ=os.environ,
             siblings=core_siblings(cores),
         )
     except ServerSplitError as exc:
