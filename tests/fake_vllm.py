@@ -85,6 +85,10 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 ITL_BUCKETS += (7.5, 10.0, 20.0, 40.0, 80.0)
 
 
+#: vLLM 0.32's cache tiers (``vllm.v1.metrics.cache_hit_source.CacheHitSource``), device first.
+CACHE_HIT_SOURCES = ("device", "host", "p2p", "disk", "external_unspecified")
+
+
 @dataclass(frozen=True)
 class Behaviour:
     """What the next requests see; every delay is exact up to scheduler jitter."""
@@ -117,6 +121,16 @@ class Behaviour:
     #: the body's last field and max_tokens must appear in its first kilobyte.
     read_prompt: bool = True
     cached_prompt_tokens: int = 0  # reported per request in usage (and /metrics, see below)
+    #: A KV connector on the server, and the tier it serves from as vLLM 0.32 names it
+    #: (``host``: vLLM's CPU offloading; ``disk``; ``p2p``; ``external_unspecified``: LMCache);
+    #: None: no connector.
+    kv_connector: str | None = None
+    #: Prompt tokens the connector serves per request, after the device's
+    #: ``cached_prompt_tokens``: in usage, ``prompt_tokens_cached`` and
+    #: ``external_prefix_cache_hits``, never in the device's ``prefix_cache_hits``.
+    external_cached_prompt_tokens: int = 0
+    #: False: /metrics has no ``vllm:prompt_tokens_cached_by_source``, as vLLM before 0.32.
+    cached_by_source: bool = True
     #: True: usage always carries ``prompt_tokens_details`` (``cached_tokens`` 0 included), as
     #: vLLM started with --enable-prompt-tokens-details; False: only when some were cached.
     prompt_tokens_details: bool = False
@@ -193,6 +207,10 @@ class Behaviour:
             raise ValueError("tokens_per_chunk and chunk_tokens must be >= 1")
         if self.prefill_interference not in PREFILL_INTERFERENCE:
             raise ValueError(f"prefill_interference must be one of {PREFILL_INTERFERENCE}")
+        if self.kv_connector not in (None, *CACHE_HIT_SOURCES[1:]):
+            raise ValueError(f"kv_connector must be None or one of {CACHE_HIT_SOURCES[1:]}")
+        if self.external_cached_prompt_tokens and self.kv_connector is None:
+            raise ValueError("external_cached_prompt_tokens needs a kv_connector")
 
     def is_long(self, prompt_tokens: int) -> bool:
         return self.long_prompt_from is None or prompt_tokens >= self.long_prompt_from
@@ -250,7 +268,9 @@ class _Totals:
     e2e: float = 0.0
     prompt_tokens: int = 0
     generation_tokens: int = 0
-    cached_tokens: int = 0
+    cached_tokens: int = 0  # the device's prefix cache
+    external_cached_tokens: int = 0  # the KV connector's
+    external_queries: int = 0
     preemptions: int = 0
     #: Observations per bucket (not cumulative) of the inter-token histogram.
     itl_buckets: list[int] = field(default_factory=lambda: [0] * (len(ITL_BUCKETS) + 1))
@@ -871,10 +891,9 @@ class _Handler(BaseHTTPRequestHandler):
                     "total_tokens": prompt_tokens + total,
                     "completion_tokens": total,
                 }
-                if behaviour.cached_prompt_tokens or behaviour.prompt_tokens_details:
-                    usage["prompt_tokens_details"] = {
-                        "cached_tokens": behaviour.cached_prompt_tokens
-                    }
+                cached = behaviour.cached_prompt_tokens + behaviour.external_cached_prompt_tokens
+                if cached or behaviour.prompt_tokens_details:
+                    usage["prompt_tokens_details"] = {"cached_tokens": cached}
                 self._write(chunk([], usage))
             end = time.perf_counter()
             first_at, last_at = (decoded[0], decoded[-1]) if decoded else (end, end)
@@ -908,6 +927,15 @@ class _Handler(BaseHTTPRequestHandler):
                 generation_tokens=total,
                 cached_tokens=(
                     behaviour.cached_prompt_tokens if behaviour.cached_tokens_in_metrics else 0
+                ),
+                external_cached_tokens=(
+                    behaviour.external_cached_prompt_tokens
+                    if behaviour.cached_tokens_in_metrics
+                    else 0
+                ),
+                # vLLM asks its connector for what the device's cache did not hold
+                external_queries=(
+                    prompt_tokens - behaviour.cached_prompt_tokens if behaviour.kv_connector else 0
                 ),
                 preemptions=behaviour.preemptions_per_long_request if long else 0,
             )
@@ -1129,23 +1157,44 @@ def _exposition(
         "Number of generation tokens processed.",
         totals.generation_tokens,
     )
+    external = totals.external_cached_tokens
     counter(
         "vllm:prompt_tokens_cached",
         "Number of cached prompt tokens (local + external).",
-        totals.cached_tokens,
+        totals.cached_tokens + external,
     )
-    computed = totals.prompt_tokens - totals.cached_tokens
+    computed = totals.prompt_tokens - totals.cached_tokens - external
+    for source, value in (
+        ("local_compute", computed),
+        ("local_cache_hit", totals.cached_tokens),
+        ("external_kv_transfer", external),
+    ):
+        counter(
+            "vllm:prompt_tokens_by_source",
+            "Number of prompt tokens by source.",
+            value,
+            f'source="{source}"',
+        )
+    if behaviour.cached_by_source:  # vLLM 0.32 on: every tier's counter, from zero
+        for source in CACHE_HIT_SOURCES:
+            value = totals.cached_tokens if source == "device" else 0
+            if source == behaviour.kv_connector:
+                value = external
+            counter(
+                "vllm:prompt_tokens_cached_by_source",
+                "Prefix-cache hit tokens by the cache tier that supplied them.",
+                value,
+                f'source="{source}"',
+            )
     counter(
-        "vllm:prompt_tokens_by_source",
-        "Number of prompt tokens by source.",
-        computed,
-        'source="local_compute"',
+        "vllm:external_prefix_cache_queries",
+        "External prefix cache queries from KV connector cross-instance cache sharing.",
+        totals.external_queries,
     )
     counter(
-        "vllm:prompt_tokens_by_source",
-        "Number of prompt tokens by source.",
-        totals.cached_tokens,
-        'source="local_cache_hit"',
+        "vllm:external_prefix_cache_hits",
+        "External prefix cache hits from KV connector cross-instance cache sharing.",
+        external,
     )
     counter(
         "vllm:prefix_cache_queries",

@@ -275,6 +275,18 @@ def test_another_clients_request_shows_in_the_servers_counts(fake_vllm) -> None:
     assert any("another client" in p for p in result.contract_problems())
 
 
+def test_a_level_a_kv_connector_served_says_which_tier(fake_vllm) -> None:
+    """Every request's usage shows the hit; the level's /metrics say from which tier."""
+    fake_vllm.configure(token_delay_s=0.01, kv_connector="disk", external_cached_prompt_tokens=32)
+    result = measure_level(ClientConfig(fake_vllm.url), "fake-model", prompts(2), 5, 10.0)
+    problems = result.contract_problems()
+    assert "request 0: 32 prompt tokens came from the prefix cache (not cold)" in problems
+    assert (
+        "the level's cached tokens were served from disk offload 64, by "
+        "vllm:prompt_tokens_cached_by_source"
+    ) in problems
+
+
 # --- the gate -----------------------------------------------------------------------------------
 
 

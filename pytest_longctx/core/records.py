@@ -114,6 +114,18 @@ FAILURE_CLASSES: Mapping[str, str] = {
     "error": "anything else, with its text",
 }
 
+#: ``cache.tier``: the tier of the server's KV cache that served a point's cached prompt tokens,
+#: nearest the accelerator first (vLLM's own order); of several, the farthest one, as vLLM
+#: names a mixed hit. ``cache.served_by`` holds the tokens per tier (measure/cache_state.py).
+CACHE_TIERS: Mapping[str, str] = {
+    "device": "the device prefix cache",
+    "host": "host memory (CPU offload)",
+    "p2p": "another vLLM instance (p2p)",
+    "disk": "disk offload",
+    "external_unspecified": "a KV connector that does not name its tier (LMCache, ...)",
+    "external": "a KV connector (vLLM before 0.32 does not say which tier)",
+}
+
 
 @dataclass(frozen=True)
 class Record:
@@ -142,8 +154,10 @@ class Record:
     #: prefill measured while background streams ran on the server) or ``concurrency`` (cold
     #: prompts of one length sent at once).
     cache_state: str = "cold"
-    #: What the server served from its prefix cache; for a warm point also which question it
-    #: is, its prefix and suffix tokens, the tokens the contract required and the alignment.
+    #: What the server served from its prefix cache and, where it served any, from which tier
+    #: (``tier``, one of :data:`CACHE_TIERS`; ``served_by``, tokens per tier; ``tier_counter``,
+    #: the counters they were read from); for a warm point also which question it is, its
+    #: prefix and suffix tokens, the tokens the contract required and the alignment.
     cache: Mapping[str, Any] = field(default_factory=dict)
     started_at: float | None = None  # unix seconds
     finished_at: float | None = None

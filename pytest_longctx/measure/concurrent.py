@@ -39,6 +39,7 @@ from pytest_longctx.client import (
     StreamMeasurement,
 )
 from pytest_longctx.measure.agreement import DEFAULT_STREAM_TOLERANCE, MIN_DISAGREEMENT_S
+from pytest_longctx.measure.cache_state import CacheTiers, cache_tiers
 from pytest_longctx.measure.server_metrics import (
     KV_CACHE_USAGE,
     PREEMPTIONS,
@@ -167,6 +168,8 @@ class LevelResult:
     server_prompt_tokens: float | None = None
     #: The server's decode time summed over the level's requests (its histogram's sum).
     server_decode_s: float | None = None
+    #: Which cache tiers served the level's cached prompt tokens (None: not known).
+    tiers: CacheTiers | None = None
 
     @property
     def errors(self) -> list[str]:
@@ -271,6 +274,15 @@ class LevelResult:
                     f"request {r.index}: {r.cached_prompt_tokens} prompt tokens came from the "
                     "prefix cache (not cold)"
                 )
+        if (
+            self.tiers is not None
+            and self.tiers.served_by
+            and any(r.cached_prompt_tokens for r in self.requests if not r.error)
+        ):
+            problems.append(
+                f"the level's cached tokens were served from {self.tiers.words()}, by "
+                f"{self.tiers.counted_by}"
+            )
         if self.server_requests is not None and self.server_requests != self.level:
             problems.append(
                 f"the server counted {self.server_requests:g} requests during the level, "
@@ -426,13 +438,14 @@ def measure_level(
         r if r is not None else RequestFigures(i, 0.0, error="no result")
         for i, r in enumerate(results)
     )
-    preempted = server_requests = server_prompt = server_decode = None
+    preempted = server_requests = server_prompt = server_decode = tiers = None
     if before is not None and after is not None:
         old, new = before.total(PREEMPTIONS), after.total(PREEMPTIONS)
         preempted = None if new is None else int(new - (old or 0.0))
         view = delta(before, after)
         server_requests, server_prompt = view.requests, view.prompt_tokens
         server_decode = view.server_decode_s
+        tiers = cache_tiers(view.counters())
     return LevelResult(
         length=lengths.pop(),
         level=level,
@@ -443,4 +456,5 @@ def measure_level(
         server_requests=server_requests,
         server_prompt_tokens=server_prompt,
         server_decode_s=server_decode,
+        tiers=tiers,
     )

@@ -25,10 +25,13 @@ from pytest_longctx.core.records import Record
 from pytest_longctx.measure import outcomes
 from pytest_longctx.measure.agreement import DEFAULT_STREAM_TOLERANCE, judge_stream
 from pytest_longctx.measure.cache_state import (
+    CacheTiers,
     PlannedBytes,
     ServerCache,
+    cache_tiers,
     caching_off_reason,
     judge_warm,
+    not_cold_message,
 )
 from pytest_longctx.measure.server_metrics import (
     CACHE_CONFIG_INFO,
@@ -147,6 +150,12 @@ class PointMeasurement:
             f"asked for {asked} completion tokens, got {got}: the server clamped the request, "
             f"likely prompt + max_tokens > max_model_len ({self.prompt_tokens} + {asked}); serve "
             "with a --max-model-len of at least the prompt plus the decode length"
+        )
+
+    def not_cold_problem(self) -> str:
+        """Why a cold point is not cold, naming the cache tier that served its prompt."""
+        return not_cold_message(
+            self.cached_prompt_tokens or 0, self.length, CacheTiers.from_record(self.cache)
         )
 
     def figures(self) -> dict[str, float]:
@@ -378,6 +387,9 @@ def measure_point(
     )
     cache_problem = None
     cache_entries: dict[str, Any] = {"served": cached}
+    tiers = cache_tiers(server_view) if view is not None else None
+    if cached and tiers is not None:
+        cache_entries.update(tiers.record())
     if settings.prefix_tokens:
         verdict = judge_warm(
             settings.prefix_tokens, server_view, server_cache, settings.prefix_sent_s_ago
@@ -503,4 +515,6 @@ def _stream_check(
 def _cached_tokens(view: dict[str, float]) -> int | None:
     names = ("usage_cached_prompt_tokens", "cached_prompt_tokens", "prefix_cache_hits")
     known = [view[name] for name in names if view.get(name) is not None]
+    if view.get("external_prefix_cache_hits"):  # a KV connector's, counted apart from the device's
+        known.append((view.get("prefix_cache_hits") or 0.0) + view["external_prefix_cache_hits"])
     return int(max(known)) if known else None

@@ -4,6 +4,9 @@ Only the slice of the Prometheus text exposition format that vLLM emits is parse
 ``name{label="value",...} value [timestamp]``, ``# HELP``/``# TYPE`` comments, escaped label
 values. A metric may appear under several label sets (engine, model_name, source...): its
 total is their sum. Metrics another engine lacks come out as None, never as an error.
+
+Which tier of the KV cache served a prompt's cached tokens is read from the counters
+:data:`CACHE_TIER_METRICS_BY_VERSION` lists, with where each vLLM release defines them.
 """
 
 from __future__ import annotations
@@ -26,7 +29,17 @@ ITERATION_TOKENS = "vllm:iteration_tokens_total"
 PROMPT_TOKENS_CACHED = "vllm:prompt_tokens_cached_total"
 PROMPT_TOKENS_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
 PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries_total"
+#: Tokens the device's own prefix cache served (vLLM's KV connectors are counted apart).
 PREFIX_CACHE_HITS = "vllm:prefix_cache_hits_total"
+#: Tokens a KV connector served (vLLM's CPU offloading, LMCache, a P2P transfer), and the
+#: tokens it was asked for: zero without a connector.
+EXTERNAL_PREFIX_CACHE_HITS = "vllm:external_prefix_cache_hits_total"
+EXTERNAL_PREFIX_CACHE_QUERIES = "vllm:external_prefix_cache_queries_total"
+#: Cached prompt tokens per tier, label ``source``: ``device``, ``host``, ``p2p``, ``disk``,
+#: ``external_unspecified`` (vLLM 0.32 on; device + the rest = prefix + external hits).
+PROMPT_TOKENS_CACHED_BY_SOURCE = "vllm:prompt_tokens_cached_by_source_total"
+#: ``server_view`` keys of the per-tier counts: ``cached_tokens_host`` and so on.
+CACHED_BY_SOURCE_KEY = "cached_tokens_"
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
 #: Share of the KV cache's blocks in use (0..1): rises with every prefill chunk.
 KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
@@ -35,6 +48,49 @@ REQUESTS_RUNNING = "vllm:num_requests_running"
 REQUESTS_WAITING = "vllm:num_requests_waiting"
 #: Requests the scheduler preempted (their KV freed, recomputed later), a counter.
 PREEMPTIONS = "vllm:num_preemptions_total"
+
+
+@dataclass(frozen=True)
+class CacheTierMetrics:
+    """Where one vLLM release defines the counters the cache tiers are read from: file:line
+    in ``vllm/v1/metrics/`` of its published source (None: that release has no such metric).
+    """
+
+    version: str
+    prefix_cache_hits: str
+    prompt_tokens_cached: str
+    external_prefix_cache_hits: str
+    external_prefix_cache_queries: str
+    prompt_tokens_cached_by_source: str | None
+    #: The ``source`` label's values (``CacheHitSource``).
+    cache_hit_sources: str | None
+
+
+#: The cache-tier counters by vLLM version, each entry read in that version's published source.
+#: Before 0.32 a connector's hits are one count, whatever its tier.
+CACHE_TIER_METRICS_BY_VERSION: tuple[CacheTierMetrics, ...] = (
+    CacheTierMetrics(
+        "0.25.1", "loggers.py:559", "loggers.py:659", "loggers.py:584", "loggers.py:572", None, None
+    ),
+    CacheTierMetrics(
+        "0.28.0", "loggers.py:596", "loggers.py:696", "loggers.py:621", "loggers.py:609", None, None
+    ),
+    CacheTierMetrics(
+        "0.29.0", "loggers.py:596", "loggers.py:696", "loggers.py:621", "loggers.py:609", None, None
+    ),
+    *(
+        CacheTierMetrics(
+            version,
+            "loggers.py:673",
+            "loggers.py:773",
+            "loggers.py:698",
+            "loggers.py:686",
+            "loggers.py:782",
+            "cache_hit_source.py:18-24",
+        )
+        for version in ("0.32.0", "0.33.0", "0.34.0")
+    ),
+)
 
 
 class ExpositionError(ValueError):
@@ -247,6 +303,11 @@ class ServerSideView:
     cached_prompt_tokens: float | None
     prefix_cache_hits: float | None  # tokens found in the prefix cache
     prefix_cache_queries: float | None  # tokens looked up
+    #: Tokens a KV connector served and was asked for (vLLM 0.25.1 on).
+    external_prefix_cache_hits: float | None = None
+    external_prefix_cache_queries: float | None = None
+    #: Cached tokens per tier (``device``, ``host``, ...; vLLM 0.32 on), empty where absent.
+    cached_by_source: Mapping[str, float] = field(default_factory=dict)
 
     def figures(self) -> dict[str, float]:
         """Times under the names of :data:`pytest_longctx.records.FIGURE_UNITS`."""
@@ -266,6 +327,9 @@ class ServerSideView:
             "cached_prompt_tokens": self.cached_prompt_tokens,
             "prefix_cache_hits": self.prefix_cache_hits,
             "prefix_cache_queries": self.prefix_cache_queries,
+            "external_prefix_cache_hits": self.external_prefix_cache_hits,
+            "external_prefix_cache_queries": self.external_prefix_cache_queries,
+            **{CACHED_BY_SOURCE_KEY + tier: v for tier, v in self.cached_by_source.items()},
             "server_inter_token_sum": self.server_inter_token_s,
             "server_e2e": self.server_e2e_s,
         }
@@ -285,6 +349,16 @@ def delta(before: MetricsSnapshot, after: MetricsSnapshot) -> ServerSideView:
     cached = change(PROMPT_TOKENS_CACHED)
     if cached is None:
         cached = change(PROMPT_TOKENS_BY_SOURCE, {"source": "local_cache_hit"})
+    tiers = dict.fromkeys(
+        sample.labels["source"]
+        for sample in after.samples
+        if sample.name == PROMPT_TOKENS_CACHED_BY_SOURCE and "source" in sample.labels
+    )
+    by_source = {
+        tier: tokens
+        for tier in tiers
+        if (tokens := change(PROMPT_TOKENS_CACHED_BY_SOURCE, {"source": tier})) is not None
+    }
     return ServerSideView(
         requests=change(f"{TTFT}_count"),
         server_ttft_s=change(f"{TTFT}_sum"),
@@ -297,4 +371,7 @@ def delta(before: MetricsSnapshot, after: MetricsSnapshot) -> ServerSideView:
         cached_prompt_tokens=cached,
         prefix_cache_hits=change(PREFIX_CACHE_HITS),
         prefix_cache_queries=change(PREFIX_CACHE_QUERIES),
+        external_prefix_cache_hits=change(EXTERNAL_PREFIX_CACHE_HITS),
+        external_prefix_cache_queries=change(EXTERNAL_PREFIX_CACHE_QUERIES),
+        cached_by_source=by_source,
     )

@@ -6,6 +6,9 @@ prefilled at (S / warm TTFT), the KV memory the resident prefix holds, and the T
 questions cost (1..Q) with the context resident (one cold prefill, then n warm ones) against
 re-prefilling L + S for every question. A prefill of L + S takes at least the cold prefill
 of L, so the re-prefilling figure is a lower bound: the payback it shows is the least one.
+Follow-ups whose prefix came from different tiers of the cache (the device's, or a KV
+connector's host memory or disk) are rows of their own: a load from host memory is no device
+hit, and one mean over both would be neither.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from pytest_longctx.core.file_names import REUSE_PLOT
 from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
-from pytest_longctx.core.stats import FigureSummary, latest_records, summarize
+from pytest_longctx.core.stats import FigureSummary, latest_records, summarize, summarize_values
 from pytest_longctx.reporting.text_table import aligned_table, html_table, markdown_table_lines
 from pytest_longctx.reporting.view import format_summary
 
@@ -35,6 +38,7 @@ COLUMNS = (
     "Warm / cold",
     "Suffix prefill tok/s",
     "Served from cache",
+    "Tier",
     "Resident KV",
 )
 PAYBACK_COLUMNS = (
@@ -56,6 +60,8 @@ class ReuseRow:
     questions: int
     served_min: int | None
     resident_kv_bytes: float | None
+    #: The cache tier that served these follow-ups' prefix (``cache.tier``); None: not said.
+    tier: str | None = None
 
     @property
     def ratio(self) -> float | None:
@@ -92,22 +98,40 @@ def reuse_rows(records: Iterable[Record]) -> list[ReuseRow]:
         here = [r for r in warm_passed if r.length == summary.length]
         if ttft is None or not here:
             continue
-        served = [int(r.cache["served"]) for r in here if r.cache.get("served") is not None]
-        resident = [
-            float(r.cache["resident_kv_bytes"]) for r in here if r.cache.get("resident_kv_bytes")
-        ]
-        rows.append(
-            ReuseRow(
-                length=summary.length,
-                suffix_tokens=max(r.suffix_tokens for r in here),
-                cold=cold.get(summary.length),
-                warm=ttft,
-                questions=max(r.question for r in here),
-                served_min=min(served) if served else None,
-                resident_kv_bytes=max(resident) if resident else None,
-            )
-        )
+        by_tier: dict[str | None, list[Record]] = {}
+        for record in here:
+            by_tier.setdefault(record.cache.get("tier"), []).append(record)
+        for tier, group in by_tier.items():
+            if len(by_tier) > 1:
+                ttfts = [r.figures["ttft"] for r in group if "ttft" in r.figures]
+                if not ttfts:
+                    continue
+                ttft = summarize_values("ttft", ttfts)
+            rows.append(_row(summary.length, group, cold.get(summary.length), ttft, tier))
     return rows
+
+
+def _row(
+    length: int,
+    here: Sequence[Record],
+    cold: FigureSummary | None,
+    warm: FigureSummary,
+    tier: str | None,
+) -> ReuseRow:
+    served = [int(r.cache["served"]) for r in here if r.cache.get("served") is not None]
+    resident = [
+        float(r.cache["resident_kv_bytes"]) for r in here if r.cache.get("resident_kv_bytes")
+    ]
+    return ReuseRow(
+        length=length,
+        suffix_tokens=max(r.suffix_tokens for r in here),
+        cold=cold,
+        warm=warm,
+        questions=max(r.question for r in here),
+        served_min=min(served) if served else None,
+        resident_kv_bytes=max(resident) if resident else None,
+        tier=tier,
+    )
 
 
 def format_bytes(value: float | None) -> str:
@@ -145,6 +169,7 @@ def row_cells(row: ReuseRow) -> list[str]:
         _MISSING if ratio is None else f"{ratio:.3f} ({1 / ratio:,.1f}x faster)",
         _MISSING if row.suffix_rate is None else f"{row.suffix_rate:,.0f}",
         _MISSING if row.served_min is None else f"{row.served_min:,} of {row.length:,}",
+        row.tier or _MISSING,
         format_bytes(row.resident_kv_bytes),
     ]
 
@@ -159,7 +184,9 @@ def payback_cells(row: ReuseRow) -> list[list[str]]:
 INTRO = (
     "Each cold point of length L is followed by questions that repeat its L tokens exactly "
     "and append S new ones; each is measured like a point and passes only when the server's "
-    "prefix cache served the whole prefix (usage and /metrics, to the cache's alignment). "
+    "prefix cache served the whole prefix (usage and /metrics, to the cache's alignment), "
+    "from the tier the Tier column names (device: the device's own cache; host, disk, p2p: "
+    "a KV connector's). "
     "Warm TTFT is mean ± std over the follow-ups and repeats; the suffix prefill rate is S "
     "over it. Per question, n questions cost (cold TTFT + n x warm TTFT) / n with the context "
     "resident, and at least the cold TTFT each when every question re-prefills L + S."
@@ -216,7 +243,7 @@ def draw_reuse_plot(records: Sequence[Record], run_dir: Path) -> Path | None:
     figure = Figure(figsize=(8, 4.5), dpi=100, layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
-    cold = [row for row in rows if row.cold and row.cold.mean > 0]
+    cold = list({row.length: row for row in rows if row.cold and row.cold.mean > 0}.values())
     if cold:
         axes.errorbar(
             [r.length for r in cold],
@@ -228,15 +255,19 @@ def draw_reuse_plot(records: Sequence[Record], run_dir: Path) -> Path | None:
             label="cold: prefill of L",
         )
     suffix = max(row.suffix_tokens for row in rows)
-    axes.errorbar(
-        [r.length for r in rows],
-        [r.warm.mean for r in rows],
-        yerr=[r.warm.std or 0.0 for r in rows],
-        marker="s",
-        markersize=4,
-        capsize=3,
-        label=f"warm: L cached + {suffix} new tokens",
-    )
+    tiers = list(dict.fromkeys(row.tier for row in rows))
+    for tier in tiers:
+        series = [r for r in rows if r.tier == tier]
+        from_tier = f", from {tier}" if len(tiers) > 1 or tier not in (None, "device") else ""
+        axes.errorbar(
+            [r.length for r in series],
+            [r.warm.mean for r in series],
+            yerr=[r.warm.std or 0.0 for r in series],
+            marker="s",
+            markersize=4,
+            capsize=3,
+            label=f"warm: L cached + {suffix} new tokens{from_tier}",
+        )
     length_axis(axes, [r.length for r in rows], log_y=True, pad=False)
     axes.set_xlabel("Prefix length L (tokens)")
     axes.set_ylabel("Time to first token (s)")
