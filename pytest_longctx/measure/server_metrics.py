@@ -5,8 +5,9 @@ Only the slice of the Prometheus text exposition format that vLLM emits is parse
 values. A metric may appear under several label sets (engine, model_name, source...): its
 total is their sum. Metrics another engine lacks come out as None, never as an error.
 
-Which tier of the KV cache served a prompt's cached tokens is read from the counters
-:data:`CACHE_TIER_METRICS_BY_VERSION` lists, with where each vLLM release defines them.
+Which tier of the KV cache served a prompt's cached tokens is read from the connector's
+counters (every supported release) and the per-tier counter (vLLM 0.32.0 on): which release
+exposes which is the release table's (:mod:`pytest_longctx.profiles.vllm_releases`).
 """
 
 from __future__ import annotations
@@ -48,49 +49,6 @@ REQUESTS_RUNNING = "vllm:num_requests_running"
 REQUESTS_WAITING = "vllm:num_requests_waiting"
 #: Requests the scheduler preempted (their KV freed, recomputed later), a counter.
 PREEMPTIONS = "vllm:num_preemptions_total"
-
-
-@dataclass(frozen=True)
-class CacheTierMetrics:
-    """Where one vLLM release defines the counters the cache tiers are read from: file:line
-    in ``vllm/v1/metrics/`` of its published source (None: that release has no such metric).
-    """
-
-    version: str
-    prefix_cache_hits: str
-    prompt_tokens_cached: str
-    external_prefix_cache_hits: str
-    external_prefix_cache_queries: str
-    prompt_tokens_cached_by_source: str | None
-    #: The ``source`` label's values (``CacheHitSource``).
-    cache_hit_sources: str | None
-
-
-#: The cache-tier counters by vLLM version, each entry read in that version's published source.
-#: Before 0.32 a connector's hits are one count, whatever its tier.
-CACHE_TIER_METRICS_BY_VERSION: tuple[CacheTierMetrics, ...] = (
-    CacheTierMetrics(
-        "0.25.1", "loggers.py:559", "loggers.py:659", "loggers.py:584", "loggers.py:572", None, None
-    ),
-    CacheTierMetrics(
-        "0.28.0", "loggers.py:596", "loggers.py:696", "loggers.py:621", "loggers.py:609", None, None
-    ),
-    CacheTierMetrics(
-        "0.29.0", "loggers.py:596", "loggers.py:696", "loggers.py:621", "loggers.py:609", None, None
-    ),
-    *(
-        CacheTierMetrics(
-            version,
-            "loggers.py:673",
-            "loggers.py:773",
-            "loggers.py:698",
-            "loggers.py:686",
-            "loggers.py:782",
-            "cache_hit_source.py:18-24",
-        )
-        for version in ("0.32.0", "0.33.0", "0.34.0")
-    ),
-)
 
 
 class ExpositionError(ValueError):

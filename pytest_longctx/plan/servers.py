@@ -16,28 +16,6 @@ from pytest_longctx.profiles import Profile
 
 
 @dataclass(frozen=True)
-class VisibilityLines:
-    """Where one vLLM version's platform file handles the visible-devices variables: line
-    numbers in its published source (None: that version has no such line)."""
-
-    #: ``device_control_env_var = "CUDA_VISIBLE_DEVICES"``: the variable vLLM itself sets
-    #: for its data-parallel engines and Ray workers, on ROCm too.
-    device_control: int
-    #: ``_sync_hip_cuda_env_vars``, from its ``def`` to its call at import.
-    check: tuple[int, int] | None = None
-    #: ``if hip_val != cuda_val:``: both set and different (as strings) raise ValueError.
-    refuses: int | None = None
-    #: HIP_VISIBLE_DEVICES alone is copied to CUDA_VISIBLE_DEVICES.
-    hip_to_cuda: int | None = None
-    #: CUDA_VISIBLE_DEVICES alone is copied to HIP_VISIBLE_DEVICES (with a deprecation
-    #: warning); None: it is left alone.
-    cuda_to_hip: int | None = None
-    #: The file's one mention of the runtime's own variable: Ray's
-    #: ``RAY_EXPERIMENTAL_NOSET_ROCR_VISIBLE_DEVICES``; vLLM never reads or sets it.
-    beneath_named: int | None = None
-
-
-@dataclass(frozen=True)
 class VisibleDevicesRule:
     """How vLLM on one platform is limited to a server's devices, and how a slot sets that."""
 
@@ -49,54 +27,24 @@ class VisibleDevicesRule:
     #: count (ROCr's ROCR_VISIBLE_DEVICES): vLLM never reads it, so an inherited one is left
     #: as it is and a slot's ids count within it.
     beneath: str | None
-    #: The platform file in vLLM's source.
+    #: The platform file in vLLM's source that holds the rule.
     source: str
-    #: Its lines, by vLLM version.
-    lines: Mapping[str, VisibilityLines]
 
 
-#: The visible-devices rule of each vLLM platform (by profile device kind), with the lines
-#: of each supported version's published source it was read from. On ROCm every version
-#: refuses to start when HIP_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES are both set and
-#: differ (0.25.1-0.29.0 also copy CUDA_VISIBLE_DEVICES alone to HIP_VISIBLE_DEVICES, 0.30.0
-#: on do not), and none reads ROCR_VISIBLE_DEVICES: the rule for a slot is the same in every
-#: version, both variables set to the same ids, ROCR_VISIBLE_DEVICES left as inherited.
+#: The visible-devices rule of each vLLM platform, by profile device kind. On ROCm every
+#: supported release refuses to start when HIP_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES are
+#: both set and differ, and none reads ROCR_VISIBLE_DEVICES (the release table's
+#: ``rocm_refuses_visible_devices_apart``, checked against each release's
+#: ``platforms/rocm.py``): the rule for a slot is the same in every release, both variables
+#: set to the same ids, ROCR_VISIBLE_DEVICES left as inherited.
 VLLM_VISIBLE_DEVICES_RULES: Mapping[str, VisibleDevicesRule] = {
     "cuda": VisibleDevicesRule(
-        variables=("CUDA_VISIBLE_DEVICES",),
-        beneath=None,
-        source="vllm/platforms/cuda.py",
-        lines={
-            "0.25.1": VisibilityLines(device_control=211),
-            "0.26.0": VisibilityLines(device_control=215),
-            "0.27.0": VisibilityLines(device_control=215),
-            "0.27.1": VisibilityLines(device_control=215),
-            "0.28.0": VisibilityLines(device_control=215),
-            "0.29.0": VisibilityLines(device_control=215),
-            "0.30.0": VisibilityLines(device_control=231),
-            "0.31.0": VisibilityLines(device_control=231),
-            "0.32.0": VisibilityLines(device_control=231),
-            "0.33.0": VisibilityLines(device_control=233),
-            "0.34.0": VisibilityLines(device_control=268),
-        },
+        variables=("CUDA_VISIBLE_DEVICES",), beneath=None, source="vllm/platforms/cuda.py"
     ),
     "rocm": VisibleDevicesRule(
         variables=("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"),
         beneath="ROCR_VISIBLE_DEVICES",
         source="vllm/platforms/rocm.py",
-        lines={
-            "0.25.1": VisibilityLines(452, (116, 145), 131, 139, 141, 456),
-            "0.26.0": VisibilityLines(452, (116, 145), 131, 139, 141, 456),
-            "0.27.0": VisibilityLines(488, (116, 145), 131, 139, 141, 492),
-            "0.27.1": VisibilityLines(488, (116, 145), 131, 139, 141, 492),
-            "0.28.0": VisibilityLines(506, (127, 156), 142, 150, 152, 510),
-            "0.29.0": VisibilityLines(506, (127, 156), 142, 150, 152, 510),
-            "0.30.0": VisibilityLines(496, (127, 146), 134, 142, None, 500),
-            "0.31.0": VisibilityLines(567, (133, 152), 140, 148, None, 574),
-            "0.32.0": VisibilityLines(604, (138, 157), 145, 153, None, 611),
-            "0.33.0": VisibilityLines(658, (138, 157), 145, 153, None, 665),
-            "0.34.0": VisibilityLines(666, (138, 157), 145, 153, None, 673),
-        },
     ),
 }
 #: The variable that names a server's devices, by profile device kind (the rule's first).

@@ -66,7 +66,7 @@ METRICS = (
     "vllm:prefix_cache_hits_total",
     "vllm:prefix_cache_queries_total",
     "vllm:prompt_tokens_by_source_total",
-    "vllm:prompt_tokens_cached_by_source",
+    "vllm:prompt_tokens_cached_by_source_total",
     "vllm:prompt_tokens_cached_total",
     "vllm:prompt_tokens_total",
     "vllm:request_decode_time_seconds",
@@ -115,6 +115,14 @@ class Release:
     #: The API server's default ``--max-num-batched-tokens`` is 16,384 on devices of 160 GiB
     #: or more (``EngineArgs.get_batch_defaults``); without that tier, 8,192 from 70 GiB.
     batched_tokens_160gib: bool
+    #: On ROCm, HIP_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES both set and different stop the
+    #: server at import (``platforms/rocm.py``, ``_sync_hip_cuda_env_vars``); vLLM reads
+    #: ROCR_VISIBLE_DEVICES nowhere, and names CUDA_VISIBLE_DEVICES as the variable it sets
+    #: for its own workers on CUDA and ROCm alike.
+    rocm_refuses_visible_devices_apart: bool
+    #: On ROCm, CUDA_VISIBLE_DEVICES alone is copied to HIP_VISIBLE_DEVICES (with a
+    #: deprecation warning); later releases leave it alone.
+    rocm_copies_cuda_to_hip: bool
     #: The defaults of :data:`ENV_MEANINGS`' variables (``envs.py``), as vLLM reads them.
     env_defaults: Mapping[str, str]
     #: Which of :data:`METRICS` it exposes.
@@ -141,7 +149,7 @@ def _next(before: Release, version: str, **changes: object) -> Release:
 
 
 _ALL_FLAGS = frozenset(PLUGIN_FLAG_FIELDS)
-_BASE_METRICS = frozenset(METRICS) - {"vllm:prompt_tokens_cached_by_source"}
+_BASE_METRICS = frozenset(METRICS) - {"vllm:prompt_tokens_cached_by_source_total"}
 
 V0_25_1 = Release(
     version="0.25.1",
@@ -156,6 +164,8 @@ V0_25_1 = Release(
     hybrid_mla_block_128=False,
     window_holds_concurrent_batches=False,
     batched_tokens_160gib=False,
+    rocm_refuses_visible_devices_apart=True,
+    rocm_copies_cuda_to_hip=True,
     env_defaults={
         "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "0",
         "VLLM_ROCM_USE_AITER": "False",
@@ -185,7 +195,12 @@ V0_29_0 = _next(
     has_cache_layout=True,
     flags=_ALL_FLAGS,
 )
-V0_30_0 = _next(V0_29_0, "0.30.0", mla_spec_fields=V0_29_0.mla_spec_fields | {"cache_role"})
+V0_30_0 = _next(
+    V0_29_0,
+    "0.30.0",
+    mla_spec_fields=V0_29_0.mla_spec_fields | {"cache_role"},
+    rocm_copies_cuda_to_hip=False,
+)
 V0_31_0 = _next(V0_30_0, "0.31.0", mla_spec_fields=frozenset(ORACLE_MLA_FIELDS))
 V0_32_0 = _next(
     V0_31_0, "0.32.0", pool_bytes_takes_config=True, metrics=frozenset(METRICS)
