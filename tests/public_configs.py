@@ -55,14 +55,16 @@ def _published() -> dict[str, Published]:
 PUBLISHED = _published()
 
 #: vLLM 0.32's memory for one request of 64Mi tokens on one rank at TP=8, in GiB (BF16 KV;
-#: DeepSeek-V3.2 in FP8, fp8_ds_mla rows and the indexer), as tests/test_layer_kinds.py has
-#: vLLM's allocator compute them.
+#: DeepSeek-V3.2 in FP8, fp8_ds_mla rows or plain ones, and the indexer), as
+#: tests/test_layer_kinds.py has vLLM's allocator compute them.
 VLLM_GIB_AT_64MI_TP8 = {
     "gpt-oss-120b": 288.07,
     "gemma-3-27b": 641.00,
     "Llama-4-Scout": 384.42,
     "Qwen3-Next-80B": 768.01,
     "DeepSeek-V3.2": 3004.25,
+    # ROCm's and SM100's FlashInfer-sparse FP8 rows: 576 B, not fp8_ds_mla's 656 B.
+    "DeepSeek-V3.2 plain FP8 rows": 2699.25,
 }
 
 
@@ -178,6 +180,39 @@ def nemotron_h_8b():
         ssm_state_size=128,
         n_groups=8,
         conv_kernel=4,
+    )
+
+
+#: granite-4.0-h-tiny's ``layer_types`` as its config.json spells them: attention at 5, 15, 25
+#: and 35, Mamba2 elsewhere.
+GRANITE_4_H_TINY_LAYERS = ["mamba"] * 5 + (["attention"] + ["mamba"] * 9) * 3 + ["attention"]
+GRANITE_4_H_TINY_LAYERS += ["mamba"] * 4
+
+
+def granite_4_h_tiny():
+    """ibm-granite/granite-4.0-h-tiny (Granite 4, GraniteMoeHybrid): 40 layers over 1536, 4 of
+    GQA attention (12 heads, 4 KV heads of 128), 36 Mamba2 (48 heads of 64, state 128, one
+    group, kernel 4, expand 2). transformers spells the layer types ``full_attention`` /
+    ``linear_attention``; the published config.json spells them ``attention`` / ``mamba``."""
+    return transformers.GraniteMoeHybridConfig(
+        num_hidden_layers=40,
+        hidden_size=1536,
+        intermediate_size=512,
+        shared_intermediate_size=1024,
+        num_local_experts=64,
+        num_experts_per_tok=6,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+        mamba_n_heads=48,
+        mamba_d_head=64,
+        mamba_d_state=128,
+        mamba_n_groups=1,
+        mamba_d_conv=4,
+        mamba_expand=2,
+        layer_types=GRANITE_4_H_TINY_LAYERS,
+        position_embedding_type="nope",
+        vocab_size=100352,
+        max_position_embeddings=131072,
     )
 
 

@@ -20,6 +20,7 @@ from pytest_longctx.capacity import (
     cache_layout,
     capacity_table,
     crossover_tokens,
+    describe_layout,
     fit_point,
     load_model_config,
     plot_kv_footprint,
@@ -341,6 +342,132 @@ def test_deepseek_v3_like_mla():
         assert layout.block_size_hint is None
     fp8 = cache_layout(deepseek_v3_like(), cache_dtype="fp8_e5m2", tensor_parallel=8)
     assert fp8.kv_bytes_per_token == 61 * 576
+
+
+# --- DeepSeek-V3.2's sparse MLA: the row is the attention backend's ------------------------
+
+
+def deepseek_v32_like() -> dict:
+    """deepseek-ai/DeepSeek-V3.2's fields that size its cache: 61 MLA layers of 512 + 64 and
+    an indexer of 128 per layer."""
+    return {
+        **deepseek_v3_like(),
+        "architectures": ["DeepseekV32ForCausalLM"],
+        "index_head_dim": 128,
+        "index_n_heads": 64,
+        "index_topk": 2048,
+    }
+
+
+@pytest.mark.parametrize(
+    ("backend", "cache_dtype", "row"),
+    [
+        # FlashMLA-sparse (Hopper) packs any FP8 cache as fp8_ds_mla: 512 + 16 + 128 B.
+        ("FLASHMLA_SPARSE", "fp8", 656),
+        ("FLASHMLA_SPARSE", "auto", 576 * 2),
+        # FlashInfer-sparse (Blackwell SM100) and ROCm's AITER keep the FP8 latent as it is.
+        ("FLASHINFER_MLA_SPARSE", "fp8", 576),
+        ("FLASHINFER_MLA_SPARSE", "fp8_e4m3", 576),
+        ("ROCM_AITER_MLA_SPARSE", "fp8", 576),
+        ("ROCM_AITER_MLA_SPARSE", "fp8_e4m3", 576),
+        ("ROCM_AITER_MLA_SPARSE", "auto", 576 * 2),
+        # FlashInfer-sparse SM120 packs BF16 too (DeepSeek-V3.2's bfloat16 is auto to vLLM).
+        ("FLASHINFER_MLA_SPARSE_SM120", "auto", 656),
+        ("FLASHINFER_MLA_SPARSE_SM120", "bfloat16", 656),
+        ("FLASHINFER_MLA_SPARSE_SM120", "fp8_e4m3", 656),
+        # The GPU generation not known: the largest row a CUDA backend keeps for the dtype.
+        (None, "fp8", 656),
+        (None, "auto", 576 * 2),
+    ],
+)
+def test_the_sparse_mla_row_is_the_backends(backend: str | None, cache_dtype: str, row: int):
+    layout = cache_layout(
+        deepseek_v32_like(), tensor_parallel=8, cache_dtype=cache_dtype, sparse_mla_backend=backend
+    )
+    indexer = 128 + 128 // 128 * 4  # FP8 keys and a float32 scale per 128
+    assert layout.kv_bytes_per_token == 61 * (row + indexer)
+    # The backend (or the assumption) travels with the layout into the plan's other layouts.
+    assert layout.with_changes(tensor_parallel=4).kv_bytes_per_token == 61 * (row + indexer)
+
+
+def test_the_layout_line_names_the_backend_and_what_it_assumes():
+    rocm = cache_layout(
+        deepseek_v32_like(), cache_dtype="fp8", sparse_mla_backend="ROCM_AITER_MLA_SPARSE"
+    )
+    line = describe_layout(rocm)
+    assert "61 sparse MLA layers x (576 elements x 1 B + 132 B indexer keys)" in line
+    assert "rows as vLLM's ROCM_AITER_MLA_SPARSE keeps them" in line
+    assert "assumed" not in line
+    unknown = describe_layout(cache_layout(deepseek_v32_like(), cache_dtype="fp8"))
+    assert "rows as vLLM's FLASHMLA_SPARSE keeps them" in unknown
+    assert "assumed, the profile naming no GPU generation" in unknown
+    assert "[serving] attention_backend" in unknown
+
+
+def test_an_unknown_sparse_mla_backend_is_refused_with_the_names():
+    with pytest.raises(ValueError, match="sparse_mla_backend must be one of FLASHMLA_SPARSE, "):
+        cache_layout(deepseek_v32_like(), sparse_mla_backend="FLASHMLA")
+
+
+DEEPSEEK_V32_PROFILE = """\
+[profile]
+description = "DeepSeek-V3.2, 8 GPUs"
+
+[model]
+source = "deepseek-ai/DeepSeek-V3.2"
+config = "config.json"
+
+[serving]
+device = "{device}"
+kv_cache_dtype = "{kv_cache_dtype}"
+tensor_parallel_size = 8
+{backend}
+
+[hardware]
+devices = 8
+memory_per_device = 309_237_645_312
+"""
+
+
+def deepseek_v32_profile(folder: Path, device: str, kv_cache_dtype: str = "fp8", backend=None):
+    from pytest_longctx.profiles import load_profile
+
+    (folder / "config.json").write_text(json.dumps(deepseek_v32_like()))
+    path = folder / "deepseek-v32.toml"
+    named = f'attention_backend = "{backend}"' if backend else ""
+    path.write_text(
+        DEEPSEEK_V32_PROFILE.format(device=device, kv_cache_dtype=kv_cache_dtype, backend=named)
+    )
+    return load_profile(str(path))
+
+
+@pytest.mark.parametrize(
+    ("device", "backend", "row"),
+    [
+        ("rocm", None, 576),  # ROCm has one sparse-MLA backend: AITER's, plain FP8 rows
+        ("cuda", "FLASHINFER_MLA_SPARSE", 576),  # Blackwell SM100, named
+        ("cuda", "FLASHMLA_SPARSE", 656),  # Hopper, named
+        ("cuda", "FLASHINFER_MLA_SPARSE_SM120", 656),
+        ("cuda", None, 656),  # the generation not known: assumed, and said
+    ],
+)
+def test_the_plan_sizes_deepseek_v32_by_the_profiles_device(tmp_path, device, backend, row):
+    """vLLM keeps 576 B FP8 rows on ROCm and on SM100's FlashInfer-sparse, 656 B fp8_ds_mla
+    rows on FlashMLA-sparse and SM120: 11 % apart, so the plan reads the profile's device."""
+    from pytest_longctx.plan import capacity_check
+
+    layout = capacity_check.layout_for(deepseek_v32_profile(tmp_path, device, backend=backend))
+    assert layout.kv_bytes_per_token == 61 * (row + 132)
+    assert ("assumed" in describe_layout(layout)) == (device == "cuda" and backend is None)
+
+
+def test_a_cpu_profile_of_a_sparse_mla_model_is_refused(tmp_path):
+    from pytest_longctx.capacity import UnservedModelError
+    from pytest_longctx.plan import capacity_check
+
+    profile = deepseek_v32_profile(tmp_path, "cpu", kv_cache_dtype="auto")
+    with pytest.raises(UnservedModelError, match="CPU platform refuses sparse attention"):
+        capacity_check.layout_for(profile)
 
 
 # --- dtypes -----------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from vLLM's model classes themselves (``get_mamba_state_shape_from_config``), an
 
 from __future__ import annotations
 
+import itertools
 from types import SimpleNamespace
 
 import pytest
@@ -31,12 +32,14 @@ kv_iface = deferred_import("vllm.v1.kv_cache_interface")
 kv_utils = deferred_import("vllm.v1.core.kv_cache_utils")
 
 from public_configs import (  # noqa: E402 - skipped without transformers
+    GRANITE_4_H_TINY_LAYERS,
     NEMOTRON_H_8B_PATTERN,
     VLLM_GIB_AT_64MI_TP8,
     as_dict,
     deepseek_v32,
     gemma3_27b,
     gpt_oss_120b,
+    granite_4_h_tiny,
     jamba_v01,
     lfm2_1_2b,
     llama4_scout,
@@ -106,7 +109,8 @@ def aligned_block(
         mamba_cache_dtype=vllm_config.cache_config.mamba_cache_dtype,
         mamba_ssm_cache_dtype=vllm_config.cache_config.mamba_ssm_cache_dtype,
     )
-    kv_heads = 1 if mla else max(1, hf.num_key_value_heads // TP)
+    tp = vllm_config.parallel_config.tensor_parallel_size
+    kv_heads = 1 if mla else max(1, hf.num_key_value_heads // tp)
     head_size = (
         hf.kv_lora_rank + hf.qk_rope_head_dim
         if mla
@@ -132,11 +136,13 @@ def aligned_block(
     return cache.block_size, cache.mamba_page_size_padded
 
 
-def vllm_specs(hf_config, pattern, *, kv_dtype, block: int, state=None, mode="none") -> dict:
+def vllm_specs(
+    hf_config, pattern, *, kv_dtype, block: int, state=None, mode="none", tp: int = TP
+) -> dict:
     """Per layer: FullAttentionSpec / SlidingWindowSpec / ChunkedLocalAttentionSpec as
     ``Attention.get_kv_cache_spec`` builds them (``attention/attention.py``), or the state
     layer's MambaSpec; ``pattern`` is the model code's per-index choice."""
-    kv_heads = max(1, hf_config.num_key_value_heads // TP)  # ModelConfig.get_num_kv_heads
+    kv_heads = max(1, hf_config.num_key_value_heads // tp)  # ModelConfig.get_num_kv_heads
     head_dim = getattr(hf_config, "head_dim", None) or (
         hf_config.hidden_size // hf_config.num_attention_heads  # ModelConfig.get_head_size
     )
@@ -162,19 +168,19 @@ def vllm_specs(hf_config, pattern, *, kv_dtype, block: int, state=None, mode="no
     return specs
 
 
-def vllm_bytes(specs: dict, tokens: int, *, dcp: int = 1, mode: str = "none") -> int:
+def vllm_bytes(specs: dict, tokens: int, *, dcp: int = 1, mode: str = "none", tp: int = TP) -> int:
     """vLLM's own memory for one request of ``tokens`` on a rank holding ``specs``."""
     from vllm.v1.core.kv_cache_utils import _max_memory_usage_bytes_from_groups
 
     from pytest_longctx.capacity.oracle import oracle_config
 
-    config = oracle_config(AllocatorSettings(16, dcp, IN_FLIGHT, mamba_cache_mode=mode), tokens, TP)
+    config = oracle_config(AllocatorSettings(16, dcp, IN_FLIGHT, mamba_cache_mode=mode), tokens, tp)
     groups = kv_utils.get_kv_cache_groups(config, dict(specs))
     return _max_memory_usage_bytes_from_groups(config, groups)
 
 
-def plan_bytes(config: dict, tokens: int, **options) -> int:
-    layout = cache_layout(config, tensor_parallel=TP, in_flight_tokens=IN_FLIGHT, **options)
+def plan_bytes(config: dict, tokens: int, *, tp: int = TP, **options) -> int:
+    layout = cache_layout(config, tensor_parallel=tp, in_flight_tokens=IN_FLIGHT, **options)
     kv, state = layout.request_bytes(tokens)
     return kv + state
 
@@ -390,6 +396,61 @@ def test_deepseek_v32_sparse_mla_and_indexer() -> None:
     assert vllm / GIB == VLLM_GIB_AT_64MI_TP8["DeepSeek-V3.2"]
 
 
+def test_deepseek_v32_plain_fp8_rows_on_rocm_and_sm100() -> None:
+    """ROCm's AITER and SM100's FlashInfer-sparse keep ``--kv-cache-dtype fp8`` as it is: the
+    spec ``MLAAttention.get_kv_cache_spec`` builds (mla_attention.py:1350-1370 in 0.32) holds
+    576 FP8 elements a token, no fp8_ds_mla row; the plan sizes that, 11 % below 656 B."""
+    hf = deepseek_v32()
+    latent = hf.kv_lora_rank + hf.qk_rope_head_dim
+    specs = {}
+    for i in range(hf.num_hidden_layers):
+        specs[f"layers.{i}.attn"] = kv_iface.MLAAttentionSpec(
+            block_size=64,
+            num_kv_heads=1,
+            max_tp_shards=1,
+            head_size=latent,
+            dtype=torch.float8_e4m3fn,
+            cache_dtype_str="fp8",
+        )
+        specs[f"layers.{i}.indexer"] = deepseek_v32_specs(hf)[f"layers.{i}.indexer"]
+    vllm = vllm_bytes(specs, 64 * MI)
+    assert vllm == 61 * (576 + 132) * 64 * MI
+    assert vllm / GIB == VLLM_GIB_AT_64MI_TP8["DeepSeek-V3.2 plain FP8 rows"]
+    for backend in ("ROCM_AITER_MLA_SPARSE", "FLASHINFER_MLA_SPARSE"):
+        plan = plan_bytes(
+            as_dict(hf), 64 * MI, cache_dtype="fp8", block_size=64, sparse_mla_backend=backend
+        )
+        assert plan == vllm
+    packed = vllm_bytes(deepseek_v32_specs(hf), 64 * MI)
+    assert (packed - vllm) / vllm == pytest.approx(80 / 708)  # the 11 % the row costs
+
+
+def test_which_dtypes_a_sparse_mla_backend_packs_is_vllms() -> None:
+    """The plan's table against vLLM's own rule (``_canonicalize_sparse_mla_kv_cache_dtype``)
+    after DeepSeek-V3.2's own config step (``bfloat16`` read as ``auto``), for each backend
+    and dtype."""
+    from vllm.model_executor.layers.attention.mla_attention import (
+        _canonicalize_sparse_mla_kv_cache_dtype,
+    )
+    from vllm.model_executor.models.config import DeepseekV32ForCausalLM
+
+    from pytest_longctx.capacity.kinds import SPARSE_MLA_BACKENDS, sparse_mla_row
+
+    hf = deepseek_v32()
+    for backend, cache_dtype in itertools.product(
+        SPARSE_MLA_BACKENDS, ("auto", "bfloat16", "fp8", "fp8_e4m3")
+    ):
+        named = SimpleNamespace(get_name=lambda backend=backend: backend)
+        vllm_config = SimpleNamespace(
+            model_config=SimpleNamespace(hf_config=hf),
+            cache_config=SimpleNamespace(cache_dtype=cache_dtype),
+        )
+        DeepseekV32ForCausalLM.verify_and_update_config(vllm_config)
+        vllm = _canonicalize_sparse_mla_kv_cache_dtype(named, vllm_config.cache_config.cache_dtype)
+        _, packed = sparse_mla_row(backend, cache_dtype, 576, 1)
+        assert packed == (vllm == "fp8_ds_mla"), (backend, cache_dtype, vllm)
+
+
 def test_jamba_mamba1_state() -> None:
     hf = jamba_v01()
     specs = jamba_specs(hf, "align")
@@ -402,6 +463,43 @@ def test_nemotron_h_mamba2_state_in_float32() -> None:
     specs = nemotron_h_specs(hf, "align")  # asserts vLLM picks a float32 SSM state
     for tokens in (4096, 64 * MI):
         assert plan_bytes(as_dict(hf), tokens) == vllm_bytes(specs, tokens, mode="align")
+
+
+def granite4_specs(hf, mode: str, tp: int) -> dict:  # noqa: ANN001
+    from vllm.model_executor.models.granitemoehybrid import GraniteMoeHybridForCausalLM
+
+    state = (GraniteMoeHybridForCausalLM, vllm_config_for(hf, torch.bfloat16, tp))
+    # vLLM 0.32's granitemoehybrid.py:322-325: full_attention layers attend, linear_attention
+    # ones are MambaMixer2 layers sized by the class's own get_mamba_state_shape_from_config.
+    pattern = ["full" if t == "full_attention" else "state" for t in hf.layer_types]
+    return vllm_specs(hf, pattern, kv_dtype=torch.bfloat16, block=16, state=state, mode=mode, tp=tp)
+
+
+@pytest.mark.parametrize("tp", [1, 4])
+def test_granite4_mamba2_state(tp: int) -> None:
+    """Granite 4's ``mamba`` layers are vLLM's Mamba2 (conv over expand x hidden + 2 x groups x
+    state, SSM state of heads x head_dim x state in the model dtype), whether the config spells
+    them ``mamba`` as published or ``linear_attention`` as transformers now does."""
+    from vllm.model_executor.models.granitemoehybrid import GraniteMoeHybridForCausalLM
+
+    hf = granite_4_h_tiny()
+    assert hf.layer_types.count("linear_attention") == 36
+    published = {**as_dict(hf), "layer_types": GRANITE_4_H_TINY_LAYERS}
+    vllm_config = vllm_config_for(hf, torch.bfloat16, tp)
+    shapes = GraniteMoeHybridForCausalLM.get_mamba_state_shape_from_config(vllm_config)
+    dtypes = GraniteMoeHybridForCausalLM.get_mamba_state_dtype_from_config(vllm_config)
+    assert dtypes == (torch.bfloat16, torch.bfloat16)
+    specs = granite4_specs(hf, "align", tp)
+    for config in (as_dict(hf), published):
+        layout = cache_layout(config, tensor_parallel=tp)
+        states = [layer for layer in layout.layers if layer.kind == "state"]
+        assert len(states) == 36 and {layer.variant for layer in states} == {"mamba2"}
+        assert [shape for shape, _ in states[0].state_parts] == [tuple(s) for s in shapes]
+        assert {dtype for _, dtype in states[0].state_parts} == {"bfloat16"}
+        for tokens in (4096, 64 * MI):
+            assert plan_bytes(config, tokens, tp=tp) == vllm_bytes(
+                specs, tokens, mode="align", tp=tp
+            )
 
 
 def kimi_specs(block: int, kv_dtype, mode: str, dcp: int = 1) -> tuple[dict, dict]:

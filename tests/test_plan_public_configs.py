@@ -38,7 +38,7 @@ config = "{config}"
 weights_bytes = 100_000_000_000
 
 [serving]
-device = "cuda"
+device = "{device}"
 dtype = "bfloat16"
 kv_cache_dtype = "{kv_cache_dtype}"
 tensor_parallel_size = 8
@@ -57,13 +57,22 @@ memory_per_device = 150_754_820_096
 
 
 def write_profile(
-    folder: Path, name: str, config: dict, kv_cache_dtype: str = "auto", serving: str = ""
+    folder: Path,
+    name: str,
+    config: dict,
+    kv_cache_dtype: str = "auto",
+    serving: str = "",
+    device: str = "cuda",
 ) -> Path:
     (folder / f"{name}-config.json").write_text(json.dumps(config))
     path = folder / f"{name}.toml"
     path.write_text(
         PROFILE.format(
-            name=name, config=f"{name}-config.json", kv_cache_dtype=kv_cache_dtype, serving=serving
+            name=name,
+            config=f"{name}-config.json",
+            kv_cache_dtype=kv_cache_dtype,
+            serving=serving,
+            device=device,
         )
     )
     return path
@@ -118,6 +127,34 @@ def test_the_plan_gives_vllms_figure_for_every_layer_pattern(
         pytester.path, name, configs[name], kv_cache_dtype=kv_cache_dtype, serving=serving
     )
     assert_vllms_figure_and_no_fit(run_plan(pytester, profile), VLLM_GIB_AT_64MI_TP8[name])
+
+
+def test_deepseek_v32_on_rocm_is_sized_with_rocms_fp8_rows(
+    configs: dict[str, dict], pytester: pytest.Pytester
+) -> None:
+    """ROCm's one sparse-MLA backend keeps an FP8 cache as 576 B rows, not FlashMLA-sparse's
+    656 B fp8_ds_mla ones: the plan for a ROCm node was 11 % high, and now gives vLLM's figure
+    and says which backend's rows it counted."""
+    config = configs["DeepSeek-V3.2"]
+    profile = write_profile(pytester.path, "DeepSeek-V3.2", config, "fp8", device="rocm")
+    result = run_plan(pytester, profile)
+    assert_vllms_figure_and_no_fit(result, VLLM_GIB_AT_64MI_TP8["DeepSeek-V3.2 plain FP8 rows"])
+    result.stdout.fnmatch_lines(["*rows as vLLM's ROCM_AITER_MLA_SPARSE keeps them*"])
+
+
+def test_minimax_m1_is_refused_before_anything_starts(pytester: pytest.Pytester) -> None:
+    """vLLM serves MiniMax-Text-01 and -M1 no more (its last was 0.23.0): the plan says so in
+    one line naming the architecture and the versions, instead of sizing layers it guessed."""
+    published = PUBLISHED["MiniMax-M1"]
+    result = run_plan(pytester, write_profile(pytester.path, "MiniMax-M1", published.config()))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str() + result.stderr.str()
+    result.stderr.fnmatch_lines(
+        [
+            "*MiniMaxM1ForCausalLM is not served by vLLM after 0.23.0: vLLM 0.25.1, 0.28.0, "
+            "0.29.0, 0.32.0, 0.33.0, 0.34.0 refuse it*"
+        ]
+    )
+    assert "Traceback" not in result.stderr.str()
 
 
 def test_a_published_config_json_does_not_fit_where_vllm_refuses(

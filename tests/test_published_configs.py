@@ -22,6 +22,7 @@ from longctx_testing import deferred_import
 from pytest_longctx.capacity import GIB, ModelConfigError, cache_layout, load_model_config
 
 torch = deferred_import("torch")
+transformers = deferred_import("transformers")
 vllm_config = deferred_import("vllm.transformers_utils.config")
 
 from public_configs import PUBLISHED, PUBLISHED_DIR, VLLM_GIB_AT_64MI_TP8  # noqa: E402
@@ -132,3 +133,39 @@ def test_a_process_without_transformers_reads_the_same_without_importing_it() ->
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.splitlines()[-1]) == load_model_config(path)
+
+
+def test_minimax_m1_is_refused_naming_the_versions_that_refuse_it() -> None:
+    """MiniMax-M1 (and MiniMax-Text-01) left vLLM after 0.23.0: every supported version refuses
+    the architecture, so the plan says so in one line instead of sizing 80 layers it guessed."""
+    from pytest_longctx.capacity import UnservedModelError
+
+    config = load_model_config(PUBLISHED["MiniMax-M1"].file)
+    assert config["architectures"] == ["MiniMaxM1ForCausalLM"]
+    with pytest.raises(UnservedModelError) as refused:
+        cache_layout(config, tensor_parallel=8)
+    said = str(refused.value)
+    assert "\n" not in said
+    assert said.startswith("MiniMaxM1ForCausalLM is not served by vLLM after 0.23.0: vLLM ")
+    assert "0.25.1, 0.28.0, 0.29.0, 0.32.0, 0.33.0, 0.34.0 refuse it" in said
+
+
+def test_the_refused_architectures_are_the_ones_vllm_refuses() -> None:
+    """Checked against the installed vLLM's registry: each one listed as served until its
+    version and served no more, and transformers has no class of that name that vLLM's
+    Transformers backend could take instead."""
+    import vllm
+    from vllm import ModelRegistry
+    from vllm.model_executor.models.registry import _PREVIOUSLY_SUPPORTED_MODELS
+
+    from pytest_longctx.capacity.layout import CHECKED_VLLM_VERSIONS, UNSERVED_ARCHITECTURES
+
+    assert vllm.__version__.split("+")[0] in CHECKED_VLLM_VERSIONS
+    supported = set(ModelRegistry.get_supported_archs())
+    for architecture, last in UNSERVED_ARCHITECTURES.items():
+        assert _PREVIOUSLY_SUPPORTED_MODELS[architecture] == last, architecture
+        assert architecture not in supported
+        assert getattr(transformers, architecture, None) is None, architecture
+    # The -hf conversion's architecture has a transformers class vLLM can serve: not refused.
+    assert transformers.MiniMaxForCausalLM.is_backend_compatible()
+    assert "MiniMaxForCausalLM" not in UNSERVED_ARCHITECTURES

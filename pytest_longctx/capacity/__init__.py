@@ -44,12 +44,14 @@ from .fit import (
     render_capacity_table,
     token_capacity,
 )
+from .kinds import SPARSE_MLA_BACKENDS, sparse_mla_backend_for
 from .layout import (
     CACHE_DTYPE_BYTES,
     FP8_CACHE_DTYPE,
     GIB,
     CacheLayout,
     ModelConfigError,
+    UnservedModelError,
     cache_element_bytes,
     cache_layout,
     config_model_dtype,
@@ -57,6 +59,7 @@ from .layout import (
     load_model_config,
     model_dtype_name,
     uses_mla,
+    uses_sparse_mla,
 )
 from .parallel import ParallelLayoutError
 from .plot import (
@@ -89,6 +92,10 @@ __all__ = [
     "pool_blocks",
     "render_fit_table",
     "render_capacity_table",
+    "SPARSE_MLA_BACKENDS",
+    "sparse_mla_backend_for",
     "token_capacity",
+    "UnservedModelError",
     "uses_mla",
+    "uses_sparse_mla",
 ]

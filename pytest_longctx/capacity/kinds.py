@@ -4,14 +4,16 @@ One :class:`LayerKind` per decoder layer that holds a cache, for one tensor-para
 
 * ``full``: MHA/GQA, ``2 x max(1, kv_heads // tp) x head_dim`` elements per token;
 * ``mla``: one ``kv_lora_rank + qk_rope_head_dim`` latent per token, the same on every rank;
-  sparse MLA (DeepSeek-V3.2, ``index_topk``) stores ``fp8_ds_mla`` rows of 656 B for an FP8
-  cache and adds an ``indexer`` layer of ``index_head_dim + index_head_dim / 128 x 4`` B;
+  sparse MLA (DeepSeek-V3.2, ``index_topk``) keeps the row its attention backend keeps
+  (:data:`SPARSE_MLA_BACKENDS`: packed ``fp8_ds_mla`` rows of 656 B, or the latent in the cache
+  dtype) and adds an ``indexer`` layer of ``index_head_dim + index_head_dim / 128 x 4`` B;
 * ``sliding``: a window of ``W`` tokens (``layer_types``, gpt-oss's even layers by index,
   Mistral-style uniform ``sliding_window``);
 * ``chunked``: Llama 4's chunked local attention (``attention_chunk_size``; NoPE layers are
   full attention);
 * ``state``: constant per-request state (Mamba1, Mamba2, Gated DeltaNet, KDA, short
-  convolutions) in its own dtypes, sharded over the tensor-parallel ranks.
+  convolutions) in its own dtypes, sharded over the tensor-parallel ranks; which Mamba a
+  ``mamba`` layer is and which fields size it is the model's (:data:`MAMBA2_FIELDS`).
 """
 
 from __future__ import annotations
@@ -23,11 +25,101 @@ from typing import Any
 
 from pytest_longctx.profiles.extra_args import MAMBA_DTYPES
 
-#: Bytes of one ``fp8_ds_mla`` row (FlashMLA-sparse's packed NoPE + RoPE + scales).
+#: Bytes of one ``fp8_ds_mla`` row: 512 FP8 NoPE elements, 16 B of scales and 64 BF16 RoPE
+#: elements, for DeepSeek-V3.2 in every supported vLLM: ``v1/kv_cache_interface.py:381-388``
+#: (0.25.1); the spec's ``state_content_bytes`` at ``model_executor/layers/attention/
+#: mla_attention.py:1159`` (0.28.0), ``:1220`` (0.29.0), ``:1365`` (0.32.0), ``:1386`` (0.33.0),
+#: and from ``MLAAttentionImpl.get_fp8_ds_mla_row_bytes`` (``v1/attention/backend.py:1017``,
+#: 0.34.0; FlashInfer-sparse SM120 keeps 528 B there only for a model without RoPE dims).
 FP8_DS_MLA_BYTES = 656
 #: The DeepSeek-V3.2 indexer quantises its keys in blocks of this many elements (fp32 scale).
 INDEXER_QUANT_BLOCK = 128
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "uint8": 1}
+
+
+@dataclass(frozen=True)
+class SparseMLABackend:
+    """One of vLLM's sparse-MLA attention backends, where vLLM picks it, and the row it keeps
+    per token and layer for DeepSeek-V3.2."""
+
+    name: str
+    gpus: str  # which GPUs vLLM runs it on, in words
+    #: The ``--kv-cache-dtype`` values (after DeepSeek-V3.2's ``bfloat16`` -> ``auto``) it keeps
+    #: as ``fp8_ds_mla`` rows of :data:`FP8_DS_MLA_BYTES`; any other keeps the latent in the
+    #: cache dtype: ``kv_lora_rank + qk_rope_head_dim`` elements (576 B for FP8).
+    packs: frozenset[str] = frozenset()
+
+
+#: vLLM's sparse-MLA backends by ``--attention-backend`` name. Which dtypes become
+#: ``fp8_ds_mla`` is ``_canonicalize_sparse_mla_kv_cache_dtype`` in ``model_executor/layers/
+#: attention/mla_attention.py`` (FLASHMLA_SPARSE: any quantized dtype; FLASHINFER_MLA_SPARSE_SM120:
+#: auto, fp8, fp8_e4m3), the same rule in every supported version: lines 323-336, called at 413
+#: (0.25.1, where the spec reads the rewritten ``cache_config.cache_dtype``, line 1009);
+#: 349-362 / 470 (0.28.0); 349-362 / 481 (0.29.0); 358-375 / 522 (0.32.0); 359-376 / 523
+#: (0.33.0); 367-384 / 543 (0.34.0). DeepSeek-V3.2's ``bfloat16`` is rewritten to ``auto`` first
+#: (``model_executor/models/config.py:37``, 0.25.1; ``:38``, 0.28.0-0.32.0; ``:84``, 0.33.0;
+#: ``:91``, 0.34.0). The others keep FP8 as plain FP8: FLASHINFER_MLA_SPARSE refuses
+#: ``fp8_ds_mla`` outright (``v1/attention/backends/mla/flashinfer_mla_sparse.py:111-113``,
+#: 0.25.1; ``:107-109``, 0.28.0; ``:112-114``, 0.29.0; ``:136-138``, 0.32.0; ``:134-135``,
+#: 0.33.0; ``:137-138``, 0.34.0), and "ROCm sparse MLA has no fp8_ds_mla layout"
+#: (``model_executor/models/config.py:144``, 0.34.0; ``rocm_aiter_mla_sparse.py``'s
+#: ``supported_kv_cache_dtypes``, line 267 in 0.25.1 to 352 in 0.34.0, has no ``fp8_ds_mla``).
+SPARSE_MLA_BACKENDS: Mapping[str, SparseMLABackend] = {
+    backend.name: backend
+    for backend in (
+        SparseMLABackend(
+            "FLASHMLA_SPARSE",
+            "Hopper SM90, Blackwell SM100",
+            frozenset({"fp8", "fp8_e4m3", "fp8_e5m2", "fp8_ds_mla"}),
+        ),
+        SparseMLABackend(
+            "FLASHINFER_MLA_SPARSE_SM120",
+            "Blackwell SM120",
+            frozenset({"auto", "fp8", "fp8_e4m3", "fp8_ds_mla"}),
+        ),
+        SparseMLABackend("FLASHINFER_MLA_SPARSE", "Blackwell SM100"),
+        SparseMLABackend("FLASHINFER_MLA_SPARSE_SM90", "Hopper SM90, from vLLM 0.32.0"),
+        SparseMLABackend("FLASH_ATTN_MLA_SPARSE", "Hopper SM90, BF16 only"),
+        SparseMLABackend("FLASH_ATTN_MLA_SPARSE_FA4", "Blackwell SM100, BF16 only, from 0.33.0"),
+        SparseMLABackend("ROCM_AITER_MLA_SPARSE", "ROCm: AMD Instinct"),
+    )
+}
+
+#: The one sparse-MLA backend vLLM has on ROCm, in every supported version
+#: (``platforms/rocm.py:414-415``, 0.25.1; ``:466-467``, 0.28.0 and 0.29.0; ``:485-486``,
+#: 0.32.0; ``:538-539``, 0.33.0; ``:543-544``, 0.34.0).
+ROCM_SPARSE_MLA_BACKEND = "ROCM_AITER_MLA_SPARSE"
+#: What the plan sizes sparse MLA as when the GPU generation is not known: FlashMLA-sparse, the
+#: backend vLLM picks on Hopper for ``--kv-cache-dtype fp8`` (``platforms/cuda.py``: SM90 lists
+#: FLASH_ATTN_MLA_SPARSE, BF16 only, then FLASHMLA_SPARSE; lines 140-141 in 0.25.1, 141-142 in
+#: 0.28.0 and 0.29.0, 139-140 in 0.32.0, 141-142 in 0.33.0, 138-139 in 0.34.0). Its rows are
+#: the largest any CUDA backend keeps for each dtype, so a point planned to fit fits on SM100
+#: (FLASHINFER_MLA_SPARSE first for an FP8 cache: ``platforms/cuda.py:97-101``, 0.25.1;
+#: ``:98-102``, 0.28.0 and 0.29.0; ``:100-104``, 0.32.0; ``:101-105``, 0.33.0; ``:98-102``, 0.34.0)
+#: and on SM120 (FLASHINFER_MLA_SPARSE_SM120 only: ``:129-132``, 0.25.1, to ``:131-134``, 0.34.0).
+ASSUMED_SPARSE_MLA_BACKEND = "FLASHMLA_SPARSE"
+
+
+def sparse_mla_backend_for(device: str, attention_backend: str | None) -> str | None:
+    """The sparse-MLA backend vLLM serves DeepSeek-V3.2 with: the one ``--attention-backend``
+    names, ROCm's only one, or None where the GPU generation decides and is not known."""
+    if attention_backend in SPARSE_MLA_BACKENDS:
+        return attention_backend
+    if device == "rocm":
+        return ROCM_SPARSE_MLA_BACKEND
+    return None
+
+
+def sparse_mla_row(
+    backend: str | None, cache_dtype: str, latent: int, kv_bytes: int
+) -> tuple[int, bool]:
+    """(bytes of one token's row in one layer, packed as ``fp8_ds_mla``?) under ``backend``
+    (None: :data:`ASSUMED_SPARSE_MLA_BACKEND`) for a ``--kv-cache-dtype`` of ``cache_dtype``."""
+    chosen = SPARSE_MLA_BACKENDS[backend or ASSUMED_SPARSE_MLA_BACKEND]
+    dtype = "auto" if cache_dtype == "bfloat16" else cache_dtype
+    if dtype in chosen.packs:
+        return FP8_DS_MLA_BYTES, True
+    return latent * kv_bytes, False
 
 
 class LayerConfigError(ValueError):
@@ -98,7 +190,10 @@ class DTypes:
     model: str  # bfloat16, float16
     mamba_conv: str = "auto"  # --mamba-cache-dtype
     mamba_ssm: str = "auto"  # --mamba-ssm-cache-dtype
-    kv_fp8: bool = False
+    #: The ``--kv-cache-dtype`` as given, and the sparse-MLA backend (None: not known), which
+    #: together decide a sparse-MLA row (:func:`sparse_mla_row`).
+    cache_dtype: str = "auto"
+    sparse_mla_backend: str | None = None
 
     def __post_init__(self) -> None:
         for name, value in (
@@ -107,6 +202,12 @@ class DTypes:
         ):
             if value not in MAMBA_DTYPES:
                 raise ValueError(f"{name} must be one of {', '.join(MAMBA_DTYPES)}, got {value!r}")
+        backend = self.sparse_mla_backend
+        if backend is not None and backend not in SPARSE_MLA_BACKENDS:
+            raise ValueError(
+                f"sparse_mla_backend must be one of {', '.join(SPARSE_MLA_BACKENDS)}, "
+                f"got {backend!r}"
+            )
 
     def conv(self) -> str:
         return self.model if self.mamba_conv == "auto" else self.mamba_conv
@@ -190,14 +291,17 @@ def _layer_pattern(fields: Mapping[str, Any], num_layers: int) -> list[str]:
     if not isinstance(layer_types, list) or not layer_types:
         layer_types = _derived_layer_types(fields, model_type, num_layers)
     if isinstance(layer_types, list) and layer_types:
+        linear = "gdn" if model_type.startswith("qwen3") else "mamba2"
         names = {
             "full_attention": "full",
             "attention": "full",
             "indexed_attention": "full",  # DeepSeek-V3.2: MLA with the indexer
             "chunked_attention": "chunked",
             "sliding_attention": "sliding",
-            "linear_attention": "gdn" if model_type.startswith("qwen3") else "mamba2",
-            "mamba": "mamba1",
+            # transformers' own spelling of a recurrent layer, "mamba" before 5.13
+            # (configuration_utils._LEGACY_LAYER_TYPE_REMAP): the model's linear layer.
+            "linear_attention": linear,
+            "mamba": linear,
             "conv": "short_conv",
         }
         if len(layer_types) < num_layers:
@@ -249,10 +353,12 @@ def _mla_layers(fields: Mapping[str, Any], index: int, dtypes: DTypes) -> list[L
     latent = _int(fields, "kv_lora_rank") + _int(fields, "qk_rope_head_dim")
     if not is_sparse_mla(fields):
         return [LayerKind(index, "mla", bytes_per_token=latent * dtypes.kv_bytes)]
-    row = FP8_DS_MLA_BYTES if dtypes.kv_fp8 else latent * dtypes.kv_bytes
+    row, packed = sparse_mla_row(
+        dtypes.sparse_mla_backend, dtypes.cache_dtype, latent, dtypes.kv_bytes
+    )
     index_dim = _int(fields, "index_head_dim")
     indexer = index_dim + index_dim // INDEXER_QUANT_BLOCK * 4
-    variant = "fp8_ds_mla" if dtypes.kv_fp8 else "sparse"
+    variant = "fp8_ds_mla" if packed else "sparse"
     return [
         LayerKind(index, "mla", bytes_per_token=row, variant=variant),
         LayerKind(index, "indexer", bytes_per_token=indexer, variant="indexer"),
@@ -296,21 +402,28 @@ def _state_layer(
             ],
         )
     if what == "mamba2":
-        heads = _int(fields, "mamba_num_heads")
-        head_dim = _int(fields, "mamba_head_dim")
-        state = _int(fields, "ssm_state_size")
-        groups = _int(fields, "n_groups")
+        names = MAMBA2_FIELDS.get(str(fields.get("model_type", "")), MAMBA2_FIELDS["nemotron_h"])
+        heads = _int(fields, names.heads)
+        head_dim = _mamba2_head_dim(fields, names, heads)
+        state = _int(fields, names.state)
+        groups = _int(fields, names.groups)
         if groups % tp:
             groups = tp  # vLLM replicates the groups a head shard needs
-        kernel = _int(fields, "conv_kernel")
-        conv_dim = heads * head_dim + 2 * groups * state
-        nemotron_ssm = str(fields.get("mamba_ssm_cache_dtype", "float32"))
+        kernel = _int(fields, names.kernel)
+        if names.expand is None:
+            inner = heads * head_dim
+        else:
+            inner = _int(fields, names.expand) * _int(fields, "hidden_size")
+        conv_dim = inner + 2 * groups * state
+        ssm_default = None
+        if names.ssm_from_config:
+            ssm_default = str(fields.get("mamba_ssm_cache_dtype", "float32"))
         return _state(
             index,
             what,
             [
                 ((kernel - 1, _divide(conv_dim, tp, "Mamba2 channels")), conv),
-                ((_divide(heads, tp, "Mamba2 heads"), head_dim, state), dtypes.ssm(nemotron_ssm)),
+                ((_divide(heads, tp, "Mamba2 heads"), head_dim, state), dtypes.ssm(ssm_default)),
             ],
         )
     if what == "mamba1":
@@ -324,6 +437,57 @@ def _state_layer(
         shard = _divide(channels, tp, "short-convolution channels")
         return _state(index, what, [((kernel - 1, shard), conv)])
     raise LayerConfigError(f"layer {index}: unknown layer kind {what!r}")
+
+
+@dataclass(frozen=True)
+class Mamba2Fields:
+    """The config fields a model's Mamba2 layers are sized from, as its vLLM model class reads
+    them for ``MambaStateShapeCalculator.mamba2_state_shape``."""
+
+    heads: str
+    head_dim: str
+    state: str
+    groups: str
+    kernel: str
+    #: The inner width: ``expand x hidden_size`` when named, else ``heads x head_dim``.
+    expand: str | None
+    #: The SSM state's dtype under ``--mamba-ssm-cache-dtype auto``: the config's
+    #: ``mamba_ssm_cache_dtype`` (float32 when absent) when true, else the conv state's.
+    ssm_from_config: bool
+
+
+#: Mamba2 layers by ``model_type``; another model is read with Nemotron-H's names.
+MAMBA2_FIELDS: Mapping[str, Mamba2Fields] = {
+    # vLLM's nemotron_h.py (0.32.0: 801-812), and NemotronHForCausalLMConfig's float32 SSM
+    # state (model_executor/models/config.py:712-732 in 0.32.0).
+    "nemotron_h": Mamba2Fields(
+        "mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel", None, True
+    ),
+    # Granite 4 (GraniteMoeHybridForCausalLM): every "mamba" / "linear_attention" layer is a
+    # MambaMixer2 (granitemoehybrid.py ALL_DECODER_LAYER_TYPES at 318, 318, 322, 322, 321, 321 in
+    # 0.25.1, 0.28.0, 0.29.0, 0.32.0, 0.33.0, 0.34.0), sized by mamba2_state_shape from
+    # mamba_expand x hidden_size (lines 624-634, 628-638, 639-649, 636-646, 634-645, 634-645)
+    # with the SSM state in the model dtype (mamba2_state_dtype at 601, 605, 616, 612, 610, 610;
+    # no config override exists for it).
+    "granitemoehybrid": Mamba2Fields(
+        "mamba_n_heads",
+        "mamba_d_head",
+        "mamba_d_state",
+        "mamba_n_groups",
+        "mamba_d_conv",
+        "mamba_expand",
+        False,
+    ),
+}
+
+
+def _mamba2_head_dim(fields: Mapping[str, Any], names: Mamba2Fields, heads: int) -> int:
+    """The head width; Granite's ``mamba_d_head = "auto"`` is the inner width over the heads,
+    as transformers' GraniteMoeHybridConfig derives it."""
+    value = fields.get(names.head_dim)
+    if value == "auto" and names.expand is not None:
+        return _int(fields, names.expand) * _int(fields, "hidden_size") // heads
+    return _int(fields, names.head_dim)
 
 
 def pp_partition(num_layers: int, pp: int, override: str | None = None) -> list[tuple[int, int]]:

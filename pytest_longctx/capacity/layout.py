@@ -10,7 +10,16 @@ from typing import Any
 
 from .class_config import ConfigClassError, filled_config
 from .groups import Allocation, AllocatorSettings, allocate, describe_groups
-from .kinds import DTypes, LayerConfigError, LayerKind, pp_partition, read_layers
+from .kinds import (
+    ASSUMED_SPARSE_MLA_BACKEND,
+    SPARSE_MLA_BACKENDS,
+    DTypes,
+    LayerConfigError,
+    LayerKind,
+    is_sparse_mla,
+    pp_partition,
+    read_layers,
+)
 from .parallel import check_parallel, check_tensor_parallel
 
 GIB = 1024**3
@@ -45,6 +54,42 @@ FP8_CACHE_DTYPE = "fp8_e4m3"
 
 class ModelConfigError(ValueError):
     """A ``config.json`` that is missing, unreadable or lacks a field the layout needs."""
+
+
+class UnservedModelError(ModelConfigError):
+    """A model the supported vLLM versions do not serve (where the profile would run it)."""
+
+
+#: The vLLM versions whose source the refusals below were read in.
+CHECKED_VLLM_VERSIONS = ("0.25.1", "0.28.0", "0.29.0", "0.32.0", "0.33.0", "0.34.0")
+
+#: Architectures vLLM dropped, with the last version that served them, that it cannot hand to
+#: its Transformers backend either (transformers has no class of that name and the checkpoints'
+#: remote code is not backend-compatible: MiniMax-M1's ``modeling_minimax_m1.py`` neither sets
+#: ``_supports_attention_backend`` nor uses ``ALL_ATTENTION_FUNCTIONS``), so every checked
+#: version refuses them ("was supported in vLLM until v0.23.0"). ``_PREVIOUSLY_SUPPORTED_MODELS``
+#: in ``model_executor/models/registry.py``: lines 728-730 (0.25.1), 786-788 (0.28.0), 785-787
+#: (0.29.0), 820-822 (0.32.0), 862-864 (0.33.0), 904-906 (0.34.0). MiniMaxForCausalLM (the
+#: ``-hf`` conversions) is left out: transformers' MiniMaxForCausalLM is backend-compatible, so
+#: vLLM serves it through its Transformers backend instead.
+UNSERVED_ARCHITECTURES: Mapping[str, str] = {
+    "MiniMaxText01ForCausalLM": "0.23.0",  # MiniMaxAI/MiniMax-Text-01
+    "MiniMaxM1ForCausalLM": "0.23.0",  # MiniMaxAI/MiniMax-M1-40k, -80k
+    "MiniMaxVL01ForConditionalGeneration": "0.23.0",  # MiniMaxAI/MiniMax-VL-01
+}
+
+
+def check_served(config: Mapping[str, Any]) -> None:
+    """Raise :class:`UnservedModelError` for a model no supported vLLM version serves."""
+    architectures = config.get("architectures")
+    for name in architectures if isinstance(architectures, list) else ():
+        last = UNSERVED_ARCHITECTURES.get(str(name))
+        if last is not None:
+            raise UnservedModelError(
+                f"{name} is not served by vLLM after {last}: vLLM "
+                f"{', '.join(CHECKED_VLLM_VERSIONS)} refuse it (\"was supported in vLLM until "
+                f"v{last}\"), so nothing is sized for it"
+            )
 
 
 def load_model_config(path: str | Path) -> dict[str, Any]:
@@ -86,6 +131,11 @@ def text_fields(config: Mapping[str, Any]) -> Mapping[str, Any]:
 def uses_mla(config: Mapping[str, Any]) -> bool:
     """Whether vLLM caches the config's attention as an MLA latent."""
     return text_fields(config).get("kv_lora_rank") is not None
+
+
+def uses_sparse_mla(config: Mapping[str, Any]) -> bool:
+    """Whether the config's attention is sparse MLA (DeepSeek-V3.2's indexer, ``index_topk``)."""
+    return is_sparse_mla(text_fields(config))
 
 
 def _architecture(config: Mapping[str, Any]) -> str:
@@ -245,6 +295,7 @@ def cache_layout(
     prefill_context_parallel: int = 1,
     hybrid_prefix_caching: bool = True,
     hybrid_mla_block_128: bool = True,
+    sparse_mla_backend: str | None = None,
 ) -> CacheLayout:
     """The per-rank cache layout vLLM would build for ``config``.
 
@@ -259,7 +310,12 @@ def cache_layout(
     ``pipeline_parallel`` stages a rank holds its stage's layers (vLLM's partition,
     ``pp_layer_partition`` being ``VLLM_PP_LAYER_PARTITION``). Invalid parallel layouts raise
     :class:`~pytest_longctx.capacity.parallel.ParallelLayoutError` naming vLLM's rule.
+    ``sparse_mla_backend`` is the sparse-MLA attention backend (DeepSeek-V3.2's row depends on
+    it, :data:`~pytest_longctx.capacity.kinds.SPARSE_MLA_BACKENDS`); None sizes it as
+    :data:`~pytest_longctx.capacity.kinds.ASSUMED_SPARSE_MLA_BACKEND` keeps it. A model no
+    supported vLLM serves raises :class:`UnservedModelError`.
     """
+    check_served(config)
     pipeline_parallel = _parallel_int("pipeline_parallel", pipeline_parallel)
     tensor_parallel = _parallel_int("tensor_parallel", tensor_parallel)
     dcp = _parallel_int("decode_context_parallel", decode_context_parallel)
@@ -272,7 +328,8 @@ def cache_layout(
         model=model_dtype,
         mamba_conv=mamba_cache_dtype,
         mamba_ssm=mamba_ssm_cache_dtype,
-        kv_fp8=element_bytes == 1,
+        cache_dtype=cache_dtype,
+        sparse_mla_backend=sparse_mla_backend,
     )
     check_tensor_parallel(fields, tensor_parallel, dtypes)
     try:
@@ -336,6 +393,7 @@ def cache_layout(
         "prefill_context_parallel": prefill_context_parallel,
         "hybrid_prefix_caching": hybrid_prefix_caching,
         "hybrid_mla_block_128": hybrid_mla_block_128,
+        "sparse_mla_backend": sparse_mla_backend,
     }
     return CacheLayout(
         architecture=_architecture(fields),
@@ -433,6 +491,22 @@ def describe_layout(layout: CacheLayout) -> str:
             f"({layout.state_bytes_unsharded:,} B = "
             f"{layout.state_bytes_unsharded / 2**20:.2f} MiB unsharded)"
         )
+    if indexer is not None:
+        parts.append(_sparse_mla_words(layout))
     if layout.allocation is not None:
         parts.append(describe_groups(layout.allocation))
     return "; ".join(parts)
+
+
+def _sparse_mla_words(layout: CacheLayout) -> str:
+    """Which backend's row the sparse-MLA layers were sized with, and whether it is assumed."""
+    named = layout.options.get("sparse_mla_backend")
+    backend = SPARSE_MLA_BACKENDS[named or ASSUMED_SPARSE_MLA_BACKEND]
+    words = f"rows as vLLM's {backend.name} keeps them ({backend.gpus})"
+    if named is None:
+        words += (
+            "; assumed, the profile naming no GPU generation: the largest row a CUDA backend "
+            "keeps for this dtype (FLASHINFER_MLA_SPARSE on Blackwell SM100 keeps 576 B FP8 "
+            "rows; [serving] attention_backend names the backend)"
+        )
+    return words

@@ -115,15 +115,28 @@ def in_flight_tokens(
     return batched * (2 if pp == 1 and not cpu else pp)
 
 
+#: Where vLLM's CPU platform refuses sparse attention (DeepSeek-V3.2) in every supported
+#: version: ``platforms/cpu.py:86`` (0.25.1), ``:89`` (0.28.0), ``:145`` (0.29.0), ``:150``
+#: (0.32.0), ``:155`` (0.33.0 and 0.34.0).
+CPU_SPARSE_REFUSAL = "vLLM's CPU platform refuses sparse attention in every supported version"
+
+
 def layout_for(profile: Profile, release: Release | None = None) -> capacity.CacheLayout | None:
     """The layout vLLM builds for the profile, under ``release``'s defaults (default: the
     planned release's); an invalid parallel layout raises
-    :class:`~pytest_longctx.capacity.ParallelLayoutError` naming vLLM's rule."""
+    :class:`~pytest_longctx.capacity.ParallelLayoutError` naming vLLM's rule, a model vLLM
+    does not serve there :class:`~pytest_longctx.capacity.UnservedModelError`."""
     config = model_config(profile)
     if config is None:
         return None
     release = release or release_row(profile)
     serving = profile.serving
+    if serving.device == "cpu" and capacity.uses_sparse_mla(config):
+        raise capacity.UnservedModelError(
+            f"profile {profile.path}: [serving] device = \"cpu\" cannot serve a sparse-MLA "
+            f"model (index_topk): {CPU_SPARSE_REFUSAL} (\"Sparse Attention is not supported "
+            "on CPU\")"
+        )
     flags = cache_flags(serving, f"profile {profile.path}")
     layout = capacity.cache_layout(
         config,
@@ -146,6 +159,9 @@ def layout_for(profile: Profile, release: Release | None = None) -> capacity.Cac
         mamba_cache_dtype=flags.mamba_cache_dtype,
         mamba_ssm_cache_dtype=flags.mamba_ssm_cache_dtype,
         prefill_context_parallel=flags.prefill_context_parallel_size,
+        sparse_mla_backend=capacity.sparse_mla_backend_for(
+            serving.device, serving.attention_backend
+        ),
     )
     ranks = {
         "tensor_parallel_size": serving.tensor_parallel_size,

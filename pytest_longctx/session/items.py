@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_longctx.capacity import ParallelLayoutError
+from pytest_longctx.capacity import ModelConfigError, ParallelLayoutError
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.plan import capacity_check
 from pytest_longctx.plan.points import (
@@ -153,7 +153,7 @@ def arrange(
             if run.settings.url
             else capacity_check.check_points(run.plan, loaded, under_load=True)
         )
-    except (ParallelLayoutError, ProfileError) as exc:
+    except (ParallelLayoutError, ModelConfigError, ProfileError) as exc:
         raise pytest.UsageError(f"profile {run.plan.profile.name}: {exc}") from None
     resume.redo_cold_points(run, points)
     run.findings.unfit_lengths = {length for length, fit in verdicts.items() if not fit.fits}
