@@ -66,26 +66,27 @@ def block_size_for(profile: Profile, config: dict[str, Any]) -> int:
     return 64 if mla else 16
 
 
-def in_flight_tokens(profile: Profile, memory_per_device: int) -> int:
-    """Tokens a step may hold beyond a window: concurrent batches x max_num_batched_tokens.
-
-    vLLM's defaults for its API server: on GPUs 16384 batched tokens on devices of 160 GiB
-    or more, 8192 from 70 GiB (H100/H200), else 2048, with async scheduling running two
-    batches at once (a pipeline: one per stage); on CPU 2048 per rank and no async
-    scheduling.
-    """
+def prefill_chunk_tokens(profile: Profile, memory_per_device: int) -> int:
+    """The most prompt tokens one step computes: ``--max-num-batched-tokens``, else vLLM's
+    default for its API server: on GPUs 16384 on devices of 160 GiB or more, 8192 from
+    70 GiB (H100/H200), else 2048; on CPU 2048 per rank."""
     serving = profile.serving
-    flags = cache_flags(serving, f"profile {profile.path}")
-    pp = serving.pipeline_parallel_size
-    cpu = serving.device == "cpu"
-    batched = flags.max_num_batched_tokens
-    if batched is None:
-        gib = memory_per_device / capacity.GIB
-        if cpu:
-            batched = 2048 * serving.tensor_parallel_size * pp
-        else:
-            batched = 16384 if gib >= 160 else 8192 if gib >= 70 else 2048
-    return batched * (2 if pp == 1 and not cpu else pp)
+    batched = cache_flags(serving, f"profile {profile.path}").max_num_batched_tokens
+    if batched is not None:
+        return batched
+    if serving.device == "cpu":
+        return 2048 * serving.tensor_parallel_size * serving.pipeline_parallel_size
+    gib = memory_per_device / capacity.GIB
+    return 16384 if gib >= 160 else 8192 if gib >= 70 else 2048
+
+
+def in_flight_tokens(profile: Profile, memory_per_device: int) -> int:
+    """Tokens a step may hold beyond a window: concurrent batches x max_num_batched_tokens
+    (:func:`prefill_chunk_tokens`), with async scheduling running two batches at once on
+    GPUs (a pipeline: one per stage); on CPU no async scheduling."""
+    pp = profile.serving.pipeline_parallel_size
+    cpu = profile.serving.device == "cpu"
+    return prefill_chunk_tokens(profile, memory_per_device) * (2 if pp == 1 and not cpu else pp)
 
 
 def layout_for(profile: Profile) -> capacity.CacheLayout | None:
