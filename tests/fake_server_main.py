@@ -11,7 +11,11 @@ slow steps whose KV gauge still rises after its client went away, as an engine d
 abandoned request only between steps). ``--once
 FILE`` does any of them only while FILE does not exist. ``--fail-start-once FILE`` has the
 process fail its start-up (exit 1) once FILE exists, the first time only. ``--behaviour
-JSON`` sets other fields of its :class:`Behaviour`.
+JSON`` sets other fields of its :class:`Behaviour`. ``--step-limit-default S`` keeps vLLM's
+rule for one engine step, at a scale of seconds: a request whose longest prefill step
+(``first_token_delay_s`` over its chunks) outlasts ``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS`` from
+the environment (S where unset, standing for vLLM's 300 s) kills the engine at the limit, with
+the lines vLLM's multiprocessing executor and engine core log, and the server exits.
 """
 
 from __future__ import annotations
@@ -22,12 +26,35 @@ import os
 import signal
 import sys
 import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 from fake_vllm import Behaviour, FakeVLLM, _Handler  # noqa: E402
+
+
+def outlast_step_limit(payload: dict, behaviour: Behaviour, default_s: float) -> None:
+    """vLLM's multiprocessing executor on a step longer than its limit: it waits the limit,
+    raises, the engine core dies and the API server exits."""
+    limit = float(os.environ.get("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS") or default_s)
+    prompt = payload.get("prompt")
+    tokens = len(prompt) if isinstance(prompt, list) else 0
+    if not tokens:
+        return
+    delay = (
+        behaviour.first_token_delay_s
+        if behaviour.is_long(tokens)
+        else behaviour.short_first_token_delay_s
+    )
+    step = delay * min(1.0, behaviour.prefill_chunk_tokens / tokens)
+    if step <= limit:
+        return
+    time.sleep(limit)
+    print('TimeoutError: RPC call to execute_model timed out.', file=sys.stderr)
+    print("ERROR EngineCore encountered a fatal error.", file=sys.stderr, flush=True)
+    os._exit(1)
 
 
 def main() -> None:
@@ -46,6 +73,7 @@ def main() -> None:
     parser.add_argument("--fail-start-once", default="")
     parser.add_argument("--once", default="")
     parser.add_argument("--behaviour", default="{}", help="Behaviour fields, as JSON")
+    parser.add_argument("--step-limit-default", type=float, default=0.0)
     args, _ = parser.parse_known_args()
     completions = [0]
     lock = threading.Lock()
@@ -73,6 +101,8 @@ def main() -> None:
                 behaviour = fake.configure(fault=fault).behaviour
         if count == args.slow_at and first_time():
             behaviour = replace(behaviour, **json.loads(args.slow))
+        if args.step_limit_default > 0:
+            outlast_step_limit(payload, behaviour, args.step_limit_default)
         if count == args.die_at and first_time():
             if args.die_line:
                 print(args.die_line, file=sys.stderr, flush=True)

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -63,16 +64,17 @@ def pytest_longctx_server_command(config, plan, command):
     return ServerCommand(
         (sys.executable, {main!r}, "--host", "127.0.0.1", "--port", port,
          "--served-model-name", "tiny-llama", *extra),
-        {{}},
+        dict(command.env) if {keep_env!r} else {{}},
     )
 """
 
 
-def launch_fake_conftest(*extra: str) -> str:
+def launch_fake_conftest(*extra: str, keep_env: bool = False) -> str:
     """conftest text that has the session launch the stand-in (with ``extra`` arguments)
     instead of vLLM: it starts in a second, so a test about relaunches, signals or limits
-    pays no vLLM start-up per server it launches."""
-    return _LAUNCH_FAKE.format(extra=list(extra), main=str(FAKE_MAIN))
+    pays no vLLM start-up per server it launches. ``keep_env``: the stand-in gets the
+    environment the launch gives vLLM (the profile's and what the session adds)."""
+    return _LAUNCH_FAKE.format(extra=list(extra), main=str(FAKE_MAIN), keep_env=keep_env)
 
 
 #: Fails a point whose stream arrived in bursts, which a session otherwise keeps with the
@@ -402,3 +404,38 @@ def wait_until_group_is_gone(pgid: int, timeout_s: float = 60.0) -> bool:
 
 def files_containing(root: Path, needle: bytes) -> list[Path]:
     return [p for p in root.rglob("*") if p.is_file() and needle in p.read_bytes()]
+
+
+# -- the sweep's pytest-xdist scheduler, without workers ------------------------------------
+
+
+class FakeNode:
+    """What the scheduler sees of an xdist worker: the items sent and the shutdown."""
+
+    def __init__(self, name: str, log: list[int]) -> None:
+        self.gateway = SimpleNamespace(id=name)
+        self.sent: list[int] = []
+        self.log = log
+        self.shutting_down = False
+
+    def send_runtest_some(self, indices: list[int]) -> None:
+        self.sent.extend(indices)
+        self.log.extend(indices)
+
+    def shutdown(self) -> None:
+        self.shutting_down = True
+
+
+def schedule_on_two(config, run, collection: list[str]):  # noqa: ANN001, ANN201
+    """The sweep's scheduler over two fake workers that collected ``collection``, scheduled:
+    (scheduler, worker a, worker b, every index handed out in order)."""
+    from pytest_longctx.session.scheduling import LongestFirstScheduling
+
+    scheduler = LongestFirstScheduling(config, None, run)
+    handed_out: list[int] = []
+    a, b = FakeNode("gw0", handed_out), FakeNode("gw1", handed_out)
+    for node in (a, b):
+        scheduler.add_node(node)
+        scheduler.add_node_collection(node, collection)
+    scheduler.schedule()
+    return scheduler, a, b, handed_out

@@ -18,11 +18,13 @@ from types import SimpleNamespace
 import pytest
 from longctx_testing import (
     SWEEP_TEST,
+    FakeNode,
     assert_bursts_kept_with_the_servers_figure,
     launch_fake_conftest,
     records_of,
     run_folder,
     run_session,
+    schedule_on_two,
 )
 
 from pytest_longctx.plan.points import Point
@@ -125,38 +127,6 @@ def test_gpu_servers_get_their_own_devices(profile: str, variable: str) -> None:
 
 
 # -- the schedule ------------------------------------------------------------------------
-
-
-class FakeNode:
-    """What the scheduler sees of an xdist worker: the items sent and the shutdown."""
-
-    def __init__(self, name: str, log: list[int]) -> None:
-        self.gateway = SimpleNamespace(id=name)
-        self.sent: list[int] = []
-        self.log = log
-        self.shutting_down = False
-
-    def send_runtest_some(self, indices: list[int]) -> None:
-        self.sent.extend(indices)
-        self.log.extend(indices)
-
-    def shutdown(self) -> None:
-        self.shutting_down = True
-
-
-def schedule_on_two(config, run, collection: list[str]):  # noqa: ANN001, ANN201
-    """The sweep's scheduler over two fake workers that collected ``collection``, scheduled:
-    (scheduler, worker a, worker b, every index handed out in order)."""
-    from pytest_longctx.session.scheduling import LongestFirstScheduling
-
-    scheduler = LongestFirstScheduling(config, None, run)
-    handed_out: list[int] = []
-    a, b = FakeNode("gw0", handed_out), FakeNode("gw1", handed_out)
-    for node in (a, b):
-        scheduler.add_node(node)
-        scheduler.add_node_collection(node, collection)
-    scheduler.schedule()
-    return scheduler, a, b, handed_out
 
 
 def test_the_longest_points_go_first_to_every_worker(pytester: pytest.Pytester) -> None:

@@ -269,6 +269,9 @@ class PointSettings:
     #: The server's stream interval as its warm-ups showed it (None: not known): the point's
     #: stream is read as one of that interval even where the server merged its chunks.
     stream_interval: int | None = None
+    #: The TTFT model's time for the point's slowest engine step (its last prefill chunk;
+    #: None: no model): a request abandoned mid-step is waited for at least that long.
+    planned_step_s: float | None = None
 
 
 def point_request(
@@ -335,11 +338,15 @@ def send_measured(
         if exc.status_code is not None and exc.status_code < 500:
             raise PointFailure(f"{type(exc).__name__}: {exc}", "refused") from None
         raise PointFailure(
-            *outcomes.failed_request(exc, server, check_alive, others, slowest_step(watch))
+            *outcomes.failed_request(
+                exc, server, check_alive, others, slowest_step(watch), settings.planned_step_s
+            )
         ) from None
     except MeasurementError as exc:
         raise PointFailure(
-            *outcomes.failed_request(exc, server, check_alive, others, slowest_step(watch))
+            *outcomes.failed_request(
+                exc, server, check_alive, others, slowest_step(watch), settings.planned_step_s
+            )
         ) from None
     finally:
         if watch is not None:

@@ -143,7 +143,8 @@ PROBE_TIMEOUT_S = 10.0
 #: The least a working engine may take to drop a request whose client went away: vLLM aborts
 #: a request when its client disconnects, at the engine's next step. Still running after
 #: that, behind a front that answers ``/health``, the engine is stuck. A point whose steps
-#: were slower gets two of its slowest steps instead (:func:`abort_grace_s`).
+#: were, or are planned to be, slower gets two of its slowest steps instead
+#: (:func:`abort_grace_s`).
 ABORT_GRACE_S = 5.0
 ABORT_POLL_S = 0.25
 #: How many graces an engine that keeps stepping is waited for to drop the request; past
@@ -173,12 +174,25 @@ def _answers(server: ServerInfo) -> bool:
         return client.health_status() is not None
 
 
-def abort_grace_s(slowest_step_s: float | None) -> float:
+def abort_grace_s(slowest_step_s: float | None, planned_step_s: float | None = None) -> float:
     """How long the engine may keep an abandoned request before it counts as stuck: two of
     the slowest steps the point showed (an abort waits for the step in progress, and a
-    prefill's last steps over the longest context are its slowest), never under
-    :data:`ABORT_GRACE_S`."""
-    return max(ABORT_GRACE_S, 2.0 * (slowest_step_s or 0.0))
+    prefill's last steps over the longest context are its slowest), never under two of the
+    steps the TTFT model plans for the point's length (``planned_step_s``: the progress
+    sampler off, or a first step still running, shows none) nor :data:`ABORT_GRACE_S`."""
+    return max(ABORT_GRACE_S, 2.0 * (slowest_step_s or 0.0), 2.0 * (planned_step_s or 0.0))
+
+
+def _grace_words(grace: float, slowest_step_s: float | None, planned_step_s: float | None) -> str:
+    """What set the grace, for the evidence; empty for the least grace."""
+    if grace <= ABORT_GRACE_S:
+        return ""
+    if slowest_step_s is not None and grace == 2.0 * slowest_step_s:
+        return f"two of the point's slowest steps ({slowest_step_s:.1f} s)"
+    return (
+        f"two of the point's planned slowest step ({planned_step_s or 0:.1f} s, its last "
+        "prefill chunk by the TTFT model)"
+    )
 
 
 def _step_signs(snapshot: MetricsSnapshot) -> tuple[float | None, ...]:
@@ -186,7 +200,11 @@ def _step_signs(snapshot: MetricsSnapshot) -> tuple[float | None, ...]:
 
 
 def abandoned_request(
-    server: ServerInfo, since: float, others: int = 0, slowest_step_s: float | None = None
+    server: ServerInfo,
+    since: float,
+    others: int = 0,
+    slowest_step_s: float | None = None,
+    planned_step_s: float | None = None,
 ) -> tuple[str, tuple[str, ...]]:
     """What the engine did with a request whose budget ran out, abandoned at ``since``
     (monotonic): ``timeout`` when ``/metrics`` stops counting it running beyond ``others``
@@ -198,7 +216,8 @@ def abandoned_request(
     graces, and the point is a ``timeout`` even if the request still runs then. A step
     longer than the grace that shows no counter move reads as stuck: the server could not
     take the next point before that step ends either."""
-    grace = abort_grace_s(slowest_step_s)
+    grace = abort_grace_s(slowest_step_s, planned_step_s)
+    words = _grace_words(grace, slowest_step_s, planned_step_s)
     first: tuple[float | None, ...] | None = None
     signs: tuple[float | None, ...] = ()
     moved_at: float | None = None
@@ -212,7 +231,7 @@ def abandoned_request(
             running = snapshot.total(REQUESTS_RUNNING)
             now = time.monotonic()
             if running is None or running <= others:
-                return "timeout", _dropped_late(now - since, grace, slowest_step_s, first, signs)
+                return "timeout", _dropped_late(now - since, grace, words, first, signs)
             seen = _step_signs(snapshot)
             if first is None:
                 first, first_at = seen, now
@@ -233,11 +252,7 @@ def abandoned_request(
             f"({_moves(first, signs)}): it drops the request at a later step; the server is "
             "kept",
         )
-    step = (
-        f" (two of the point's slowest steps, {slowest_step_s:.1f} s)"
-        if grace > ABORT_GRACE_S and slowest_step_s is not None
-        else ""
-    )
+    step = f" ({words})" if words else ""
     evidence = [
         f"{REQUESTS_RUNNING} was {running:g}{besides} {waited:.1f} s after "
         f"the client abandoned the request, while /health answers and no step counter moved "
@@ -264,20 +279,18 @@ def _moves(first: tuple[float | None, ...] | None, last: tuple[float | None, ...
 def _dropped_late(
     waited: float,
     grace: float,
-    slowest_step_s: float | None,
+    words: str,
     first: tuple[float | None, ...] | None,
     last: tuple[float | None, ...],
 ) -> tuple[str, ...]:
     """What a timeout keeps when the engine dropped the request later than the least grace:
-    how long it took, and what showed it working meanwhile."""
+    how long it took, and what showed it working meanwhile (``words``: what set the
+    grace)."""
     if waited <= ABORT_GRACE_S:
         return ()
     moves = _moves(first, last)
-    why = (
-        f"stepping meanwhile ({moves})"
-        if moves
-        else f"within {grace:.1f} s, two of the point's slowest steps ({slowest_step_s or 0:.1f} s)"
-    )
+    within = f"within {grace:.1f} s" + (f", {words}" if words else "")
+    why = f"stepping meanwhile ({moves})" if moves else within
     return (
         f"the engine dropped the abandoned request {waited:.1f} s after its client left it, "
         f"{why}: a slow step, not a stuck engine; the server is kept",
@@ -290,6 +303,7 @@ def failed_request(
     check_alive: Callable[[float], None],
     others: int = 0,
     slowest_step_s: float | None = None,
+    planned_step_s: float | None = None,
 ) -> tuple[str, str, tuple[str, ...], bool]:
     """A failed request's (message, class, evidence, sent), from the error and from the
     server's state after it.
@@ -300,7 +314,8 @@ def failed_request(
     while the server still answers and drops the abandoned request, and a ``hang`` when it
     does not answer, or answers with the request still running and the engine not stepping
     (:func:`abandoned_request`; ``others``: requests of other clients expected to run;
-    ``slowest_step_s``: the slowest engine step the point showed, which sets the grace); a
+    ``slowest_step_s``: the slowest engine step the point showed, and ``planned_step_s``: the
+    TTFT model's for its length, which set the grace); a
     broken connection to a server that still answers was cut between the two.
     """
     abandoned = time.monotonic()
@@ -324,7 +339,9 @@ def failed_request(
         return text, frame[0], (said,), sent
     if isinstance(exc, MeasurementTimeoutError):
         if _answers(server):
-            klass, evidence = abandoned_request(server, abandoned, others, slowest_step_s)
+            klass, evidence = abandoned_request(
+                server, abandoned, others, slowest_step_s, planned_step_s
+            )
             return text, klass, evidence, sent
         return (
             text,

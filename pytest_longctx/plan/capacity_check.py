@@ -89,29 +89,35 @@ def block_size_for(profile: Profile, config: dict[str, Any]) -> int:
     return 64 if mla else 16
 
 
+def prefill_chunk_tokens(
+    profile: Profile, memory_per_device: int, release: Release | None = None
+) -> int:
+    """The most prompt tokens one step computes: ``--max-num-batched-tokens``, else vLLM's
+    default for its API server: on GPUs 16384 on devices of 160 GiB or more (vLLM 0.28.0
+    on; 8192 before), 8192 from 70 GiB (H100/H200), else 2048; on CPU 2048 per rank."""
+    serving = profile.serving
+    batched = cache_flags(serving, f"profile {profile.path}").max_num_batched_tokens
+    if batched is not None:
+        return batched
+    if serving.device == "cpu":
+        return 2048 * serving.tensor_parallel_size * serving.pipeline_parallel_size
+    release = release or release_row(profile)
+    return release.batched_tokens_default(memory_per_device)
+
+
 def in_flight_tokens(
     profile: Profile, memory_per_device: int, release: Release | None = None
 ) -> int:
-    """Tokens a step may hold beyond a window: concurrent batches x max_num_batched_tokens.
-
-    vLLM's defaults for its API server: on GPUs 16384 batched tokens on devices of 160 GiB
-    or more (vLLM 0.28.0 on; 8192 before), 8192 from 70 GiB (H100/H200), else 2048, with
-    async scheduling running two batches at once (a pipeline: one per stage); on CPU 2048
-    per rank and no async scheduling. Before vLLM 0.26.0 a window held one batch.
-    """
+    """Tokens a step may hold beyond a window: concurrent batches x max_num_batched_tokens
+    (:func:`prefill_chunk_tokens`), with async scheduling running two batches at once on
+    GPUs (a pipeline: one per stage); on CPU no async scheduling. Before vLLM 0.26.0 a
+    window held one batch."""
     release = release or release_row(profile)
-    serving = profile.serving
-    flags = cache_flags(serving, f"profile {profile.path}")
-    pp = serving.pipeline_parallel_size
-    cpu = serving.device == "cpu"
-    batched = flags.max_num_batched_tokens
-    if batched is None:
-        if cpu:
-            batched = 2048 * serving.tensor_parallel_size * pp
-        else:
-            batched = release.batched_tokens_default(memory_per_device)
-    if not release.window_holds_concurrent_batches:  # vLLM 0.25.1: one batch
+    batched = prefill_chunk_tokens(profile, memory_per_device, release)
+    if not release.window_holds_concurrent_batches:
         return batched
+    pp = profile.serving.pipeline_parallel_size
+    cpu = profile.serving.device == "cpu"
     return batched * (2 if pp == 1 and not cpu else pp)
 
 

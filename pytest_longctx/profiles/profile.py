@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import math
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -83,8 +84,14 @@ class SweepSpec:
     slow_from: int | None = None  # lengths from here are marked longctx_slow
     very_slow_from: int | None = None  # lengths from here are marked longctx_very_slow
     warmup_prompts: int = 3  # unmeasured requests after the server starts
-    #: First-token limit before any length is measured (then it grows from measurements).
+    #: First-token limit before any length is measured (then it grows from measurements),
+    #: where nothing is known of a length's TTFT (no record of the run, no expected_ttft).
     first_token_timeout_s: float = 6 * 3600.0
+    #: Seconds to the first token expected at some lengths on this setup (a table of lengths
+    #: to seconds, e.g. a study's: ``{ "1Mi" = 18.44, "64Mi" = 40171.67 }``). A length no
+    #: point of the session has measured gets its first-token budget, and the plan its
+    #: longest engine step, from them.
+    expected_ttft: Mapping[int, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -216,8 +223,10 @@ PROFILE_KEYS: Mapping[str, frozenset[str] | None] = {
             "very_slow_from",
             "warmup_prompts",
             "first_token_timeout_s",
+            "expected_ttft",
         }
     ),
+    "sweep.expected_ttft": None,
     "hardware": frozenset({"devices", "memory_per_device", "nodes", "reserve_per_device"}),
     "gate": frozenset({"tolerance"}),
 }
@@ -314,6 +323,7 @@ def _read_profile(path: Path, data: Mapping[str, Any]) -> Profile:
             first_token_timeout_s=reader.number(
                 "sweep", "first_token_timeout_s", float, 6 * 3600.0, 0.001
             ),
+            expected_ttft=reader.seconds_by_length("sweep", "expected_ttft"),
         ),
         hardware=HardwareSpec(
             devices=reader.number("hardware", "devices", int, 1, 1),
@@ -379,6 +389,24 @@ class _Reader:
     def size(self, table: str, key: str) -> int | None:
         value = self.table(table).get(key)
         return None if value is None else self.size_value(table, key, value)
+
+    def seconds_by_length(self, table: str, key: str) -> dict[int, float]:
+        """A table of lengths to positive seconds (``{ "64Mi" = 40171.67 }``)."""
+        value = self.table(table).get(key, {})
+        form = 'a table of lengths to seconds, e.g. { "1Mi" = 18.44, "64Mi" = 40171.67 }'
+        if not isinstance(value, Mapping):
+            raise ProfileError(f"profile {self.path}: [{table}] {key} must be {form}")
+        figures: dict[int, float] = {}
+        for length, seconds in value.items():
+            tokens = self.size_value(f"{table}.{key}", str(length), length)
+            number = isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+            if not (number and math.isfinite(seconds) and seconds > 0):
+                raise ProfileError(
+                    f"profile {self.path}: [{table}.{key}] {length!r} = {seconds!r} must be a "
+                    f"positive number of seconds ({form})"
+                )
+            figures[tokens] = float(seconds)
+        return figures
 
     def size_value(self, table: str, key: str, value: Any) -> int:
         try:

@@ -54,7 +54,7 @@ from pytest_longctx.serving.process import (
     wait_released,
 )
 from pytest_longctx.serving.vllm_command import FlagError, ServerCommand, same_release
-from pytest_longctx.session import point_setup
+from pytest_longctx.session import budgets, point_setup
 from pytest_longctx.session import server as session_server
 from pytest_longctx.session.api_key import api_key, api_key_env_name
 from pytest_longctx.session.run import Run
@@ -259,6 +259,7 @@ class ServerLifecycle:
                     f"vLLM {check.version} does not accept {', '.join(check.left_out)}, which "
                     "pytest-longctx adds on its own: the server runs without it"
                 )
+        run.findings.problems.extend(budgets.launch_warnings(run, self.workload))
         leftovers = leftover_servers(run.output_root, run.run_dir)
         run.findings.problems.extend(leftovers)
         if profile.serving.device in VISIBLE_DEVICES_ENV:  # what a relaunch waits to see again

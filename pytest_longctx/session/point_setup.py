@@ -32,7 +32,6 @@ from pytest_longctx.measure.measurement import (
     measure_point,
 )
 from pytest_longctx.measure.target import ServerError, ServerInfo
-from pytest_longctx.measure.timeouts import FirstTokenBudget
 from pytest_longctx.measure.under_load import LoadSettings, measure_under_load, probe_sequences
 from pytest_longctx.plan import capacity_check
 from pytest_longctx.plan.points import BACKGROUND_DECODE_TOKENS, BACKGROUND_PROMPT_TOKENS, Point
@@ -49,7 +48,7 @@ from pytest_longctx.prompts import (
 from pytest_longctx.prompts.needle import NEEDLE_KEYS
 from pytest_longctx.prompts.probe import DEPTHS, probe_depth, probe_texts, probe_value
 from pytest_longctx.serving import model_description
-from pytest_longctx.session import concurrency
+from pytest_longctx.session import budgets, concurrency
 from pytest_longctx.session import server as session_server
 from pytest_longctx.session.run import Run
 
@@ -324,21 +323,19 @@ class PointSetup:
 
 def prepare(run: Run, server: ServerInfo, point: Point) -> PointSetup:
     """The point's settings, with the first-token budget grown from the points measured so
-    far."""
-    budget = FirstTokenBudget(
-        default_s=run.plan.profile.sweep.first_token_timeout_s,
-        override_s=run.settings.ttft_timeout_s,
-    )
+    far, or from what the run knows before (:mod:`budgets`), and the point's planned slowest
+    engine step (the least a request abandoned mid-step is waited for)."""
     requests = point.concurrency if point.concurrent else 1
-    budget_s, source = budget.for_length(point.length, run.sweep.measured_ttft, requests)
-    if run.settings.ttft_timeout_s is not None:
-        source += " (--longctx-ttft-timeout)"
+    budget_s, source = budgets.first_token_budget(run, point.length, requests)
     settings = PointSettings(
         decode_tokens=run.plan.decode_tokens,
         first_token_budget_s=budget_s,
         budget_source=source,
         allow_unverified=run.settings.allow_unverified,
         stream_interval=(run.findings.fingerprint.get("stream") or {}).get("stream_interval"),
+        planned_step_s=budgets.planned_step_s(
+            run, point.length, session_server.workload_of(point)
+        ),
     )
     if not point.interference:
         settings = dataclasses.replace(

@@ -35,6 +35,7 @@ from pytest_longctx.serving.vllm_command import (
     redact_env,
     serve_args,
 )
+from pytest_longctx.session import budgets
 from pytest_longctx.session.api_key import API_KEY_ENV_FOR_VLLM, api_key, api_key_env_name
 from pytest_longctx.session.run import Run
 
@@ -89,7 +90,8 @@ def planned_command(
     background streams beside the long prompt, usage that says what the cache served (the
     only proof the long prompt is cold under load), the chunk asked for and the scheduler's
     config readable (``/server_info``); for the concurrency points, room for the highest
-    level and the same usage (each of its prompts must be cold)."""
+    level and the same usage (each of its prompts must be cold). vLLM's step limit is raised
+    in its environment where the longest planned step would exceed it (:mod:`budgets`)."""
     profile = run.plan.profile
     loaded = serves == INTERFERENCE
     concurrent = serves == CONCURRENCY
@@ -108,6 +110,9 @@ def planned_command(
         max_num_batched_tokens=run.settings.max_num_batched_tokens if loaded else None,
         server_info=loaded,
     )
+    limit = budgets.launch_env(run, serves)  # vLLM's step limit, where a step would exceed it
+    if limit:
+        command = ServerCommand(command.argv, {**limit, **command.env})
     key = api_key(run)
     if key:
         command = ServerCommand(command.argv, {**command.env, API_KEY_ENV_FOR_VLLM: key})

