@@ -144,6 +144,20 @@ def test_environment_defaults(release: tuple[Release, Source]) -> None:
         assert found.value == default, f"vLLM {row.version}: {variable} at {found.where}"
 
 
+def test_step_limits(release: tuple[Release, Source]) -> None:
+    """The multiprocessing executor (and RayExecutorV2, one of them) waits
+    VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS for a step; the compiled-graph Ray executor, where the
+    release has it, sets RAY_CGRAPH_get_timeout where unset."""
+    row, source = release
+    multiproc = source.text("v1/executor/multiproc_executor.py") or ""
+    assert "envs.VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS" in multiproc, f"vLLM {row.version}"
+    ray = source.text("v1/executor/ray_executor.py") or ""
+    found = re.search(r'os\.environ\.setdefault\("RAY_CGRAPH_get_timeout", "(\d+)"\)', ray)
+    assert (int(found.group(1)) if found else None) == row.ray_cgraph_get_timeout_s, (
+        f"vLLM {row.version}: v1/executor/ray_executor.py"
+    )
+
+
 def test_metrics(release: tuple[Release, Source]) -> None:
     """The series the product reads, and the tiers the per-tier counter names (its
     ``source`` label: ``CacheHitSource``), which the cache-tier reading knows."""

