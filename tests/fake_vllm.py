@@ -149,6 +149,9 @@ class Behaviour:
     #: ``wrong_at_lengths`` (another needle's token there).
     answers: str = "retrieve"
     wrong_at_lengths: tuple[int, ...] = ()
+    #: Tokens of reasoning before the answer, as a reasoning model writes them: ``<think>``,
+    #: words, ``</think>`` (0: the answer is the first token).
+    thinking_tokens: int = 0
     block_size: int = 128
     num_gpu_blocks: int = 16_384
     #: ``enable_prefix_caching`` in ``vllm:cache_config_info``.
@@ -581,6 +584,17 @@ def answer_text(prompt: object, behaviour: Behaviour, prompt_tokens: int) -> str
     return None
 
 
+def token_text(index: int, answer: str | None, behaviour: Behaviour, empty: set[int]) -> str:
+    """The text of the completion's token ``index``: the reasoning a thinking model writes
+    first, then the answer, then the filler (empty where the behaviour says so)."""
+    thinking = behaviour.thinking_tokens
+    if index < thinking:
+        return "<think>" if index == 0 else ("</think>" if index == thinking - 1 else " hmm")
+    if index == thinking and answer is not None:
+        return answer
+    return "" if index in empty else behaviour.token_text
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # a chunk must leave when written, not 40 ms later
@@ -845,10 +859,8 @@ class _Handler(BaseHTTPRequestHandler):
                 due = target
                 self._idle_until(behaviour, target)
                 text = "".join(
-                    "" if sent + n in empty else behaviour.token_text for n in range(count)
+                    token_text(sent + n, answer, behaviour, empty) for n in range(count)
                 )
-                if sent == 0 and answer is not None:
-                    text = answer + text[len(behaviour.token_text) :]
                 choice = {
                     "index": 0,
                     "text": text,

@@ -4,7 +4,8 @@ finely, and a KV block of 32 tokens (a GPU's default is 16), attached by URL.
 Cold: every point is a cold prefill on that block size. Alone: a point another client's
 request shared the server with fails. True: the records describe the model that was served,
 not the profile's. Wrong: its weights are random, so it answers the fidelity probe (its
-tokenizer has the needle vocabulary) wrongly at every point, the probe's negative control.
+tokenizer has the needle vocabulary) wrongly at every point, the probe's negative control:
+the default mode learns that from the warm-up and keeps every point, ``check`` fails them all.
 """
 
 from __future__ import annotations
@@ -107,3 +108,53 @@ def test_the_records_describe_the_served_model_not_the_profile(
     run_dir = run_folder(output)
     assert (run_dir / "kv_cache.png").is_file()
     assert "llama" not in json.dumps(fingerprint).lower()
+
+
+def test_the_default_mode_keeps_every_point_of_a_model_that_does_not_answer_the_probe(
+    sweep_dir: pytest.Pytester, foreign_model_url: str
+) -> None:
+    """A random-weight model attached by URL with the default options (the issue's case on
+    a shared server rather than a random tiny-llama of its own: the same needle vocabulary and
+    the same '▁is▁is▁is' for an answer). Its warm-up shows it does not answer the probe, so
+    every point passes with its figures, its answers not checked, the reason said once."""
+    result, output = run_session(
+        sweep_dir, "--longctx-to=2Ki", "--longctx-repeats=2", url=foreign_model_url
+    )
+    result.assert_outcomes(passed=4)
+    records = records_of(output)
+    assert {r.fidelity["verdict"] for r in records} == {"not_checked"}, records[0].fidelity
+    assert {r.fidelity["answered"] for r in records} == {"wrong"}
+    assert all(r.figures["ttft"] > 0 and r.figures["decode_throughput"] > 0 for r in records)
+    (reason,) = {r.fidelity["reason"] for r in records}
+    assert reason.startswith(
+        "the served model tiny-qwen-fine did not answer the fidelity probe in the warm-up at "
+        "1Ki tokens (0 of 1 right; expected "
+    ), reason
+    output_text = result.stdout.str()
+    assert output_text.count(reason) == 1
+    assert f"fidelity not checked at 4 point(s): {reason}" in output_text
+    report = (run_folder(output) / "report.md").read_text()
+    assert f"- Not checked at 4 point(s): {reason}" in report
+
+
+def test_check_fails_every_point_of_a_model_that_does_not_answer_the_probe(
+    sweep_dir: pytest.Pytester, foreign_model_url: str
+) -> None:
+    """The same server with ``check``, and a profile for another model (cpu-tiny, whose model
+    is tiny-llama) named: the session says the models differ, its records describe the served
+    one, and every wrong answer fails its point with the figures kept."""
+    result, output = run_session(
+        sweep_dir,
+        "--longctx-to=2Ki",
+        "--longctx-profile=cpu-tiny",
+        "--longctx-fidelity=check",
+        url=foreign_model_url,
+    )
+    result.assert_outcomes(failed=2)
+    records = records_of(output)
+    assert {r.failure_class for r in records} == {"wrong_answer"}
+    assert all(r.figures["ttft"] > 0 for r in records)
+    assert {r.fingerprint["model_described_by"] for r in records} == {"the server's model folder"}
+    result.stdout.fnmatch_lines(
+        ["pytest-longctx: profile cpu-tiny is for tiny-llama; the server serves tiny-qwen-fine *"]
+    )

@@ -78,6 +78,75 @@ def test_a_model_that_cannot_retrieve_fails_every_length(session) -> None:  # no
     assert {r.failure_class for r in records} == {"wrong_answer"}
 
 
+def test_auto_keeps_every_point_of_a_model_that_does_not_answer_in_the_warm_ups(
+    session,  # noqa: ANN001
+    fake_vllm: FakeVLLM,
+    pytester: pytest.Pytester,
+) -> None:
+    """A model that answers nothing from its first request on (a base model, another prompt
+    convention, random weights): the default mode learns it from the warm-ups, before any
+    point, and keeps every point with its figures, the answer recorded and the reason said once
+    in the summary and the report."""
+    fake_vllm.configure(answers="random")
+    result, records = session("--longctx-to=4Ki")
+    result.assert_outcomes(passed=3)
+    assert {r.fidelity["verdict"] for r in records} == {"not_checked"}
+    assert {r.fidelity["answered"] for r in records} == {"wrong"}  # what came back, recorded
+    assert all(r.figures["ttft"] > 0 and r.fidelity["expected"] for r in records)
+    (reason,) = {r.fidelity["reason"] for r in records}
+    assert reason.startswith(
+        "the served model fake-model did not answer the fidelity probe in the warm-up at 1Ki "
+        "tokens (0 of 3 right; expected "
+    )
+    assert reason.endswith(
+        f"(completion {' tok' * 10!r})): its answers are recorded, not checked "
+        "(--longctx-fidelity=check checks them)"
+    )
+    output = result.stdout.str()
+    assert "fidelity: 0 wrong answer(s) of 3 point(s) (3 not checked)" in output
+    assert output.count(reason) == 1
+    assert f"fidelity not checked at 3 point(s): {reason}" in output
+    markdown = (run_folder(pytester.path / "reports") / "report.md").read_text()
+    assert markdown.count(reason) == 1 and f"- Not checked at 3 point(s): {reason}" in markdown
+
+
+def test_check_fails_every_point_of_a_model_that_does_not_answer(
+    session,  # noqa: ANN001
+    fake_vllm: FakeVLLM,
+) -> None:
+    fake_vllm.configure(answers="random")
+    result, records = session("--longctx-to=4Ki", "--longctx-fidelity=check")
+    result.assert_outcomes(failed=3)
+    assert {r.failure_class for r in records} == {"wrong_answer"}
+    assert all(r.figures["ttft"] > 0 for r in records)
+
+
+@pytest.mark.parametrize(("decode", "answered"), [(96, "correct"), (48, "not_checked")])
+def test_a_reasoning_model_is_judged_by_the_answer_after_its_thinking(
+    session,  # noqa: ANN001
+    fake_vllm: FakeVLLM,
+    decode: int,
+    answered: str,
+) -> None:
+    """A model that thinks for 70 tokens (about 280 characters) before it answers. With a decode
+    length that holds its thinking, its answer is read after it, in the warm-ups (asked again
+    with that length to think in) and at every point; with one that does not, it never answers
+    within the budget and its answers are not checked."""
+    fake_vllm.configure(thinking_tokens=70)
+    result, records = session("--longctx-to=2Ki", f"--longctx-decode-tokens={decode}")
+    result.assert_outcomes(passed=2)
+    verdicts = [r.fidelity for r in records]
+    if answered == "correct":
+        assert all(v["verdict"] == "correct" and v["answer"] == v["expected"] for v in verdicts)
+        assert all(v["reasoning_chars"] > 200 for v in verdicts), verdicts
+        assert all(v["completion"].startswith("<|needle-") for v in verdicts)
+    else:
+        assert {v["verdict"] for v in verdicts} == {"not_checked"}
+        (reason,) = {v["reason"] for v in verdicts}
+        assert "did not answer the fidelity probe in the warm-up" in reason
+        assert "still reasoning when the completion ended" in reason
+
+
 def test_off_plants_no_probe(session) -> None:  # noqa: ANN001
     result, records = session("-m", "len==1Ki", "--longctx-fidelity=off", answers="random")
     result.assert_outcomes(passed=1)
@@ -121,6 +190,8 @@ def test_the_plan_shows_the_probe_and_which_lengths_are_checked(pytester: pytest
             "is'*",
             "fidelity --longctx-fidelity=auto (the model's advertised context is 1Mi tokens): "
             "checked 512Ki, 1Mi; recorded only 2Mi",
+            "fidelity auto: the 3 warm-up(s) at 1Ki tokens carry the probe; a served model that "
+            "does not answer it there has every point's answer recorded as not_checked, *",
             "needle depths: len=512Ki-rep=0 0, len=1Mi-rep=0 0.5, len=2Mi-rep=0 1",
         ]
     )

@@ -8,14 +8,22 @@ from pathlib import Path
 
 import pytest
 
-from pytest_longctx.prompts import NONCE_TOKENS, Probe, PromptBuilder, fidelity_verdict, judgement
+from pytest_longctx.prompts import (
+    NONCE_TOKENS,
+    Probe,
+    PromptBuilder,
+    fidelity_verdict,
+    judgement,
+    learn,
+    requests_verdict,
+)
 from pytest_longctx.prompts.needle import (
     NEEDLE_KEYS,
     keyed_needle_token,
     keyed_question_token,
     parse_answer,
 )
-from pytest_longctx.prompts.probe import DEPTHS, probe_depth
+from pytest_longctx.prompts.probe import DEPTHS, after_reasoning, probe_depth
 
 VOCAB = 5000
 
@@ -274,6 +282,96 @@ def test_verdicts() -> None:
     }
     unprobed = fidelity_verdict(None, "7", "check", "a warm-up carries no probe")
     assert unprobed == {"verdict": "not_checked", "reason": "a warm-up carries no probe"}
+
+
+#: A token-form probe whose answer is the value 7, and a text-form one whose pass key is 48213.
+TOKENS_PROBE = Probe("tokens", "7", 0.5, keyed_needle_token(0, 7), keyed_question_token(0), 512)
+TEXT_PROBE = Probe("text", "48213", 0.5, "The pass key of Alice is 48213.", "What is", 512)
+
+
+@pytest.mark.parametrize(
+    ("completion", "answer", "reasoning"),
+    [
+        (" 48213.", " 48213.", 0),
+        ("<think>Alice's key... 11111?</think> 48213", " 48213", 36),
+        ("<think>a</think><think>b</think>48213", "48213", 32),
+        ("<thinking>hmm</thinking>\n48213", "\n48213", 24),
+        ("<think>the key is 48213 or", None, 26),  # the decode ended while it thought
+        ("48213 <think>more", "48213 ", 0),  # an answer, then more thinking: it counts
+    ],
+)
+def test_the_answer_is_read_after_the_reasoning_block(
+    completion: str, answer: str | None, reasoning: int
+) -> None:
+    assert after_reasoning(completion) == (answer, reasoning)
+
+
+def test_a_reasoning_models_answer_is_judged_after_its_thinking() -> None:
+    thought = "<think>" + " hmm" * 100 + "</think>"
+    right = fidelity_verdict(TOKENS_PROBE, thought + "<|needle-7|>", "check")
+    assert (right["verdict"], right["answer"]) == ("correct", "7")
+    assert right["completion"] == "<|needle-7|>" and right["reasoning_chars"] == len(thought)
+    assert right["judged_by"].endswith("after its reasoning block")
+    # the digits in its thinking are not its answer
+    text = fidelity_verdict(TEXT_PROBE, "<think>is it 11111?</think> 48213", "check")
+    assert (text["verdict"], text["answer"]) == ("correct", "48213")
+    unfinished = fidelity_verdict(TEXT_PROBE, "<think>is it 48213? Let me see", "check")
+    assert (unfinished["verdict"], unfinished["answer"]) == ("not_checked", None)
+    assert "still reasoning" in unfinished["reason"]
+
+
+def test_an_unjudged_answer_is_recorded_not_checked_with_the_reason() -> None:
+    why = "the served model did not answer the fidelity probe in the warm-up"
+    wrong = fidelity_verdict(TOKENS_PROBE, "▁is▁is▁is", "check", unjudged=why)
+    assert (wrong["verdict"], wrong["reason"], wrong["answered"]) == ("not_checked", why, "wrong")
+    assert wrong["expected"] == "7" and wrong["answer"] is None  # what came back is kept
+    assert wrong["completion"] == "▁is▁is▁is" and "judged_by" not in wrong
+    right = fidelity_verdict(TOKENS_PROBE, "<|needle-7|>", "record", unjudged=why)
+    assert (right["verdict"], right["answered"]) == ("not_checked", "correct")
+    assert right["mode"] == "record"
+    thinking = fidelity_verdict(TOKENS_PROBE, "<think>hmm", "check", unjudged=why)
+    assert (thinking["verdict"], thinking["answered"], thinking["reason"]) == (
+        "not_checked", "not_checked", why
+    )
+    # off stays off, and a prompt without a probe keeps its own reason
+    off = fidelity_verdict(TOKENS_PROBE, "x", "off", unjudged=why)
+    assert off["reason"] == "--longctx-fidelity=off"
+    assert fidelity_verdict(None, "x", "check", "no probe", unjudged=why)["reason"] == "no probe"
+    level = requests_verdict(TOKENS_PROBE, ["<|needle-7|>", "<|needle-3|>"], "check", unjudged=why)
+    assert (level["verdict"], level["answered"], level["reason"]) == ("not_checked", "wrong", why)
+    assert level["wrong_requests"] == [1] and level["requests"] == 2
+
+
+def warm_ups(*completions: str) -> list[dict]:
+    return [fidelity_verdict(TOKENS_PROBE, completion, "check") for completion in completions]
+
+
+def test_a_model_that_does_not_answer_in_the_warm_ups_is_learned_not_to_follow() -> None:
+    lesson = learn(warm_ups("▁is▁is▁is", "▁is▁is▁is", "▁is▁is▁is"), 1024, "tiny-qwen-fine")
+    assert not lesson.follows and (lesson.asked, lesson.correct) == (3, 0)
+    assert lesson.reason == (
+        "the served model tiny-qwen-fine did not answer the fidelity probe in the warm-up at "
+        "1Ki tokens (0 of 3 right; expected 7, answered None (completion '▁is▁is▁is')): its "
+        "answers are recorded, not checked (--longctx-fidelity=check checks them)"
+    )
+    thinking = learn([fidelity_verdict(TEXT_PROBE, "<think>let me", "check")], 2048)
+    assert not thinking.follows and "still reasoning" in thinking.reason
+    assert "the served model did not" in thinking.reason and "at 2Ki tokens" in thinking.reason
+
+
+def test_a_model_that_answers_in_the_warm_ups_follows_the_probe() -> None:
+    assert learn(warm_ups("<|needle-7|>"), 1024).follows
+    assert learn(warm_ups("<|needle-7|>", "<|needle-7|>", "<|needle-9|>"), 1024).follows
+    assert learn(warm_ups("<|needle-7|>", "<|needle-9|>"), 1024).follows  # no more missed
+    lesson = learn(warm_ups("<|needle-7|>", "<|needle-9|>", "x"), 1024)  # more missed than right
+    assert not lesson.follows and "1 of 3 right; expected 7, answered 9" in lesson.reason
+    assert learn(warm_ups("<|needle-7|>"), 1024).reason == ""
+
+
+def test_nothing_is_learned_without_a_warm_up() -> None:
+    lesson = learn([], 1024, "m")
+    assert not lesson.follows
+    assert lesson.reason.startswith("no warm-up asked the probe (--longctx-warmup-prompts=0)")
 
 
 def test_auto_checks_within_the_advertised_context_and_records_beyond() -> None:

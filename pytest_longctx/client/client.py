@@ -710,8 +710,8 @@ class CompletionClient:
                 )
             count, choice_source = _choice_tokens(choice)
             text = choice.get("text")
-            if isinstance(text, str) and len(state.head) < COMPLETION_HEAD_CHARS:
-                state.head += text[: COMPLETION_HEAD_CHARS - len(state.head)]
+            if isinstance(text, str) and state.head_chars < COMPLETION_HEAD_CHARS:
+                state.keep_text(text[: COMPLETION_HEAD_CHARS - state.head_chars])
             counted += count
             if count:
                 source = choice_source
@@ -797,7 +797,7 @@ class CompletionClient:
             ),
             response_headers_s=context.response_headers_s,
             started_perf_s=context.t0,
-            completion_head=state.head,
+            completion_head="".join(state.head),
             server_stream_interval=context.stream_interval,
         )
         if check_count and completion_tokens != request.decode_tokens:
@@ -886,7 +886,13 @@ class _StreamState:
     counter: _ChunkCounter = field(default_factory=_ChunkCounter)
     finish_reason: str | None = None
     usage: Mapping[str, Any] | None = None
-    head: str = ""
+    #: The completion's text so far, in the pieces the chunks carried (joined once at the end).
+    head: list[str] = field(default_factory=list)
+    head_chars: int = 0
+
+    def keep_text(self, text: str) -> None:
+        self.head.append(text)
+        self.head_chars += len(text)
 
     @property
     def chunk_tokens_total(self) -> int:

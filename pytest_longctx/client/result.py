@@ -13,8 +13,9 @@ except ImportError:  # pragma: no cover - exercised via _encode_ids_python in te
     np = None  # type: ignore[assignment]
 
 
-#: Characters of the completion kept with a measurement: enough for any probe's answer.
-COMPLETION_HEAD_CHARS = 200
+#: Characters of the completion kept with a measurement: enough for any probe's answer, after
+#: a reasoning block of a few thousand tokens too (the answer follows the thinking).
+COMPLETION_HEAD_CHARS = 32_000
 
 
 @dataclass(frozen=True)

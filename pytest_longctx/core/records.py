@@ -181,7 +181,10 @@ class Record:
     #: The probe the measured prompt carried and its verdict: ``expected``, ``answer``,
     #: ``depth`` (fraction of the prompt), ``verdict`` (``correct``, ``wrong`` or
     #: ``not_checked`` with a ``reason``), ``judged_by``, ``mode`` (``check`` or ``record``),
-    #: ``key`` (the name the question asks for) and ``needles`` (how many the prompt holds).
+    #: ``key`` (the name the question asks for) and ``needles`` (how many the prompt holds);
+    #: ``reasoning_chars`` when the answer followed a reasoning block, and ``answered`` (the
+    #: verdict it would have had) when ``auto`` recorded it unjudged (the model did not answer
+    #: the probe in the warm-ups).
     fidelity: Mapping[str, Any] = field(default_factory=dict)
     #: A concurrency point's level and what it did (``cache_state`` ``concurrency``): the
     #: ``level`` (requests of this length sent at once), ``aggregate_decode_throughput``,

@@ -221,3 +221,14 @@ def answer_counts(records: Iterable[Record]) -> dict[str, int]:
         if verdict in counts:
             counts[verdict] += 1
     return {verdict: count for verdict, count in counts.items() if count}
+
+
+def unchecked_reasons(records: Iterable[Record]) -> dict[str, int]:
+    """Points per reason their answer was not checked, in the order first seen: a reason the
+    whole run shares (a model that did not answer the probe in the warm-ups) is said once."""
+    reasons: dict[str, int] = {}
+    for record in records:
+        if record.fidelity.get("verdict") == "not_checked":
+            reason = str(record.fidelity.get("reason") or "no reason recorded")
+            reasons[reason] = reasons.get(reason, 0) + 1
+    return reasons

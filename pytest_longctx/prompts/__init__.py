@@ -12,13 +12,23 @@ from .builder import (
     PromptError,
     ServerTokenSource,
 )
-from .probe import FIDELITY_MODES, Probe, fidelity_verdict, judgement, requests_verdict
+from .probe import (
+    FIDELITY_MODES,
+    Probe,
+    ProbeLesson,
+    fidelity_verdict,
+    judgement,
+    learn,
+    requests_verdict,
+)
 
 __all__ = [
     "FIDELITY_MODES",
     "Probe",
+    "ProbeLesson",
     "fidelity_verdict",
     "judgement",
+    "learn",
     "requests_verdict",
     "NONCE_TOKENS",
     "LocalTokenSource",

@@ -4,7 +4,9 @@ A bug that loses context loses it somewhere: past a length (an offset that wraps
 (a block far back, a chunk boundary), on a reused prefix. One row per length and kind of
 point (cold, warm follow-up, interference), one column per needle depth to the nearest eighth
 of the prompt; a cell counts the right (✓) and wrong (✗) answers of the points whose needle sat
-there. Points without a probe (``not_checked``) have no depth and are left out.
+there. Points whose answer was not checked (no probe, ``--longctx-fidelity=off``, a model that
+did not answer the probe in the warm-ups) are left out of the map, and each reason is said once
+under it with the points it covers.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Iterable, Sequence
 
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
-from pytest_longctx.core.stats import latest_records
+from pytest_longctx.core.stats import latest_records, unchecked_reasons
 from pytest_longctx.reporting.text_table import html_table, markdown_table_lines
 
 #: Depth columns: eighths of the prompt, 0 (its start) to 1 (right before the question).
@@ -61,23 +63,47 @@ def _cell(cells: Counter[tuple[int, str]], column: int) -> str:
     return " ".join(marks) or _EMPTY
 
 
+def unchecked_notes(records: Iterable[Record]) -> list[str]:
+    """``Not checked at N point(s): reason``, once per reason."""
+    return [
+        f"Not checked at {count} point(s): {reason}"
+        for reason, count in unchecked_reasons(latest_records(records)).items()
+    ]
+
+
 def markdown_lines(records: Sequence[Record]) -> list[str]:
-    """The ``## Answers by length and needle depth`` section; empty without judged answers."""
+    """The ``## Answers by length and needle depth`` section; empty without answers."""
     rows = depth_map(records)
-    if not rows:
+    notes = unchecked_notes(records)
+    if not rows and not notes:
         return []
-    lines = ["## Answers by length and needle depth", "", INTRO, ""]
-    lines += markdown_table_lines(COLUMNS, [[label, *cells] for label, cells in rows])
-    lines.append("")
+    lines = ["## Answers by length and needle depth", ""]
+    if rows:
+        lines += [INTRO, ""]
+        lines += markdown_table_lines(COLUMNS, [[label, *cells] for label, cells in rows])
+        lines.append("")
+    if notes:
+        lines += [f"- {note}" for note in notes]
+        lines.append("")
     return lines
 
 
 def html_fragment(records: Sequence[Record]) -> str:
     rows = depth_map(records)
-    if not rows:
+    notes = unchecked_notes(records)
+    if not rows and not notes:
         return ""
-    return f"<h3>Answers by length and needle depth</h3><p>{html.escape(INTRO)}</p>" + html_table(
-        COLUMNS,
-        [[label, *cells] for label, cells in rows],
-        "longctx-summary-table longctx-depth-map",
-    )
+    parts = ["<h3>Answers by length and needle depth</h3>"]
+    if rows:
+        parts.append(f"<p>{html.escape(INTRO)}</p>")
+        parts.append(
+            html_table(
+                COLUMNS,
+                [[label, *cells] for label, cells in rows],
+                "longctx-summary-table longctx-depth-map",
+            )
+        )
+    if notes:
+        items = "".join(f"<li>{html.escape(note)}</li>" for note in notes)
+        parts.append(f"<ul class='longctx-unchecked-answers'>{items}</ul>")
+    return "".join(parts)

@@ -121,6 +121,19 @@ def describe_attached(
     )
 
 
+def another_model(profile: Profile, served: ModelEntry, described: ModelDescription) -> str:
+    """What to say when an attached server serves another model than the profile's ('' when
+    it serves the profile's): the records describe the served one, never the profile's."""
+    if described.described_by == BY_PROFILE or not profile.model.source:
+        return ""
+    where = f" from {served.root}" if served.root and served.root != served.id else ""
+    return (
+        f"profile {profile.name} is for {profile.model.served_name or profile.model.source}; "
+        f"the server serves {served.id}{where}: the records describe the served model "
+        f"({described.described_by}), and its answers to the fidelity probe are its own"
+    )
+
+
 def folder_revision(folder: Path) -> str:
     """A hub snapshot's commit, an embedded model's spec-named folder, else the config's hash."""
     resolved = str(folder.resolve())

@@ -158,6 +158,9 @@ class ServerLifecycle:
             run.findings.model = model_description.describe_attached(
                 run.plan.profile, served, cache_labels
             )
+            other = model_description.another_model(run.plan.profile, served, run.findings.model)
+            if other and other not in run.findings.problems:
+                run.findings.problems.append(other)
         run.findings.fingerprint = session_server.fingerprint(
             config, run, info, self.launched is not None
         )

@@ -18,7 +18,7 @@ from pytest_benchmark.session import PerformanceRegression
 from pytest_longctx.core.file_names import GATE_PLOT, HTML, MARKDOWN
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
-from pytest_longctx.core.stats import answer_counts, latest_records
+from pytest_longctx.core.stats import answer_counts, latest_records, unchecked_reasons
 from pytest_longctx.reporting import concurrency_report, gate_report, interference_report
 from pytest_longctx.reporting import html as html_report
 from pytest_longctx.reporting.benchmark_json import sweep_benchmarks
@@ -260,6 +260,8 @@ def terminal_summary(terminalreporter, run: Run, starts: Sequence[dict]) -> None
             f"({format_answers(answers)})",
             red=bool(wrong),
         )
+    for reason, count in unchecked_reasons(latest_records(records)).items():
+        terminalreporter.write_line(f"fidelity not checked at {count} point(s): {reason}")
     terminalreporter.write_line(f"results: {run.results.path}")
     terminalreporter.write_line(
         f"reports: {run.run_dir} (report.md, report.html, benchmark.json, plots)"

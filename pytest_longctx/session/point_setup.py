@@ -38,15 +38,23 @@ from pytest_longctx.plan.points import BACKGROUND_DECODE_TOKENS, BACKGROUND_PROM
 from pytest_longctx.profiles import Profile
 from pytest_longctx.prompts import (
     LocalTokenSource,
+    ProbeLesson,
     Prompt,
     PromptBuilder,
     ServerTokenSource,
     fidelity_verdict,
     judgement,
+    learn,
     requests_verdict,
 )
 from pytest_longctx.prompts.needle import NEEDLE_KEYS
-from pytest_longctx.prompts.probe import DEPTHS, probe_depth, probe_texts, probe_value
+from pytest_longctx.prompts.probe import (
+    DEPTHS,
+    after_reasoning,
+    probe_depth,
+    probe_texts,
+    probe_value,
+)
 from pytest_longctx.serving import model_description
 from pytest_longctx.session import budgets, concurrency
 from pytest_longctx.session import server as session_server
@@ -179,6 +187,7 @@ def plan_lines(run: Run) -> list[str]:
         ),
         f"fidelity --longctx-fidelity={run.settings.fidelity} ({within}): "
         f"checked {', '.join(checked) or 'none'}; recorded only {', '.join(recorded) or 'none'}",
+        *learning_lines(run),
         "needle depths: "
         + ", ".join(
             f"{point.id} {probe_depth(run.plan.points.index(point)):g}"
@@ -188,14 +197,41 @@ def plan_lines(run: Run) -> list[str]:
     ]
 
 
+def learning_lines(run: Run) -> list[str]:
+    """What ``--longctx-plan`` says of how ``auto`` learns whether the model answers."""
+    if run.settings.fidelity != "auto":
+        return []
+    if not run.plan.warmup_prompts:
+        return [
+            "fidelity auto: no warm-up (--longctx-warmup-prompts=0) asks the probe, so whether "
+            "the served model answers it is not known: every answer is recorded, not checked"
+        ]
+    return [
+        f"fidelity auto: the {run.plan.warmup_prompts} warm-up(s) at "
+        f"{format_size(warm_up_length(run))} tokens carry the probe; a served model that does "
+        "not answer it there has every point's answer recorded as not_checked, its figures "
+        "kept; one that does has each point checked as above"
+    ]
+
+
+def unjudged_reason(run: Run) -> str:
+    """Why ``auto`` records the points' answers without judging them: the served model did not
+    answer the probe in the warm-ups ('' when it did, or under another mode)."""
+    lesson = run.findings.probe
+    if run.settings.fidelity != "auto" or lesson is None:
+        return ""
+    return lesson.reason
+
+
 def judge(run: Run, point: Point, prompt: Prompt, result: PointMeasurement) -> PointMeasurement:
     """``result`` with its probe's verdict; raises :class:`PointFailure` (``wrong_answer``)
     for a wrong answer on a point whose answers are checked."""
     how = judgement(run.settings.fidelity, point.prompt_tokens, advertised_context(run))
+    unjudged = unjudged_reason(run)
     if result.request_heads:  # a concurrency level: every request's answer
-        verdict = requests_verdict(prompt.probe, result.request_heads, how)
+        verdict = requests_verdict(prompt.probe, result.request_heads, how, unjudged=unjudged)
     else:
-        verdict = fidelity_verdict(prompt.probe, result.completion_head, how)
+        verdict = fidelity_verdict(prompt.probe, result.completion_head, how, unjudged=unjudged)
     result = dataclasses.replace(result, fidelity=verdict)
     if verdict["verdict"] == "wrong" and how == "check":
         which = (
@@ -221,23 +257,39 @@ class WrongAnswer(PointFailure):
         self.measurement = measurement
 
 
+def warm_up_length(run: Run) -> int:
+    """The warm-ups' prompt length: the smallest selected, at most 1Ki."""
+    length = min([p.length for p in run.selected_points] or [WARMUP_PROMPT_TOKENS])
+    return min(length, WARMUP_PROMPT_TOKENS)
+
+
 def warm_up(run: Run, server: ServerInfo) -> dict[str, Any]:
     """Short prompts before the first measured point (three by default, as the reference study
     sent; ``--longctx-warmup-prompts`` sets how many); how the last one streamed
     (:func:`stream_fingerprint`), for the run's fingerprint.
 
     They are cold prompts of the smallest selected length (at most 1Ki), so the first measured
-    point does not pay for the server's first allocations at that size.
+    point does not pay for the server's first allocations at that size. Each carries the
+    fidelity probe (unless ``--longctx-fidelity=off``): whether the served model answers it is
+    learned here (:func:`learn_probe`), before any point, so it does not depend on which point
+    runs first (pytest-xdist sends the longest first).
     """
-    length = min([p.length for p in run.selected_points] or [WARMUP_PROMPT_TOKENS])
-    length = min(length, WARMUP_PROMPT_TOKENS)
+    length = warm_up_length(run)
+    probed = run.settings.fidelity != "off"
     with client_for(server) as client:
         builder = prompt_builder(run, server)
         stream: StreamMeasurement | None = None
+        asked: list[tuple[Prompt, str]] = []
         for index in range(run.plan.warmup_prompts):
             # Nonces after the plan's points: a warm-up shares no first token with a point.
             nonce = builder.nonce(run.run_id, len(run.plan.points) + 1 + index)
-            prompt = builder.build(length, f"Warm-up {index + 1} of run {run.run_id}.", nonce=nonce)
+            prompt = builder.build(
+                length,
+                f"Warm-up {index + 1} of run {run.run_id}.",
+                nonce=nonce,
+                probe_key=f"{run.run_id}:warm-up:{index}" if probed else None,
+                depth=probe_depth(index + 1),  # the middle first: neither end alone
+            )
             request = CompletionRequest(
                 model=server.model_name, prompt=prompt.ids, decode_tokens=WARMUP_DECODE_TOKENS
             )
@@ -253,7 +305,52 @@ def warm_up(run: Run, server: ServerInfo) -> dict[str, Any]:
                 )
             except MeasurementError as exc:
                 raise ServerError(f"warm-up request {index + 1} failed: {exc}") from exc
+            asked.append((prompt, stream.completion_head))
+        if probed:
+            run.findings.probe = learn_probe(run, server, client, asked, length)
     return stream_fingerprint(run, stream)
+
+
+def learn_probe(
+    run: Run,
+    server: ServerInfo,
+    client: CompletionClient,
+    asked: list[tuple[Prompt, str]],
+    length: int,
+) -> ProbeLesson:
+    """Whether the served model answers the probe, from the warm-ups' answers (``asked``).
+
+    A warm-up's few tokens are no budget for thinking: one whose completion ended inside a
+    reasoning block is asked again, unmeasured, with the points' decode length as its budget
+    (stopping at the model's end of text), and judged by that answer. A model that answers
+    within it answers a point within it too."""
+    verdicts = []
+    for prompt, head in asked:
+        verdict = fidelity_verdict(prompt.probe, head, "check")
+        thinking = after_reasoning(head)[0] is None
+        if thinking and run.plan.decode_tokens > WARMUP_DECODE_TOKENS:
+            verdict = fidelity_verdict(prompt.probe, think(client, server, prompt, run), "check")
+        verdicts.append(verdict)
+    return learn(verdicts, length, server.model_name)
+
+
+def think(client: CompletionClient, server: ServerInfo, prompt: Prompt, run: Run) -> str:
+    """The completion of a warm-up's ``prompt`` given the points' decode length to think in
+    (``min_tokens`` 0, ending at the model's end of text)."""
+    request = CompletionRequest(
+        model=server.model_name,
+        prompt=prompt.ids,
+        decode_tokens=run.plan.decode_tokens,
+        ignore_eos=False,
+        extra_body={"min_tokens": 0},
+    )
+    try:
+        stream = client.measure(
+            request, first_token_budget_s=600.0, budget_source="warm-up", check_count=False
+        )
+    except MeasurementError as exc:
+        raise ServerError(f"the warm-up's probe, asked again to think, failed: {exc}") from exc
+    return stream.completion_head
 
 
 def stream_fingerprint(run: Run, warm_up: StreamMeasurement | None) -> dict[str, Any]:

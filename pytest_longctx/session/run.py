@@ -21,7 +21,7 @@ from pytest_longctx.plan.settings import Settings
 if TYPE_CHECKING:  # only annotations: these modules import this one
     from pytest_longctx.measure.target import ServerInfo
     from pytest_longctx.plan.capacity_check import ServerCapacityCheck
-    from pytest_longctx.prompts import PromptBuilder
+    from pytest_longctx.prompts import ProbeLesson, PromptBuilder
     from pytest_longctx.serving.model_description import ModelDescription
     from pytest_longctx.session.signals import SessionSignals
 
@@ -152,8 +152,9 @@ class RecordLog:
 class Findings:
     """What the session learns of what it measures, for the records and the summary: the
     problems to report, the fingerprint, the capacity plan against the server, the model as
-    the server describes it, and the lengths that cannot fit. Written by the server's
-    lifecycle (lifecycle.py), the items' arrangement (items.py) and the gate (gate_items.py)."""
+    the server describes it, the lengths that cannot fit and whether the model answers the
+    probe. Written by the server's lifecycle (lifecycle.py), its warm-up (point_setup.py),
+    the items' arrangement (items.py) and the gate (gate_items.py)."""
 
     problems: list[str] = field(default_factory=list)
     #: What was measured (server.py's ``fingerprint``); each record carries it.
@@ -164,6 +165,9 @@ class Findings:
     model: ModelDescription | None = None
     #: Lengths the capacity plan says cannot fit: skipped, and left out of --max-model-len.
     unfit_lengths: set[int] = field(default_factory=set)
+    #: Whether the served model answers the fidelity probe, as the warm-ups showed it
+    #: (point_setup.py); None before them, or when the prompts carry no probe.
+    probe: ProbeLesson | None = None
 
 
 @dataclass
