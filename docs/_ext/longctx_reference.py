@@ -573,6 +573,29 @@ def _fixture_defs() -> list[ast.FunctionDef]:
     return found
 
 
+def public_types() -> list[type]:
+    """The classes ``pytest_longctx`` exports that a fixture or a hook hands a test: dataclasses."""
+    import pytest_longctx
+
+    found = [getattr(pytest_longctx, name) for name in pytest_longctx.__all__]
+    return [cls for cls in found if isinstance(cls, type) and dataclasses.is_dataclass(cls)]
+
+
+def _object_rows(cls: type) -> list[tuple[object, ...]]:
+    """A dataclass's fields (type, ``#:`` or trailing comment) and properties (docstring)."""
+    comments = _field_comments(inspect.getsource(sys.modules[cls.__module__]))
+    rows: list[tuple[object, ...]] = [
+        (f"`{spec.name}`", spec.type, comments.get((cls.__name__, spec.name), ""))
+        for spec in dataclasses.fields(cls)
+    ]
+    for name, member in sorted(vars(cls).items()):
+        if isinstance(member, property) and not name.startswith("_"):
+            kind = member.fget.__annotations__.get("return", "") if member.fget else ""
+            doc = (inspect.getdoc(member) or "").split("\n\n")[0]
+            rows.append((f"`{name}` (property)", kind, _markdown(doc)))
+    return rows
+
+
 def fixtures_page() -> str:
     rows = []
     for function in _fixture_defs():
@@ -583,20 +606,32 @@ def fixtures_page() -> str:
                     if keyword.arg == "scope":
                         scope = ast.literal_eval(keyword.value)
         arguments = [a.arg for a in function.args.args if a.arg not in ("request", "pytestconfig")]
+        gives = ast.unparse(function.returns) if function.returns else ""
+        gives = re.sub(r"^(?:Iterator|Generator)\[(\w+).*\]$", r"\1", gives)
         rows.append(
             (
                 f"`{function.name}`",
                 scope,
+                f"`{gives}`" if gives else "",
                 ", ".join(f"`{a}`" for a in arguments),
                 ast.get_docstring(function) or "",
             )
         )
-    return (
+    parts = [
         "# Fixtures\n\n"
         "Generated from `pytest_longctx/session/fixtures.py`. Asking for any of them starts the "
-        "sweep's part of the session, as collecting a sweep item does.\n\n"
-        + _table(("fixture", "scope", "uses", "what"), rows)
-    )
+        "sweep's part of the session, as collecting a sweep item does.\n\n",
+        _table(("fixture", "scope", "gives", "uses", "what"), rows),
+        "\n## What they give\n\n"
+        "The classes `pytest_longctx` exports (`from pytest_longctx import Point`), frozen "
+        "dataclasses; each field as its module declares it.\n\n",
+    ]
+    for cls in public_types():
+        doc = inspect.getdoc(cls) or ""
+        summary = "" if doc.startswith(f"{cls.__name__}(") else doc.split("\n\n")[0]
+        parts.append(f"### `{cls.__name__}`\n\n{_markdown(' '.join(summary.split()))}\n\n")
+        parts.append(_table(("name", "type", "what"), _object_rows(cls)) + "\n")
+    return "".join(parts)
 
 
 def markers() -> list[tuple[str, str]]:
