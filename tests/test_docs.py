@@ -6,9 +6,10 @@ generates, the annotated profile is one the reader accepts, and README stays sho
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -400,6 +401,21 @@ def sweep_range(profile: str | None) -> tuple[str, str]:
     return format_size(sweep.from_length), format_size(sweep.to_length)
 
 
+def listing(names: Iterable[str]) -> str:
+    """``a``, ``b`` and ``c``, as the prose lists names."""
+    quoted = [f"`{name}`" for name in names]
+    return ", ".join(quoted[:-1]) + f" and {quoted[-1]}" if len(quoted) > 1 else "".join(quoted)
+
+
+def package_version() -> str:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+
+
 @dataclasses.dataclass(frozen=True)
 class Stated:
     """A value a page states, and where the code keeps it."""
@@ -615,6 +631,44 @@ STATED: tuple[Stated, ...] = (
         "a fit with under {}% to spare reads `borderline`",
         lambda: g(code("pytest_longctx.capacity.fit.BORDERLINE_SLACK") * 100),
     ),
+    # what is stable, and the study
+    Stated("docs/changelog.md", "at version {} (`pyproject.toml`)", lambda: package_version()),
+    Stated(
+        "docs/changelog.md",
+        "`results.jsonl`: schema version {} ([the record",
+        lambda: code("pytest_longctx.core.records.SCHEMA_VERSION"),
+    ),
+    Stated("docs/changelog.md", "header version {} (`", lambda: gate.HEADER_VERSION),
+    Stated(
+        "docs/changelog.md",
+        "**The hooks** {}, with their arguments",
+        lambda: listing(reference.hook_names()),
+    ),
+    Stated(
+        "docs/changelog.md",
+        "**The fixtures** {} ([fixtures]",
+        lambda: listing(reference.fixture_names()),
+    ),
+    Stated(
+        "docs/changelog.md",
+        "the names `pytest_longctx` exports for them: {} (a field",
+        lambda: listing(name for name in code("pytest_longctx.__all__") if name != "__version__"),
+    ),
+    Stated(
+        "docs/concepts/how-it-measures.md",
+        "every power of two from {} to {} for a profile that sets no range",
+        lambda: sweep_range(None),
+    ),
+    Stated(
+        "docs/concepts/how-it-measures.md",
+        "{} warm-up prompts (`[sweep] warmup_prompts`)",
+        lambda: word(reference.reader_defaults().sweep.warmup_prompts),
+    ),
+    Stated(
+        "docs/reference/environment.md",
+        "exits after {} idle minutes",
+        lambda: word(code("pytest_longctx.core.warm_python.IDLE_S") / 60),
+    ),
     # the CLI's own help, as the committed reference prints it
     Stated(
         "docs/reference/generated/cli.md",
@@ -662,12 +716,13 @@ def test_every_stated_value_is_the_codes() -> None:
 #: clause ends (at a parenthesis, a semicolon or a sentence's end).
 FLAG = re.compile(r"`--(longctx-[a-z0-9]+(?:-[a-z0-9]+)*)`")
 BARE_VALUE = re.compile(r" \((\d[\w.%]*(?: [a-z]+)?)\)")
-DEFAULT_VALUE = re.compile(r"(?<!by )\bdefault \**([\w.%-]*\w%?)\**(?=[\s;,)]|$)")
+DEFAULT_VALUE = re.compile(r"(?:(?<=\()|(?<=, )|(?<=; ))default \**([\w.%-]*\w%?)\**(?=[\s;,)]|$)")
 QUOTED_DEFAULT = re.compile(r"'([^']+)'[^']*?\bdefault\)")
 
 
 def flag_defaults(text: str) -> list[tuple[str, str, tuple[int, int]]]:
-    """``(option, value, span)`` for each default ``text`` states beside a ``--longctx-`` flag."""
+    """``(option, value, span)`` for each default ``text`` states beside a ``--longctx-`` flag
+    ("default" after a parenthesis, a comma or a semicolon: not "the default profile")."""
     found = []
     for flag in FLAG.finditer(text):
         after = text[flag.end() : flag.end() + 160]
@@ -688,7 +743,8 @@ def test_the_flag_default_pattern_reads_each_form() -> None:
         "Q follow-ups (`--longctx-warm-questions`, default 3), then `--longctx-max-relaunches` "
         "(3) relaunches and `--longctx-reattach-timeout` (60 s); `--longctx-gate-level` (ini "
         "`longctx_gate_level`, below 0.5, default **0.01**). `--longctx-from` (default: the "
-        "profile's) and `--longctx-to` sets the end. Its default 5 is not a flag's."
+        "profile's) and `--longctx-to` sets the end. Its default 5 is not a flag's, nor is "
+        "`--longctx-url` and the default profile."
     )
     assert [(o, v) for o, v, _ in flag_defaults(text)] == [
         ("longctx-warm-questions", "3"),
@@ -788,3 +844,153 @@ def test_every_shipped_profile_is_shown_in_the_profile_guide() -> None:
     text = (DOCS / "guides" / "profiles.md").read_text()
     for name in available_profiles():
         assert f"profiles/shipped/{name}.toml" in text, name
+
+
+# -- messages the troubleshooting guide quotes ------------------------------------------------
+
+#: A quoted message's placeholder (``<length>``): any text the code puts there.
+PLACEHOLDER = re.compile(r"<[^<>\n]+>")
+
+
+@functools.lru_cache(maxsize=1)
+def message_patterns() -> list[tuple[re.Pattern[str], int]]:
+    """Every string the package writes, as a pattern (an f-string's fields match any text,
+    whitespace runs one space) with the count of its own characters."""
+    import ast
+
+    patterns = []
+    for path in sorted((ROOT / "pytest_longctx").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                parts = [node.value]
+            elif isinstance(node, ast.JoinedStr):
+                parts = [v.value if isinstance(v, ast.Constant) else None for v in node.values]
+            else:
+                continue
+            parts = [re.sub(r"\s+", " ", part) if part else part for part in parts]
+            if parts and parts[0]:
+                parts[0] = parts[0].lstrip()
+            if parts and parts[-1]:
+                parts[-1] = parts[-1].rstrip()
+            own = sum(len(part) for part in parts if part)
+            if own >= 4:
+                regex = "".join(re.escape(part) if part else ".*?" for part in parts)
+                patterns.append((re.compile(regex, re.S), own))
+    return patterns
+
+
+def written_by_the_code(line: str, patterns: list[tuple[re.Pattern[str], int]]) -> bool:
+    """Whether ``line`` (placeholders as NUL) is the code's strings one after the other, each
+    bringing ten characters of its own at least (a message built from a few: a cause, a hint)
+    or only punctuation and placeholders left."""
+    position = 0
+    while position < len(line):
+        if not line[position:].strip(" ;:,.()'\0"):
+            return True
+        while line[position] == " ":
+            position += 1
+        ends = [
+            found.end()
+            for pattern, own in patterns
+            if own >= 10 and (found := pattern.match(line, position)) and found.end() > position
+        ]
+        if not ends:
+            return False
+        position = max(ends)
+    return True
+
+
+def quoted_messages() -> list[str]:
+    """Each message the guide quotes, its lines joined by a space."""
+    text = (DOCS / "guides" / "troubleshooting.md").read_text()
+    blocks = re.findall(r"^```text\n(.*?)^```", text, flags=re.M | re.S)
+    return [" ".join(block.split()) for block in blocks]
+
+
+def test_the_message_check_tells_the_codes_words_from_others() -> None:
+    patterns = message_patterns()
+    said = (
+        "refusing to compare unlike with unlike (use --longctx-baseline-force to compare anyway):"
+    )
+    assert written_by_the_code(said, patterns)
+    assert not written_by_the_code(said.replace("unlike with unlike", "unlike things"), patterns)
+    wrong = "wrong answer at <n> tokens: expected <v>, answered <a> (completion '<c>'; needle at"
+    assert written_by_the_code(PLACEHOLDER.sub("\0", wrong + " depth <d>)"), patterns)
+    assert not written_by_the_code(PLACEHOLDER.sub("\0", wrong + " <d>)"), patterns)
+
+
+def test_every_message_the_troubleshooting_guide_quotes_is_one_the_code_writes() -> None:
+    patterns = message_patterns()
+    messages = quoted_messages()
+    assert len(messages) >= 8, messages
+    unknown = [m for m in messages if not written_by_the_code(PLACEHOLDER.sub("\0", m), patterns)]
+    assert not unknown, f"messages no code writes (reworded?): {unknown}"
+
+
+# -- the own-tests guide's example ------------------------------------------------------------
+
+
+def test_the_own_tests_guides_complete_test_passes_against_a_server(
+    pytester: pytest.Pytester,
+    fake_vllm,  # noqa: ANN001
+) -> None:
+    """The guide's example, as a user's file of its own, on the fake server: every point
+    passes and is recorded, with the test's own property beside the plugin's."""
+    import xml.etree.ElementTree as ET
+
+    from longctx_testing import fake_session_args, records_of
+
+    text = (DOCS / "guides" / "own-tests.md").read_text()
+    example = re.search(r"## A complete test of your own\n.*?```python\n(.*?)```", text, re.S)
+    assert example is not None
+    pytester.makepyfile(test_ttft_budget=example.group(1))
+    output = pytester.path / "reports"
+    junit = pytester.path / "junit.xml"
+    args = fake_session_args(fake_vllm.url, output)
+    result = pytester.runpytest(*args, "--longctx-to=2Ki", f"--junitxml={junit}")
+    result.assert_outcomes(passed=2)
+    records = records_of(output)
+    assert sorted(r.length for r in records) == [1024, 2048]
+    assert {r.outcome for r in records} == {"passed"}
+    properties = [p.get("name") for p in ET.parse(junit).getroot().iter("property")]
+    assert properties.count("ttft_budget_s") == 2 and "longctx_ttft_s" in properties
+
+
+# -- environment variables --------------------------------------------------------------------
+
+
+def test_the_environment_page_names_every_variable_the_code_reads_and_no_other() -> None:
+    """Each variable the package reads (``os.environ.get("X")``, a ``*_ENV = "X"`` name) or
+    sets for a server is on the page, and each the page lists is in the package."""
+    import ast
+
+    text = (DOCS / "reference" / "environment.md").read_text()
+    listed = set(re.findall(r"^\| `([A-Z][A-Z0-9_]+)`", text, re.M))
+    pairs = re.findall(r"^\| `([A-Z][A-Z0-9_]+)`, `([A-Z][A-Z0-9_]+)` \|", text, re.M)
+    listed |= {name for pair in pairs for name in pair}
+    source = ""
+    read: set[str] = set()
+    for path in (ROOT / "pytest_longctx").rglob("*.py"):
+        source += path.read_text()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == "os.environ.get":
+                argument = node.args[0] if node.args else None
+                if isinstance(argument, ast.Constant):
+                    read.add(argument.value)
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+                names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+                if any(name.endswith("_ENV") for name in names) and isinstance(
+                    node.value.value, str
+                ):
+                    read.add(node.value.value)
+            if isinstance(node, ast.Dict):  # VISIBLE_DEVICES_ENV's values
+                read |= {
+                    v.value
+                    for v in node.values
+                    if isinstance(v, ast.Constant)
+                    and isinstance(v.value, str)
+                    and v.value.endswith("_VISIBLE_DEVICES")
+                }
+    assert {"PYTEST_LONGCTX_CACHE", "CUDA_VISIBLE_DEVICES", "TERM"} <= read, read
+    assert sorted(read - listed) == [], "variables the code reads that the page does not list"
+    assert sorted(name for name in listed if name not in source) == []
