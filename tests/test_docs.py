@@ -994,3 +994,12 @@ def test_the_environment_page_names_every_variable_the_code_reads_and_no_other()
     assert {"PYTEST_LONGCTX_CACHE", "CUDA_VISIBLE_DEVICES", "TERM"} <= read, read
     assert sorted(read - listed) == [], "variables the code reads that the page does not list"
     assert sorted(name for name in listed if name not in source) == []
+
+
+def test_every_record_key_and_profile_key_says_what_it_is() -> None:
+    """A key added to the record or the profile comes with its ``#:`` comment, which the
+    generated schema pages print: none of their rows is left without a meaning."""
+    for page in (reference.records_page(), reference.profile_page()):
+        keys = page[: page.index("## Figures")] if "## Figures" in page else page
+        empty = re.findall(r"^\| (`\w+`) \|.*\|\s*\|$", keys, re.M)
+        assert not empty, f"keys without a comment in their dataclass: {empty}"
