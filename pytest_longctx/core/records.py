@@ -89,11 +89,11 @@ FIGURE_UNITS: Mapping[str, str] = {
     "min_request_decode_throughput": "tok/s",
 }
 
-#: ``interrupted``: the point was being measured when the session was stopped (Ctrl-C,
-#: SIGTERM, SIGHUP); it has no figures and ``--longctx-resume`` measures it again.
 #: The key of a baseline file's first line, which holds the gate's settings (gate.py).
 BASELINE_HEADER_KEY = "longctx_baseline"
 
+#: ``interrupted``: the point was being measured when the session was stopped (Ctrl-C,
+#: SIGTERM, SIGHUP); it has no figures and ``--longctx-resume`` measures it again.
 OUTCOMES = ("passed", "failed", "skipped", "error", "interrupted")
 
 #: Why a point did not pass, from evidence (status codes, error frames, the server's log and
@@ -131,14 +131,23 @@ CACHE_TIERS: Mapping[str, str] = {
 class Record:
     """What one sweep item produced, whatever its outcome."""
 
+    #: The session that measured it (``20261205T075320Z-b49b3a``): its run folder's name.
     run_id: str
+    #: The item's pytest node id (``...::test_prefill_decode[len=1Ki-rep=0]``).
     nodeid: str
+    #: The prompt length L in tokens (a warm point's: its cold prefix).
     length: int
+    #: Which pass over the lengths, from 0.
     repeat: int
+    #: One of :data:`OUTCOMES`.
     outcome: str
+    #: Why it did not pass, in words; None when it passed.
     reason: str | None = None
+    #: Each measured figure (:data:`FIGURE_UNITS`), in the file ``{"value": ..., "unit": ...}``.
     figures: Mapping[str, float] = field(default_factory=dict)
+    #: Prompt tokens the server counted (``usage.prompt_tokens``).
     prompt_tokens: int | None = None
+    #: Tokens the server generated (``usage.completion_tokens``).
     completion_tokens: int | None = None
     #: vLLM's /metrics deltas over the request (prompt tokens, cache hits, ...).
     server_metrics: Mapping[str, float] = field(default_factory=dict)
@@ -160,7 +169,8 @@ class Record:
     #: prefix and suffix tokens, the tokens the contract required and the alignment.
     cache: Mapping[str, Any] = field(default_factory=dict)
     started_at: float | None = None  # unix seconds
-    finished_at: float | None = None
+    finished_at: float | None = None  # unix seconds
+    #: :data:`SCHEMA_VERSION` when written; a reader refuses another.
     schema_version: int = SCHEMA_VERSION
     #: One of :data:`FAILURE_CLASSES` for a point that did not pass (None when it passed).
     failure_class: str | None = None

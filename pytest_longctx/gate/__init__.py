@@ -97,6 +97,7 @@ from .tolerances import (
     parse_tolerances,
 )
 from .verdicts import (
+    ANSWERS_METRIC,
     LENGTH_STATUSES,
     VERDICT_STATUSES,
     WITHIN_ONLY,
@@ -112,6 +113,7 @@ from .verdicts import (
 )
 
 __all__ = [
+    "ANSWERS_METRIC",
     "BUILT_IN",
     "GateState",
     "choose_tolerances",

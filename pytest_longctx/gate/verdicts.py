@@ -37,6 +37,9 @@ VERDICT_STATUSES = ("ok", "regressed", "improved", "insufficient", "unjudged")
 LENGTH_STATUSES = (*VERDICT_STATUSES, "missing_in_current", "missing_in_baseline")
 
 WITHIN_ONLY = "one-session baseline: within-session noise only"
+#: The verdict on a length's answers to the probe (regressed when the baseline's were all
+#: right and some are wrong now): a metric of its own, beside the figures of :data:`METRICS`.
+ANSWERS_METRIC = "fidelity"
 
 
 @dataclass(frozen=True)
@@ -288,7 +291,7 @@ def _with_answers(
         for r in wrong[:3]
     )
     answers = MetricVerdict(
-        metric="fidelity",
+        metric=ANSWERS_METRIC,
         length=verdict.length,
         status="regressed",
         baseline=None,

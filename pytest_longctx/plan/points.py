@@ -76,11 +76,11 @@ class Point:
     background streams run on its server.
     """
 
-    length: int
-    repeat: int
-    question: int = 0
-    suffix: int = 0
-    background: int = 0
+    length: int  # prompt tokens (a warm point's: its cold prefix)
+    repeat: int  # which pass over the sweep, from 0
+    question: int = 0  # a warm follow-up's number, 1..Q (0: not warm)
+    suffix: int = 0  # a warm follow-up's new tokens after the prefix
+    background: int = 0  # an interference point's background streams K (0: none)
     #: A concurrency point's level: this many prompts of ``length`` sent at once (0: none).
     concurrency: int = 0
 

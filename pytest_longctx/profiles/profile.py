@@ -59,7 +59,8 @@ class ServingSpec:
     attention_backend: str | None = None  # vLLM's --attention-backend, e.g. FLASHMLA
     kv_cache_memory: int | None = None  # bytes, explicit cache size (required on CPU)
     gpu_memory_utilization: float | None = None  # vLLM's --gpu-memory-utilization
-    max_num_seqs: int | None = 1  # vLLM's --max-num-seqs (one request at a time is measured)
+    #: vLLM's --max-num-seqs; unset, vLLM's own default (the sweep sends one request at a time).
+    max_num_seqs: int | None = None
     enforce_eager: bool = False  # vLLM's --enforce-eager
     executor: str | None = None  # --distributed-executor-backend
     compilation_config: str | None = None  # vLLM's --compilation-config, as JSON text

@@ -206,10 +206,12 @@ class ServerTokenSource:
 
 @dataclass(frozen=True, eq=False)
 class Prompt:
+    """One measured prompt: exactly ``length`` token ids of text, its nonce and tag first."""
+
     length: int
     ids: array  # array('I') of exactly ``length`` token ids
-    header_tokens: int
-    build_s: float
+    header_tokens: int  # the nonce's and the readable tag's tokens, before the body
+    build_s: float  # seconds it took to build
     text: str | None = None  # only for text prompts
     text_tokens: int | None = None  # what the served tokenizer counted in ``text``
     #: The needle planted in it and the question it ends with; None when it carries none.

@@ -66,6 +66,24 @@ def baseline_records(run: Run) -> list[Record]:
     return state.baseline
 
 
+def gate_properties(
+    length: int, status: str, verdicts: Sequence[gate.MetricVerdict] = ()
+) -> list[tuple[str, object]]:
+    """A ``test_regression[len=N]`` item's properties (``--junitxml``): the length, its status
+    (one of ``gate.LENGTH_STATUSES``, or ``refused``) and each metric's verdict, change and
+    tolerance."""
+    properties: list[tuple[str, object]] = [
+        ("longctx_gate_length", length),
+        ("longctx_gate_status", status),
+    ]
+    for verdict in verdicts:
+        properties.append((f"longctx_gate_{verdict.metric}", verdict.status))
+        if verdict.change_pct is not None:
+            properties.append((f"longctx_gate_{verdict.metric}_change_pct", verdict.change_pct))
+        properties.append((f"longctx_gate_{verdict.metric}_tolerance_pct", verdict.tolerance_pct))
+    return properties
+
+
 @dataclass
 class Gate:
     run: Run
@@ -78,18 +96,7 @@ class Gate:
     ) -> None:
         if self.item is None:
             return
-        properties: list[tuple[str, object]] = [
-            ("longctx_gate_length", length),
-            ("longctx_gate_status", status),
-        ]
-        for verdict in verdicts:
-            properties.append((f"longctx_gate_{verdict.metric}", verdict.status))
-            if verdict.change_pct is not None:
-                properties.append((f"longctx_gate_{verdict.metric}_change_pct", verdict.change_pct))
-            properties.append(
-                (f"longctx_gate_{verdict.metric}_tolerance_pct", verdict.tolerance_pct)
-            )
-        self.item.user_properties.extend(properties)
+        self.item.user_properties.extend(gate_properties(length, status, verdicts))
 
     def check(self, length: int) -> gate.LengthVerdict:
         """Fail like a reviewer would if ``length`` got slower than the baseline."""
