@@ -203,7 +203,10 @@ class ServerLifecycle:
 
     def warm_up(self, info: ServerInfo) -> None:
         """The warm-up prompts; the last one's stream joins the run's fingerprint."""
-        self.run.findings.fingerprint["stream"] = point_setup.warm_up(self.run, info)
+        stream, lesson = point_setup.warm_up(self.run, info)
+        self.run.findings.fingerprint["stream"] = stream
+        if lesson is not None:
+            self.run.findings.probe = lesson
 
     def use_server(self, server: ServerInfo) -> None:
         """Measure on ``server`` from now on. A server started (again), or an attached one

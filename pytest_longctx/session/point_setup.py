@@ -263,10 +263,11 @@ def warm_up_length(run: Run) -> int:
     return min(length, WARMUP_PROMPT_TOKENS)
 
 
-def warm_up(run: Run, server: ServerInfo) -> dict[str, Any]:
+def warm_up(run: Run, server: ServerInfo) -> tuple[dict[str, Any], ProbeLesson | None]:
     """Short prompts before the first measured point (three by default, as the reference study
     sent; ``--longctx-warmup-prompts`` sets how many); how the last one streamed
-    (:func:`stream_fingerprint`), for the run's fingerprint.
+    (:func:`stream_fingerprint`), for the run's fingerprint, and what they showed of the model
+    and the probe (:func:`learn_probe`; None where they carried none).
 
     They are cold prompts of the smallest selected length (at most 1Ki), so the first measured
     point does not pay for the server's first allocations at that size. Each carries the
@@ -306,9 +307,8 @@ def warm_up(run: Run, server: ServerInfo) -> dict[str, Any]:
             except MeasurementError as exc:
                 raise ServerError(f"warm-up request {index + 1} failed: {exc}") from exc
             asked.append((prompt, stream.completion_head))
-        if probed:
-            run.findings.probe = learn_probe(run, server, client, asked, length)
-    return stream_fingerprint(run, stream)
+        lesson = learn_probe(run, server, client, asked, length) if probed else None
+    return stream_fingerprint(run, stream), lesson
 
 
 def learn_probe(

@@ -153,7 +153,7 @@ class Findings:
     """What the session learns of what it measures, for the records and the summary: the
     problems to report, the fingerprint, the capacity plan against the server, the model as
     the server describes it, the lengths that cannot fit and whether the model answers the
-    probe. Written by the server's lifecycle (lifecycle.py), its warm-up (point_setup.py),
+    probe. Written by the server's lifecycle (lifecycle.py, the warm-up's lesson included),
     the items' arrangement (items.py) and the gate (gate_items.py)."""
 
     problems: list[str] = field(default_factory=list)
