@@ -52,7 +52,14 @@ VALUE_FLAGS_0_25 = [
     "--seed",
     "--max-num-batched-tokens",
 ]
-SWITCHES_0_25 = ("--enforce-eager", "--trust-remote-code", "--enable-prompt-tokens-details")
+#: ``--enable-per-request-metrics`` (vllm-project/vllm#46768) is in 0.25.1's
+#: ``entrypoints/openai/cli_args.py``.
+SWITCHES_0_25 = (
+    "--enforce-eager",
+    "--trust-remote-code",
+    "--enable-prompt-tokens-details",
+    "--enable-per-request-metrics",
+)
 
 
 @pytest.fixture
@@ -60,13 +67,31 @@ def vllm_0_25(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """A Python whose ``vllm`` is a stand-in for a ROCm build of 0.25.1: its version string,
     and its parser where 0.25 kept it (``vllm.entrypoints.openai.cli_args``,
     ``vllm.utils.FlexibleArgumentParser``)."""
+    yield from stand_in_vllm(tmp_path, monkeypatch, "0.25.1+rocm7.2.3", SWITCHES_0_25)
+
+
+@pytest.fixture
+def vllm_without_per_request_metrics(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[str]:
+    """A stand-in for a vLLM build whose parser has 0.25.1's flags but the per-request
+    metrics switch (a release before vllm-project/vllm#46768)."""
+    switches = tuple(flag for flag in SWITCHES_0_25 if flag != "--enable-per-request-metrics")
+    yield from stand_in_vllm(tmp_path, monkeypatch, "0.24.0", switches)
+
+
+def stand_in_vllm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: str, switches: tuple[str, ...]
+) -> Iterator[str]:
+    """A Python whose ``vllm`` has ``version`` and a parser of :data:`VALUE_FLAGS_0_25` and
+    ``switches``."""
     monkeypatch.setenv("PYTEST_LONGCTX_CACHE", str(tmp_path / "cache"))
     vllm_command.ask_parser.cache_clear()
     root = tmp_path / "site"
     package = root / "vllm"
     (package / "entrypoints" / "openai").mkdir(parents=True)
     (package / "utils").mkdir()
-    (package / "__init__.py").write_text('__version__ = "0.25.1+rocm7.2.3"\n')
+    (package / "__init__.py").write_text(f'__version__ = "{version}"\n')
     (package / "entrypoints" / "__init__.py").write_text("")
     (package / "entrypoints" / "openai" / "__init__.py").write_text("")
     (package / "utils" / "__init__.py").write_text(
@@ -79,7 +104,7 @@ def vllm_0_25(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
                 parser.add_argument("model_tag", nargs="?")
                 for flag in {VALUE_FLAGS_0_25!r}:
                     parser.add_argument(flag)
-                for flag in {SWITCHES_0_25!r}:
+                for flag in {switches!r}:
                     parser.add_argument(flag, action="store_true")
                 return parser
             """
@@ -185,13 +210,48 @@ def test_a_local_build_suffix_is_the_release_it_was_built_from(
 
 def test_the_pinned_versions_missing_flags_are_named() -> None:
     ours = vllm_command.plugin_flags(_command().argv)
-    assert ours == ("--sse-keep-alive-interval", "--enable-prompt-tokens-details")
+    assert ours == (
+        "--sse-keep-alive-interval",
+        "--enable-prompt-tokens-details",
+        "--enable-per-request-metrics",
+    )
     note = vllm_command.pinned_note("0.25.1", ours)
     assert "pins vLLM 0.25.1, not installed here" in note
     assert "known to lack --sse-keep-alive-interval (vLLM 0.29.0 on)" in note
+    assert "per-request" not in note  # 0.25.1 has it
     assert "known to lack" not in vllm_command.pinned_note("0.29.0", ours)
     # --longctx-sse-keep-alive=0: the command has no such flag to lack
     assert "known to lack" not in vllm_command.pinned_note("0.25.1", ours[1:])
+
+
+def test_every_launch_asks_for_each_requests_own_timing_unless_stats_logging_is_off(
+    tmp_path: Path,
+) -> None:
+    """``--enable-per-request-metrics`` on every launched server: vLLM then sends each
+    request's own timing on its stream's last chunk. vLLM refuses it beside
+    ``--disable-log-stats`` (``validate_parsed_serve_args``, 0.25.1 to 0.34), so a profile
+    that turns stats logging off is served without it."""
+    assert "--enable-per-request-metrics" in _command().argv
+    assert "--enable-per-request-metrics" not in _command(per_request_metrics=False).argv
+    text = Path(load_profile("cpu-tiny").path).read_text()
+    old = 'extra_args = ["--seed", "0"]'
+    for spelling in ("--disable-log-stats", "--disable_log_stats"):
+        path = tmp_path / "quiet.toml"
+        path.write_text(text.replace(old, f'extra_args = ["--seed", "0", "{spelling}"]'))
+        argv = _command(profile=load_profile(str(path))).argv
+        assert spelling in argv and "--enable-per-request-metrics" not in argv
+
+
+def test_a_vllm_without_per_request_metrics_serves_without_them(
+    vllm_without_per_request_metrics: str,
+) -> None:
+    command = _command()
+    fitted, check = check_flags(command, python=vllm_without_per_request_metrics)
+    assert check is not None and check.problem() is None
+    assert check.left_out == ("--sse-keep-alive-interval", "--enable-per-request-metrics")
+    assert "--enable-per-request-metrics" not in fitted.argv
+    assert "--enable-prompt-tokens-details" in fitted.argv
+    assert "--enable-per-request-metrics left out" in check.describe()
 
 
 # -- every shipped profile's plan, against the installed vLLM -------------------------------
