@@ -174,6 +174,9 @@ class Behaviour:
     #: The last this many tokens decoded on schedule but held back and written at once after
     #: the last, as a stream that stalls mid-way and then flushes (``deliver_at_once``: all).
     flush_last_tokens: int = 0
+    #: ``deliver_at_once`` and ``flush_last_tokens`` strike only the id prompts that open with
+    #: this token id (one stream among several sent at once); None: every request.
+    flush_prompt_head: int | None = None
     #: False: /metrics has no decode-time histogram, as an engine that does not time decodes.
     decode_metric: bool = True
     #: Fault ``engine_death``: seconds after the death frame until the server stops, as
@@ -202,6 +205,11 @@ class Behaviour:
     #: ``/server_info``'s ``vllm_config.scheduler_config``; None: 404, as a server without
     #: VLLM_SERVER_DEV_MODE.
     scheduler_config: Mapping[str, Any] | None = None
+    #: The final usage chunk carries the request's own ``metrics`` (vLLM's
+    #: ``--enable-per-request-metrics``), from the stand-in's engine clock: scheduled (a
+    #: slot under ``max_num_seqs``) to first token, queued (body read) to scheduled, first to
+    #: last token.
+    per_request_metrics: bool = False
 
     def __post_init__(self) -> None:
         if self.fault is not None and self.fault not in FAULTS:
@@ -247,6 +255,8 @@ class StreamTimes:
     prompt_head: tuple[int, ...] = ()
     #: The decode as the engine's clock had it (first token to last), what /metrics counts.
     decode_s: float = 0.0
+    #: The per-request ``metrics`` the final usage chunk carried (``per_request_metrics``).
+    metrics: Mapping[str, float] | None = None
 
     @property
     def first_token_at(self) -> float | None:
@@ -537,6 +547,23 @@ RESERVED_WORDS = {index: token for token, index in RESERVED_IDS.items()}
 _WORD = re.compile(r"<\|[a-z0-9-]+\|>|(?:(?!<\|)\S)+")
 
 
+def per_request_metrics(
+    queued_at: float, scheduled_at: float, first_at: float, last_at: float, tokens: int
+) -> dict[str, float]:
+    """vLLM's ``metrics`` for one request, as ``build_per_request_timing_metrics`` builds
+    them from its stamps (0.25.1 to 0.34: milliseconds, the rate over scheduled to last)."""
+    metrics = {
+        "time_to_first_token_ms": (first_at - scheduled_at) * 1000,
+        "generation_time_ms": (last_at - first_at) * 1000,
+        "queue_time_ms": (scheduled_at - queued_at) * 1000,
+    }
+    if tokens > 1:
+        metrics["mean_itl_ms"] = (last_at - first_at) / (tokens - 1) * 1000
+    if last_at > scheduled_at:
+        metrics["tokens_per_second"] = tokens / (last_at - scheduled_at)
+    return metrics
+
+
 def word_ids(text: str) -> list[int]:
     """The fake tokenizer: one id per whitespace-separated word or reserved token, stable
     across runs."""
@@ -710,6 +737,8 @@ class _Handler(BaseHTTPRequestHandler):
         head = prompt[0] if isinstance(prompt, list) and prompt else None
         if behaviour.fault_prompt_head is not None and head != behaviour.fault_prompt_head:
             behaviour = replace(behaviour, fault=None)
+        if behaviour.flush_prompt_head is not None and head != behaviour.flush_prompt_head:
+            behaviour = replace(behaviour, deliver_at_once=False, flush_last_tokens=0)
         fault = behaviour.fault
         if "_count" in payload:
             prompt_tokens = payload["_count"]
@@ -767,6 +796,7 @@ class _Handler(BaseHTTPRequestHandler):
             and bool(stream_options.get("continuous_usage_stats"))
         )
         with_ids = bool(payload.get("return_token_ids"))
+        queued_at = t_body
         t_body = max(t_body, self.fake.admit())
         try:
             if fault == "stuck_engine":
@@ -774,7 +804,13 @@ class _Handler(BaseHTTPRequestHandler):
                 self.close_connection = True
                 return
             self._stream(
-                behaviour, t_body, total, prompt_tokens, (include_usage, running), with_ids, payload
+                behaviour,
+                (queued_at, t_body),
+                total,
+                prompt_tokens,
+                (include_usage, running),
+                with_ids,
+                payload,
             )
         finally:
             self.fake.release()
@@ -782,7 +818,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _stream(
         self,
         behaviour: Behaviour,
-        t_body: float,
+        admitted: tuple[float, float],
         total: int,
         prompt_tokens: int,
         usage_options: tuple[bool, bool],
@@ -790,6 +826,7 @@ class _Handler(BaseHTTPRequestHandler):
         payload: dict[str, Any],
     ) -> None:
         include_usage, running_usage = usage_options
+        queued_at, t_body = admitted  # the body read; a slot under max_num_seqs (scheduled)
         self.close_connection = True
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream; charset=utf-8")
@@ -799,7 +836,11 @@ class _Handler(BaseHTTPRequestHandler):
         created = int(time.time())
         request_id = f"cmpl-{created}"
 
-        def chunk(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> bytes:
+        def chunk(
+            choices: list[dict[str, Any]],
+            usage: dict[str, Any] | None = None,
+            metrics: dict[str, float] | None = None,
+        ) -> bytes:
             body: dict[str, Any] = {
                 "id": request_id,
                 "object": "text_completion",
@@ -809,6 +850,8 @@ class _Handler(BaseHTTPRequestHandler):
             }
             if usage is not None:
                 body["usage"] = usage
+            if metrics is not None:
+                body["metrics"] = metrics
             return b"data: " + json.dumps(body).encode() + b"\n\n"
 
         active = [t_body, prompt_tokens, 0]
@@ -897,6 +940,12 @@ class _Handler(BaseHTTPRequestHandler):
                 # leaves: a pause of this thread between writes would break the flush in two
                 written.extend([time.perf_counter()] * len(held))
                 self._write(b"".join(held))
+            first_at, last_at = (decoded[0], decoded[-1]) if decoded else (None, None)
+            if counts:  # the engine's clock: the first token left before the rest of its chunk
+                first_at -= (counts[0] - 1) * behaviour.token_delay_s
+            metrics = None
+            if include_usage and behaviour.per_request_metrics and first_at is not None:
+                metrics = per_request_metrics(queued_at, t_body, first_at, last_at, total)
             if include_usage:
                 usage = {
                     "prompt_tokens": prompt_tokens,
@@ -906,11 +955,10 @@ class _Handler(BaseHTTPRequestHandler):
                 cached = behaviour.cached_prompt_tokens + behaviour.external_cached_prompt_tokens
                 if cached or behaviour.prompt_tokens_details:
                     usage["prompt_tokens_details"] = {"cached_tokens": cached}
-                self._write(chunk([], usage))
+                self._write(chunk([], usage, metrics))
             end = time.perf_counter()
-            first_at, last_at = (decoded[0], decoded[-1]) if decoded else (end, end)
-            if counts:  # the engine's clock: the first token left before the rest of its chunk
-                first_at -= (counts[0] - 1) * behaviour.token_delay_s
+            if first_at is None or last_at is None:
+                first_at, last_at = end, end
             ttft = first_at - t_body
             decode = last_at - first_at
             # recorded before [DONE]: a client that has its figures can read the stamps, and
@@ -924,6 +972,7 @@ class _Handler(BaseHTTPRequestHandler):
                     total,
                     tuple(prompt[:8]) if isinstance(prompt := payload.get("prompt"), list) else (),
                     decode_s=decode,
+                    metrics=metrics,
                 )
             )
             self.fake.count_gaps([decoded[i] - decoded[i - 1] for i in range(1, len(decoded))])

@@ -555,6 +555,60 @@ def test_broken_streams(server: FakeVLLM, fault: str, error_type: type, facts: l
         assert fact in str(caught.value)
 
 
+def test_the_servers_per_request_metrics_ride_on_the_last_chunk(server: FakeVLLM) -> None:
+    """vLLM's ``metrics`` (``--enable-per-request-metrics``) on the final usage chunk: read in
+    seconds, exactly as sent, and none from a server that sends none."""
+    server.configure(first_token_delay_s=0.2, token_delay_s=0.02, per_request_metrics=True)
+    with client_for(server) as client:
+        result = client.measure(ids_request(length=100, decode=12), first_token_budget_s=10)
+    sent = server.streams[-1].metrics
+    assert sent is not None and result.server_timing is not None
+    timing = result.server_timing
+    assert timing.ttft_s == sent["time_to_first_token_ms"] / 1000
+    assert timing.queue_s == sent["queue_time_ms"] / 1000
+    assert timing.decode_s == sent["generation_time_ms"] / 1000
+    assert timing.mean_itl_s == sent["mean_itl_ms"] / 1000
+    assert timing.tokens_per_second == sent["tokens_per_second"]
+    # the engine's first token left no earlier than its delay, and before the client saw it
+    assert 0.2 <= timing.ttft_s <= result.ttft_s
+    assert timing.decode_s >= 11 * 0.02 * MIN_STEP_SHARE
+    assert timing.to_json() == {
+        "ttft_s": timing.ttft_s,
+        "queue_s": timing.queue_s,
+        "decode_s": timing.decode_s,
+        "mean_itl_s": timing.mean_itl_s,
+        "tokens_per_second": timing.tokens_per_second,
+    }
+    server.configure(per_request_metrics=False)
+    with client_for(server) as client:
+        plain = client.measure(ids_request(length=100, decode=12), first_token_budget_s=10)
+    assert plain.server_timing is None and server.streams[-1].metrics is None
+
+
+@pytest.mark.parametrize(
+    ("metrics", "expected"),
+    [
+        ({"time_to_first_token_ms": 55.6, "tokens_per_second": 120.0}, (0.0556, 120.0)),
+        ({"time_to_first_token_ms": None, "tokens_per_second": 7}, (None, 7.0)),
+        ({"time_to_first_token_ms": True, "queue_time_ms": "3"}, None),
+        ({"speculative_decoding": {"acceptance_rate": 0.5}}, None),
+        ([1, 2], None),
+        (None, None),
+    ],
+)
+def test_what_a_metrics_object_holds(metrics: object, expected: tuple | None) -> None:
+    """vLLM leaves out (``exclude_none``) a figure it has no stamps for, and 0.29 on may send
+    ``speculative_decoding`` alone: only numbers are figures, and none is no timing."""
+    from pytest_longctx.client import ServerTiming
+
+    timing = ServerTiming.from_metrics(metrics)
+    if expected is None:
+        assert timing is None
+    else:
+        assert timing is not None
+        assert (timing.ttft_s, timing.tokens_per_second) == pytest.approx(expected)
+
+
 def test_missing_usage_is_an_error(server: FakeVLLM) -> None:
     server.configure(fault="no_usage")
     with client_for(server) as client, pytest.raises(MissingUsageError, match="usage"):

@@ -337,6 +337,56 @@ def test_streams_flushed_at_once_do_not_show_the_servers_decode(fake_vllm) -> No
     assert streamed.stream_agreement(0.5)["agrees"] is True
 
 
+def test_a_level_is_judged_request_by_request_against_each_requests_own_decode(
+    fake_vllm,
+) -> None:
+    """Three requests decode 0.2 s each; the API server hands one of them over whole at the
+    end. Summed, the streams' spans are a third short of the server's decode time, inside
+    the tolerance: the sum would pass the flush. Each stream against its own request's
+    decode (vLLM's per-request metrics) names the one that did not show it."""
+    made = prompts(3)
+    fake_vllm.configure(
+        token_delay_s=0.02,
+        deliver_at_once=True,
+        flush_prompt_head=made[2][0],
+        per_request_metrics=True,
+    )
+    result = measure_level(ClientConfig(fake_vllm.url), "fake-model", made, 11, 10.0)
+    assert result.errors == []
+    agreement = result.stream_agreement(0.5)
+    assert agreement["by"] == "request" and agreement["agrees"] is False
+    assert [r["agrees"] for r in agreement["requests"]] == [True, True, False]
+    assert agreement["problem"].startswith("1 of 3 requests: request 2: the stream delivered")
+    sent = {stream.prompt_head[0]: stream.metrics for stream in fake_vllm.streams[-3:]}
+    timing = result.server_timing(0.5)
+    assert timing["source"] == "per_request" and timing["decode"]["disagree"] == 1
+    for entry, prompt in zip(timing["requests"], made, strict=True):
+        metrics = sent[prompt[0]]
+        assert metrics is not None
+        assert entry["decode_s"] == metrics["generation_time_ms"] / 1000
+        assert entry["ttft_s"] == metrics["time_to_first_token_ms"] / 1000
+        assert entry["front_end_s"] == pytest.approx(entry["client_ttft_s"] - entry["ttft_s"])
+    # the three servers' decodes, as their own figures, are the level's sum
+    assert agreement["server_decode_s"] == pytest.approx(
+        sum(stream.decode_s for stream in fake_vllm.streams[-3:])
+    )
+
+
+def test_a_request_that_waited_for_room_shows_its_wait_in_the_servers_queue(fake_vllm) -> None:
+    """Room for two: the third request waits in the server's queue until one of the first
+    two ends, and its own figures say so: its queue time holds the wait, and so does the
+    front end's share of its TTFT (the server's TTFT starts when it is scheduled)."""
+    fake_vllm.configure(
+        first_token_delay_s=0.1, token_delay_s=0.02, max_num_seqs=2, per_request_metrics=True
+    )
+    result = measure_level(ClientConfig(fake_vllm.url), "fake-model", prompts(3), 20, 10.0)
+    entries = result.server_timing(0.5)["requests"]
+    waited = max(entries, key=lambda entry: entry["queue_s"])
+    assert waited["queue_s"] >= 0.1 + 19 * 0.02 * 0.5  # a whole request of the first two
+    assert waited["front_end_s"] >= waited["queue_s"]
+    assert waited["ttft_s"] < waited["client_ttft_s"] - waited["queue_s"] + 1e-9
+
+
 def test_compare_sets_each_level_beside_the_same_level_of_the_other_run(tmp_path) -> None:
     """Two runs of levels 1 and 4: the table pairs level with level (never pooled into one
     figure per length) and the plot is drawn."""

@@ -184,3 +184,27 @@ def test_every_request_of_a_level_is_judged_and_a_wrong_one_fails_the_level(
     assert "(2 of 2 requests sent at once; the first, request 0, shown)" in (
         by_point[(2048, 2)].reason
     )
+
+
+def test_each_request_of_a_level_carries_the_servers_own_timing_in_its_record(
+    pytester: pytest.Pytester,
+) -> None:
+    """A server that times each request: the level's record holds every request's own
+    figures beside the client's, its streams are judged request by request, and the report
+    sets the level's client and server TTFT side by side."""
+    with FakeVLLMProcess(_behaviour(per_request_metrics=True)) as fake:
+        result, records = _session(
+            pytester, fake.url, "-m", "len==1Ki", WORKLOAD, "--longctx-max-concurrency=2"
+        )
+    result.assert_outcomes(passed=2)
+    two = records[-1]
+    timing = two.server_timing
+    assert timing["source"] == "per_request"
+    assert [entry["index"] for entry in timing["requests"]] == [0, 1]
+    client_ttfts = [request["ttft_s"] for request in two.concurrency["requests"]]
+    assert [entry["client_ttft_s"] for entry in timing["requests"]] == client_ttfts
+    assert all(entry["front_end_s"] > 0 and entry["ttft_s"] >= 0.02 for entry in timing["requests"])
+    assert two.concurrency["stream_agreement"]["by"] == "request"
+    report = (run_folder(pytester.path / "reports") / "report.md").read_text()
+    section = report.split("## Client and server TTFT", 1)[1].split("\n## ", 1)[0]
+    assert "| 1Ki concurrency 1 | 1 |" in section and "| 1Ki concurrency 2 | 2 |" in section

@@ -652,6 +652,61 @@ def test_html_report_shows_the_table_columns_and_embedded_plots(
     assert page.headings == [f"Long-context sweep {run_dir.name} (cpu-tiny)"]
 
 
+def test_each_record_carries_the_servers_own_timing_and_the_reports_set_both_sides_per_length(
+    failing_sweep: FailingSweep,
+) -> None:
+    """The shared server is launched with ``--enable-per-request-metrics``: vLLM times each
+    request and sends the figures on its stream's last chunk. Every record (the failed one
+    too: it was measured) holds them beside the client's; a request alone is the one
+    /metrics counted between the reads, so its own prefill, queue and decode are the
+    histograms' sums there. Both reports set client and server TTFT per length, with the
+    front end's share between them."""
+    run_dir = failing_sweep.run_dir
+    records = readable_records(run_dir / "results.jsonl")
+    for record in records:
+        timing = record.server_timing
+        assert timing["source"] == "per_request", timing
+        entry = timing["request"]
+        view = record.server_metrics
+        assert entry["ttft_s"] == pytest.approx(view["server_prefill"], rel=1e-6, abs=1e-9)
+        assert entry["queue_s"] == pytest.approx(view["server_queue"], rel=1e-6, abs=1e-9)
+        assert entry["decode_s"] == pytest.approx(view["server_decode"], rel=1e-6, abs=1e-9)
+        assert entry["mean_itl_s"] == pytest.approx(entry["decode_s"] / 31)
+        assert entry["client_ttft_s"] == record.figures["ttft"]
+        assert 0 < entry["ttft_s"] < entry["client_ttft_s"]
+        assert entry["front_end_s"] == pytest.approx(entry["client_ttft_s"] - entry["ttft_s"])
+        assert record.figures["server_request_ttft"] == entry["ttft_s"]
+        assert record.figures["front_end_ttft"] == entry["front_end_s"]
+        assert entry["decode"] == "agrees" or entry["decode"].startswith("the stream"), entry
+    markdown = (run_dir / "report.md").read_text(encoding="utf-8")
+    section = markdown_section(markdown, "Client and server TTFT")
+    lines = [line for line in section.splitlines() if line.startswith("|")]
+    header, rows = split_row(lines[0]), [split_row(line) for line in lines[2:]]
+    assert header[:5] == [
+        "Prompt",
+        "Requests",
+        "Client TTFT (s)",
+        "Server TTFT (s)",
+        "Front end (s)",
+    ]
+    assert [row[0] for row in rows] == ["1Ki", "2Ki"]
+    for row in rows:
+        cells = dict(zip(header, row, strict=True))
+        passed = [
+            r.server_timing["request"]
+            for r in records
+            if size_label(r.length) == row[0] and r.outcome == "passed"
+        ]
+        assert int(cells["Requests"]) == len(passed)
+        assert_mean_std(cells["Client TTFT (s)"], [e["client_ttft_s"] for e in passed])
+        assert_mean_std(cells["Server TTFT (s)"], [e["ttft_s"] for e in passed])
+        assert_mean_std(cells["Front end (s)"], [e["front_end_s"] for e in passed])
+    assert "without the server's per-request timing" not in markdown
+    page = HtmlPage((run_dir / "report.html").read_text(encoding="utf-8"))
+    table = page.table(**{"class": "longctx-summary-table longctx-server-timing"})
+    assert table.rows == [[cell.replace("\\|", "|") for cell in row] for row in rows]
+
+
 # --------------------------------------------------------------------------- 4: --benchmark-json
 
 

@@ -355,6 +355,61 @@ def test_a_chunked_prefill_lets_tokens_through_at_a_slower_pace() -> None:
     assert result.interference_problem is None
 
 
+def test_the_long_request_and_each_background_request_carry_their_own_server_timing() -> None:
+    """vLLM's per-request metrics on every request of the point: the long request's TTFT and
+    decode its own (its stream judged against them, not /metrics' sum over every request),
+    and beside it each background request's, matched to what the stand-in sent for it."""
+    behaviour = _behaviour(prefill_interference="stall", per_request_metrics=True)
+    with FakeVLLMProcess(behaviour) as fake:
+        result = _measure(fake)
+        written = fake.streams
+    timing = result.server_timing
+    assert timing["source"] == "per_request"
+    by_head = {stream.prompt_head[:4]: stream for stream in written}
+    long_sent = by_head[(0, 1, 2, 3)].metrics
+    assert long_sent is not None
+    entry = timing["request"]
+    assert entry["ttft_s"] == long_sent["time_to_first_token_ms"] / 1000
+    assert entry["ttft_s"] >= PREFILL_S and entry["client_ttft_s"] == result.ttft_s
+    assert entry["front_end_s"] == pytest.approx(result.ttft_s - entry["ttft_s"])
+    assert entry["decode"] == "agrees"
+    assert result.stream["decode_source"] == "stream" and result.stream["agreement"] == "agrees"
+    assert "per-request" in result.stream["server_decode_from"]
+    assert result.figures()["server_request_ttft"] == entry["ttft_s"]
+    spec = _spec(fake.url)
+    finished = result.interference["background_requests"]["finished"]
+    background = timing["background"]
+    assert len(background) == finished >= 6
+    for request in background:
+        sent = by_head[tuple(request_prompt(spec, request["stream"], request["index"])[:4])]
+        assert sent.metrics is not None
+        assert request["ttft_s"] == sent.metrics["time_to_first_token_ms"] / 1000
+        assert request["decode_s"] == sent.metrics["generation_time_ms"] / 1000
+        assert request["client_ttft_s"] >= request["ttft_s"]
+    counts = timing["background_decode"]
+    assert sum(counts.values()) == finished
+    # a request whose decode the stall split in two is no burst: its gaps are the server's
+    # (a host that holds the background process back may burst one now and then; the test
+    # below has every one of them disagree)
+    assert counts["agree"] > finished / 2, [r["decode"] for r in background]
+
+
+def test_a_long_stream_flushed_whole_keeps_its_own_requests_decode() -> None:
+    """Every stream handed over whole (a starved API server): the histogram refutes the
+    gaps, but the long request has the server's figure of its own, so it keeps that decode
+    (not none), and each background request's stream is named as not showing its decode."""
+    behaviour = _behaviour(deliver_at_once=True, token_delay_s=0.005, per_request_metrics=True)
+    with FakeVLLMProcess(behaviour) as fake:
+        result = _measure(fake)
+    entry = result.server_timing["request"]
+    assert "the stream delivered" in entry["decode"]
+    assert result.stream["decode_source"] == "server"
+    assert result.figures()["decode_throughput"] == pytest.approx(7 / entry["decode_s"])
+    assert "stream_decode_throughput" in result.figures()
+    counts = result.server_timing["background_decode"]
+    assert counts["disagree"] == len(result.server_timing["background"]) > 0, counts
+
+
 def test_a_preemption_during_the_point_fails_it() -> None:
     with FakeVLLMProcess(_behaviour(preemptions_per_long_request=2)) as fake:
         result = _measure(fake, idle_s=0.3)

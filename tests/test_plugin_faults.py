@@ -17,6 +17,8 @@ from longctx_testing import (
     run_folder,
 )
 
+from pytest_longctx.core.sizes import format_size
+
 
 @pytest.fixture
 def session(pytester: pytest.Pytester, fake_vllm: FakeVLLM):  # noqa: ANN201
@@ -52,6 +54,102 @@ def test_reported_figures_match_the_injected_timing(session) -> None:  # noqa: A
     assert figures["itl_median"] <= figures["itl_p90"] <= figures["itl_max"]
     assert figures["decode_throughput"] >= 1 / figures["itl_max"]  # the mean gap <= the max
     assert (record.prompt_tokens, record.completion_tokens) == (1024, 8)
+
+
+def test_each_record_carries_the_servers_own_timing_beside_the_clients(
+    session,  # noqa: ANN001
+    pytester: pytest.Pytester,
+    fake_vllm: FakeVLLM,
+) -> None:
+    """A server that times each request (vLLM's ``--enable-per-request-metrics``): every
+    record holds that request's own figures, the front end's share of its TTFT (the client's
+    less the server's) and its stream judged against its own decode; the report sets client
+    and server TTFT side by side per length, with their difference."""
+    result, records = session(
+        "--longctx-to=2Ki", first_token_delay_s=0.2, token_delay_s=0.02, per_request_metrics=True
+    )
+    result.assert_outcomes(passed=2)
+    for record, stream in zip(records, fake_vllm.streams[-2:], strict=True):
+        timing = record.server_timing
+        assert timing["source"] == "per_request", timing
+        entry = timing["request"]
+        metrics = stream.metrics
+        assert metrics is not None
+        assert entry["ttft_s"] == metrics["time_to_first_token_ms"] / 1000
+        assert entry["decode_s"] == metrics["generation_time_ms"] / 1000
+        assert entry["queue_s"] == metrics["queue_time_ms"] / 1000
+        assert entry["client_ttft_s"] == record.figures["ttft"]
+        assert entry["front_end_s"] == pytest.approx(record.figures["ttft"] - entry["ttft_s"])
+        assert entry["ttft_s"] >= 0.2 and entry["front_end_s"] > 0  # the server's is inside
+        assert entry["decode"] == "agrees"
+        figures = record.figures
+        assert figures["server_request_ttft"] == entry["ttft_s"]
+        assert figures["front_end_ttft"] == entry["front_end_s"]
+        assert figures["server_request_queue"] == entry["queue_s"]
+    report = (run_folder(pytester.path / "reports") / "report.md").read_text()
+    section = report.split("## Client and server TTFT", 1)[1].split("\n## ", 1)[0]
+    table = [line for line in section.splitlines() if line.startswith("| ")][1:]
+    rows = {line.split("|")[1].strip(): line for line in table}
+    assert set(rows) == {"1Ki", "2Ki"}, section
+    for record in records:
+        cells = [cell.strip() for cell in rows[format_size(record.length)].split("|")[1:-1]]
+        entry = record.server_timing["request"]
+        assert cells[1] == "1"
+        assert cells[2] == f"{entry['client_ttft_s']:,.3f}"
+        assert cells[3] == f"{entry['ttft_s']:,.3f}"
+        assert cells[4] == f"{entry['front_end_s']:,.{decimals(entry['front_end_s'])}f}"
+        assert cells[7] == "1 of 1"
+    assert "without the server's per-request timing" not in report
+    html = (run_folder(pytester.path / "reports") / "report.html").read_text()
+    assert "Client and server TTFT" in html
+
+
+def decimals(value: float) -> int:
+    """The report's decimals for a figure of this size (three at 0.1 s and above)."""
+    import math
+
+    return 3 if value >= 0.1 else min(6, 2 - math.floor(math.log10(value)))
+
+
+def test_a_server_without_per_request_timing_keeps_the_metrics_evidence_and_says_so(
+    session,  # noqa: ANN001
+    pytester: pytest.Pytester,
+) -> None:
+    result, records = session("-m", "len==1Ki", first_token_delay_s=0.1, token_delay_s=0.01)
+    result.assert_outcomes(passed=1)
+    (record,) = records
+    assert record.server_timing["source"] == "metrics"
+    assert "--enable-per-request-metrics" in record.server_timing["why"]
+    assert "server_request_ttft" not in record.figures and "server_ttft" in record.figures
+    report = (run_folder(pytester.path / "reports") / "report.md").read_text()
+    assert "1 passed point without the server's per-request timing: the server sent no" in report
+
+
+def test_a_flushed_stream_is_judged_against_its_own_requests_decode(
+    session,  # noqa: ANN001
+    fake_vllm: FakeVLLM,
+) -> None:
+    """The stand-in decodes on schedule and writes the whole stream at the end: the point keeps
+    the server's decode figure for this very request, and its timing says why."""
+    result, records = session(
+        "-m",
+        "len==1Ki",
+        "--longctx-decode-tokens=16",
+        first_token_delay_s=0.2,
+        token_delay_s=0.02,
+        deliver_at_once=True,
+        per_request_metrics=True,
+    )
+    result.assert_outcomes(passed=1)
+    (record,) = records
+    entry = record.server_timing["request"]
+    assert "the stream delivered" in entry["decode"] and "burst" in entry["decode"]
+    metrics = fake_vllm.streams[-1].metrics
+    assert metrics is not None
+    assert entry["decode_s"] == metrics["generation_time_ms"] / 1000
+    assert entry["client_decode_s"] < entry["decode_s"]  # the flush: faster than decoding
+    assert record.stream["decode_source"] == "server"
+    assert record.figures["decode_throughput"] == pytest.approx(15 / entry["decode_s"])
 
 
 @pytest.mark.parametrize(("given", "warm_ups"), [((), 3), (("--longctx-warmup-prompts=1",), 1)])

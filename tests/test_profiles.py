@@ -73,6 +73,7 @@ def test_reference_mi355x_command_flag_by_flag() -> None:
         "1",
         "--compilation-config",
         '{"cudagraph_mode":"FULL_AND_PIECEWISE"}',
+        "--enable-per-request-metrics",
     ]
     assert dict(cmd.env) == {
         "VLLM_ROCM_USE_AITER": "1",
@@ -195,6 +196,7 @@ def test_h200_command_flag_by_flag() -> None:
         "1",
         "--compilation-config",
         '{"cudagraph_mode":"FULL_AND_PIECEWISE"}',
+        "--enable-per-request-metrics",
     ]
     assert dict(cmd.env) == {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
 
@@ -226,6 +228,7 @@ def test_cpu_commands_flag_by_flag(name: str) -> None:
         "--enforce-eager",
         "--distributed-executor-backend",
         "uni",
+        "--enable-per-request-metrics",
         "--seed",
         "0",
     ]

@@ -144,14 +144,37 @@ def test_a_local_build_suffix_is_the_release_it_was_built_from(
 
 def test_the_pinned_versions_missing_flags_are_named() -> None:
     ours = vllm_command.plugin_flags(_command().argv)
-    assert ours == ("--sse-keep-alive-interval", "--enable-prompt-tokens-details")
+    assert ours == (
+        "--sse-keep-alive-interval",
+        "--enable-prompt-tokens-details",
+        "--enable-per-request-metrics",
+    )
     note = vllm_command.pinned_note("0.25.1", ours)
     assert "pins vLLM 0.25.1, not installed here" in note
     assert "its release table row (0.25.1) lacks --sse-keep-alive-interval" in note
     assert "lacks" not in vllm_command.pinned_note("0.29.0", ours)
+    assert "per-request" not in note  # 0.25.1 has it
     # --longctx-sse-keep-alive=0: the command has no such flag to lack
     assert "lacks" not in vllm_command.pinned_note("0.25.1", ours[1:])
     assert "outside the supported" in vllm_command.pinned_note("0.5.0", ours)
+
+
+def test_every_launch_asks_for_each_requests_own_timing_unless_stats_logging_is_off(
+    tmp_path: Path,
+) -> None:
+    """``--enable-per-request-metrics`` on every launched server: vLLM then sends each
+    request's own timing on its stream's last chunk. vLLM refuses it beside
+    ``--disable-log-stats`` (``validate_parsed_serve_args``, 0.25.1 to 0.34), so a profile
+    that turns stats logging off is served without it."""
+    assert "--enable-per-request-metrics" in _command().argv
+    assert "--enable-per-request-metrics" not in _command(per_request_metrics=False).argv
+    text = Path(load_profile("cpu-tiny").path).read_text()
+    old = 'extra_args = ["--seed", "0"]'
+    for spelling in ("--disable-log-stats", "--disable_log_stats"):
+        path = tmp_path / "quiet.toml"
+        path.write_text(text.replace(old, f'extra_args = ["--seed", "0", "{spelling}"]'))
+        argv = _command(profile=load_profile(str(path))).argv
+        assert spelling in argv and "--enable-per-request-metrics" not in argv
 
 
 # -- every shipped profile's plan, against the installed vLLM -------------------------------

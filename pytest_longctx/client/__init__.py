@@ -30,6 +30,9 @@ HTTP client; the JSON body is built and the connection opened before ``t0``):
   :meth:`StreamMeasurement.chunk_figures` keeps the gaps between chunks as such and the
   per-token figures derived from them, under their own names.
 * ``e2e_s``: ``t0`` to the arrival of ``data: [DONE]``.
+* ``server_timing``: the server's own figures for this request, where it sends them (vLLM's
+  per-request ``metrics`` on the final usage chunk, served with
+  ``--enable-per-request-metrics``): :class:`ServerTiming`.
 
 Only vLLM-compatible servers are targeted; everything the client checks is named in the error
 it raises, and no error message or repr ever contains the API key."""
@@ -68,6 +71,7 @@ from .request import (
     encode_token_ids,
 )
 from .result import (
+    ServerTiming,
     StreamMeasurement,
     quantile,
     summarize_stream,
@@ -94,6 +98,7 @@ __all__ = [
     "RequestBody",
     "RequestRejectedError",
     "NotConnectedError",
+    "ServerTiming",
     "ServerUnavailableError",
     "StreamError",
     "StreamMeasurement",

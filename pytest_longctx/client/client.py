@@ -42,6 +42,7 @@ from .rejections import count_message, describe, int_or_none, read_limited, reje
 from .request import CompletionRequest, RequestBody, encode_request
 from .result import (
     COMPLETION_HEAD_CHARS,
+    ServerTiming,
     StreamMeasurement,
     inter_token_gaps,
     quantile,
@@ -734,6 +735,9 @@ class CompletionClient:
         usage = chunk.get("usage")
         if isinstance(usage, Mapping) and usage.get("completion_tokens") is not None:
             state.usage = usage
+        timing = ServerTiming.from_metrics(chunk.get("metrics"))
+        if timing is not None:  # vLLM's per-request metrics, on the final usage chunk
+            state.server_timing = timing
 
     def _finish(
         self, state: _StreamState, context: _MeasureContext, check_count: bool
@@ -799,6 +803,7 @@ class CompletionClient:
             started_perf_s=context.t0,
             completion_head="".join(state.head),
             server_stream_interval=context.stream_interval,
+            server_timing=state.server_timing,
         )
         if check_count and completion_tokens != request.decode_tokens:
             raise CompletionCountError(
@@ -893,6 +898,7 @@ class _StreamState:
     def keep_text(self, text: str) -> None:
         self.head.append(text)
         self.head_chars += len(text)
+    server_timing: ServerTiming | None = None
 
     @property
     def chunk_tokens_total(self) -> int:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 try:  # transformers depends on numpy; the pure-Python path only guards odd installs
     import numpy as np
@@ -16,6 +16,57 @@ except ImportError:  # pragma: no cover - exercised via _encode_ids_python in te
 #: Characters of the completion kept with a measurement: enough for any probe's answer, after
 #: a reasoning block of a few thousand tokens too (the answer follows the thinking).
 COMPLETION_HEAD_CHARS = 32_000
+
+
+@dataclass(frozen=True)
+class ServerTiming:
+    """The server's own timing of one request: vLLM's per-request ``metrics`` (served with
+    ``--enable-per-request-metrics``, stats logging on), which ride on the stream's final
+    usage chunk (``stream_options.include_usage``) in every release from 0.25.1 to 0.34
+    (``build_per_request_timing_metrics``, ``entrypoints/generate/base/serving.py``). Each
+    figure is None where vLLM left it out (a timestamp it did not have).
+
+    ``ttft_s``: scheduled to first token (``time_to_first_token_ms``: the queue, the request's
+    way through the front end and back are not in it); ``queue_s``: queued to scheduled;
+    ``decode_s``: first to last token (``generation_time_ms``); ``mean_itl_s``: that over the
+    tokens after the first; ``tokens_per_second``: every token over scheduled to last token.
+    """
+
+    ttft_s: float | None = None
+    queue_s: float | None = None
+    decode_s: float | None = None
+    mean_itl_s: float | None = None
+    tokens_per_second: float | None = None
+
+    #: vLLM's field (milliseconds, but for the rate) behind each figure.
+    FIELDS: ClassVar[Mapping[str, str]] = {
+        "ttft_s": "time_to_first_token_ms",
+        "queue_s": "queue_time_ms",
+        "decode_s": "generation_time_ms",
+        "mean_itl_s": "mean_itl_ms",
+        "tokens_per_second": "tokens_per_second",
+    }
+
+    @classmethod
+    def from_metrics(cls, metrics: Any) -> ServerTiming | None:
+        """The figures of a chunk's ``metrics`` object; None when it carries none of them."""
+        if not isinstance(metrics, Mapping):
+            return None
+        values: dict[str, float] = {}
+        for name, key in cls.FIELDS.items():
+            value = metrics.get(key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            if not math.isfinite(value):
+                continue
+            values[name] = float(value) if key == "tokens_per_second" else value / 1000.0
+        return cls(**values) if values else None
+
+    def to_json(self) -> dict[str, float]:
+        """The figures vLLM sent, in seconds (tokens per second for the rate)."""
+        return {
+            name: getattr(self, name) for name in self.FIELDS if getattr(self, name) is not None
+        }
 
 
 @dataclass(frozen=True)
@@ -52,6 +103,9 @@ class StreamMeasurement:
     #: The server's stream interval as known before this request (its warm-ups showed it);
     #: None when not known. One stream's counts can hide it: see :func:`infer_stream_interval`.
     server_stream_interval: int | None = None
+    #: The server's own timing of this request (vLLM's per-request ``metrics``); None when it
+    #: sent none (a server without ``--enable-per-request-metrics``).
+    server_timing: ServerTiming | None = None
 
     @property
     def stream_tokens(self) -> int:

@@ -51,6 +51,12 @@ FIGURE_UNITS: Mapping[str, str] = {
     "server_queue": "s",
     "server_decode": "s",
     "server_decode_throughput": "tok/s",  # (N-1) / vLLM's decode time: no client scheduling
+    # vLLM's own timing of the measured request (its per-request metrics; the record's
+    # server_timing): scheduled to first token, queued to scheduled, and the client's TTFT
+    # less the server's, the front end's share (upload, parsing, the ids' validation, queue).
+    "server_request_ttft": "s",
+    "server_request_queue": "s",
+    "front_end_ttft": "s",
     "request_body_bytes": "B",
     "prompt_build": "s",
     # The ETA model's TTFT for this length, fitted to the points measured before it (progress/).
@@ -203,6 +209,13 @@ class Record:
     #: ``fit_planned``, ``fit_vllm`` and ``verdict`` (measure/concurrent.py). Empty for
     #: other points.
     concurrency: Mapping[str, Any] = field(default_factory=dict)
+    #: The server's own timing of each request of the point beside the client's
+    #: (measure/server_timing.py): ``source`` ``per_request`` (vLLM's per-request metrics)
+    #: with ``request`` (the measured one), ``background`` (an interference point's) or
+    #: ``requests`` (a concurrency level's), each with its front end's share and its decode
+    #: judged against its own; or ``metrics`` (the server sent none: its figures are
+    #: /metrics' sums, ``server_metrics``) with ``why``. Empty for a point not measured.
+    server_timing: Mapping[str, Any] = field(default_factory=dict)
 
     def figure(self, name: str) -> float | None:
         return self.figures.get(name)
@@ -263,6 +276,7 @@ class Record:
             "energy": dict(self.energy),
             "fidelity": dict(self.fidelity),
             "concurrency": dict(self.concurrency),
+            "server_timing": dict(self.server_timing),
         }
 
     @classmethod
@@ -301,6 +315,7 @@ class Record:
             energy=dict(data.get("energy") or {}),
             fidelity=dict(data.get("fidelity") or {}),
             concurrency=dict(data.get("concurrency") or {}),
+            server_timing=dict(data.get("server_timing") or {}),
         )
 
 

@@ -28,6 +28,7 @@ from pytest_longctx.client import (
     CompletionClient,
     CompletionRequest,
     MeasurementError,
+    ServerTiming,
     StreamProgress,
 )
 from pytest_longctx.prompts.builder import nonce_ids
@@ -76,6 +77,8 @@ class BackgroundRequest:
     completion_tokens: int
     prompt_tokens: int | None = None
     error: str | None = None
+    #: The server's own timing of this request (vLLM's per-request metrics), if it sent it.
+    server_timing: ServerTiming | None = None
 
     @property
     def gaps(self) -> list[tuple[float, float, int]]:
@@ -156,6 +159,7 @@ def _stream_loop(
                             measured.tokens_per_chunk,
                             measured.completion_tokens,
                             measured.prompt_tokens,
+                            server_timing=measured.server_timing,
                         ),
                     )
                 )

@@ -15,6 +15,10 @@ out (a preemption). Whether the streams themselves overlapped (the last first to
 first request's last) is recorded too (``overlap``), and decides where the server has no
 gauge; on a busy host a stream can arrive in one late burst, so it is not the evidence.
 
+Each stream is judged against the server's decode request by request where the server times
+each request (vLLM's per-request metrics: ``server_timing``), so one stream a busy host flushed
+late is named, never averaged into a sum; a server without them is judged on the sums.
+
 The checks that assume one request at a time are redefined for c: every request must be
 cold (``usage.prompt_tokens_details.cached_tokens`` 0 where the server says it), decode its
 count exactly, and the server must have counted c requests and their prompt tokens between
@@ -36,6 +40,7 @@ from pytest_longctx.client import (
     CompletionClient,
     CompletionRequest,
     MeasurementError,
+    ServerTiming,
     StreamMeasurement,
 )
 from pytest_longctx.measure.agreement import DEFAULT_STREAM_TOLERANCE, MIN_DISAGREEMENT_S
@@ -48,6 +53,7 @@ from pytest_longctx.measure.server_metrics import (
     MetricsSnapshot,
     delta,
 )
+from pytest_longctx.measure.server_timing import UNCHECKED, requests_timing, timed_request
 from pytest_longctx.prompts.builder import nonce_ids
 
 #: vLLM's waiting gauge by reason; ``capacity`` counts the requests waiting for the
@@ -80,6 +86,11 @@ class RequestFigures:
     error: str | None = None
     #: The completion's first characters, where the probe's answer is read.
     completion_head: str | None = None
+    #: The server's own timing of this request (vLLM's per-request metrics), if it sent it,
+    #: and the stream's carrying chunks (absolute arrivals, tokens each) to judge against it.
+    server_timing: ServerTiming | None = None
+    token_times: tuple[float, ...] = field(default=(), repr=False)
+    tokens_per_chunk: tuple[int, ...] = field(default=(), repr=False)
 
     @classmethod
     def of(cls, index: int, measured: StreamMeasurement) -> RequestFigures:
@@ -100,7 +111,25 @@ class RequestFigures:
             prompt_tokens=measured.prompt_tokens,
             cached_prompt_tokens=measured.cached_prompt_tokens,
             completion_head=measured.completion_head,
+            server_timing=measured.server_timing,
+            token_times=tuple(start + t for t in times),
+            tokens_per_chunk=measured.tokens_per_chunk,
         )
+
+    def timing(self, tolerance: float = DEFAULT_STREAM_TOLERANCE) -> dict[str, Any] | None:
+        """Its server timing beside its stream (measure/server_timing.py), its ``index``
+        first; None for a failed request or one the server sent no figures for."""
+        if self.error is not None:
+            return None
+        entry = timed_request(
+            self.server_timing,
+            self.sent_at,
+            self.token_times,
+            self.tokens_per_chunk,
+            self.completion_tokens,
+            tolerance,
+        )
+        return None if entry is None else {"index": self.index, **entry}
 
     def to_json(self) -> dict[str, Any]:
         keys = (
@@ -228,11 +257,22 @@ class LevelResult:
             return None
         return max(timed, key=lambda r: r.first_token_at or 0.0).ttft_s
 
+    def server_timing(self, tolerance: float = DEFAULT_STREAM_TOLERANCE) -> dict[str, Any]:
+        """The record's ``server_timing``: each request's own figures beside its stream."""
+        return requests_timing([request.timing(tolerance) for request in self.requests])
+
     def stream_agreement(self, tolerance: float = DEFAULT_STREAM_TOLERANCE) -> dict[str, Any]:
-        """The streams against the server's decode, for c requests: their decode spans
-        (first to last token, each request's) summed, against vLLM's decode time summed over
-        the same requests. A stream held back and flushed at once has a span near zero.
-        Empty when the server does not time decodes or a request failed."""
+        """The streams against the server's decode, for c requests: request by request, each
+        stream against that request's own decode time, where the server timed every one
+        (its per-request metrics: ``by`` ``request``); else their decode spans (first to
+        last token, each request's) summed, against vLLM's decode time summed over the same
+        requests (``by`` ``sum``). A stream held back and flushed at once has a span near
+        zero. Empty when the server does not time decodes or a request failed."""
+        if self.errors:
+            return {}
+        entries = [request.timing(tolerance) for request in self.requests]
+        if entries and all(entry and entry.get("decode_s") is not None for entry in entries):
+            return _judged_by_request(entries, tolerance)  # type: ignore[arg-type]
         spans = [
             r.last_token_at - r.first_token_at
             for r in self.requests
@@ -244,6 +284,7 @@ class LevelResult:
         off = client / self.server_decode_s - 1
         agrees = abs(off) <= tolerance or abs(client - self.server_decode_s) <= MIN_DISAGREEMENT_S
         found = {
+            "by": "sum",
             "client_decode_s": client,
             "server_decode_s": self.server_decode_s,
             "tolerance": tolerance,
@@ -327,6 +368,33 @@ class LevelResult:
             **self.peaks.to_json(),
             "requests": [r.to_json() for r in self.requests],
         }
+
+
+def _judged_by_request(entries: Sequence[dict[str, Any]], tolerance: float) -> dict[str, Any]:
+    """:meth:`LevelResult.stream_agreement` request by request: each entry's ``decode``
+    verdict (measure/server_timing.py), and the level's where one disagrees."""
+    disagreeing = [e for e in entries if e["decode"] != "agrees" and e["decode"] != UNCHECKED]
+    found: dict[str, Any] = {
+        "by": "request",
+        "client_decode_s": math.fsum(e.get("client_decode_s", 0.0) for e in entries),
+        "server_decode_s": math.fsum(e["decode_s"] for e in entries),
+        "tolerance": tolerance,
+        "agrees": not disagreeing,
+        "requests": [
+            {
+                "index": e["index"],
+                "client_decode_s": e.get("client_decode_s"),
+                "server_decode_s": e["decode_s"],
+                "agrees": None if e["decode"] == UNCHECKED else e["decode"] == "agrees",
+            }
+            for e in entries
+        ],
+    }
+    if disagreeing:
+        found["problem"] = f"{len(disagreeing)} of {len(entries)} requests: " + "; ".join(
+            f"request {e['index']}: {e['decode']}" for e in disagreeing
+        )
+    return found
 
 
 def level_prompts(

@@ -40,6 +40,7 @@ from pytest_longctx.measure.server_metrics import (
     ServerSideView,
     delta,
 )
+from pytest_longctx.measure.server_timing import point_timing, stream_entry, timing_figures
 from pytest_longctx.measure.target import ServerError, ServerInfo
 from pytest_longctx.plan.points import Point
 from pytest_longctx.prompts import (
@@ -135,6 +136,9 @@ class PointMeasurement:
     concurrency_problem: str | None = None
     #: The probe's verdict (the record's ``fidelity``): prompts/probe.py.
     fidelity: dict[str, Any] = field(default_factory=dict)
+    #: The server's own timing of each request beside the client's (the record's
+    #: ``server_timing``): measure/server_timing.py.
+    server_timing: dict[str, Any] = field(default_factory=dict)
 
     def completion_problem(self) -> str:
         """Why the completion count is off, in the words a user can act on."""
@@ -168,6 +172,7 @@ class PointMeasurement:
         decode_s = self.server_view.get("server_decode")
         if decode_s and self.completion_tokens > 1:
             figures["server_decode_throughput"] = (self.completion_tokens - 1) / decode_s
+        figures.update(timing_figures(self.server_timing))
         return figures
 
     def server_metrics(self) -> dict[str, float]:
@@ -195,6 +200,7 @@ class PointMeasurement:
             interference=dict(record.interference),
             energy=dict(record.energy),
             fidelity=dict(record.fidelity),
+            server_timing=dict(record.server_timing),
         )
 
 
@@ -389,7 +395,7 @@ def measure_point(
         server_view["usage_cached_prompt_tokens"] = float(stream.cached_prompt_tokens)
     cached = _cached_tokens(server_view)
     requests = _whole(view.requests) if view is not None else None
-    stream_figures, stream_info, stream_problem = _stream_check(
+    stream_figures, stream_info, stream_problem = stream_check(
         stream, server_view, settings, alone=requests == 1
     )
     cache_problem = None
@@ -424,6 +430,7 @@ def measure_point(
         stream_problem=stream_problem,
         cache=cache_entries,
         cache_problem=cache_problem,
+        server_timing=point_timing(stream_entry(stream, settings.stream_tolerance)),
     )
     if not settings.allow_unverified:
         problem = why_not or why_not_after
@@ -473,24 +480,34 @@ def set_aside_stream_figures(
     return kept
 
 
-def _stream_check(
+#: ``stream.server_decode_from``: whose decode time the stream was judged against.
+PER_REQUEST_DECODE = "this request's own (the server's per-request metrics)"
+METRICS_DECODE = "/metrics (vllm:request_decode_time_seconds between two reads)"
+
+
+def stream_check(
     stream: StreamMeasurement,
     server_view: dict[str, float],
     settings: PointSettings,
     alone: bool,
 ) -> tuple[dict[str, float], dict[str, Any], str | None]:
-    """The stream's figures, its chunking and its agreement with the server's decode. A
-    disagreeing point fails under ``strict_stream``; otherwise its stream's own figures are
-    kept under ``stream_*`` names and its decode figure is the server's, when the server ran
-    this request ``alone``, or absent (``decode_source`` ``none``, ``decode_problem`` why)."""
+    """The stream's figures, its chunking and its agreement with the server's decode: this
+    request's own, /metrics' sum where the server ran it ``alone`` (the same stamps) and its
+    per-request figure where it ran others too, else the sum over them all. A disagreeing
+    point fails under ``strict_stream``; otherwise its stream's own figures are kept under
+    ``stream_*`` names and its decode figure is the server's, when that is this request's
+    own, or absent (``decode_source`` ``none``, ``decode_problem`` why)."""
     figures = stream.figures()
     info: dict[str, Any] = stream.chunking()
+    summed = server_view.get("server_decode")
+    own = stream.server_timing.decode_s if stream.server_timing is not None else None
+    per_request = own is not None and not (alone and summed)
     agreement = judge_stream(
         stream.token_times_s,
         stream.chunk_token_counts(),
         stream.completion_tokens,
         stream.decode_throughput,
-        server_view.get("server_decode"),
+        own if per_request else summed,
         settings.stream_tolerance,
     )
     info["decode_source"] = "stream"
@@ -498,6 +515,7 @@ def _stream_check(
         info["agreement"] = "unchecked: the server's decode time is unknown"
         return figures, info, None
     info["server_decode_throughput"] = agreement.server_rate
+    info["server_decode_from"] = PER_REQUEST_DECODE if per_request else METRICS_DECODE
     if agreement.burst is not None:
         info["largest_burst"] = dataclasses.asdict(agreement.burst)
     if agreement.problem is None:
@@ -507,7 +525,7 @@ def _stream_check(
     if settings.strict_stream:
         return figures, info, agreement.problem
     kept = set_aside_stream_figures(figures, stream.decode_throughput)
-    if alone:
+    if alone or per_request:
         info["decode_source"] = "server"
         kept["decode_throughput"] = agreement.server_rate
     else:

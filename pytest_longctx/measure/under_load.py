@@ -17,14 +17,15 @@ not confirm.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pytest_longctx.client import CompletionClient, RequestRejectedError
+from pytest_longctx.client import CompletionClient, RequestRejectedError, StreamMeasurement
 from pytest_longctx.measure.agreement import STRICT_OPTION
 from pytest_longctx.measure.background import (
     BackgroundError,
+    BackgroundRequest,
     BackgroundSpec,
     BackgroundStreams,
     requests_in,
@@ -48,12 +49,19 @@ from pytest_longctx.measure.measurement import (
     send_measured,
     set_aside_stream_figures,
     snapshot,
+    stream_check,
 )
 from pytest_longctx.measure.server_metrics import (
     REQUESTS_RUNNING,
     REQUESTS_WAITING,
     MetricsSnapshot,
     delta,
+)
+from pytest_longctx.measure.server_timing import (
+    decode_counts,
+    point_timing,
+    stream_entry,
+    timed_request,
 )
 from pytest_longctx.measure.target import ServerInfo
 from pytest_longctx.plan.points import IDLE_REFERENCE_S, Point
@@ -82,8 +90,10 @@ class LoadSettings:
     tolerance: float = 0.5
     #: Keep a point whose gaps disagree with the histogram (the default: on a starved host the
     #: streams see tokens late and in bursts), saying so in its record, its long stream's
-    #: decode figures set aside (the server's decode time counts the background requests, so
-    #: it has no figure of the long request's own); False fails it (--longctx-strict-stream).
+    #: decode figures set aside where the server has no figure of the long request's own (its
+    #: decode time counts the background requests; a server that sends per-request metrics
+    #: has one, against which the long stream is judged as a cold point's is); False fails it
+    #: (--longctx-strict-stream).
     keep_disagreeing: bool = True
     #: The server's effective chunk and limits (``/server_info``), when it says them.
     server_config: dict[str, Any] | None = None
@@ -153,6 +163,32 @@ def wait_idle(client: CompletionClient, timeout_s: float) -> bool:
             return True
         time.sleep(PROBE_INTERVAL_S)
     return False
+
+
+def load_timing(
+    stream: StreamMeasurement, requests: Sequence[BackgroundRequest], tolerance: float
+) -> dict[str, Any]:
+    """The record's ``server_timing`` of an interference point: the long request's own and,
+    beside it, each finished background request's (its ``stream`` and ``index``), with how
+    many of their streams agree with their own decode."""
+    background = []
+    for request in requests:
+        if request.error is not None:
+            continue
+        entry = timed_request(
+            request.server_timing,
+            request.sent_at,
+            request.token_times,
+            request.tokens_per_chunk,
+            request.completion_tokens,
+            tolerance,
+        )
+        if entry is not None:
+            background.append({"stream": request.stream, "index": request.index, **entry})
+    more: dict[str, Any] = {}
+    if background:
+        more = {"background": background, "background_decode": decode_counts(background)}
+    return point_timing(stream_entry(stream, tolerance), **more)
 
 
 def measure_under_load(
@@ -255,14 +291,19 @@ def measure_under_load(
         **(load.server_config or {"unknown": NO_SERVER_INFO}),
         "seen": chunk_from_streams(view, point.length, load.background.streams),
     }
-    stream_info = stream.chunking()
-    stream_info["decode_source"] = "stream"
-    stream_info["agreement"] = (
-        "unchecked: the server's decode time counts the background requests too; the "
-        "inter-token histogram is checked instead"
-    )
-    stream_figures = stream.figures()
-    if disagreement is not None:
+    own = stream.server_timing.decode_s if stream.server_timing is not None else None
+    stream_problem = None
+    if own is not None:  # the long request's own decode: its stream is judged against it
+        stream_figures, stream_info, stream_problem = stream_check(stream, {}, settings, False)
+    else:
+        stream_info = stream.chunking()
+        stream_info["decode_source"] = "stream"
+        stream_info["agreement"] = (
+            "unchecked: the server's decode time counts the background requests too; the "
+            "inter-token histogram is checked instead"
+        )
+        stream_figures = stream.figures()
+    if disagreement is not None and own is None:
         stream_info["decode_source"] = "none"
         stream_info["decode_problem"] = (
             f"{disagreement}; the server's decode time counts the background requests too: "
@@ -291,6 +332,8 @@ def measure_under_load(
         interference=details,
         background_figures=view.figures(),
         interference_problem="; ".join(problems) or None,
+        stream_problem=stream_problem,
+        server_timing=load_timing(stream, requests, settings.stream_tolerance),
     )
     if not settings.allow_unverified:
         problem = why_not or why_not_after

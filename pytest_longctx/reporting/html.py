@@ -31,6 +31,7 @@ from pytest_longctx.reporting.depth_map import html_fragment as depth_map_fragme
 from pytest_longctx.reporting.interference_report import html_fragment as interference_fragment
 from pytest_longctx.reporting.kv_plot import kv_plot_note
 from pytest_longctx.reporting.predictions import html_fragment as progress_fragment
+from pytest_longctx.reporting.request_timing import html_fragment as server_timing_fragment
 from pytest_longctx.reporting.reuse import html_fragment as reuse_fragment
 from pytest_longctx.reporting.text_table import html_table
 from pytest_longctx.reporting.view import (
@@ -152,7 +153,8 @@ def summary_fragment(records: Iterable[Record], plot_paths: Iterable[Path | None
     return (
         f'<section class="longctx-summary"><style>{_SUMMARY_STYLE}</style>'
         "<h3>Long-context sweep (mean ± sample std over passed repeats)</h3>"
-        f"{table}{''.join(images)}{depth_map_fragment(records)}{reuse_fragment(records)}"
+        f"{table}{''.join(images)}{server_timing_fragment(records)}"
+        f"{depth_map_fragment(records)}{reuse_fragment(records)}"
         f"{interference_fragment(records)}{concurrency_fragment(records)}"
         f"{progress_fragment(records)}"
         "</section>"

@@ -19,6 +19,7 @@ from pytest_longctx.reporting.depth_map import markdown_lines as depth_map_lines
 from pytest_longctx.reporting.interference_report import markdown_lines as interference_lines
 from pytest_longctx.reporting.kv_plot import kv_plot_note
 from pytest_longctx.reporting.predictions import markdown_lines as progress_lines
+from pytest_longctx.reporting.request_timing import markdown_lines as server_timing_lines
 from pytest_longctx.reporting.reuse import markdown_lines as reuse_lines
 from pytest_longctx.reporting.text_table import aligned_table
 from pytest_longctx.reporting.view import (
@@ -129,6 +130,7 @@ def render_markdown(
     note = kv_plot_note(records)
     if note:
         lines += [note, ""]
+    lines += server_timing_lines(records)
     lines += depth_map_lines(records)
     lines += reuse_lines(records)
     lines += interference_lines(records)

@@ -89,13 +89,18 @@ def build_server_command(
     max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = None,
     server_info: bool = False,
+    per_request_metrics: bool = True,
 ) -> ServerCommand:
     """The exact argv and environment that serve ``profile``; ``entry`` is how vLLM starts
     (default: :func:`launcher`). ``prompt_tokens_details``: every response's ``usage`` says
     how many prompt tokens the prefix cache served (off by default in vLLM; warm points
     check it). ``sse_keep_alive_s`` > 0 has vLLM send a keep-alive comment on a stream idle
     that long (``--sse-keep-alive-interval``, vLLM 0.32; off by default), which keeps HTTP
-    proxies' idle timers from cutting a long prefill.
+    proxies' idle timers from cutting a long prefill. ``per_request_metrics`` has vLLM time
+    every request on its own and send the figures on the stream's last chunk
+    (``--enable-per-request-metrics``), except where the profile turns stats logging off
+    (``--disable-log-stats``), which vLLM refuses beside it: the records then keep /metrics'
+    sums alone.
 
     For the interference workload's server: ``max_num_seqs`` replaces the profile's
     ``--max-num-seqs`` (room for the background streams beside the long prompt),
@@ -149,6 +154,8 @@ def build_server_command(
     if sse_keep_alive_s > 0:
         argv += ["--sse-keep-alive-interval", str(sse_keep_alive_s)]
     extra = list(serving.extra_args)
+    if per_request_metrics and not stats_logging_off(extra):
+        argv.append(PER_REQUEST_METRICS)
     env = dict(serving.env)
     if max_num_batched_tokens is not None:
         extra = without_flag(extra, "--max-num-batched-tokens")
@@ -157,6 +164,15 @@ def build_server_command(
         env[DEV_MODE_ENV] = "1"
     argv += extra
     return ServerCommand(tuple(argv), env)
+
+
+#: vLLM's switch for each request's own timing on its stream's last usage chunk.
+PER_REQUEST_METRICS = "--enable-per-request-metrics"
+
+
+def stats_logging_off(args: Sequence[str]) -> bool:
+    """Whether ``args`` turn vLLM's stats logging off, which per-request metrics need."""
+    return any(arg.partition("=")[0].replace("_", "-") == "--disable-log-stats" for arg in args)
 
 
 #: vLLM's switch for its development endpoints, ``/server_info`` among them.

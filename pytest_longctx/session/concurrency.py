@@ -207,4 +207,5 @@ def measure(
         concurrency=record,
         concurrency_problem="; ".join(problems) or None,
         request_heads=tuple(None if r.error else r.completion_head for r in result.requests),
+        server_timing=result.server_timing(setup.stream_tolerance),
     )

@@ -170,6 +170,7 @@ def on_report(
         stream=measurement.stream if measurement else {},
         energy=measurement.energy if measurement else {},
         fidelity=measurement.fidelity if measurement else {},
+        server_timing=measurement.server_timing if measurement else {},
         started_at=call.start,
         finished_at=time.time(),
         failure_class=failure_class,
