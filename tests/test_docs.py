@@ -437,8 +437,20 @@ class Stated:
 
 
 GUIDES = "docs/guides"
+def supported_range() -> str:
+    """The supported vLLM range as the pages write it (lower bound first) and as the ``gpu``
+    extra bounds it."""
+    specs = sorted(str(s) for s in code("pytest_longctx.profiles.vllm_releases.SUPPORTED"))
+    text = ",".join(sorted(specs, key=lambda spec: not spec.startswith(">")))
+    extra = (ROOT / "pyproject.toml").read_text()
+    assert f'gpu = ["vllm{text}"]' in extra, "the gpu extra is bounded to the supported range"
+    return text
+
+
 STATED: tuple[Stated, ...] = (
     # README and getting started
+    Stated("README.md", "a supported one (vLLM {};", supported_range),
+    Stated(f"{GUIDES}/getting-started.md", "installs vLLM `{}`,", supported_range),
     Stated(
         "README.md", "every power of two from {} to {} prompt tokens", lambda: sweep_range(None)
     ),

