@@ -308,7 +308,7 @@ def test_plan_prints_points_command_and_capacity_without_starting(
             "*4,032 B/token per rank*",
             # 11.5 GiB of 274 GiB to spare: it ran in the study, with little room left.
             "64Mi*11.51  borderline",
-            "*vLLM * asked here*the plan agrees",
+            "*vLLM * asked here*the plan agrees (asked with vLLM 0.25.1's defaults*",
         ]
     )
     assert not (pytester.path / "out").exists()  # nothing written, nothing started

@@ -690,7 +690,9 @@ def modules_page() -> str:
 
 
 def vllm_versions_page() -> str:
-    """The supported vLLM releases, from the release table the product plans and launches\n    with (``profiles/vllm_releases.py``, each row held to its release's source by\n    ``tests/test_vllm_releases.py``)."""
+    """The supported vLLM releases, from the release table the product plans and launches
+    with (``profiles/vllm_releases.py``, each row held to its release's source by
+    ``tests/test_vllm_releases.py``)."""
     from pytest_longctx.profiles import vllm_releases as table
 
     rows = []

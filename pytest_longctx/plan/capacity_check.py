@@ -315,7 +315,7 @@ def render_table(plan: SweepPlan, lengths: Sequence[int]) -> str:
     if lengths:
         tokens = max(lengths) + plan.tokens_after_prefix
         lines.append(predicted_capacity(layout, hardware, tokens, reserve))
-        lines.append(oracle_line(layout, tokens))
+        lines.append(oracle_line(layout, tokens, release_row(profile)))
     return "\n".join(line for line in lines if line)
 
 
@@ -398,12 +398,20 @@ def predicted_capacity(
     )
 
 
-def oracle_line(layout: capacity.CacheLayout, tokens: int) -> str:
-    """vLLM's own allocator asked the same question, where vLLM is installed."""
+def oracle_line(
+    layout: capacity.CacheLayout, tokens: int, release: Release | None = None
+) -> str:
+    """vLLM's own allocator asked the same question, where vLLM is installed; ``release``:
+    the one the plan is made for, whose defaults the question carries (said where the
+    installed vLLM that answers is another)."""
     from pytest_longctx.capacity import oracle
 
+    planned = f"vLLM {release.version}" if release is not None else "the planned release"
     if not oracle.available() or layout.allocation is None:
-        return "vLLM not installed here: the figures are this package's model of vLLM 0.32"
+        return (
+            "vLLM not installed here: the figures are this package's model of "
+            f"{planned}'s allocator"
+        )
     try:
         allocation = layout.allocation
         answer = oracle.ask_in_subprocess(
@@ -417,11 +425,14 @@ def oracle_line(layout: capacity.CacheLayout, tokens: int) -> str:
         if plan == answer.per_rank_bytes
         else (f"DIFFERS by {(plan - answer.per_rank_bytes) / answer.per_rank_bytes:+.2%}")
     )
-    return (
+    line = (
         f"{answer.version} asked here (its KV-cache groups and memory functions, "
         f"{answer.num_groups} group(s)): {tokens:,} tokens need "
         f"{answer.per_rank_bytes / capacity.GIB:.2f} GiB per rank; the plan {verdict}"
     )
+    if release is not None and answer.version != planned:
+        line += f" (asked with {planned}'s defaults, the release the plan is for)"
+    return line
 
 
 @dataclass(frozen=True)
@@ -467,7 +478,10 @@ def _label_int(labels: dict[str, str], name: str) -> int | None:
 
 
 def check_against_server(
-    profile: Profile, cache_labels: dict[str, str], max_model_len: int | None = None
+    profile: Profile,
+    cache_labels: dict[str, str],
+    max_model_len: int | None = None,
+    release: Release | None = None,
 ) -> ServerCapacityCheck:
     """Compare with ``vllm:cache_config_info``.
 
@@ -480,9 +494,10 @@ def check_against_server(
     left, and exports ``kv_cache_memory_bytes="None"``) the bytes are the server's blocks at
     the plan's cost per block, and the group-aware figure is compared: it checks the groups,
     the block size and the blocks one request holds. vLLM sums ``num_gpu_blocks`` over its
-    data-parallel engines; the figures here are one engine's.
+    data-parallel engines; the figures here are one engine's. ``release``: the serving vLLM's
+    row (its defaults decide the plan compared); default: the planned release's.
     """
-    layout = layout_for(profile)
+    layout = layout_for(profile, release)
     if layout is None:
         raise ValueError(f"no model config for {profile.model.source}")
     block_size = _label_int(cache_labels, "block_size")

@@ -187,7 +187,10 @@ class ServerLifecycle:
         if info.mode == "launched" and cache_labels and capacity_check.layout_for(run.plan.profile):
             try:
                 run.findings.capacity_check = capacity_check.check_against_server(
-                    run.plan.profile, cache_labels, info.max_model_len
+                    run.plan.profile,
+                    cache_labels,
+                    info.max_model_len,
+                    vllm_releases.row_for(info.engine_version) if info.engine_version else None,
                 )
             except ValueError as exc:
                 run.findings.problems.append(
