@@ -31,13 +31,13 @@ def model_config(profile: Profile) -> dict[str, Any] | None:
     source = Path(model.source)
     if (source / "config.json").exists():
         return capacity.load_model_config(source)
-    with contextlib.suppress(Exception):
+    cached = None
+    with contextlib.suppress(Exception):  # not in the hub's cache: unknown, not an error
         from huggingface_hub import try_to_load_from_cache
 
         cached = try_to_load_from_cache(model.source, "config.json", revision=model.revision)
-        if isinstance(cached, str):
-            return capacity.load_model_config(cached)
-    return None
+    # a cached file its class rejects is refused like any other (ModelConfigError)
+    return capacity.load_model_config(cached) if isinstance(cached, str) else None
 
 
 #: The block size each attention backend picks on its own (``get_preferred_block_size`` /

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_longctx.capacity import ParallelLayoutError
+from pytest_longctx.capacity import ModelConfigError, ParallelLayoutError
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.plan import capacity_check
 from pytest_longctx.plan.points import (
@@ -146,6 +146,9 @@ def arrange(
     lengths = sorted({p.length for p in points if not p.interference})
     loaded = sorted({p.length for p in points if p.interference})
     try:
+        # the profile's config.json, read (and its model's class run) once: a file the class
+        # rejects is the user's to fix, for an attached server's session too
+        capacity_check.model_config(run.plan.profile)
         sized = run.plan.sized_for(points)
         verdicts = {} if run.settings.url else capacity_check.check_points(sized, lengths)
         under_load = (
@@ -153,7 +156,7 @@ def arrange(
             if run.settings.url
             else capacity_check.check_points(run.plan, loaded, under_load=True)
         )
-    except (ParallelLayoutError, ProfileError) as exc:
+    except (ParallelLayoutError, ProfileError, ModelConfigError) as exc:
         raise pytest.UsageError(f"profile {run.plan.profile.name}: {exc}") from None
     resume.redo_cold_points(run, points)
     run.findings.unfit_lengths = {length for length, fit in verdicts.items() if not fit.fits}
