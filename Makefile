@@ -11,7 +11,8 @@ EXTRAS  ?= cpu,dev,docs
 FROM    ?=
 TO      ?=
 REPEATS ?= 1
-PROFILE ?= cpu-tiny
+# No profile: the embedded default (cpu-tiny) launched, or an attached server's own settings.
+PROFILE ?=
 URL     ?=
 ARGS    ?=
 # The tests `make test` selects, as a pytest mark expression: MARK="not vllm" leaves out
@@ -23,7 +24,7 @@ SESSIONS ?= 10
 K        ?= 5
 LEVEL    ?= 0.01
 
-SWEEP_ARGS = --longctx-profile=$(PROFILE) --longctx-repeats=$(REPEATS) \
+SWEEP_ARGS = $(if $(PROFILE),--longctx-profile=$(PROFILE)) --longctx-repeats=$(REPEATS) \
 	$(if $(FROM),--longctx-from=$(FROM)) $(if $(TO),--longctx-to=$(TO)) \
 	$(if $(URL),--longctx-url=$(URL))
 

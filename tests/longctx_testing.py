@@ -180,6 +180,11 @@ def fake_session_args(url: str, output: Path, *, plots: bool = False) -> list[st
 
 #: A shared server is warm after its first session: later sessions send it one warm-up prompt.
 WARMUP_OPTION = "--longctx-warmup-prompts"
+#: The suite's shared servers are cpu-tiny's (the foreign model's is measured with it too, as
+#: a profile for another model): a session attached to one names it, as a user measuring them
+#: would. Attached with no profile, a session takes the server's own settings instead
+#: (tests/test_attach_without_profile.py).
+SHARED_SERVERS_PROFILE = "--longctx-profile=cpu-tiny"
 
 
 def run_session(  # noqa: ANN201
@@ -188,14 +193,16 @@ def run_session(  # noqa: ANN201
     url: str | None = None,
     timeout: float | None = None,
     strict_stream: bool = False,
+    shared_profile: bool = True,
 ):
     """A pytest session in its own process, as a user runs one, writing under ``reports/``.
 
     Returns the run result and the output root. With ``url`` it attaches to that server, which
     the suite keeps warm: one warm-up prompt (it shows how the server streams) instead of the
-    profile's three, unless ``--longctx-warmup-prompts`` is given. No plots unless ``PLOTS``
-    is among ``args``. Bursts are kept, as by default, unless ``strict_stream``
-    (:data:`STRICT_STREAM`). A session that outlives ``timeout`` (default:
+    profile's three, unless ``--longctx-warmup-prompts`` is given; and with cpu-tiny's profile
+    (:data:`SHARED_SERVERS_PROFILE`) unless ``args`` name one or not ``shared_profile``. No
+    plots unless ``PLOTS`` is among ``args``. Bursts are kept, as by default, unless
+    ``strict_stream`` (:data:`STRICT_STREAM`). A session that outlives ``timeout`` (default:
     :data:`ATTACHED_TIMEOUT_S` attached, else :data:`LAUNCHING_TIMEOUT_S`) fails the test
     with the end of what it printed.
     """
@@ -203,6 +210,8 @@ def run_session(  # noqa: ANN201
     attach = [f"--longctx-url={url}"] if url else []
     if url and not any(arg.startswith(WARMUP_OPTION) for arg in args):
         attach.append(f"{WARMUP_OPTION}=1")
+    if url and shared_profile and not any(arg.startswith("--longctx-profile") for arg in args):
+        attach.append(SHARED_SERVERS_PROFILE)
     if not any(arg.startswith("--longctx-plots") for arg in args):
         attach.append(NO_PLOTS)
     keep = [STRICT_STREAM] if strict_stream and STRICT_STREAM not in args else []

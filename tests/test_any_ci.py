@@ -159,11 +159,16 @@ def test_the_header_names_profile_server_and_lengths_when_asked(
     )
     result.assert_outcomes(passed=1)
     lines = header_lines(result)
-    assert lines[:4] == [
-        f"longctx profile: cpu-tiny: {load_profile('cpu-tiny').description}",
+    # attached without a profile: the server's settings (none, as it does not answer) and the
+    # generic defaults, not the embedded default's
+    assert lines[0].startswith(
+        "longctx profile: none: attached, no profile: the server at http://127.0.0.1:9 did not "
+        "answer /v1/models when the plan was made"
+    ), lines
+    assert lines[1:4] == [
         "longctx model: as http://127.0.0.1:9 serves it (see the sweep summary)",
         "longctx server: http://127.0.0.1:9",
-        "longctx points: 1Ki..4Ki, 1 repeat(s), 32 decode tokens",
+        "longctx points: 1Ki..4Ki, 1 repeat(s), 64 decode tokens",
     ]
     assert lines[4].startswith("longctx run: ")
     # asked for, but no sweep collected: still nothing made

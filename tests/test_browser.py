@@ -22,7 +22,7 @@ from urllib.parse import unquote, urlparse
 import pytest
 from browser import Browser, Page, browser, chromium  # noqa: F401 - the fixtures
 from fabricated_runs import BUILT_IN, NOW, faster, make_records, write_records, write_run
-from longctx_testing import ATTACHED_TIMEOUT_S, SWEEP_TEST, run_folder
+from longctx_testing import ATTACHED_TIMEOUT_S, SHARED_SERVERS_PROFILE, SWEEP_TEST, run_folder
 
 from pytest_longctx.cli import main as cli_main
 from pytest_longctx.core.records import Record, append_record, read_records
@@ -334,6 +334,7 @@ def real_runs(tmp_path_factory: pytest.TempPathFactory, vllm_url: str) -> RealRu
     output = project / "reports"
     sweep = (
         f"--longctx-url={vllm_url}",
+        SHARED_SERVERS_PROFILE,
         f"--longctx-output={output}",
         "--longctx-to=2Ki",
     )

@@ -86,8 +86,15 @@ def test_the_ini_file_sets_the_workload_and_its_highest_level(pytester: pytest.P
 def _session(pytester: pytest.Pytester, url: str, *args: str):  # noqa: ANN202
     pytester.makepyfile(test_sweep=SWEEP_TEST)
     root = pytester.path / "reports"
+    # The planned fit needs a model's cache layout: cpu-tiny's, one group of full attention
+    # like the fake's cache (attached without a profile, a session plans no fit of its own).
     result = pytester.runpytest(
-        *fake_session_args(url, root), "--longctx-progress=off", "-p", "no:randomly", *args
+        *fake_session_args(url, root),
+        "--longctx-profile=cpu-tiny",
+        "--longctx-progress=off",
+        "-p",
+        "no:randomly",
+        *args,
     )
     return result, records_of(root)
 

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 from longctx_testing import (
+    SHARED_SERVERS_PROFILE,
     SWEEP_TEST,
     FakeNode,
     assert_bursts_kept_with_the_servers_figure,
@@ -345,6 +346,7 @@ def test_two_attached_servers_share_one_run(
         "-n",
         "2",
         f"--longctx-url={vllm_url},{loaded_url}",
+        SHARED_SERVERS_PROFILE,
         "--longctx-to=4Ki",
         "--longctx-repeats=2",
         "--longctx-progress=plain",
@@ -390,6 +392,7 @@ def test_two_attached_servers_share_one_run(
         "-n",
         "2",
         f"--longctx-url={vllm_url},{loaded_url}",
+        SHARED_SERVERS_PROFILE,
         "--longctx-to=2Ki",
         "--longctx-repeats=2",
         f"--longctx-baseline={baseline}",
@@ -406,7 +409,11 @@ def test_servers_unlike_each_other_are_refused_unless_mixing_is_allowed(
     sweep_dir: pytest.Pytester, vllm_url: str, foreign_model_url: str
 ) -> None:
     # the foreign model's weights are random: its answers are recorded, not checked
-    urls = (f"--longctx-url={vllm_url},{foreign_model_url}", "--longctx-fidelity=record")
+    urls = (
+        f"--longctx-url={vllm_url},{foreign_model_url}",
+        SHARED_SERVERS_PROFILE,
+        "--longctx-fidelity=record",
+    )
     result, output = run_session(
         sweep_dir, "-n", "2", *urls, "--longctx-to=1Ki", "--longctx-repeats=2"
     )

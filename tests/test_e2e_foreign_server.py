@@ -87,7 +87,7 @@ def test_another_clients_request_during_a_point_fails_it(
 def test_the_records_describe_the_served_model_not_the_profile(
     sweep_dir: pytest.Pytester, foreign_model_url: str
 ) -> None:
-    """Attached with the default profile (cpu-tiny: a Llama) to a Qwen2 server."""
+    """Attached with cpu-tiny's profile (a Llama) to a Qwen2 server."""
     folder = default_models_dir() / fine_grained_qwen_spec().folder_name
     result, output = run_session(
         sweep_dir, "-m", "len==1Ki", RECORD_ANSWERS, PLOTS, url=foreign_model_url

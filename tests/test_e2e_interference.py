@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from longctx_testing import (
+    SHARED_SERVERS_PROFILE,
     SWEEP_TEST,
     Session,
     records_of,
@@ -45,7 +46,7 @@ def chunk_runs(
         (folder / "test_sweep.py").write_text(SWEEP_TEST)
         session = run_process(
             folder, "-m", "pytest", "-p", "no:cacheprovider", "test_sweep.py", "-m", "len==16Ki",
-            "--longctx-workload=interference", f"--longctx-url={url}",
+            "--longctx-workload=interference", f"--longctx-url={url}", SHARED_SERVERS_PROFILE,
             "--longctx-output=reports", "--longctx-progress=off", timeout=300,
         )  # fmt: skip
         runs[chunk] = (session, folder / "reports")

@@ -27,6 +27,7 @@ import httpx
 import pytest
 from longctx_testing import (
     ATTACHED_TIMEOUT_S,
+    SHARED_SERVERS_PROFILE,
     SWEEP_TEST,
     Session,
     raw_lines,
@@ -142,6 +143,7 @@ def failing_sweep(tmp_path_factory: pytest.TempPathFactory, vllm_url: str) -> Fa
     session = run_pytest(
         directory,
         f"--longctx-url={vllm_url}",
+        SHARED_SERVERS_PROFILE,
         "--longctx-to=2Ki",
         "--longctx-repeats=2",
         f"--benchmark-json={user_json}",
@@ -174,6 +176,7 @@ def killed_then_resumed(
     output = directory / "out"
     sweep = (
         f"--longctx-url={vllm_url}",
+        SHARED_SERVERS_PROFILE,
         f"--longctx-output={output}",
         "--longctx-to=4Ki",
         "--longctx-repeats=2",
@@ -854,6 +857,7 @@ def test_compare_two_real_runs_made_with_different_decode_lengths(
             "-p",
             "no:cacheprovider",
             f"--longctx-url={vllm_url}",
+            SHARED_SERVERS_PROFILE,
             f"--longctx-output={output}",
             "--longctx-to=2Ki",
             "--longctx-repeats=2",

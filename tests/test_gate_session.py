@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from fabricated_runs import FINGERPRINT, NOW, Figures, make_records
-from longctx_testing import SWEEP_TEST, run_folder
+from longctx_testing import SHARED_SERVERS_PROFILE, SWEEP_TEST, run_folder
 
 from pytest_longctx.core.records import Record, append_record, read_records
 from pytest_longctx.core.sizes import format_size
@@ -741,6 +741,7 @@ def test_gate_against_real_vllm(pytester: pytest.Pytester, vllm_url: str) -> Non
             "no:cacheprovider",
             "-v",
             f"--longctx-url={vllm_url}",
+            SHARED_SERVERS_PROFILE,
             f"--longctx-output={output}",
             "--longctx-to=2Ki",
             "--longctx-repeats=2",

@@ -615,7 +615,8 @@ def test_the_gate_section_shows_warm_ttft_only_for_runs_with_warm_points() -> No
 
 def test_an_attached_servers_limit_counts_the_suffix(session, fake_vllm) -> None:  # noqa: ANN001
     fake_vllm.configure(max_model_len=1100)  # /v1/models says so from the start
-    result, records = session("-m", "len==1Ki", WARM, "--longctx-warm-questions=1", warm=1024)
+    # the range given: from this limit alone, no length holds a follow-up (a usage error)
+    result, records = session("--longctx-to=1Ki", WARM, "--longctx-warm-questions=1", warm=1024)
     result.assert_outcomes(passed=1, failed=1)
     assert (
         "serves at most 1100 tokens (max_model_len); this point needs 1024 + 256 suffix + 8 "

@@ -53,12 +53,14 @@ def _filled(canonical: str) -> str:
     with contextlib.suppress(OSError):
         return kept.read_text(encoding="utf-8")
     try:
-        filled = warm_python.ask(__name__, "fill", json.loads(canonical), timeout_s=300)
+        reply = warm_python.ask(__name__, "fill_or_rejection", json.loads(canonical), timeout_s=300)
     except warm_python.QuestionTimeout:
         raise ConfigClassError("the transformers config class did not answer in 300 s") from None
     except warm_python.QuestionFailed as exc:
         raise ConfigClassError(f"the transformers config class could not read it: {exc}") from None
-    answer = json.dumps(filled)
+    if "rejected" in reply:
+        raise ConfigClassError(reply["rejected"])
+    answer = json.dumps(reply["filled"])
     with contextlib.suppress(OSError):
         write_atomically(kept, answer)
     return answer
@@ -74,6 +76,15 @@ def filled_file(canonical: str) -> Path:
         version = "none"
     digest = hashlib.sha256(f"{version}\n{canonical}".encode()).hexdigest()[:32]
     return cache_root() / "model-configs" / f"{digest}.json"
+
+
+def fill_or_rejection(config: dict[str, Any]) -> dict[str, Any]:
+    """:func:`fill`'s answer for another Python: ``{"filled": ...}``, or the class's refusal as
+    ``{"rejected": why}``, said as in this process."""
+    try:
+        return {"filled": fill(config)}
+    except ConfigClassError as exc:
+        return {"rejected": str(exc)}
 
 
 def fill(config: dict[str, Any]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from pytest_longctx import capacity
 from pytest_longctx.plan.points import SweepPlan
-from pytest_longctx.profiles import Profile, vllm_releases
+from pytest_longctx.profiles import Profile, ServerSettings, vllm_releases
 from pytest_longctx.profiles import hardware as host
 from pytest_longctx.profiles.extra_args import cache_flags
 from pytest_longctx.profiles.vllm_releases import PlannedRelease, Release
@@ -40,7 +40,11 @@ def release_row(profile: Profile) -> Release:
 
 
 def model_config(profile: Profile) -> dict[str, Any] | None:
-    """The model's config.json without a download: shipped copy, local folder or embedded spec."""
+    """The model's config.json without a download: shipped copy, local folder or embedded spec.
+    None for a server attached without a profile: its own figures are the plan's, and its
+    model folder, where readable, describes it in the records."""
+    if not profile.chosen:
+        return None
     model = profile.model
     if model.config is not None:
         return capacity.load_model_config(model.config)
@@ -52,13 +56,13 @@ def model_config(profile: Profile) -> dict[str, Any] | None:
     source = Path(model.source)
     if (source / "config.json").exists():
         return capacity.load_model_config(source)
-    with contextlib.suppress(Exception):
+    cached = None
+    with contextlib.suppress(Exception):  # not in the hub's cache: unknown, not an error
         from huggingface_hub import try_to_load_from_cache
 
         cached = try_to_load_from_cache(model.source, "config.json", revision=model.revision)
-        if isinstance(cached, str):
-            return capacity.load_model_config(cached)
-    return None
+    # a cached file its class rejects is refused like any other (ModelConfigError)
+    return capacity.load_model_config(cached) if isinstance(cached, str) else None
 
 
 #: The block size each attention backend picks on its own (``get_preferred_block_size`` /
@@ -275,6 +279,8 @@ def check_points(
 
 def render_table(plan: SweepPlan, lengths: Sequence[int]) -> str:
     profile = plan.profile
+    if profile.from_server is not None:
+        return server_capacity(profile.from_server)
     layout = layout_for(profile)
     if layout is None:
         return f"capacity: unknown (no config.json for {profile.model.source} at hand)"
@@ -317,6 +323,25 @@ def render_table(plan: SweepPlan, lengths: Sequence[int]) -> str:
         lines.append(predicted_capacity(layout, hardware, tokens, reserve))
         lines.append(oracle_line(layout, tokens, release_row(profile)))
     return "\n".join(line for line in lines if line)
+
+
+def server_capacity(server: ServerSettings) -> str:
+    """An attached server without a profile: the cache it says it has, not a plan's."""
+    if server.kv_cache_tokens is None:
+        return (
+            "capacity: the attached server's own, which its /metrics does not say "
+            "(no vllm:cache_config_info); no plan without a profile"
+        )
+    blocks = server.kv_cache_blocks
+    how = (
+        f"{blocks:,} blocks of {server.block_size} tokens"
+        if blocks is not None and server.block_size is not None
+        else "its kv_cache_size_tokens"
+    )
+    return (
+        f"capacity: the attached server's own: its KV cache holds {server.kv_cache_tokens:,} "
+        f"tokens (vllm:cache_config_info: {how})"
+    )
 
 
 def cache_budget(

@@ -12,7 +12,9 @@ class Settings:
     to_length: int | None
     repeats: int
     order: str
-    profile: str
+    #: The profile the user chose (option or ini key); None: the embedded default for a
+    #: launched server, the server's own settings for an attached one.
+    profile: str | None
     #: Endpoints to attach to, one per server; empty: launch from the profile.
     urls: tuple[str, ...]
     api_key_env: str | None

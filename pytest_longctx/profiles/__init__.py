@@ -5,18 +5,28 @@ from __future__ import annotations
 
 from .profile import (
     DEFAULT_PROFILE,
+    FROM_SERVER,
+    NO_PROFILE,
     PROFILE_DIR,
     Profile,
     ProfileError,
+    ServerSettings,
+    SweepSpec,
     available_profiles,
+    from_server,
     load_profile,
 )
 
 __all__ = [
     "DEFAULT_PROFILE",
+    "FROM_SERVER",
+    "NO_PROFILE",
     "PROFILE_DIR",
     "Profile",
     "ProfileError",
+    "ServerSettings",
+    "SweepSpec",
     "available_profiles",
+    "from_server",
     "load_profile",
 ]

@@ -18,8 +18,14 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 PROFILE_DIR = Path(__file__).parent / "shipped"
+#: What a session that names no profile and launches its server measures: the embedded model.
 DEFAULT_PROFILE = "cpu-tiny"
 EMBEDDED_PREFIX = "embedded:"
+#: The name a session attached without a profile goes by in the plan and the reports (its
+#: records say ``"profile": null`` and where their settings came from).
+NO_PROFILE = "none"
+#: How the plan, the header and the records name such a session's settings.
+FROM_SERVER = "attached, no profile: settings from the server"
 
 
 class ProfileError(ValueError):
@@ -113,6 +119,48 @@ class GateSpec:
 
 
 @dataclass(frozen=True)
+class ServerSettings:
+    """What an attached server says of itself, for a session that chose no profile: the
+    sweep's settings come from here, and the rest are the generic defaults (a profile's that
+    sets nothing), never the embedded default's."""
+
+    url: str
+    model: str | None = None  # /v1/models' id
+    model_root: str | None = None  # /v1/models' root: where the server loaded it from
+    max_model_len: int | None = None
+    #: vllm:cache_config_info's labels, where /metrics has them.
+    block_size: int | None = None
+    cache_dtype: str | None = None
+    kv_cache_tokens: int | None = None
+    kv_cache_blocks: int | None = None  # num_gpu_blocks, its null block included
+    #: Why the server said nothing, when it did not answer /v1/models as the plan was made.
+    unanswered: str | None = None
+    #: The generic defaults the session measures with (what no option set), by name.
+    generic_defaults: Mapping[str, Any] = field(default_factory=dict)
+
+    def record(self) -> dict[str, Any]:
+        """The records' ``settings``: where the settings came from, the server's and the
+        generic ones."""
+        server = {
+            "url": self.url,
+            "model": self.model,
+            "model_root": self.model_root,
+            "max_model_len": self.max_model_len,
+            "block_size": self.block_size,
+            "cache_dtype": self.cache_dtype,
+            "kv_cache_tokens": self.kv_cache_tokens,
+            "kv_cache_blocks": self.kv_cache_blocks,
+        }
+        if self.unanswered is not None:
+            server["unanswered"] = self.unanswered
+        return {
+            "source": FROM_SERVER,
+            "server": server,
+            "generic_defaults": dict(self.generic_defaults),
+        }
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     path: Path
@@ -122,6 +170,34 @@ class Profile:
     sweep: SweepSpec
     hardware: HardwareSpec
     gate: GateSpec = field(default_factory=GateSpec)
+    #: Set when the session attached without choosing a profile: this one is then the
+    #: generic defaults with the server's settings (:func:`from_server`), named ``none``.
+    from_server: ServerSettings | None = None
+
+    @property
+    def chosen(self) -> bool:
+        """Whether the user chose this profile (or the embedded default applies): False for
+        the settings of an attached server."""
+        return self.from_server is None
+
+
+def from_server(server: ServerSettings, description: str, to_length: int | None) -> Profile:
+    """The profile of a session attached without one: the model the server serves, its KV
+    cache's dtype, the range up to ``to_length`` (what its max_model_len holds; None: the
+    generic range) and every other setting a profile's default."""
+    sweep = SweepSpec() if to_length is None else SweepSpec(to_length=to_length)
+    return Profile(
+        name=NO_PROFILE,
+        path=Path(NO_PROFILE),
+        description=description,
+        model=ModelSpec(
+            source=server.model or f"as {server.url} serves it", served_name=server.model
+        ),
+        serving=ServingSpec(kv_cache_dtype=server.cache_dtype or "auto"),
+        sweep=sweep,
+        hardware=HardwareSpec(),
+        from_server=server,
+    )
 
 
 def available_profiles() -> list[str]:

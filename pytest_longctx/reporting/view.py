@@ -268,6 +268,9 @@ def header_items(records: Sequence[Record]) -> list[tuple[str, str]]:
     for key, label in _HEADER_KEYS:
         if fingerprint.get(key) is not None:
             items.append((label, format_fingerprint_value(fingerprint[key])))
+        elif key == "profile" and isinstance(fingerprint.get("settings"), Mapping):
+            # attached without a profile: where the settings came from instead
+            items.append((label, f"none ({fingerprint['settings'].get('source')})"))
     if fingerprint.get("unverified_points_allowed"):
         kept = "points kept without the server's counters (--longctx-allow-unverified)"
         items.append(("Verification", kept))

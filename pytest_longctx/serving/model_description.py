@@ -2,9 +2,10 @@
 
 A launched server serves the profile's model, so the profile describes it. An attached server
 may serve anything: its ``/v1/models`` entry names the model and where it was loaded from
-(``root``). When that is the profile's model, the profile describes it; when ``root`` is a
-model folder readable here, its ``config.json`` and folder describe it; otherwise what is not
-known is recorded as unknown. A profile's values are never recorded for another model.
+(``root``). When that is the chosen profile's model, the profile describes it; when ``root`` is
+a model folder readable here, its ``config.json`` and folder describe it; otherwise what is not
+known is recorded as unknown. A profile's values are never recorded for another model, and a
+session attached without a profile has none to record.
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ def describe_attached(
     """The model an attached server serves, from what it says and what is readable here."""
     cache_dtype = (cache_labels or {}).get("cache_dtype") or None
     budget = _reported_budget(cache_labels)
-    if _serves_profile_model(profile, served):
+    if profile.chosen and _serves_profile_model(profile, served):
         described = _from_profile(profile, profile.model.source, cache_dtype)
         return replace(described, tensor_parallel_size=None, kv_budget=budget)
     source = served.root or served.id
@@ -113,10 +114,15 @@ def describe_attached(
             kv_budget=budget,
         )
     where = f"its root {served.root!r}" if served.root else "no root"
+    which = (
+        f"which is not profile {profile.name}'s model"
+        if profile.chosen
+        else "which no profile describes (attached without one)"
+    )
     return _unknown(
         source,
-        f"the server serves {served.id!r} ({where}), which is not profile {profile.name}'s model "
-        "and has no model folder readable here",
+        f"the server serves {served.id!r} ({where}), {which} and has no model folder readable "
+        "here",
         cache_dtype,
     )
 

@@ -23,10 +23,11 @@ import pytest
 
 from pytest_longctx.plan import capacity_check
 from pytest_longctx.plan.points import PlanError, build_plan
-from pytest_longctx.profiles import ProfileError, load_profile
+from pytest_longctx.profiles import ProfileError
 from pytest_longctx.profiles.vllm_releases import UnsupportedRelease
 from pytest_longctx.session import gate_items, selection, workers
 from pytest_longctx.session.api_key import ApiKeyError, check_api_key_env
+from pytest_longctx.session.attached_settings import session_profile
 from pytest_longctx.session.option_parsing import read_settings
 from pytest_longctx.session.run import ResumeError, Run
 from pytest_longctx.session.stash import (
@@ -61,9 +62,7 @@ def prepare(config: pytest.Config) -> PreparedSweep:
     try:
         chosen = selection.read_selection(config)
         settings = read_settings(config)
-        plan = capacity_check.with_planned_fits(
-            build_plan(settings, load_profile(settings.profile))
-        )
+        plan = capacity_check.with_planned_fits(build_plan(settings, session_profile(settings)))
         run = Run.create(
             settings,
             plan,

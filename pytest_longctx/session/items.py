@@ -146,6 +146,9 @@ def arrange(
     lengths = sorted({p.length for p in points if not p.interference})
     loaded = sorted({p.length for p in points if p.interference})
     try:
+        # the profile's config.json, read (and its model's class run) once: a file the class
+        # rejects is the user's to fix, for an attached server's session too
+        capacity_check.model_config(run.plan.profile)
         sized = run.plan.sized_for(points)
         verdicts = {} if run.settings.url else capacity_check.check_points(sized, lengths)
         under_load = (

@@ -29,7 +29,6 @@ from pytest_longctx.plan.points import (
     WORKLOADS,
 )
 from pytest_longctx.plan.settings import Settings
-from pytest_longctx.profiles import DEFAULT_PROFILE
 from pytest_longctx.prompts.probe import FIDELITY_HELP, FIDELITY_MODES
 
 ORDERS = ("pass", "length")
@@ -87,7 +86,9 @@ OPTIONS: tuple[OptionSpec, ...] = (
     ),
     OptionSpec(
         "longctx-profile",
-        "serving profile: a shipped name or a .toml path (default cpu-tiny)",
+        "serving profile: a shipped name or a .toml path (default: cpu-tiny, the embedded "
+        "model, for a launched server; none for one attached with --longctx-url: the server's "
+        "own settings and generic defaults)",
         "NAME|PATH",
     ),
     OptionSpec(
@@ -561,7 +562,7 @@ def read_settings(config: pytest.Config) -> Settings:
         to_length=to_length,
         repeats=raw.whole("longctx-repeats", 1) or 1,
         order=raw.choice("longctx-order", ORDERS, "pass"),
-        profile=raw.text("longctx-profile", DEFAULT_PROFILE) or DEFAULT_PROFILE,
+        profile=raw.text("longctx-profile"),
         urls=raw.urls("longctx-url"),
         api_key_env=raw.text("longctx-api-key-env"),
         output=Path(raw.text("longctx-output", "reports") or "reports"),

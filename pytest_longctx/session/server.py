@@ -252,7 +252,7 @@ def fingerprint(
     profile = run.plan.profile
     plan: SweepPlan = run.plan
     result: dict[str, Any] = {
-        "profile": profile.name,
+        "profile": profile.name if profile.chosen else None,
         **run.findings.model.fingerprint(),
         "served_model_name": info.model_name,
         "model_root": info.model_root,
@@ -278,6 +278,8 @@ def fingerprint(
         ),
         "server": _server_identity(run, info),
     }
+    if profile.from_server is not None:  # attached without a profile: the server's and generic
+        result["settings"] = profile.from_server.record()
     if plan.warm or plan.interference or plan.concurrency:  # a cold-only run's stays as it was
         workload: dict[str, Any] = {"cache_states": list(plan.workloads)}
         if plan.warm:
