@@ -15,7 +15,7 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from vllm_sources import SourceUnavailable, python_for
+from vllm_sources import SourceUnavailable, python_for, site_path_for
 
 from pytest_longctx import capacity
 from pytest_longctx.capacity import oracle
@@ -42,7 +42,9 @@ def published(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
 
 
 def test_its_parser_is_found_and_judges_the_study_command(
-    published: tuple[str, str], tmp_path, monkeypatch: pytest.MonkeyPatch  # noqa: ANN001
+    published: tuple[str, str],
+    tmp_path,
+    monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001
 ) -> None:
     version, python = published
     monkeypatch.setenv("PYTEST_LONGCTX_CACHE", str(tmp_path))
@@ -73,13 +75,19 @@ def _asked(layout: capacity.CacheLayout, tokens: int, python: str) -> oracle.Ora
     allocation = layout.allocation
     assert allocation is not None
     return oracle.ask_in_subprocess(
-        layout.layers, allocation.settings, allocation.stages, layout.element_bytes, tokens,
+        layout.layers,
+        allocation.settings,
+        allocation.stages,
+        layout.element_bytes,
+        tokens,
         python=python,
     )
 
 
 def test_its_allocator_agrees_with_the_plan_made_for_it(
-    published: tuple[str, str], tmp_path, monkeypatch: pytest.MonkeyPatch  # noqa: ANN001
+    published: tuple[str, str],
+    tmp_path,
+    monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001
 ) -> None:
     """The study's model under the release's own defaults (0.25.1: prefix caching off for
     hybrids, no 128-token MLA alignment), asked of that release's allocator functions."""
@@ -98,7 +106,9 @@ def test_its_allocator_agrees_with_the_plan_made_for_it(
 
 
 def test_its_allocator_agrees_on_a_sliding_window_model(
-    published: tuple[str, str], tmp_path, monkeypatch: pytest.MonkeyPatch  # noqa: ANN001
+    published: tuple[str, str],
+    tmp_path,
+    monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001
 ) -> None:
     version, python = published
     monkeypatch.setenv("PYTEST_LONGCTX_CACHE", str(tmp_path))
@@ -118,3 +128,36 @@ def test_the_release_shapes_are_the_ones_the_table_names() -> None:
         "vllm.entrypoints.common.cli_args",
     ]
     assert dataclasses.replace(rows[2], version="x").allocator_module.endswith("kv_cache_planning")
+
+
+def test_the_plan_names_and_asks_the_installed_release(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With vLLM 0.33.0 installed (its published package on the path), ``--longctx-plan``
+    for the H200 profile names 0.33.0, checks its flags with 0.33.0's parser (moved to
+    ``entrypoints.common``) and asks 0.33.0's allocator (moved to ``kv_cache_planning``)."""
+    from longctx_testing import SWEEP_TEST
+
+    try:
+        site = site_path_for("0.33.0")
+    except SourceUnavailable as exc:
+        pytest.skip(f"vLLM 0.33.0's source is not at hand: {exc}")
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    monkeypatch.setenv("PYTHONPATH", site)
+    monkeypatch.setenv(warm_python.WARM_ENV, "0")  # its questions in Pythons of their own
+    result = pytester.runpytest_subprocess(
+        "-p",
+        "no:cacheprovider",
+        "--longctx-plan",
+        "--longctx-profile=kimi-linear-h200",
+        "--longctx-to=64Ki",
+        f"--longctx-output={pytester.path / 'out'}",
+    )
+    assert result.ret == 0, result.stderr.str()
+    result.stdout.fnmatch_lines(
+        [
+            "vLLM planned for: 0.33.0+cpu (installed here, the one a launch runs)",
+            "flags checked against vLLM 0.33.0 (installed): all accepted",
+            "vLLM 0.33.0 asked here (its KV-cache groups and memory functions*the plan agrees*",
+        ]
+    )

@@ -125,9 +125,13 @@ def _unpack(archive: Path, into: Path, version: str, whole: bool) -> None:
     with tarfile.open(archive) as tar:
         for member in tar:
             inside = member.name.startswith(prefix) and member.isfile()
-            keep = whole or member.name in wanted or any(
-                member.name.startswith(prefix + folder) and member.name.endswith(".py")
-                for folder in FOLDERS
+            keep = (
+                whole
+                or member.name in wanted
+                or any(
+                    member.name.startswith(prefix + folder) and member.name.endswith(".py")
+                    for folder in FOLDERS
+                )
             )
             if not (inside and keep):
                 continue
@@ -139,18 +143,24 @@ def _unpack(archive: Path, into: Path, version: str, whole: bool) -> None:
                 shutil.copyfileobj(source, out)
 
 
-def python_for(version: str) -> str:
-    """A Python (a small script in the cache) that imports ``version``'s published ``vllm``
-    package, on this host's CPU platform."""
+def site_path_for(version: str) -> str:
+    """The ``PYTHONPATH`` under which ``version``'s published ``vllm`` package imports, its
+    distribution record saying a CPU build of it is installed."""
     tree = source_tree(version, whole=True)
     record = tree / "records" / f"vllm-{version}+cpu.dist-info"
     record.mkdir(parents=True, exist_ok=True)
     (record / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}+cpu\n")
-    script = tree / "python"
+    return f"{record.parent}:{tree}"
+
+
+def python_for(version: str) -> str:
+    """A Python (a small script in the cache) that imports ``version``'s published ``vllm``
+    package, on this host's CPU platform."""
+    site = site_path_for(version)
+    script = source_tree(version, whole=True) / "python"
     script.write_text(
         "#!/bin/sh\n"
-        f'PYTHONPATH="{record.parent}:{tree}${{PYTHONPATH:+:$PYTHONPATH}}" '
-        f'exec "{sys.executable}" "$@"\n'
+        f'PYTHONPATH="{site}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{sys.executable}" "$@"\n'
     )
     script.chmod(0o755)
     return str(script)
