@@ -261,11 +261,11 @@ class ProbeLesson:
                 f"no warm-up asked the probe (--longctx-warmup-prompts=0): whether {named} "
                 f"answers it is not known, so {unjudged}"
             )
+        shown = f"; {self.shown}" if self.shown else ""
         return (
             f"{named} did not answer the fidelity probe in the warm-up at "
-            f"{format_size(self.length)} tokens ({self.correct} of {self.asked} right"
-            + (f"; {self.shown}" if self.shown else "")
-            + f"): {unjudged}"
+            f"{format_size(self.length)} tokens ({self.correct} of {self.asked} right{shown}): "
+            f"{unjudged}"
         )
 
 
