@@ -83,3 +83,41 @@ def write_records(path: Path, records: list[Record]) -> Path:
 def write_run(root: Path, run_id: str, figures: Figures = NOW, **kwargs) -> Path:  # noqa: ANN003
     write_records(root / run_id / "results.jsonl", make_records(run_id, figures, **kwargs))
     return root / run_id
+
+
+#: The chunks of a 32-token decode whose stream fell behind on a server that streams every
+#: token: the first token alone, then two chunks the API server merged (no gap of one token).
+MERGED_CHUNKS = [[1, 1], [20, 1], [11, 1]]
+
+
+def merged(records: list[Record], server_itl: float | None = None) -> list[Record]:
+    """``records`` as a server whose stream falls behind at every point leaves them: each
+    decode merged into chunks of several tokens at stream interval 1 (on schedule, so no
+    burst: the stream's decode rate is kept), so no per-token gap. With ``server_itl``
+    (a factor on each point's stream ITL), the server sent its own per-request figures:
+    its mean inter-token latency, ``server_request_itl``; without, /metrics' sums alone."""
+    changed = []
+    for record in records:
+        itl = record.figures["itl_median"]
+        figures = {k: v for k, v in record.figures.items() if not k.startswith("itl_")}
+        timing: dict = {"source": "metrics", "why": "the server sent no per-request metrics"}
+        if server_itl is not None:
+            mean = itl * server_itl
+            figures["server_request_itl"] = mean
+            timing = {
+                "source": "per_request",
+                "request": {"mean_itl_s": mean, "decode_s": mean * 31, "decode": "agrees"},
+            }
+        stream = {
+            "token_count_source": "usage",
+            "chunks": 3,
+            "tokens_per_chunk": MERGED_CHUNKS,
+            "stream_interval": 1,
+            "per_token_gaps": True,
+            "coalesced_chunks": 2,
+            "decode_source": "stream",
+            "agreement": "agrees",
+        }
+        changes = {"figures": figures, "stream": stream, "server_timing": timing}
+        changed.append(Record(**{**vars(record), **changes}))
+    return changed

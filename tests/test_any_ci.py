@@ -65,6 +65,7 @@ def test_every_ini_flag_turns_off_on_the_command_line(pytester: pytest.Pytester,
         "longctx-baseline-force": "baseline_force",
         "longctx-allow-unverified": "allow_unverified",
         "longctx-strict-stream": "strict_stream",
+        "longctx-allow-unconfirmed": "allow_unconfirmed",
     }[spec.name]
     assert getattr(read_settings(pytester.parseconfigure()), field) is False
     pytester.makeini(f"[pytest]\n{spec.dest} = true\n")
@@ -138,6 +139,7 @@ def test_every_flag_the_ini_file_can_set_has_an_off_switch() -> None:
         "longctx-baseline-force",
         "longctx-allow-unverified",
         "longctx-strict-stream",
+        "longctx-allow-unconfirmed",
         "longctx-allow-bursts",
     }
     assert all(spec.negation == f"no-{spec.name}" for spec in FLAGS)
@@ -275,6 +277,7 @@ def test_junit_xml_carries_each_points_figures_and_the_gates_verdicts(
     records = records_of(output)
     assert len(records) == 2
     for record in records:
+        assert record.figures["server_request_itl"] > 0  # the server timed each request
         properties = cases[record.nodeid.rsplit("::", 1)[-1]]
         assert properties["longctx_outcome"] == "passed"
         assert int(properties["longctx_length"]) == record.length
@@ -287,16 +290,9 @@ def test_junit_xml_carries_each_points_figures_and_the_gates_verdicts(
         gate = cases[f"test_regression[len={size}]"]
         assert int(gate["longctx_gate_length"]) == length
         assert gate["longctx_gate_status"] in ("ok", "improved")
+        # every metric judged: where a busy host left a side's streams without a gap of one
+        # token, ITL is the server's own mean per request, which every point here carries
         for metric in ("ttft", "decode", "itl"):
-            if metric == "itl" and gate["longctx_gate_itl"] == "unjudged":
-                # a side whose streams a busy host held back (bursts) or merged into chunks of
-                # several tokens has no per-token gap to compare: said, and no failure
-                sides = (records, records_of(pytester.path / "baseline-reports"))
-                assert any(
-                    all("itl_median" not in r.figures for r in side if r.length == length)
-                    for side in sides
-                )
-                continue
             assert gate[f"longctx_gate_{metric}"] in ("ok", "improved")
             assert float(gate[f"longctx_gate_{metric}_change_pct"]) > -100
         assert float(gate["longctx_gate_ttft_tolerance_pct"]) == 100000

@@ -19,6 +19,7 @@ import pytest
 from longctx_testing import (
     SHARED_SERVERS_PROFILE,
     SWEEP_TEST,
+    WARMUP_OPTION,
     FakeNode,
     assert_bursts_kept_with_the_servers_figure,
     launch_fake_conftest,
@@ -380,7 +381,6 @@ def test_two_attached_servers_share_one_run(
     report = (run_folder(output) / "report.md").read_text()
     assert f"gw0 {vllm_url}" in report and f"gw1 {loaded_url}" in report
     assert "6 recorded (6 passed)" in report
-    assert_bursts_kept_with_the_servers_figure(records, report)
 
     # The gate on a distributed run: each length's item waits for that length's points from
     # both workers, then judges them against the first run. Two servers sharing two cores
@@ -403,6 +403,18 @@ def test_two_attached_servers_share_one_run(
     result.stdout.fnmatch_lines(["*PASSED*test_regression[[]len=1Ki[]]*"])
     gated = records_of(output)
     assert len(gated) == 4 and set(servers_of(gated)) == {vllm_url, loaded_url}
+
+    def again() -> tuple[list, str]:
+        result, output = run_session(
+            sweep_dir, "--longctx-to=1Ki", "--longctx-repeats=3", f"{WARMUP_OPTION}=3", url=vllm_url
+        )
+        result.assert_outcomes(passed=3)
+        return records_of(output), (run_folder(output) / "report.md").read_text()
+
+    # the first run's points: each the stream's figure or, a burst, the server's; and at least
+    # half of a session's streams agree with the server (a short one again where a host burst
+    # more)
+    assert_bursts_kept_with_the_servers_figure(records, report, again)
 
 
 def test_servers_unlike_each_other_are_refused_unless_mixing_is_allowed(
@@ -506,8 +518,8 @@ def test_a_dead_server_loses_only_its_worker_and_resume_completes_the_run(
     assert set(final) == POINTS_1KI_TO_8KI_X2
     assert all(r.outcome == "passed" for r in final.values())
     assert {r.run_id for r in after} == {run_folder(output).name}
-    assert_bursts_kept_with_the_servers_figure(
-        list(final.values()), (run_folder(output) / "report.md").read_text()
+    assert_bursts_kept_with_the_servers_figure(  # the stand-in: its streams are not the subject
+        list(final.values()), (run_folder(output) / "report.md").read_text(), None
     )
 
 

@@ -5,7 +5,10 @@ Two sessions attach to the suite's loaded servers (room for five sequences, the 
 the scheduler config readable through the development endpoints), one for each chunk size, and
 the tests share them. On two cores only relations hold that no load can turn: the streams
 wait longer during the prefill than idle, and a chunk that holds the whole prompt stalls them
-longer than a small one (one step of the whole prefill against one of its eight). A launched
+longer than a small one (one step of the whole prefill against one of its eight). They are
+read only from gaps the server's own figures confirmed: a point whose gaps a busy host made
+(the server's histogram or its timing of each request refutes them) has its background
+figures set aside, and its session is run once more. A launched
 session's own interference server (its ``--max-num-seqs`` and chunk) is shown by its plan, in
 ``test_interference_session.py``.
 """
@@ -35,21 +38,37 @@ pytestmark = pytest.mark.vllm
 SMALL, WHOLE = SMALL_CHUNK, WHOLE_CHUNK
 
 
+#: Sessions run again where the server's figures refuted the point's background gaps.
+REFUTED_RETRIES = 1
+
+
+def _refuted(output: Path) -> bool:
+    records = records_of(output) if (output / "latest").is_symlink() else []
+    return any(
+        (r.interference.get("background_gaps") or {}).get("verdict") == "refuted" for r in records
+    )
+
+
 @pytest.fixture(scope="module")
 def chunk_runs(
     tmp_path_factory: pytest.TempPathFactory, loaded_url: str, whole_chunk_url: str
 ) -> dict[int, tuple[Session, Path]]:
-    """One session of the 16Ki interference point per chunk size, each on its server."""
+    """One session of the 16Ki interference point per chunk size, each on its server; again
+    where the server's figures refuted its background gaps (a host busy for a moment)."""
     runs = {}
     for chunk, url in ((SMALL, loaded_url), (WHOLE, whole_chunk_url)):
-        folder = tmp_path_factory.mktemp(f"chunk-{chunk}")
-        (folder / "test_sweep.py").write_text(SWEEP_TEST)
-        session = run_process(
-            folder, "-m", "pytest", "-p", "no:cacheprovider", "test_sweep.py", "-m", "len==16Ki",
-            "--longctx-workload=interference", f"--longctx-url={url}", SHARED_SERVERS_PROFILE,
-            "--longctx-output=reports", "--longctx-progress=off", timeout=300,
-        )  # fmt: skip
-        runs[chunk] = (session, folder / "reports")
+        for attempt in range(1 + REFUTED_RETRIES):
+            folder = tmp_path_factory.mktemp(f"chunk-{chunk}-{attempt}")
+            (folder / "test_sweep.py").write_text(SWEEP_TEST)
+            session = run_process(
+                folder, "-m", "pytest", "-p", "no:cacheprovider", "test_sweep.py", "-m",
+                "len==16Ki", "--longctx-workload=interference", f"--longctx-url={url}",
+                SHARED_SERVERS_PROFILE, "--longctx-output=reports", "--longctx-progress=off",
+                timeout=300,
+            )  # fmt: skip
+            runs[chunk] = (session, folder / "reports")
+            if not _refuted(folder / "reports"):
+                break
     return runs
 
 
@@ -70,6 +89,13 @@ def test_background_gaps_during_a_16ki_prefill_are_longer_than_idle_ones(
     record = _point(chunk_runs[chunk])
     figures = record.figures
     assert record.cache_state == "interference" and record.prompt_tokens == 16384
+    details = record.interference
+    # the gaps read below are the server's: its histogram and its timing of each background
+    # request confirm them (a session whose gaps they refuted twice fails here)
+    assert details["background_gaps"]["verdict"] == "confirmed", details["background_gaps"]
+    assert details["server_itl"]["agreement"] == "agrees", details["server_itl"]
+    assert details["background_timing"]["agreement"] == "agrees", details["background_timing"]
+    assert "unconfirmed_figures" not in details
     # a step that carries a prefill chunk holds every stream's next token for the step: the
     # longest gap beside the prefill is several typical idle gaps (the idle window's tail is
     # not compared: a host busy with other work stalls a stream now and then, 0.28 s once,
@@ -77,16 +103,9 @@ def test_background_gaps_during_a_16ki_prefill_are_longer_than_idle_ones(
     # leaves one long gap among the short ones of the streams' catching up)
     assert figures["bg_itl_prefill_max"] > 2 * figures["bg_itl_idle_median"], figures
     assert figures["bg_itl_prefill_p99"] > figures["bg_itl_idle_median"], figures
-    details = record.interference
     # the chunk as vLLM's scheduler runs it, and room for the load, as the gauges showed it
     assert details["chunk"]["max_num_batched_tokens"] == chunk
     assert details["sequence_limit"]["ran_at_once"] is True
-    itl = details["server_itl"]
-    if itl["agreement"] != "agrees":
-        # the one disagreement a busy host makes: a stream held past the server's longest gap
-        # (322 ms against a histogram topped at 75 ms once), its gaps' count and sum agreeing
-        assert "counted" not in itl["agreement"] and "sum to" not in itl["agreement"], itl
-        assert itl["client_max_s"] > itl["server_max_bucket"][1], itl
     assert details["long_cached_tokens"] == 0 and details["preemptions"] == 0
     limit = details["sequence_limit"]
     assert limit["most_running"] >= limit["wanted"] == 5, limit

@@ -69,7 +69,6 @@ def test_sweep_1ki_to_4ki_two_repeats(sweep_dir: pytest.Pytester, vllm_url: str)
             assert any(tokens > 1 for tokens, _ in stream["tokens_per_chunk"])
     assert records[0].fingerprint["stream"]["stream_interval"] == 1
     report = (run_folder(output) / "report.md").read_text()
-    assert_bursts_kept_with_the_servers_figure(records, report)
     assert "- Streaming:" not in report  # one token a chunk: nothing to say
     # the server computed four times the prompt at 4Ki: its own prefill time says so however
     # busy the host (the client's TTFT of one point can carry a stall of its own)
@@ -78,6 +77,17 @@ def test_sweep_1ki_to_4ki_two_repeats(sweep_dir: pytest.Pytester, vllm_url: str)
     }
     assert prefill[4096] > prefill[1024], prefill
     assert run_folder(output).name == records[0].run_id
+
+    def again() -> tuple[list, str]:
+        result, output = run_session(
+            sweep_dir, "--longctx-to=1Ki", "--longctx-repeats=3", f"{WARMUP_OPTION}=3", url=vllm_url
+        )
+        result.assert_outcomes(passed=3)
+        return records_of(output), (run_folder(output) / "report.md").read_text()
+
+    # each point kept the stream's figure or, a burst, the server's; and at least half of a
+    # session's streams agree with the server (a short session again where a host burst more)
+    assert_bursts_kept_with_the_servers_figure(records, report, again)
 
 
 def test_repeats_of_a_length_are_cold(sweep_dir: pytest.Pytester, vllm_url: str) -> None:

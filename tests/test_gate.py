@@ -347,7 +347,9 @@ def test_gaps_between_chunks_are_never_gated_as_inter_token_latency():
     hint = (
         "gaps are between chunks, not tokens, and are never gated as inter-token latency; "
         "gate with itl=off (TTFT and decode throughput compare at any stream interval), or "
-        "measure both sides on a server that streams every token (stream interval 1)"
+        "measure both sides on a server that streams every token (stream interval 1) or that "
+        "sends per-request metrics (the server's mean inter-token latency compares at any "
+        "stream interval; vLLM's --enable-per-request-metrics, which a launched server gets)"
     )
     assert itl.message == (
         "median inter-token latency at 4Ki: not compared, this run streamed chunks of several "
@@ -370,6 +372,11 @@ def test_gaps_between_chunks_are_never_gated_as_inter_token_latency():
     assert off.status == "ok" and set(by_metric(off)) == {"ttft", "decode"}
     mixed = compare_length(baseline_sweep(), current, 4 * KI, parse_tolerances("itl=off"))
     assert mixed.status == "ok"
+    # the server's own mean ITL per request on both sides: compared at any stream interval
+    timed = with_server_itl(current)
+    judged = by_metric(compare_length(timed, timed, 4 * KI))["itl"]
+    assert judged.status == "ok" and judged.current.mean == pytest.approx(1 / 274.0)
+    assert "(stream interval 8)" in judged.sources
 
 
 def test_a_stream_without_any_itl_on_either_side_and_no_chunking_is_not_gated_on_it():
@@ -936,18 +943,34 @@ def held_back(records: list[Record], source: str = "server") -> list[Record]:
     return held
 
 
-def test_itl_of_streams_held_back_is_not_compared_and_fails_no_length():
+def with_server_itl(records: list[Record], factor: float = 1.0) -> list[Record]:
+    """The records with the server's own mean ITL of each request (vLLM's per-request
+    metrics): the stream's ITL where it had one, else the inverse of its decode rate."""
+    timed = []
+    for record in records:
+        figures = record.figures
+        itl = figures.get("itl_median") or figures.get("stream_itl_median")
+        itl = itl or 1 / (figures.get("decode_throughput") or 274.0)
+        timed.append(
+            Record(**{**vars(record), "figures": {**figures, "server_request_itl": itl * factor}})
+        )
+    return timed
+
+
+def test_itl_of_streams_held_back_fails_the_length_unless_the_server_timed_the_tokens():
     """Every point of this run kept the server's decode figure: the gate still compares TTFT
-    and decode throughput, saying whose decode figures they are, and says why ITL is not
-    compared, without failing the length a test not about the stream measured."""
+    and decode throughput, saying whose decode figures they are; ITL has no per-token figure
+    on this side, which fails the length, unless the server's own mean ITL per request is
+    on both sides, which it is then judged on."""
     current = held_back(points("now", 4 * KI, *BASELINE_FIGURES[4 * KI]))
     verdict = compare_length(baseline_sweep(), current, 4 * KI)
-    assert verdict.status == "ok"
+    assert verdict.status == "insufficient"
     itl = by_metric(verdict)["itl"]
-    assert itl.status == "unjudged" and itl.current is None
+    assert itl.status == "insufficient" and itl.current is None
     assert itl.message.startswith(
-        "median inter-token latency at 4Ki: not compared, this run recorded no per-token gap: "
-        "its streams arrived in bursts"
+        "median inter-token latency at 4Ki: not compared, this run has no per-token figure: "
+        "its streams showed no per-token gap (in bursts, off the server's decode: 3 of 3 "
+        "points) and the server sent no mean inter-token latency of its own"
     )
     decode = by_metric(verdict)["decode"]
     assert decode.status == "ok"
@@ -959,27 +982,42 @@ def test_itl_of_streams_held_back_is_not_compared_and_fails_no_length():
     # only where ITL is asked
     off = compare_length(baseline_sweep(), current, 4 * KI, parse_tolerances("itl=off"))
     assert set(by_metric(off)) == {"ttft", "decode"} and off.status == "ok"
+    # the server's mean ITL of each request on both sides: judged on it, and 30% slower fails
+    timed = compare_length(with_server_itl(baseline_sweep()), with_server_itl(current), 4 * KI)
+    assert timed.status == "ok" and by_metric(timed)["itl"].status == "ok"
+    assert by_metric(timed)["itl"].message.startswith(
+        "the server's mean inter-token latency per request at 4Ki ok"
+    )
+    slower = compare_length(
+        with_server_itl(baseline_sweep()), with_server_itl(current, 1.3), 4 * KI
+    )
+    assert slower.status == "regressed" and by_metric(slower)["itl"].status == "regressed"
+    # the server's figure on one side only is no comparison: never a median against a mean
+    one_sided = compare_length(baseline_sweep(), with_server_itl(current), 4 * KI)
+    assert by_metric(one_sided)["itl"].status == "insufficient"
     # a run whose points have no decode figure at all (neither the stream's nor the server's)
     none = held_back(points("now", 4 * KI, *BASELINE_FIGURES[4 * KI]), "none")
     lost = by_metric(compare_length(baseline_sweep(), none, 4 * KI))
-    assert lost["ttft"].status == "ok" and lost["itl"].status == "unjudged"
+    assert lost["ttft"].status == "ok" and lost["itl"].status == "insufficient"
     assert lost["decode"].status == "insufficient"
     assert "this run's absent at 3 of 3 points" in lost["decode"].message
     # a stream that agreed at one repeat: ITL compares over the points that have it
     mixed = current[:2] + points("now", 4 * KI, *BASELINE_FIGURES[4 * KI])[2:]
-    assert by_metric(compare_length(baseline_sweep(), mixed, 4 * KI))["itl"].current.n == 1
+    mixed_itl = by_metric(compare_length(baseline_sweep(), mixed, 4 * KI))["itl"]
+    assert mixed_itl.status == "ok" and mixed_itl.current.n == 1
 
 
-def test_itl_held_back_on_both_sides_is_said_unjudged():
-    """Both runs' streams at a length arrived in bursts (a busy host, twice): ITL has no
-    figure on either side, and the verdict says why rather than leaving it out."""
+def test_itl_held_back_on_both_sides_fails_the_length():
+    """Both runs' streams at a length arrived in bursts, and neither has the server's mean
+    ITL: no side says what a token took, so the length is not passed on TTFT alone."""
     baseline = held_back([r for r in baseline_sweep() if r.length == 4 * KI])
     current = held_back(points("now", 4 * KI, *BASELINE_FIGURES[4 * KI]))
     verdict = compare_length(baseline, current, 4 * KI)
     itl = by_metric(verdict)["itl"]
-    assert itl.status == "unjudged" and itl.baseline is None and itl.current is None
-    assert "the baseline and this run recorded no per-token gap" in itl.message
-    assert verdict.status == "ok" and by_metric(verdict)["ttft"].status == "ok"
+    assert itl.status == "insufficient" and itl.baseline is None and itl.current is None
+    assert "the baseline and this run have no per-token figure" in itl.message
+    assert "3 of 3 points each" in itl.message
+    assert verdict.status == "insufficient" and by_metric(verdict)["ttft"].status == "ok"
 
 
 @pytest.mark.parametrize(
@@ -987,21 +1025,24 @@ def test_itl_held_back_on_both_sides_is_said_unjudged():
     [
         (
             {"decode_source": "server", "per_token_gaps": False, "stream_interval": None},
-            "its streams arrived in bursts",
+            "in bursts, off the server's decode",
         ),
         (
             {"decode_source": "stream", "per_token_gaps": True, "coalesced_chunks": 2},
-            "its streams were merged by the server into chunks of several tokens",
+            "merged into chunks of several tokens at a stream interval of 1, the stream behind "
+            "the server",
         ),
     ],
     ids=["one-chunk-burst", "merged"],
 )
-def test_a_stream_a_busy_server_merged_is_unjudged_not_a_chunked_server(stream: dict, said: str):
-    """A busy host's API server falls behind and merges a stream's chunks: the whole decode
-    in one chunk (a burst, and with no warm-up to show the interval, an unknown one), or
-    chunks of 1, 20 and 11 on a server whose warm-ups showed interval 1 (no burst, and no
-    gap of one token). Neither is a server that streams chunks of several tokens: ITL is
-    left unjudged and the length does not fail."""
+def test_a_stream_the_server_merged_is_not_a_chunked_server_and_fails_without_its_itl(
+    stream: dict, said: str
+):
+    """vLLM's API server falls behind and merges a stream's chunks: the whole decode in one
+    chunk (a burst, and with no warm-up to show the interval, an unknown one), or chunks of
+    1, 20 and 11 on a server whose warm-ups showed interval 1 (no burst, and no gap of one
+    token). Neither is a server that streams chunks of several tokens; and neither shows a
+    token's time, so without the server's own the length fails."""
     current = [
         Record(
             **{
@@ -1014,12 +1055,89 @@ def test_a_stream_a_busy_server_merged_is_unjudged_not_a_chunked_server(stream: 
     ]
     verdict = compare_length(baseline_sweep(), current, 4 * KI)
     itl = by_metric(verdict)["itl"]
-    assert itl.status == "unjudged", itl.message
+    assert itl.status == "insufficient", itl.message
     assert itl.message.startswith(
-        "median inter-token latency at 4Ki: not compared, this run recorded no per-token gap: "
-        + said
+        "median inter-token latency at 4Ki: not compared, this run has no per-token figure: "
+        f"its streams showed no per-token gap ({said}: 3 of 3 points)"
     )
-    assert verdict.status == "ok"
+    assert "streamed chunks of several tokens" not in itl.message  # not a chunked server
+    assert verdict.status == "insufficient"
+    timed = compare_length(with_server_itl(baseline_sweep()), with_server_itl(current), 4 * KI)
+    assert by_metric(timed)["itl"].status == "ok"
+    assert f"({said})" in by_metric(timed)["itl"].sources
+
+
+REFUTED = (
+    "the background gaps disagree with the server's inter-token histogram "
+    "(vllm:inter_token_latency_seconds): the streams' gaps sum to 0.2 s, the server's to 22 s"
+)
+
+
+def interference_points(run_id: str, stalls: list[float], set_aside: tuple = ()) -> list[Record]:
+    """Interference points at 4Ki: TTFT under load 0.5 s and the background streams' p99 gap
+    during the prefill; at the repeats in ``set_aside`` the server's figures refuted the
+    gaps, so the background figures were set aside (measure/under_load.py)."""
+    records = []
+    for repeat, stall in enumerate(stalls):
+        background = {"bg_itl_prefill_p99": stall, "bg_itl_idle_median": 0.02}
+        interference: dict = {
+            "background_streams": 4,
+            "background_gaps": {"verdict": "confirmed", "by": ["the server's histogram"]},
+        }
+        figures = {"ttft": 0.5, **background}
+        if repeat in set_aside:
+            figures = {"ttft": 0.5}
+            interference = {
+                "background_streams": 4,
+                "background_gaps": {"verdict": "refuted", "why": REFUTED, "figures": "set aside"},
+                "unconfirmed_figures": background,
+            }
+        records.append(
+            Record(
+                run_id=run_id,
+                nodeid=f"test_sweep[len=4Ki-rep={repeat}-interference]",
+                length=4 * KI,
+                repeat=repeat,
+                outcome="passed",
+                figures=figures,
+                prompt_tokens=4 * KI,
+                completion_tokens=128,
+                fingerprint=FINGERPRINT,
+                cache_state="interference",
+                interference=interference,
+            )
+        )
+    return records
+
+
+def test_background_figures_set_aside_are_never_gated_and_never_pass_a_length():
+    """The stall compares the background gaps the server's figures confirmed: over the
+    points that kept them, saying how many were set aside; a side with every point's set
+    aside has no stall to compare, which fails the length (both sides so: the same, never
+    a length passed without a verdict)."""
+    baseline = interference_points("base", [1.0, 1.0, 1.0])
+    some = interference_points("now", [1.0, 1.0, 1.0], set_aside=(0,))
+    stall = by_metric(compare_length(baseline, some, 4 * KI))["stall"]
+    assert stall.status == "ok" and stall.current.n == 2
+    assert stall.sources == (
+        "background figures: this run's set aside at 1 of 3 points (the server's figures "
+        "refuted their streams' gaps; --longctx-allow-unconfirmed keeps and gates them)"
+    )
+    assert stall.message.endswith("; " + stall.sources)
+    every = interference_points("now", [1.0, 1.0, 1.0], set_aside=(0, 1, 2))
+    verdict = compare_length(baseline, every, 4 * KI)
+    stall = by_metric(verdict)["stall"]
+    assert stall.status == "insufficient" and verdict.status == "insufficient"
+    assert stall.message.startswith(
+        "background p99 inter-token gap during the prefill at 4Ki: not compared, this run set "
+        "every interference point's background figures aside: the server's figures refuted "
+        f"the background streams' gaps (first: {REFUTED}), so no stall was measured; "
+        "--longctx-allow-unconfirmed keeps and gates them"
+    )
+    assert by_metric(verdict)["load_ttft"].status == "ok"  # the TTFT under load still compares
+    both = compare_length(every, every, 4 * KI)
+    assert by_metric(both)["stall"].status == "insufficient" and both.status == "insufficient"
+    assert "the baseline and this run set every" in by_metric(both)["stall"].message
 
 
 # --------------------------------------------------------------------------- answers

@@ -7,11 +7,19 @@ import os
 from pathlib import Path
 
 import pytest
-from fabricated_runs import BUILT_IN, NOW, faster, make_records, write_records, write_run
+from fabricated_runs import (
+    BUILT_IN,
+    NOW,
+    faster,
+    make_records,
+    merged,
+    write_records,
+    write_run,
+)
 
 from pytest_longctx.cli import main
 from pytest_longctx.core.records import Record, append_record
-from pytest_longctx.gate import parse_tolerances
+from pytest_longctx.gate import compare_length, parse_tolerances
 from pytest_longctx.reporting import gate_report, index
 
 KI = 1024
@@ -208,28 +216,91 @@ def test_index_command(tmp_path: Path, capsys) -> None:  # noqa: ANN001
     assert "is not a folder" in capsys.readouterr().err
 
 
-def test_lengths_whose_streams_were_held_back_say_so_and_pass() -> None:
-    """A run whose 1Ki points all kept the server's decode figure (a busy host): the length
-    passes, and the report says whose decode figures were compared and why ITL was not."""
+def test_lengths_whose_streams_were_held_back_are_judged_on_the_servers_figures() -> None:
+    """A run whose 1Ki points all kept the server's decode figure (their streams in bursts)
+    and its per-request mean ITL: the length is judged on the server's figures on both sides,
+    and the report says whose figures were compared, blaming no one."""
+
+    def with_server_itl(record: Record, **changes) -> Record:  # noqa: ANN003
+        figures = {**record.figures, "server_request_itl": record.figures["itl_median"]}
+        return Record(**{**record.__dict__, "figures": figures, **changes})
+
+    baseline = [with_server_itl(r) for r in make_records(BASE_RUN, NOW)]
     current = []
     for record in make_records(NOW_RUN, NOW):
+        record = with_server_itl(record)
         if record.length == 1 * KI:
             figures = {k: v for k, v in record.figures.items() if k != "itl_median"}
             record = Record(
                 **{**record.__dict__, "figures": figures, "stream": {"decode_source": "server"}}
             )
         current.append(record)
-    gate = view(NOW, current)
+    gate = gate_report.build_view(baseline, current, parse_tolerances(BUILT_IN))
     one = gate.rows[0]
     assert (one.length, one.status, one.failing) == (1 * KI, "ok", False)
-    assert one.metrics["itl"].status == "unjudged"
+    assert one.metrics["itl"].status == "ok"
+    assert one.metrics["itl"].current.mean == pytest.approx(sum(1 / d for d in NOW[KI][1]) / 3)
     markdown = gate_report.markdown_section(gate)
-    assert "Streams in bursts:" in markdown
+    assert "Where the figures came from:" in markdown
     assert (
         "- 1Ki: decode throughput: decode figures: this run's from the server at 3 of 3 points"
         in markdown
     )
     assert (
-        "- 1Ki: median inter-token latency at 1Ki: not compared, this run recorded no" in markdown
+        "- 1Ki: median inter-token latency: judged on the server's own mean inter-token "
+        "latency per request (vLLM's per-request metrics) on both sides: this run's streams "
+        "showed no per-token gap at 3 of 3 points (in bursts, off the server's decode)"
+    ) in markdown
+    assert "busy host" not in markdown
+    assert "Where the figures came from:" in gate_report.html_fragment(gate)
+
+
+def test_a_length_whose_streams_were_all_merged_fails_without_the_servers_figure() -> None:
+    """A release whose API server falls behind at every point: every stream merged into
+    chunks of several tokens on both sides, and no per-request figure from the server. No
+    side has a token's time at 1Ki, so its ITL is not compared and the length fails; the
+    message names what is missing rather than a busy host."""
+    baseline, current = merged(make_records(BASE_RUN, NOW)), merged(make_records(NOW_RUN, NOW))
+    verdict = compare_length(baseline, current, 1 * KI, parse_tolerances(BUILT_IN))
+    itl = {v.metric: v for v in verdict.verdicts}["itl"]
+    assert itl.status == "insufficient" and verdict.status == "insufficient"
+    assert itl.message == (
+        "median inter-token latency at 1Ki: not compared, the baseline and this run have no "
+        "per-token figure: their streams showed no per-token gap (merged into chunks of "
+        "several tokens at a stream interval of 1, the stream behind the server: 3 of 3 "
+        "points each) and the server sent no mean inter-token latency of its own (vLLM's "
+        "--enable-per-request-metrics, which a launched server gets); measure on a server "
+        "that sends per-request metrics, or gate with itl=off"
     )
-    assert "Streams in bursts:" in gate_report.html_fragment(gate)
+    gate = gate_report.build_view(baseline, current, parse_tolerances(BUILT_IN))
+    assert [(row.status, row.failing) for row in gate.rows] == [("insufficient", True)] * 4
+    # one side merged is as short of a figure as both
+    one_side = compare_length(make_records(BASE_RUN, NOW), current, 1 * KI)
+    assert one_side.status == "insufficient"
+    assert "not compared, this run has no per-token figure: its streams" in one_side.message
+    # itl=off: the length compares what it has
+    off = compare_length(baseline, current, 1 * KI, parse_tolerances("ttft=10%,decode=5%,itl=off"))
+    assert off.status == "ok"
+
+
+@pytest.mark.parametrize(("factor", "status"), [(1.0, "ok"), (1.5, "regressed")])
+def test_merged_streams_are_judged_on_the_servers_mean_itl(factor: float, status: str) -> None:
+    """The same release with the server's per-request figures: each side's mean ITL, as
+    vLLM timed every request, is what the gate compares (never a stream's median against
+    the server's mean), and 50% slower tokens regress."""
+    baseline = merged(make_records(BASE_RUN, NOW), server_itl=1.0)
+    current = merged(make_records(NOW_RUN, NOW), server_itl=factor)
+    verdict = compare_length(baseline, current, 1 * KI, parse_tolerances(BUILT_IN))
+    itl = {v.metric: v for v in verdict.verdicts}["itl"]
+    assert itl.status == status and verdict.status == status
+    assert itl.change_pct == pytest.approx(100 * (factor - 1))
+    assert itl.message.startswith(
+        "the server's mean inter-token latency per request at 1Ki "
+        + ("ok" if status == "ok" else "rose")
+    )
+    assert itl.sources == (
+        "judged on the server's own mean inter-token latency per request (vLLM's per-request "
+        "metrics) on both sides: the baseline's and this run's streams showed no per-token "
+        "gap at 3 of 3 points each (merged into chunks of several tokens at a stream "
+        "interval of 1, the stream behind the server)"
+    )

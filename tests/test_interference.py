@@ -12,6 +12,7 @@ from array import array
 import pytest
 from fake_vllm import Behaviour, FakeVLLMProcess
 
+from pytest_longctx.client import ServerTiming
 from pytest_longctx.measure.background import (
     BackgroundRequest,
     BackgroundSpec,
@@ -24,6 +25,7 @@ from pytest_longctx.measure.interference import (
     SequenceProbe,
     Windows,
     background_view,
+    check_background_requests,
     check_server_itl,
     chunk_from_server_info,
     chunk_from_streams,
@@ -185,13 +187,20 @@ def _spec(url: str, streams: int = 3) -> BackgroundSpec:
     )
 
 
-def _measure(fake: FakeVLLMProcess, idle_s: float = 1.0, streams: int = 3):  # noqa: ANN202
+def _measure(  # noqa: ANN202
+    fake: FakeVLLMProcess, idle_s: float = 1.0, streams: int = 3, keep_unconfirmed: bool = False
+):
     server = ServerInfo(fake.url, "fake-model", 32_768, "attached")
     prompt = Prompt(LONG, array("I", range(LONG)), 0, 0.0)
     settings = PointSettings(decode_tokens=8, first_token_budget_s=60, budget_source="test")
     with client_for(server) as client:
         info = chunk_from_server_info(client.server_info())
-        load = LoadSettings(_spec(fake.url, streams), idle_s=idle_s, server_config=info)
+        load = LoadSettings(
+            _spec(fake.url, streams),
+            idle_s=idle_s,
+            server_config=info,
+            keep_unconfirmed=keep_unconfirmed,
+        )
         return measure_under_load(
             client, server, Point(LONG, 0, background=streams), prompt, settings, load
         )
@@ -332,6 +341,14 @@ def test_a_stalling_prefill_reads_as_a_stall(stalled) -> None:  # noqa: ANN001
     assert details["chunk"]["max_num_batched_tokens"] == 4096
     assert details["chunk"]["seen"]["prefill_steps_seen"] == 1  # one step: the whole prompt
     assert details["server_itl"]["agreement"] == "agrees", details["server_itl"]
+    # confirmed, so kept where reports and the gate read them
+    assert details["background_gaps"] == {
+        "verdict": "confirmed",
+        "by": ["the server's inter-token histogram"],
+    }
+    assert "unconfirmed_figures" not in details
+    # every stream was seen receiving tokens before the idle reference began
+    assert details["streams_ready"] == {"streaming": 3, "flushed_whole": 0}
     assert details["preemptions"] == 0
     assert result.interference_problem is None
 
@@ -397,10 +414,14 @@ def test_the_long_request_and_each_background_request_carry_their_own_server_tim
 def test_a_long_stream_flushed_whole_keeps_its_own_requests_decode() -> None:
     """Every stream handed over whole (a starved API server): the histogram refutes the
     gaps, but the long request has the server's figure of its own, so it keeps that decode
-    (not none), and each background request's stream is named as not showing its decode."""
+    (not none), and each background request's stream is named as not showing its decode.
+    The background figures are fiction: each request's own timing refutes them too, the
+    streams were ready only by requests flushed whole, and they are set aside, not gated;
+    --longctx-allow-unconfirmed keeps them where the gate reads them."""
     behaviour = _behaviour(deliver_at_once=True, token_delay_s=0.005, per_request_metrics=True)
     with FakeVLLMProcess(behaviour) as fake:
         result = _measure(fake)
+        kept = _measure(fake, keep_unconfirmed=True)
     entry = result.server_timing["request"]
     assert "the stream delivered" in entry["decode"]
     assert result.stream["decode_source"] == "server"
@@ -408,6 +429,60 @@ def test_a_long_stream_flushed_whole_keeps_its_own_requests_decode() -> None:
     assert "stream_decode_throughput" in result.figures()
     counts = result.server_timing["background_decode"]
     assert counts["disagree"] == len(result.server_timing["background"]) > 0, counts
+    details = result.interference
+    assert details["streams_ready"] == {"streaming": 0, "flushed_whole": 3}
+    timing = details["background_timing"]
+    assert timing["refuted"] == timing["checked"] == len(result.server_timing["background"])
+    furthest = timing["furthest"]  # written at once: its chunks all but together
+    assert furthest["client_decode_s"] < furthest["server_decode_s"] / 10, furthest
+    gaps = details["background_gaps"]
+    assert gaps["verdict"] == "refuted"
+    assert "inter-token histogram" in gaps["why"] and "per-request metrics" in gaps["why"]
+    assert "3 of the 3 background streams had only had a request flushed whole" in gaps["why"]
+    assert gaps["figures"].startswith("set aside under unconfirmed_figures, not reported")
+    # measured and kept in the record, out of the figures reports and the gate read
+    assert not [name for name in result.figures() if name.startswith("bg_")]
+    assert details["unconfirmed_figures"]["bg_itl_idle_p99"] >= 0
+    assert result.interference_problem is None  # the point passes, with its TTFT under load
+    assert result.figures()["ttft"] >= PREFILL_S
+    # --longctx-allow-unconfirmed: the same refutation, the figures kept and gated
+    assert kept.interference["background_gaps"]["verdict"] == "refuted"
+    assert "--longctx-allow-unconfirmed" in kept.interference["background_gaps"]["figures"]
+    assert "unconfirmed_figures" not in kept.interference
+    assert kept.figures()["bg_itl_idle_p99"] >= 0 and kept.interference_problem is None
+
+
+def test_background_requests_are_checked_against_the_servers_timing_of_each() -> None:
+    """A request's stream, first chunk to last, against the server's own decode of it: a
+    stall the prefill made lies in both and agrees; a request flushed whole (0 s) or held
+    back past its last token does not; a request without the server's figure is not
+    checked, and none with one leaves nothing to say."""
+    steps = [0.01 * i for i in range(16)]
+    stalled = [*steps[:8], *(2.0 + t for t in steps[8:])]  # one 1.9 s stall inside
+
+    def request(stream: int, times: list[float], decode_s: float | None, counts=None):  # noqa: ANN001, ANN202
+        counts = counts or (1,) * len(times)
+        timing = ServerTiming(decode_s=decode_s) if decode_s is not None else None
+        return BackgroundRequest(
+            stream, 0, -0.1, tuple(times), tuple(counts), 16, server_timing=timing
+        )
+
+    agrees = [request(0, steps, 0.15), request(1, stalled, stalled[-1] - stalled[0])]
+    check = check_background_requests(agrees, 0.5)
+    assert check is not None and (check.checked, check.refuted, check.problem) == (2, 0, None)
+    assert check.record()["agreement"] == "agrees"
+    flushed = request(2, [0.3], 0.15, counts=(16,))
+    held = request(3, [*steps[:15], 0.9], 0.15)  # the last token 0.75 s late
+    check = check_background_requests([*agrees, flushed, held], 0.5)
+    assert check is not None and (check.checked, check.refuted) == (4, 2)
+    assert check.worst == (3, 0, pytest.approx(0.9), 0.15)
+    assert check.problem.startswith(
+        "the background streams disagree with the server's own timing of their requests "
+        "(vLLM's per-request metrics): 2 of 4 requests' streams spanned their decode more "
+        "than 50% off the server's (furthest: stream 3's request 0, 0.900 s first chunk to "
+        "last, the server 0.150 s first token to last)"
+    )
+    assert check_background_requests([request(4, steps, None)], 0.5) is None
 
 
 def test_a_preemption_during_the_point_fails_it() -> None:

@@ -292,8 +292,10 @@ def test_gaps_the_servers_histogram_does_not_confirm_keep_the_ttft_without_a_dec
 ) -> None:
     """A stream held back and flushed at once (a starved host): its gaps are not the server's,
     and the server's decode time counts the background requests too, so the long prompt has
-    no decode figure of its own. The point passes with its TTFT, its decode figures set aside
-    and the reason said; --longctx-strict-stream fails it."""
+    no decode figure of its own. The point passes with its TTFT, its decode figures and its
+    background figures set aside (recorded, neither reported nor gated) and the reason said;
+    --longctx-allow-unconfirmed keeps the background figures where the gate reads them, and
+    --longctx-strict-stream fails the point."""
     args = ("-m", "len==1Ki", "-k", "interference", LOAD)
     # a faster decode than the other tests': each background request (256 tokens) is held
     # back whole, and the streams' first, the probe's and the last requests are waited out
@@ -301,6 +303,9 @@ def test_gaps_the_servers_histogram_does_not_confirm_keep_the_ttft_without_a_dec
         result, records = _session(pytester, fake.url, *args, output="kept")
         result.assert_outcomes(passed=1)
         (record,) = [r for r in records if r.cache_state == "interference"]
+        allowed, allowed_records = _session(
+            pytester, fake.url, *args, "--longctx-allow-unconfirmed", output="allowed"
+        )
         strict, strict_records = _session(
             pytester, fake.url, *args, "--longctx-strict-stream", output="strict"
         )
@@ -308,14 +313,33 @@ def test_gaps_the_servers_histogram_does_not_confirm_keep_the_ttft_without_a_dec
     assert figures["ttft"] > PREFILL_S
     assert not {"decode_throughput", "itl_median", "itl_p90", "itl_max"} & set(figures)
     assert figures["stream_decode_throughput"] > 0  # measured, kept, not the point's
-    assert "bg_itl_idle_p99" in figures  # the background streams' figures, kept as said
     assert record.stream["decode_source"] == "none"
     assert "disagree with the server's inter-token histogram" in record.stream["decode_problem"]
     assert "this point has no decode figure" in record.stream["decode_problem"]
-    assert "--longctx-strict-stream fails such points" in record.interference["server_itl"]["kept"]
+    # the background figures: measured and kept in the record, where nothing gates them
+    assert not [name for name in figures if name.startswith("bg_")]
+    gaps = record.interference["background_gaps"]
+    assert gaps["verdict"] == "refuted"
+    assert "disagree with the server's inter-token histogram" in gaps["why"]
+    assert "--longctx-allow-unconfirmed keeps and gates them" in gaps["figures"]
+    assert record.interference["unconfirmed_figures"]["bg_itl_idle_p99"] >= 0
     report = (run_folder(pytester.path / "kept") / "report.md").read_text()
-    assert "Kept although the streams' gaps disagree" in report
+    assert "Background figures set aside, out of these tables and the gate" in report
     assert "Decode figures: 1 point without a decode figure, TTFT kept" in report
+    # --longctx-allow-unconfirmed: the same point, its background figures kept and gated
+    allowed.assert_outcomes(passed=1)
+    (kept,) = [r for r in allowed_records if r.cache_state == "interference"]
+    assert kept.interference["background_gaps"]["verdict"] == "refuted"
+    assert "--longctx-allow-unconfirmed" in kept.interference["background_gaps"]["figures"]
+    assert kept.figures["bg_itl_idle_p99"] >= 0 and "unconfirmed_figures" not in kept.interference
+    report = (run_folder(pytester.path / "allowed") / "report.md").read_text()
+    assert "Background figures kept and gated although the server's own figures" in report
+    # the gate: a stall set aside is not compared, and fails the length, never passes it
+    stall = {v.metric: v for v in compare_length([kept], [record], 1024).verdicts}["stall"]
+    assert stall.status == "insufficient", stall.message
+    assert "this run set every interference point's background figures aside" in stall.message
+    both = {v.metric: v for v in compare_length([record], [record], 1024).verdicts}["stall"]
+    assert both.status == "insufficient", both.message
     strict.assert_outcomes(failed=1)
     assert "disagree with the server's inter-token histogram" in strict_records[-1].reason
     assert "(--longctx-strict-stream fails such points)" in strict_records[-1].reason

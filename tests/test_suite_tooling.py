@@ -10,8 +10,15 @@ import threading
 import time
 from pathlib import Path
 
-from longctx_testing import REPO
+import pytest
+from longctx_testing import (
+    AGREEMENT_RETRIES,
+    REPO,
+    assert_bursts_kept_with_the_servers_figure,
+)
 from server_census import READY_LINE, Census
+
+from pytest_longctx.core.records import Record
 
 HEAVY = ("vllm", "torch", "transformers")
 
@@ -107,3 +114,56 @@ def test_a_server_looked_at_before_its_exec_is_counted_once_it_runs(tmp_path: Pa
     assert looks_before_exec >= 5
     assert list(census.starts) == [started[0].pid]
     started[0].wait(30)
+
+
+def _point(repeat: int, agrees: bool) -> Record:
+    """A 1Ki point of a real session at stream interval 1: its stream agreed with the
+    server's own decode, or arrived in a burst and kept the server's figure."""
+    stream = {"decode_source": "stream", "agreement": "agrees", "chunks": 32}
+    figures = {"decode_throughput": 300.0, "server_decode_throughput": 300.0}
+    if not agrees:
+        stream = {**stream, "decode_source": "server", "agreement": "the stream delivered 31"}
+        figures["stream_decode_throughput"] = 60_000.0
+    return Record(
+        run_id="r",
+        nodeid=f"test_sweep.py::test_prefill_decode[len=1Ki-rep={repeat}]",
+        length=1024,
+        repeat=repeat,
+        outcome="passed",
+        figures=figures,
+        fingerprint={"stream": {"bursts_allowed": True}},
+        stream=stream,
+    )
+
+
+def _report(records: list[Record]) -> str:
+    kept = sum(r.stream["decode_source"] == "server" for r in records)
+    if not kept:
+        return ""
+    return f"Decode figures: {kept} point{'s' if kept != 1 else ''} kept the server's"
+
+
+def test_real_server_sessions_need_half_their_streams_to_agree_with_the_server() -> None:
+    """Every point kept on the server's figure passes the per-point rule, and would pass a
+    change that made every real stream late: a real-server session needs half its points'
+    streams to agree with the server, in one of its short sessions again if not in the
+    first, never all bursts."""
+    late = [_point(repeat, agrees=False) for repeat in range(6)]
+    tried = []
+
+    def again() -> tuple[list[Record], str]:
+        tried.append(1)
+        return late[:3], _report(late[:3])
+
+    with pytest.raises(pytest.fail.Exception, match=r"every session \(0 of 6, 0 of 3, 0 of 3\)"):
+        assert_bursts_kept_with_the_servers_figure(late, _report(late), again)
+    assert len(tried) == AGREEMENT_RETRIES
+    # half of the first session agreed: no session again
+    half = [_point(repeat, agrees=repeat % 2 == 0) for repeat in range(6)]
+    assert_bursts_kept_with_the_servers_figure(half, _report(half), again)
+    assert len(tried) == AGREEMENT_RETRIES
+    # a busy first session, a quiet one again
+    quiet = [_point(repeat, agrees=True) for repeat in range(3)]
+    assert_bursts_kept_with_the_servers_figure(late, _report(late), lambda: (quiet, ""))
+    # the stand-in, whose bursts are the subject: the per-point rule alone
+    assert_bursts_kept_with_the_servers_figure(late, _report(late), None)

@@ -40,8 +40,10 @@ def test_prefill_decode(longctx_point, longctx_prompt, longctx_measure):
         assert not result.cached_prompt_tokens, result.not_cold_problem()
     if longctx_point.interference:
         # Under load, as it claims: the K background streams ran throughout with no request
-        # failed, nothing was preempted, and the server's inter-token histogram confirms
-        # the gaps they saw.
+        # failed, and nothing was preempted. Gaps the server's own figures (its inter-token
+        # histogram, its timing of each request) refute are not what the streams waited:
+        # the point keeps its TTFT under load, its background figures set aside and not
+        # gated (--longctx-allow-unconfirmed keeps them; --longctx-strict-stream fails it).
         assert result.interference_problem is None, result.interference_problem
     elif not longctx_point.concurrent:
         # Alone: nobody else's request ran on the server while this one was timed (None only

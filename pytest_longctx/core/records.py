@@ -53,10 +53,13 @@ FIGURE_UNITS: Mapping[str, str] = {
     "server_decode_throughput": "tok/s",  # (N-1) / vLLM's decode time: no client scheduling
     # vLLM's own timing of the measured request (its per-request metrics; the record's
     # server_timing): scheduled to first token, queued to scheduled, and the client's TTFT
-    # less the server's, the front end's share (upload, parsing, the ids' validation, queue).
+    # less the server's, the front end's share (upload, parsing, the ids' validation, queue);
+    # and its mean inter-token latency (first to last token over the tokens after the first),
+    # which the gate judges ITL on where a stream shows no gap of one token.
     "server_request_ttft": "s",
     "server_request_queue": "s",
     "front_end_ttft": "s",
+    "server_request_itl": "s",
     "request_body_bytes": "B",
     "prompt_build": "s",
     # The ETA model's TTFT for this length, fitted to the points measured before it (progress/).
@@ -187,8 +190,12 @@ class Record:
     server_start: Mapping[str, Any] = field(default_factory=dict)
     #: An interference point's load and what it did: the background streams and their
     #: requests, the windows, the gaps per window, the server's own inter-token histogram
-    #: against them, its effective chunk size, sequence limit and preemptions
-    #: (measure/interference.py). Empty for other points.
+    #: and its timing of each background request against them (``server_itl``,
+    #: ``background_timing``) and the verdict on the gaps (``background_gaps``: ``confirmed``
+    #: or ``refuted``, with why), how the streams became ready (``streams_ready``), the
+    #: ``bg_*`` figures a refuted point set aside (``unconfirmed_figures``, not gated), its
+    #: effective chunk size, sequence limit and preemptions (measure/interference.py). Empty
+    #: for other points.
     interference: Mapping[str, Any] = field(default_factory=dict)
     #: The devices the energy figures cover (the server's own; on a server over several
     #: nodes, what share of its GPUs) and each energy figure not measured, with why

@@ -31,9 +31,9 @@ from .noise import (
 )
 from .tolerances import METRICS, Metric, Tolerances
 
-#: ``unjudged``: not compared, and no failure: a side has no per-token gap because its streams
-#: did not show the server's decode (bursts on a busy host), which is not the run's fault.
-VERDICT_STATUSES = ("ok", "regressed", "improved", "insufficient", "unjudged")
+#: ``insufficient``: a gated figure one side (or both) lacks, which fails the length: a
+#: verdict never passes a figure it could not compare.
+VERDICT_STATUSES = ("ok", "regressed", "improved", "insufficient")
 LENGTH_STATUSES = (*VERDICT_STATUSES, "missing_in_current", "missing_in_baseline")
 
 WITHIN_ONLY = "one-session baseline: within-session noise only"
@@ -89,8 +89,10 @@ class MetricVerdict:
     test: NoiseTest | None
     level: float
     message: str
-    #: Whose decode figures a decode verdict compared where not all were the streams'
-    #: (``decode figures: this run's from the server at 2 of 3 points ...``); else empty.
+    #: Whose figures the verdict compared where not all were the streams' own: a decode
+    #: verdict's (``decode figures: this run's from the server at 2 of 3 points ...``), an ITL
+    #: verdict judged on the server's per-request mean ITL, a stall verdict whose side had
+    #: background figures set aside; else empty.
     sources: str = ""
 
     @property
@@ -116,7 +118,7 @@ class LengthVerdict:
         """Regressions first, then the rest: what a failing test item shows."""
         if not self.verdicts:
             return self.note
-        order = {"regressed": 0, "insufficient": 1, "improved": 2, "unjudged": 3, "ok": 4}
+        order = {"regressed": 0, "insufficient": 1, "improved": 2, "ok": 3}
         ranked = sorted(self.verdicts, key=lambda verdict: order[verdict.status])
         return "\n".join(verdict.message for verdict in ranked)
 
@@ -417,24 +419,21 @@ def _judge_metric(
     current_records = [r for r in current_records if r.cache_state == metric.cache_state]
     if metric.cache_state != "cold" and not (baseline_records and current_records):
         return None  # warm points are gated only where both sides measured them
+    sources = ""
+    if metric.figure in STREAM_GAP_METRICS:
+        metric, sources = _per_token_metric(metric, baseline_records, current_records)
     before_groups = session_values(baseline_records, metric.figure)
     after_values = _figure_values(current_records, metric.figure)
-    chunked = (
-        _chunked_stream(baseline_records, current_records)
-        if metric.figure == "itl_median"
-        else None
-    )
-    if not before_groups and not after_values and chunked is None:
-        # neither side records it: nothing to judge (e.g. a prefill-only profile), unless both
-        # sides' streams were set aside, which the verdict says
-        both_set_aside = metric.figure in STREAM_GAP_METRICS and _stream_set_aside(
-            baseline_records, current_records
-        )
-        if not both_set_aside:
-            return None
+    set_aside = _set_aside(metric, baseline_records, current_records)
+    if not before_groups and not after_values and set_aside is None:
+        return None  # neither side records it: nothing to judge (e.g. a prefill-only profile)
     where = f"{metric.label} at {format_size(length)}"
     before = Stats.of_sessions(before_groups) if before_groups else None
     after = Stats.of(metric.figure, after_values) if after_values else None
+    if metric.is_decode:
+        sources = _decode_sources(baseline_records, current_records)
+    elif metric.figure == BACKGROUND_GAP_METRIC:
+        sources = _background_sources(baseline_records, current_records)
 
     def verdict(status: str, message: str, **figures: Any) -> MetricVerdict:
         return MetricVerdict(
@@ -448,66 +447,145 @@ def _judge_metric(
             test=figures.get("test"),
             level=level,
             message=message,
-            sources=figures.get("sources", ""),
+            sources=sources,
         )
 
     missing = _why_not_compared(metric, before, after)
-    if missing is not None and chunked is not None:
-        missing = chunked
-    elif missing is not None and metric.figure in STREAM_GAP_METRICS:
-        set_aside = _stream_set_aside(
-            baseline_records if before is None else [],
-            current_records if after is None else [],
-        )
-        if set_aside is not None:
-            return verdict("unjudged", f"{where}: not compared, {set_aside}")
-    sources = _decode_sources(baseline_records, current_records) if metric.is_decode else ""
+    if missing is not None and set_aside is not None:
+        missing = set_aside
     said = f"; {sources}" if sources else ""
     if missing is not None or before is None or after is None:
-        return verdict("insufficient", f"{where}: not compared, {missing}{said}", sources=sources)
+        return verdict("insufficient", f"{where}: not compared, {missing}{said}")
     worse_sign = 1.0 if metric.higher_is_worse else -1.0
     test = _noise_test_for(before_groups, after_values, before, after, worse_sign)
     change_pct = 100.0 * (after.mean - before.mean) / before.mean
     status, message = _status_and_message(
         metric, where, before, after, change_pct, tolerance, test, level
     )
-    return verdict(status, message + said, change_pct=change_pct, test=test, sources=sources)
+    return verdict(status, message + said, change_pct=change_pct, test=test)
 
 
 #: Gated figures read from the stream's per-token gaps: a point whose stream did not show the
 #: server's decode keeps them only as ``stream_*``.
 STREAM_GAP_METRICS = frozenset({"itl_median"})
+#: The server's own mean inter-token latency of each request (vLLM's per-request metrics,
+#: the record's ``server_timing``): what ITL is judged on where a side's streams show no
+#: per-token gap. A mean, never compared with a stream's median.
+SERVER_ITL_FIGURE = "server_request_itl"
+SERVER_ITL_LABEL = "the server's mean inter-token latency per request"
+#: The stall metric's figure: the background streams' gaps, which a point whose gaps the
+#: server's figures refuted sets aside (measure/under_load.py).
+BACKGROUND_GAP_METRIC = "bg_itl_prefill_p99"
+PER_REQUEST_HINT = "vLLM's --enable-per-request-metrics, which a launched server gets"
+
+
+def _sides(baseline: list[Record], current: list[Record]) -> dict[str, list[Record]]:
+    return {"the baseline": baseline, "this run": current}
+
+
+def _has(records: list[Record], figure: str) -> bool:
+    return bool(_figure_values(records, figure))
+
+
+def _per_token_metric(
+    metric: Metric, baseline: list[Record], current: list[Record]
+) -> tuple[Metric, str]:
+    """The ITL metric on the per-token figure both sides have: the streams' gaps, else the
+    server's own mean ITL per request (a stream merged, burst or chunked has no gap of one
+    token, and vLLM timed every token of it); the metric as it is where neither is on both
+    sides, and what was compared where it is the server's."""
+    if _has(baseline, metric.figure) and _has(current, metric.figure):
+        return metric, ""
+    if not (_has(baseline, SERVER_ITL_FIGURE) and _has(current, SERVER_ITL_FIGURE)):
+        return metric, ""
+    server = dataclasses.replace(metric, figure=SERVER_ITL_FIGURE, label=SERVER_ITL_LABEL)
+    why = _gapless_words(baseline, current)
+    return server, (
+        "judged on the server's own mean inter-token latency per request (vLLM's per-request "
+        f"metrics) on both sides{': ' + why if why else ''}"
+    )
+
+
+def _gapless(record: Record) -> str | None:
+    """Why a point's stream has no per-token gap figure: in bursts (or off the server's
+    decode), merged into chunks of several tokens at stream interval 1, or streamed in
+    chunks of several tokens; None where it has one, or has no decode to time."""
+    if record.figure("itl_median") is not None:
+        return None
+    if _burst(record):
+        return "in bursts, off the server's decode"
+    if _merged(record):
+        return (
+            "merged into chunks of several tokens at a stream interval of 1, the stream "
+            "behind the server"
+        )
+    if _chunked(record):
+        interval = record.stream.get("stream_interval") or "unknown"
+        return f"in chunks of several tokens (stream interval {interval})"
+    return None
+
+
+def _gapless_words(baseline: list[Record], current: list[Record]) -> str:
+    """``this run's streams showed no per-token gap at 3 of 3 points (merged ...)``: each
+    side whose streams lack gaps somewhere, and why; sides alike are said once."""
+    said: dict[tuple[int, int, str], list[str]] = {}
+    for side, records in _sides(baseline, current).items():
+        reasons = [why for why in map(_gapless, records) if why is not None]
+        if reasons:
+            key = (len(reasons), len(records), "; ".join(sorted(set(reasons))))
+            said.setdefault(key, []).append(side.replace("the baseline", "the baseline's"))
+    parts = []
+    for (count, total, reasons), sides in said.items():
+        names = " and ".join(s.replace("this run", "this run's") for s in sides)
+        each = " each" if len(sides) > 1 else ""
+        parts.append(
+            f"{names} streams showed no per-token gap at {count} of {total} points{each} "
+            f"({reasons})"
+        )
+    return "; ".join(parts)
+
+
+def _set_aside(metric: Metric, baseline: list[Record], current: list[Record]) -> str | None:
+    """Why a side has no figure of ``metric`` where its points were measured: no per-token
+    figure from either source (ITL), its background figures set aside (the stall); None when
+    that is not why."""
+    if metric.figure in STREAM_GAP_METRICS or metric.figure == SERVER_ITL_FIGURE:
+        return _chunked_stream(baseline, current) or _stream_set_aside(baseline, current)
+    if metric.figure == BACKGROUND_GAP_METRIC:
+        return _background_set_aside(baseline, current)
+    return None
 
 
 def _stream_set_aside(baseline: list[Record], current: list[Record]) -> str | None:
-    """Why a side has no per-token gap figure: each of its points' streams arrived in bursts
-    (the server's decode figure kept, or none) or merged into chunks of several tokens by a
-    server that fell behind, on a busy host; None otherwise."""
-    sides = {"the baseline": baseline, "this run": current}
-    set_aside = {
+    """Why a side has no per-token figure from either source: its streams showed no gap of
+    one token (in bursts, or merged into chunks of several by a server that fell behind
+    them) and the server sent no mean ITL of its own for any of its points; None where
+    every side has one, or no point of a side has a decode to time. A length so left fails:
+    neither the stream nor the server says what a token took."""
+    lacking = {
         side: records
-        for side, records in sides.items()
-        if records and all(_burst(r) or _merged(r) for r in records)
+        for side, records in _sides(baseline, current).items()
+        if records
+        and not _has(records, "itl_median")
+        and not _has(records, SERVER_ITL_FIGURE)
+        and any(_gapless(r) for r in records)
     }
-    if not set_aside or any(side not in set_aside for side, rs in sides.items() if rs):
+    if not lacking:
         return None
-    chosen = [r for records in set_aside.values() for r in records]
-    how = []
-    if any(_burst(r) for r in chosen):
-        how.append(
-            "arrived in bursts or off the server's decode, so their gaps are kept as "
-            "stream_* figures and are not the server's"
-        )
-    if any(_merged(r) for r in chosen):
-        how.append(
-            "were merged by the server into chunks of several tokens (its stream "
-            "interval is 1, but it fell behind), so no gap between chunks is one token's"
-        )
+    reasons = sorted({why for rs in lacking.values() for r in rs if (why := _gapless(r))})
+    counts = {side: (sum(bool(_gapless(r)) for r in rs), len(rs)) for side, rs in lacking.items()}
+    if len(set(counts.values())) == 1:
+        count, total = next(iter(counts.values()))
+        at = f"{count} of {total} points{' each' if len(counts) > 1 else ''}"
+    else:
+        at = ", ".join(f"{n} of {t} points in {side}" for side, (n, t) in counts.items())
+    both = len(lacking) > 1
     return (
-        f"{' and '.join(set_aside)} recorded no per-token gap: "
-        f"{'their' if len(set_aside) > 1 else 'its'} streams {', or '.join(how)} (a busy "
-        "host); TTFT and decode throughput still compare (--longctx-strict-stream "
-        "fails bursts instead)"
+        f"{' and '.join(lacking)} {'have' if both else 'has'} no per-token figure: "
+        f"{'their' if both else 'its'} streams showed no per-token gap ({'; '.join(reasons)}: "
+        f"{at}) and the server sent no mean inter-token latency of its own "
+        f"({PER_REQUEST_HINT}); measure on a server that sends per-request metrics, or gate "
+        "with itl=off"
     )
 
 
@@ -531,6 +609,12 @@ def _merged(record: Record) -> bool:
     )
 
 
+def _chunked(record: Record) -> bool:
+    """The server streamed chunks of several tokens (its stream interval), not a burst."""
+    stream = record.stream or {}
+    return bool(stream) and not stream.get("per_token_gaps", True) and not _burst(record)
+
+
 def _decode_sources(baseline: list[Record], current: list[Record]) -> str:
     """``decode figures: this run's from the server at 2 of 3 points ...``: where a side's
     decode figures are not all its streams'; empty where they are."""
@@ -547,6 +631,51 @@ def _decode_sources(baseline: list[Record], current: list[Record]) -> str:
     return f"decode figures: {', '.join(parts)} (their streams arrived in bursts)"
 
 
+def _unconfirmed(record: Record) -> bool:
+    """An interference point whose background figures were set aside: the server's figures
+    refuted its background streams' gaps (measure/under_load.py)."""
+    return bool(record.interference.get("unconfirmed_figures"))
+
+
+def _background_sources(baseline: list[Record], current: list[Record]) -> str:
+    """``background figures: this run's set aside at 1 of 3 points ...``; empty where no
+    point of either side set them aside."""
+    parts = [
+        f"{side} set aside at {count} of {len(records)} points"
+        for side, records in (("the baseline's", baseline), ("this run's", current))
+        if (count := sum(_unconfirmed(r) for r in records))
+    ]
+    if not parts:
+        return ""
+    return (
+        f"background figures: {', '.join(parts)} (the server's figures refuted their "
+        "streams' gaps; --longctx-allow-unconfirmed keeps and gates them)"
+    )
+
+
+def _background_set_aside(baseline: list[Record], current: list[Record]) -> str | None:
+    """Why a side has no background gap figure: every interference point of it had its
+    background figures set aside; None otherwise."""
+    lacking = [
+        side
+        for side, records in _sides(baseline, current).items()
+        if records
+        and not _has(records, BACKGROUND_GAP_METRIC)
+        and all(_unconfirmed(r) for r in records)
+    ]
+    if not lacking:
+        return None
+    records = baseline if lacking[0] == "the baseline" else current
+    first = next(
+        str(r.interference.get("background_gaps", {}).get("why", "")) for r in records
+    )
+    return (
+        f"{' and '.join(lacking)} set every interference point's background figures aside: "
+        f"the server's figures refuted the background streams' gaps (first: {first}), so no "
+        "stall was measured; --longctx-allow-unconfirmed keeps and gates them"
+    )
+
+
 def _why_not_compared(metric: Metric, before: Stats | None, after: Stats | None) -> str | None:
     if before is None:
         return f"the baseline has no {metric.figure} figure (now n={after.n if after else 0})"
@@ -560,16 +689,11 @@ def _why_not_compared(metric: Metric, before: Stats | None, after: Stats | None)
 def _chunked_stream(baseline: list[Record], current: list[Record]) -> str | None:
     """Why a side has no inter-token latency: its chunks carried several tokens each, so its
     gaps are between chunks and are never gated as if they were between tokens; None when
-    every chunk of both sides carried one token, or arrived in a burst (a busy host's doing,
-    not the server's stream interval: :func:`_stream_set_aside`)."""
-    sides = {"the baseline": baseline, "this run": current}
+    every chunk of both sides carried one token, or arrived in a burst (the server's decode
+    not shown: :func:`_stream_set_aside`)."""
     chunked = {
-        side: [
-            r
-            for r in records
-            if r.stream and not r.stream.get("per_token_gaps", True) and not _burst(r)
-        ]
-        for side, records in sides.items()
+        side: [r for r in records if _chunked(r)]
+        for side, records in _sides(baseline, current).items()
     }
     chunked = {side: records for side, records in chunked.items() if records}
     if not chunked:
@@ -583,7 +707,8 @@ def _chunked_stream(baseline: list[Record], current: list[Record]) -> str | None
         "chunks, not tokens, and are never gated "
         "as inter-token latency; gate with itl=off (TTFT and decode throughput compare at any "
         "stream interval), or measure both sides on a server that streams every token (stream "
-        "interval 1)"
+        "interval 1) or that sends per-request metrics (the server's mean inter-token latency "
+        f"compares at any stream interval; {PER_REQUEST_HINT})"
     )
 
 

@@ -112,12 +112,13 @@ def _stream_loop(
     stream: int,
     stop: threading.Event,
     progress: list[StreamProgress],
-    ended: set[int],
+    ended: dict[int, bool],
     results: Any,
 ) -> None:
     """Send one request after the other until ``stop``; report each as it ends, and note the
     stream in ``ended`` once a request of it ended with a token (a request flushed whole can
-    end before a poll of ``progress`` sees its first token)."""
+    end before a poll of ``progress`` sees its first token), True once one of them brought
+    its tokens over more than a poll's interval (it streamed, rather than arrived whole)."""
     config = ClientConfig(
         base_url=spec.base_url, api_key=spec.api_key, tcp_keepalive_s=spec.tcp_keepalive_s
     )
@@ -145,8 +146,10 @@ def _stream_loop(
                 results.put(("request", failed))
                 stop.wait(0.5)  # a server that refuses or died: do not spin on it
             else:
-                if measured.token_times_s:
-                    ended.add(stream)
+                times = measured.token_times_s
+                if times:
+                    spread = len(times) > 1 and times[-1] - times[0] > _POLL_S
+                    ended[stream] = ended.get(stream, False) or spread
                 start = measured.started_perf_s
                 results.put(
                     (
@@ -168,11 +171,14 @@ def _stream_loop(
 
 def _serve(spec: BackgroundSpec, stop_event: Any, ready: Any, results: Any) -> None:
     """The background process: K stream threads; ``ready`` once every stream has received a
-    token, then run until the parent sets ``stop_event``."""
+    token, then run until the parent sets ``stop_event``. With ``ready`` it reports how many
+    streams were seen streaming (tokens arriving at two polls of one request, or a finished
+    request's tokens spread over more than a poll's interval) and how many had only had
+    requests arrive whole: a stream flushed whole has no gap of the server's."""
     results.put(("clock", time.get_clock_info(CLOCK).implementation))
     stop = threading.Event()
     progress = [StreamProgress() for _ in range(spec.streams)]
-    ended: set[int] = set()  # streams a request of which ended with tokens (their threads')
+    ended: dict[int, bool] = {}  # streams a request of which ended with tokens (their threads')
     threads = [
         threading.Thread(
             target=_stream_loop, args=(spec, index, stop, progress, ended, results), daemon=True
@@ -181,12 +187,23 @@ def _serve(spec: BackgroundSpec, stop_event: Any, ready: Any, results: Any) -> N
     ]
     for thread in threads:
         thread.start()
-    streamed: set[int] = set()
+    seen: set[int] = set()  # streams seen receiving tokens at two polls of one request
+    counted: dict[int, tuple[StreamProgress, int]] = {}
     while not stop_event.is_set():
         if not ready.is_set():
-            streamed |= {i for i, p in enumerate(progress) if p.first_token_at is not None}
-            streamed |= set(ended)
-            if len(streamed) == spec.streams:
+            for index, watched in enumerate(progress):
+                if watched.first_token_at is None or watched.finished:
+                    continue
+                earlier = counted.get(index)
+                if earlier is not None and earlier[0] is watched and earlier[1] < watched.tokens:
+                    seen.add(index)
+                counted[index] = (watched, watched.tokens)
+            done = dict(ended)
+            streaming = seen | {index for index, spread in done.items() if spread}
+            flushed = set(done) - streaming
+            if len(streaming | flushed) == spec.streams:
+                ready_by = {"streaming": len(streaming), "flushed_whole": len(flushed)}
+                results.put(("ready", ready_by))
                 ready.set()
         time.sleep(_POLL_S)
     stop.set()
@@ -209,6 +226,9 @@ class BackgroundStreams:
         self.requests: list[BackgroundRequest] = []
         #: When the parent saw every stream streaming (perf_counter), once it has.
         self.ready_at: float | None = None
+        #: How the streams became ready: ``streaming`` (a token seen while their request
+        #: ran) and ``flushed_whole`` (only a request that arrived whole); None before.
+        self.ready_by: dict[str, int] | None = None
 
     def start(self) -> BackgroundStreams:
         self._process = self._context.Process(
@@ -258,8 +278,7 @@ class BackgroundStreams:
                     self._drain()
                     break
                 continue
-            if kind == "request":
-                self.requests.append(payload)
+            self._take(kind, payload)
             done = kind == "done"
         self._process.join(timeout=10)
         if self._process.is_alive():
@@ -273,9 +292,13 @@ class BackgroundStreams:
     def _drain(self) -> None:
         with contextlib.suppress(queue.Empty):
             while True:
-                kind, payload = self._results.get_nowait()
-                if kind == "request":
-                    self.requests.append(payload)
+                self._take(*self._results.get_nowait())
+
+    def _take(self, kind: str, payload: Any) -> None:
+        if kind == "request":
+            self.requests.append(payload)
+        elif kind == "ready":
+            self.ready_by = dict(payload)
 
     def _next(self, timeout_s: float) -> tuple[str, Any]:
         try:

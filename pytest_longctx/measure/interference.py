@@ -25,6 +25,11 @@ Definitions (every time on the shared monotonic clock, see ``background.py``):
   gaps every stream and the long request saw, its count against their tokens after each
   request's first, and its highest filled bucket against their longest gap (a p99 would
   flip between the two modes of a stall's gaps at the tail's edge; the longest is the stall).
+  Where the server times each request (vLLM's per-request metrics), each background
+  request's stream, first chunk to last, against the server's own decode time of that very
+  request: a stream the host held back, or flushed whole, is named request by request.
+  Either refuting the gaps leaves them unconfirmed: measure/under_load.py sets the point's
+  background figures aside.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_longctx.client import quantile
+from pytest_longctx.measure.agreement import MIN_DISAGREEMENT_S
 from pytest_longctx.measure.background import BackgroundRequest
 from pytest_longctx.measure.server_metrics import (
     INTER_TOKEN,
@@ -286,6 +292,73 @@ def check_server_itl(
         else None
     )
     return ServerItlCheck(server_sum, server_count, client_sum, len(gaps), bucket, longest, problem)
+
+
+@dataclass(frozen=True)
+class RequestsCheck:
+    """The background requests' streams against the server's own timing of each."""
+
+    checked: int
+    refuted: int
+    #: The request furthest off: (stream, index, the stream's decode span, the server's).
+    worst: tuple[int, int, float, float] | None
+    problem: str | None
+
+    def record(self) -> dict[str, Any]:
+        worst = None
+        if self.worst is not None:
+            stream, index, client_s, server_s = self.worst
+            worst = {
+                "stream": stream,
+                "index": index,
+                "client_decode_s": round(client_s, 6),
+                "server_decode_s": round(server_s, 6),
+            }
+        return {
+            "checked": self.checked,
+            "refuted": self.refuted,
+            "furthest": worst,
+            "agreement": self.problem or "agrees",
+        }
+
+
+def check_background_requests(
+    requests: Iterable[BackgroundRequest], tolerance: float
+) -> RequestsCheck | None:
+    """Each finished background request's stream, its first chunk to its last, against the
+    server's own decode time of that request (vLLM's per-request ``generation_time_ms``, its
+    first token to its last). They disagree where the two differ by more than ``tolerance``
+    of the server's and by more than :data:`MIN_DISAGREEMENT_S`: the host held the stream
+    back, or flushed it whole (a span of 0 s), and its gaps are not the server's. A stall
+    the long prefill makes lies inside both. None when no request has the server's figure."""
+    checked, refuted = 0, 0
+    worst: tuple[int, int, float, float] | None = None
+    for request in requests:
+        timing = request.server_timing
+        if request.error is not None or timing is None or timing.decode_s is None:
+            continue
+        if request.completion_tokens < 2 or not request.token_times:
+            continue
+        checked += 1
+        client_s = request.token_times[-1] - request.token_times[0]
+        off = abs(client_s - timing.decode_s)
+        if off > tolerance * timing.decode_s and off > MIN_DISAGREEMENT_S:
+            refuted += 1
+            if worst is None or off > abs(worst[2] - worst[3]):
+                worst = (request.stream, request.index, client_s, timing.decode_s)
+    if not checked:
+        return None
+    problem = None
+    if worst is not None:
+        stream, index, client_s, server_s = worst
+        problem = (
+            f"the background streams disagree with the server's own timing of their requests "
+            f"(vLLM's per-request metrics): {refuted} of {checked} requests' streams spanned "
+            f"their decode more than {tolerance:.0%} off the server's (furthest: stream "
+            f"{stream}'s request {index}, {client_s:.3f} s first chunk to last, the server "
+            f"{server_s:.3f} s first token to last)"
+        )
+    return RequestsCheck(checked, refuted, worst, problem)
 
 
 def preemptions(before: MetricsSnapshot, after: MetricsSnapshot) -> int | None:

@@ -150,7 +150,10 @@ def decode_counts(entries: Iterable[Mapping[str, Any]]) -> dict[str, int]:
 
 def timing_figures(server_timing: Mapping[str, Any]) -> dict[str, float]:
     """The record's figures of the measured request's server timing (core/records.py):
-    ``server_request_ttft``, ``server_request_queue`` and ``front_end_ttft``."""
+    ``server_request_ttft``, ``server_request_queue``, ``front_end_ttft`` and
+    ``server_request_itl``, the server's mean inter-token latency of the request, which the
+    gate judges ITL on where a stream shows no gap of one token (merged, in bursts, or in
+    chunks of several)."""
     entry = server_timing.get("request")
     if not isinstance(entry, Mapping):
         return {}
@@ -158,5 +161,6 @@ def timing_figures(server_timing: Mapping[str, Any]) -> dict[str, float]:
         "server_request_ttft": "ttft_s",
         "server_request_queue": "queue_s",
         "front_end_ttft": "front_end_s",
+        "server_request_itl": "mean_itl_s",
     }
     return {name: float(entry[key]) for name, key in names.items() if entry.get(key) is not None}

@@ -10,8 +10,15 @@ The point keeps the cold contract's other checks: its lengths are exact (the swe
 its own ``usage.prompt_tokens_details.cached_tokens`` must show that none of its prompt came
 from the cache: ``/metrics``' cache counters now count the background requests too, so they
 cannot say it. A preemption during the point fails it (its figures would hold recomputation),
-as do a background request that failed and gaps the server's own inter-token histogram does
-not confirm.
+as does a background request that failed.
+
+The background streams' gaps are the server's only where its own figures confirm them: its
+inter-token histogram and, where it times each request, each background request's decode
+(interference.py). Gaps those refute (a host that held the streams back, or flushed them
+whole) are not what K streams beside the prefill waited: the point keeps its TTFT under load
+and passes, its background figures set aside in the record (``unconfirmed_figures``) where no
+report and no gate reads them, unless ``--longctx-allow-unconfirmed`` keeps and gates them;
+``--longctx-strict-stream`` fails it.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from pytest_longctx.measure.interference import (
     SequenceProbe,
     Windows,
     background_view,
+    check_background_requests,
     check_server_itl,
     chunk_from_streams,
     preemptions,
@@ -72,8 +80,14 @@ STREAMING_TIMEOUT_S = 300.0
 #: How long the sequence probe waits for K + 1 requests to run at once before it gives up.
 PROBE_TIMEOUT_S = 60.0
 PROBE_INTERVAL_S = 0.1
-#: ``interference.server_itl.kept`` of a point kept although its gaps disagree.
-KEPT_DISAGREEING = f"kept (the default; {STRICT_OPTION} fails such points)"
+#: Keeps and gates the background figures of a point whose gaps the server's figures refute.
+ALLOW_UNCONFIRMED_OPTION = "--longctx-allow-unconfirmed"
+#: ``interference.background_gaps.figures`` of a point whose gaps were refuted.
+SET_ASIDE = (
+    "set aside under unconfirmed_figures, not reported nor gated (the default; "
+    f"{ALLOW_UNCONFIRMED_OPTION} keeps and gates them, {STRICT_OPTION} fails such points)"
+)
+KEPT_UNCONFIRMED = f"kept and gated, though unconfirmed ({ALLOW_UNCONFIRMED_OPTION})"
 NO_SERVER_INFO = (
     "the server does not say its chunk: vLLM reports its scheduler's config only at "
     "/server_info, served with VLLM_SERVER_DEV_MODE=1"
@@ -88,13 +102,16 @@ class LoadSettings:
     idle_s: float = IDLE_REFERENCE_S
     #: How far the streams' gaps may stray from the server's inter-token histogram.
     tolerance: float = 0.5
-    #: Keep a point whose gaps disagree with the histogram (the default: on a starved host the
+    #: Keep a point whose gaps the server's figures refute (the default: on a starved host the
     #: streams see tokens late and in bursts), saying so in its record, its long stream's
     #: decode figures set aside where the server has no figure of the long request's own (its
     #: decode time counts the background requests; a server that sends per-request metrics
     #: has one, against which the long stream is judged as a cold point's is); False fails it
     #: (--longctx-strict-stream).
     keep_disagreeing: bool = True
+    #: Keep such a point's background figures where reports and the gate read them
+    #: (--longctx-allow-unconfirmed); by default they are set aside, unjudged.
+    keep_unconfirmed: bool = False
     #: The server's effective chunk and limits (``/server_info``), when it says them.
     server_config: dict[str, Any] | None = None
     #: The sequence probe's finding on this server start.
@@ -261,6 +278,9 @@ def measure_under_load(
         )
     server_view: dict[str, float] = {}
     disagreement: str | None = None
+    finished = [r for r in requests if r.error is None]
+    refutations: list[str] = []
+    confirmed_by: list[str] = []
     if before is not None and after is not None:
         server_view = delta(before, after).counters()
         preempted = preemptions(before, after)
@@ -272,7 +292,6 @@ def measure_under_load(
                 f"the {load.background.streams} background streams, so the figures hold "
                 "recomputed work"
             )
-        finished = [r for r in requests if r.error is None]
         gaps = [end - start for r in finished for start, end, _ in r.gaps]
         gaps += list(stream.chunk_gaps_s)
         tokens_after_first = sum(max(0, r.completion_tokens - 1) for r in finished)
@@ -280,12 +299,51 @@ def measure_under_load(
         itl = check_server_itl(before, after, gaps, tokens_after_first, load.tolerance)
         if itl is not None:
             details["server_itl"] = itl.record()
-            if itl.problem is not None and not counts["failed"]:
-                if load.keep_disagreeing:
-                    details["server_itl"]["kept"] = KEPT_DISAGREEING
+            if itl.problem is None:
+                confirmed_by.append("the server's inter-token histogram")
+            else:
+                refutations.append(itl.problem)
+                if load.keep_disagreeing and not counts["failed"]:
                     disagreement = itl.problem
-                else:
-                    problems.append(itl.problem + f" ({STRICT_OPTION} fails such points)")
+    by_request = check_background_requests(finished, load.tolerance)
+    if by_request is not None:
+        details["background_timing"] = by_request.record()
+        if by_request.problem is None:
+            confirmed_by.append("the server's own timing of each background request")
+        else:
+            refutations.append(by_request.problem)
+    background_figures = view.figures()
+    if streams.ready_by is not None:
+        details["streams_ready"] = dict(streams.ready_by)
+    if counts["failed"]:
+        # the point fails already: the load was not K streams throughout, and the server's
+        # counts hold requests no stream finished
+        details["background_gaps"] = {"verdict": "unchecked", "why": problems[0]}
+    elif refutations:
+        why = "; ".join(refutations)
+        flushed = (streams.ready_by or {}).get("flushed_whole")
+        if flushed:
+            why += (
+                f" ({flushed} of the {load.background.streams} background streams had only had "
+                "a request flushed whole when the point began)"
+            )
+        verdict: dict[str, Any] = {"verdict": "refuted", "why": why}
+        if not load.keep_disagreeing:
+            problems.append(why + f" ({STRICT_OPTION} fails such points)")
+        elif load.keep_unconfirmed:
+            verdict["figures"] = KEPT_UNCONFIRMED
+        else:
+            verdict["figures"] = SET_ASIDE
+            details["unconfirmed_figures"] = background_figures
+            background_figures = {}
+        details["background_gaps"] = verdict
+    elif confirmed_by:
+        details["background_gaps"] = {"verdict": "confirmed", "by": confirmed_by}
+    else:
+        details["background_gaps"] = {
+            "verdict": "unchecked",
+            "why": "the server has neither an inter-token histogram nor per-request metrics",
+        }
 
     details["chunk"] = {
         **(load.server_config or {"unknown": NO_SERVER_INFO}),
@@ -330,7 +388,7 @@ def measure_under_load(
         stream=stream_info,
         cache={"served": stream.cached_prompt_tokens},
         interference=details,
-        background_figures=view.figures(),
+        background_figures=background_figures,
         interference_problem="; ".join(problems) or None,
         stream_problem=stream_problem,
         server_timing=load_timing(stream, requests, settings.stream_tolerance),

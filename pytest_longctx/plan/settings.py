@@ -46,6 +46,9 @@ class Settings:
     #: Fail points whose stream disagrees with the server's decode (``--longctx-strict-stream``)
     #: instead of keeping them with the server's decode figure.
     strict_stream: bool = False
+    #: Keep and gate the background figures of interference points whose gaps the server's
+    #: own figures refute (``--longctx-allow-unconfirmed``), which are set aside by default.
+    allow_unconfirmed: bool = False
     #: What each length measures: some of "cold", "warm", "interference", "concurrency"
     #: (--longctx-workload).
     workload: tuple[str, ...] = ("cold",)

@@ -34,11 +34,13 @@ STATUS_WORDS: Mapping[str, str] = {
     "improved": "improved",
     "regressed": "regressed",
     "insufficient": "not compared",
-    "unjudged": "not compared (stream in bursts)",
     "missing_in_current": "no passed point now",
     "missing_in_baseline": "not in baseline",
     "refused": "refused: another setup",
 }
+#: What a report calls the lines that say whose figures a verdict compared where they were
+#: not all the streams' own (the server's decode or mean ITL, background figures set aside).
+REMARKS_HEADING = "Where the figures came from"
 #: The figures drawn in ``gate.png``: (metric name, log y axis).
 PLOTTED_METRICS: tuple[tuple[str, bool], ...] = (("ttft", True), ("decode", False))
 
@@ -65,8 +67,8 @@ class GateRow:
     metrics: Mapping[str, MetricRow]  # by metric name, in gate.METRICS order
     #: What the length's item says: every non-ok verdict, or the note of a one-sided length.
     messages: tuple[str, ...]
-    #: What a passing length says too: a metric not compared for its streams' bursts, and
-    #: whose decode figures were compared where not all were the streams'.
+    #: What a passing length says too: whose figures were compared where not all were the
+    #: streams' own (the server's decode or mean ITL), and background figures set aside.
     remarks: tuple[str, ...] = ()
 
     @property
@@ -95,8 +97,7 @@ class GateView:
         return tuple(row for row in self.rows if row.failing)
 
     def remarks(self) -> list[tuple[int, str]]:
-        """(length, remark) of every length whose streams arrived in bursts: a metric not
-        compared for them, whose decode figures were compared."""
+        """(length, remark) of every verdict whose figures were not all the streams' own."""
         return [(row.length, remark) for row in self.rows for remark in row.remarks]
 
     @property
@@ -189,11 +190,7 @@ def build_view(
                 (verdict.note,) if verdict.note and verdict.status != "ok" else ()
             )
         remarks = tuple(
-            f"{gate.METRICS[v.metric].label}: {v.sources}"
-            if v.sources and v.status != "unjudged"
-            else v.message
-            for v in verdict.verdicts
-            if v.status == "unjudged" or v.sources
+            f"{gate.METRICS[v.metric].label}: {v.sources}" for v in verdict.verdicts if v.sources
         )
         rows.append(GateRow(length, status, metrics, messages, () if refused else remarks))
     measured_lengths = set(lengths)
@@ -317,7 +314,7 @@ def markdown_section(view: GateView, report_path: Path | None = None) -> str:
         lines += [f"![gate]({plot_link})", ""]
     lines += _failing_markdown(view)
     if view.remarks():
-        lines += ["Streams in bursts:", ""]
+        lines += [f"{REMARKS_HEADING}:", ""]
         lines += [f"- {format_size(n)}: {_md(remark)}" for n, remark in view.remarks()]
         lines.append("")
     if view.unmeasured:
@@ -403,7 +400,7 @@ def html_fragment(view: GateView) -> str:
             f"<li><b>{html.escape(format_size(n))}</b>: {html.escape(remark)}</li>"
             for n, remark in view.remarks()
         )
-        parts.append(f'<p>Streams in bursts:</p><ul class="longctx-gate-remarks">{items}</ul>')
+        parts.append(f'<p>{REMARKS_HEADING}:</p><ul class="longctx-gate-remarks">{items}</ul>')
     if view.unmeasured:
         sizes = ", ".join(format_size(n) for n in view.unmeasured)
         parts.append(f"<p>Baseline lengths not measured in this run: {html.escape(sizes)}.</p>")

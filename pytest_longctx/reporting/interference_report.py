@@ -59,8 +59,11 @@ INTRO = (
     "zero means the prefill stalled every stream. A background request's TTFT is its own wait "
     "for its first token, in the window its middle falls in. "
     "TTFT alone is the cold points' of the same length. Each point passes only when nothing "
-    "was preempted, no background request failed and the server's inter-token histogram "
-    "confirms the gaps. On a small host the figures show the mechanism, not a gate's numbers."
+    "was preempted and no background request failed; where the server's own figures (its "
+    "inter-token histogram, its timing of each request) refute the streams' gaps, its "
+    "background figures are set aside, out of these tables and the gate, unless "
+    "--longctx-allow-unconfirmed keeps them. On a small host the figures show the mechanism, "
+    "not a gate's numbers."
 )
 
 
@@ -177,27 +180,48 @@ def gap_cells(row: InterferenceRow) -> list[str]:
 
 
 def kept_words(records: Iterable[Record]) -> str | None:
-    """The points kept although their streams' gaps disagree with the server's inter-token
-    histogram (the default; ``--longctx-strict-stream`` fails them), or None."""
-    kept = [
+    """The passed points whose background streams' gaps the server's own figures refuted:
+    their background figures set aside (the default) or kept (``--longctx-allow-unconfirmed``),
+    with why; None when there is none."""
+    refuted = [
         r
         for r in latest_records(records)
         if r.cache_state == "interference"
         and r.outcome == "passed"
-        and (r.interference.get("server_itl") or {}).get("kept")
+        and (r.interference.get("background_gaps") or {}).get("verdict") == "refuted"
     ]
-    if not kept:
+    if not refuted:
         return None
-    points = "; ".join(
-        f"{format_size(r.length)} repeat {r.repeat} ({r.interference['server_itl']['agreement']})"
-        for r in kept
-    )
-    return (
-        "Kept although the streams' gaps disagree with the server's inter-token histogram "
-        "(tokens delivered late on a busy host; --longctx-strict-stream fails such points), "
-        f"the long prompt's decode figures left out (the server's decode time counts the "
-        f"background requests too): {points}"
-    )
+    set_aside = [r for r in refuted if r.interference.get("unconfirmed_figures")]
+    kept = [r for r in refuted if not r.interference.get("unconfirmed_figures")]
+
+    def points(chosen: list[Record]) -> str:
+        return "; ".join(
+            f"{format_size(r.length)} repeat {r.repeat} "
+            f"({r.interference['background_gaps']['why']})"
+            for r in chosen
+        )
+
+    parts = []
+    if set_aside:
+        parts.append(
+            "Background figures set aside, out of these tables and the gate, where the "
+            "server's own figures refuted the streams' gaps (tokens held back or flushed whole; "
+            "--longctx-allow-unconfirmed keeps and gates them, --longctx-strict-stream fails "
+            f"such points): {points(set_aside)}"
+        )
+    if kept:
+        parts.append(
+            "Background figures kept and gated although the server's own figures refuted the "
+            f"streams' gaps (--longctx-allow-unconfirmed): {points(kept)}"
+        )
+    decode_lost = [r for r in refuted if r.stream.get("decode_source") == "none"]
+    if decode_lost:
+        parts.append(
+            "The long prompt's decode figures left out where the server's decode time counts "
+            f"the background requests too: {len(decode_lost)} of these points"
+        )
+    return ". ".join(parts)
 
 
 def markdown_lines(records: Sequence[Record]) -> list[str]:

@@ -413,6 +413,9 @@ class PointSetup:
     background_streams: int
     stream_tolerance: float
     keep_disagreeing: bool
+    #: Keep and gate the background figures of a point whose gaps are refuted
+    #: (--longctx-allow-unconfirmed).
+    keep_unconfirmed: bool
     tcp_keepalive_s: float | None
     #: A concurrency level's own setup (None for the other points).
     level: concurrency.LevelSetup | None = None
@@ -453,6 +456,7 @@ def prepare(run: Run, server: ServerInfo, point: Point) -> PointSetup:
         run.plan.background_streams,
         run.settings.stream_tolerance,
         not run.settings.strict_stream,
+        run.settings.allow_unconfirmed,
         run.settings.tcp_keepalive_s,
         concurrency.level_setup(run) if point.concurrent else None,
     )
@@ -584,6 +588,7 @@ def measure_interference(
         background=background_spec(setup, builder, server, point, point.background),
         tolerance=setup.stream_tolerance,
         keep_disagreeing=setup.keep_disagreeing,
+        keep_unconfirmed=setup.keep_unconfirmed,
         server_config=known["server_config"],
         sequence_limit=known["sequence_limit"],
     )
