@@ -74,6 +74,8 @@ def test_the_records_carry_the_servers_settings_and_the_generic_defaults(
     assert "longctx profile: none: attached, no profile: settings from the server" in (
         result.stdout.str()
     )
+    # no profile names a model, so none is another than the served one
+    assert "profile none is for" not in result.stdout.str()
     records = records_of(pytester.path / "reports")
     assert [r.length for r in records] == [1024, 2048]
     assert all(r.completion_tokens == 64 for r in records)  # cpu-tiny's: 32

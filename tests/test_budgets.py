@@ -279,6 +279,27 @@ def test_the_plan_raises_vllms_step_limit_where_the_longest_step_exceeds_it(
     assert f"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS={raised.group(1)} " in out  # in the command
 
 
+def test_attached_the_plan_names_the_step_limit_to_start_the_server_with(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing is launched: the plan must not claim it raises the limit in an environment
+    it never sets, but name the value the attached server needs."""
+    monkeypatch.delenv("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", raising=False)
+    out = plan(
+        pytester,
+        f"--longctx-profile={chunked_profile(pytester)}",
+        "--longctx-from=64Mi",
+        "--longctx-url=http://127.0.0.1:9",
+    )
+    assert "raised to" not in out
+    needed = re.search(
+        r"attached, nothing is raised here: start the server with "
+        r"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=(\d+) or more",
+        out,
+    )
+    assert needed and int(needed.group(1)) > 3 * 300, out
+
+
 @pytest.mark.parametrize("where", ["profile", "session"])
 def test_the_plan_keeps_a_step_limit_the_user_set_and_warns(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, where: str

@@ -118,10 +118,16 @@ def test_the_default_mode_keeps_every_point_of_a_model_that_does_not_answer_the_
     the same '▁is▁is▁is' for an answer). Its warm-up shows it does not answer the probe, so
     every point passes with its figures, its answers not checked, the reason said once."""
     result, output = run_session(
-        sweep_dir, "--longctx-to=2Ki", "--longctx-repeats=2", url=foreign_model_url
+        sweep_dir,
+        "--longctx-to=2Ki",
+        "--longctx-repeats=2",
+        url=foreign_model_url,
+        shared_profile=False,  # no profile: the server's settings
     )
     result.assert_outcomes(passed=4)
     records = records_of(output)
+    assert {r.fingerprint["profile"] for r in records} == {None}
+    assert "profile none is for" not in result.stdout.str()  # no profile names a model
     assert {r.fidelity["verdict"] for r in records} == {"not_checked"}, records[0].fidelity
     assert {r.fidelity["answered"] for r in records} == {"wrong"}
     assert all(r.figures["ttft"] > 0 and r.figures["decode_throughput"] > 0 for r in records)

@@ -136,6 +136,20 @@ def test_visible_devices_rule(release: tuple[Release, Source]) -> None:
         assert control in (source.text(platform) or ""), f"vLLM {row.version}: {platform}"
 
 
+def test_the_architectures_refused_are_refused_there(release: tuple[Release, Source]) -> None:
+    """The capacity plan refuses what every supported release lists as served only before
+    it (``_PREVIOUSLY_SUPPORTED_MODELS``), with the last release that served it."""
+    from pytest_longctx.capacity.layout import UNSERVED_ARCHITECTURES
+
+    row, source = release
+    registry = source.text("model_executor/models/registry.py") or ""
+    table = registry[registry.index("_PREVIOUSLY_SUPPORTED_MODELS") :]
+    for architecture, last in UNSERVED_ARCHITECTURES.items():
+        assert re.search(rf'"{architecture}":\s*"{re.escape(last)}"', table), (
+            f"vLLM {row.version}: {architecture} until {last}"
+        )
+
+
 def test_environment_defaults(release: tuple[Release, Source]) -> None:
     row, source = release
     assert set(row.env_defaults) == set(releases.ENV_MEANINGS)

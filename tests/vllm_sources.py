@@ -49,6 +49,7 @@ FILES = (
     "platforms/cuda.py",
     "engine/arg_utils.py",
     "utils/argparse_utils.py",
+    "model_executor/models/registry.py",
     "v1/executor/multiproc_executor.py",
     "v1/executor/ray_executor.py",
 )

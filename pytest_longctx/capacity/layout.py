@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_longctx.profiles import vllm_releases
+
 from .class_config import ConfigClassError, filled_config
 from .groups import Allocation, AllocatorSettings, allocate, describe_groups
 from .kinds import (
@@ -60,16 +62,17 @@ class UnservedModelError(ModelConfigError):
     """A model the supported vLLM versions do not serve (where the profile would run it)."""
 
 
-#: The vLLM versions whose source the refusals below were read in.
-CHECKED_VLLM_VERSIONS = ("0.25.1", "0.28.0", "0.29.0", "0.32.0", "0.33.0", "0.34.0")
+#: The vLLM releases that refuse the architectures below: every supported one (each lists
+#: them in ``_PREVIOUSLY_SUPPORTED_MODELS``, ``model_executor/models/registry.py``).
+CHECKED_VLLM_VERSIONS = tuple(row.version for row in vllm_releases.RELEASES)
 
 #: Architectures vLLM dropped, with the last version that served them, that it cannot hand to
 #: its Transformers backend either (transformers has no class of that name and the checkpoints'
 #: remote code is not backend-compatible: MiniMax-M1's ``modeling_minimax_m1.py`` neither sets
 #: ``_supports_attention_backend`` nor uses ``ALL_ATTENTION_FUNCTIONS``), so every checked
-#: version refuses them ("was supported in vLLM until v0.23.0"). ``_PREVIOUSLY_SUPPORTED_MODELS``
-#: in ``model_executor/models/registry.py``: lines 728-730 (0.25.1), 786-788 (0.28.0), 785-787
-#: (0.29.0), 820-822 (0.32.0), 862-864 (0.33.0), 904-906 (0.34.0). MiniMaxForCausalLM (the
+#: version refuses them ("was supported in vLLM until v0.23.0"; ``_PREVIOUSLY_SUPPORTED_MODELS``
+#: in ``model_executor/models/registry.py``, checked in every release by
+#: ``tests/test_vllm_releases.py``). MiniMaxForCausalLM (the
 #: ``-hf`` conversions) is left out: transformers' MiniMaxForCausalLM is backend-compatible, so
 #: vLLM serves it through its Transformers backend instead.
 UNSERVED_ARCHITECTURES: Mapping[str, str] = {

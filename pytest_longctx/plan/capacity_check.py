@@ -455,7 +455,8 @@ def oracle_line(
         f"{answer.num_groups} group(s)): {tokens:,} tokens need "
         f"{answer.per_rank_bytes / capacity.GIB:.2f} GiB per rank; the plan {verdict}"
     )
-    if release is not None and answer.version != planned:
+    answered = vllm_releases.row_for(answer.version.removeprefix("vLLM "))
+    if release is not None and (answered is None or answered.version != release.version):
         line += f" (asked with {planned}'s defaults, the release the plan is for)"
     return line
 

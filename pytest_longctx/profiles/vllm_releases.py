@@ -2,7 +2,7 @@
 
 The product plans, launches, cross-checks and reads a server of one of these releases. Every
 fact here was read from that release's published source distribution, and
-``tests/profiles/test_vllm_releases.py`` reads it again (it fetches each release's source
+``tests/test_vllm_releases.py`` reads it again (it fetches each release's source
 from the package index once, into the user cache) and fails where a row says otherwise. Each
 row is written as the changes from the release before it, so the table reads as a changelog
 of what the product meets.
@@ -278,7 +278,7 @@ def unsupported_message(version: str, where: str) -> str:
         f"vLLM {version} ({where}) is outside the versions pytest-longctx supports "
         f"(vllm{SUPPORTED}; checked: {', '.join(r.version for r in RELEASES)}): its flags, "
         "defaults and allocator are not known here. Install a supported vLLM "
-        '(pip install "pytest-longctx[gpu]" installs one), or attach to such a server'
+        '(pip install ".[gpu]" from a checkout installs one), or attach to such a server'
     )
 
 
@@ -311,8 +311,8 @@ class PlannedRelease:
     #: The version as found (a build's local part kept: ``0.25.1+rocm723``).
     version: str
     #: "installed" (the vLLM a launch runs), "pinned" (the profile's expected version: none
-    #: installed here that serves the profile's device), "server" (an attached server's
-    #: own), or "default" (neither: the embedded default's release).
+    #: installed here that serves the profile's device), or "default" (neither: the embedded
+    #: default's release). An attached server's own version is read when it answers.
     source: str
     notes: tuple[str, ...] = field(default=())
 
@@ -320,7 +320,6 @@ class PlannedRelease:
         how = {
             "installed": "installed here, the one a launch runs",
             "pinned": "the profile's pinned version, which its node runs",
-            "server": "the attached server's own",
             "default": "no vLLM installed here and none pinned: the embedded default's",
         }[self.source]
         line = f"vLLM planned for: {self.version} ({how})"

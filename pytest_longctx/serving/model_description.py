@@ -130,7 +130,7 @@ def describe_attached(
 def another_model(profile: Profile, served: ModelEntry, described: ModelDescription) -> str:
     """What to say when an attached server serves another model than the profile's ('' when
     it serves the profile's): the records describe the served one, never the profile's."""
-    if described.described_by == BY_PROFILE or not profile.model.source:
+    if described.described_by == BY_PROFILE or not profile.model.source or not profile.chosen:
         return ""
     where = f" from {served.root}" if served.root and served.root != served.id else ""
     return (

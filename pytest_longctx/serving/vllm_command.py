@@ -95,7 +95,7 @@ def build_server_command(
     (default: :func:`launcher`). ``prompt_tokens_details``: every response's ``usage`` says
     how many prompt tokens the prefix cache served (off by default in vLLM; warm points
     check it). ``sse_keep_alive_s`` > 0 has vLLM send a keep-alive comment on a stream idle
-    that long (``--sse-keep-alive-interval``, vLLM 0.32; off by default), which keeps HTTP
+    that long (``--sse-keep-alive-interval``, vLLM 0.29.0 on; off by default), which keeps HTTP
     proxies' idle timers from cutting a long prefill. ``per_request_metrics`` has vLLM time
     every request on its own and send the figures on the stream's last chunk
     (``--enable-per-request-metrics``), except where the profile turns stats logging off

@@ -106,7 +106,10 @@ def prefill_chunk(run: Run, serves: str = COLD) -> int:
 
 def planned_step_s(run: Run, length: int, serves: str = COLD) -> float | None:
     """The model's time for the last prefill chunk of a ``length``-token prompt, the point's
-    slowest step (each chunk attends to all before it); None without a model."""
+    slowest step (each chunk attends to all before it); None without a model, or without a
+    profile (an attached server's chunk is not known here)."""
+    if not run.plan.profile.chosen:
+        return None
     known = ttft_model(run)
     if known is None or known.model is None:
         return None
@@ -138,7 +141,7 @@ def executor(run: Run) -> str:
     return run.plan.profile.serving.executor or step_limit.default_executor(_ranks(run))
 
 
-def vllm_version(run: Run) -> tuple[str | None, str]:
+def planned_vllm(run: Run) -> tuple[str | None, str]:
     """The vLLM the plan is made for (:func:`~pytest_longctx.plan.capacity_check.
     planned_release`: the installed one where it serves the profile's device, else the
     pinned one), and how the plan knows it."""
@@ -176,7 +179,7 @@ def step_limit_decision(run: Run, serves: str = COLD) -> step_limit.StepLimitDec
     step = planned_step_s(run, length, serves) if length else None
     if step is None:
         return None
-    version, _ = vllm_version(run)
+    version, _ = planned_vllm(run)
     limits = step_limit.step_limits(version, executor(run), _server_env(run))
     margin = FirstTokenBudget().safety_factor
     return step_limit.decide(limits, step, margin, _given(run))
@@ -213,16 +216,18 @@ def plan_lines(run: Run) -> list[str]:
         took = f"{seconds:,.0f} s ({format_duration(seconds)})"
         lines.append(f"  {format_size(length)}: {took}: {why}")
         defaults += why.startswith("default of")
-    if defaults:
+    if defaults and run.plan.profile.chosen:
         lines.append(
             f"  {defaults} length(s) wait the profile's first_token_timeout_s, whatever they "
             f"take: profile {run.plan.profile.name}'s [sweep] expected_ttft (seconds by length, "
             "e.g. a study's) or --longctx-ttft-timeout gives them a budget that fits"
         )
+    if not run.plan.profile.chosen:  # attached without a profile: its serving is the server's
+        return lines
     longest = longest_length(run)
     known = ttft_model(run)
     step = planned_step_s(run, longest) if longest else None
-    version, whence = vllm_version(run)
+    version, whence = planned_vllm(run)
     where = f"vLLM {version} ({whence})" if version else f"vLLM of unknown version ({whence})"
     run_by = f"{where}, {executor(run)} executor"
     limits = step_limit.step_limits(version, executor(run), _server_env(run))
@@ -243,6 +248,14 @@ def plan_lines(run: Run) -> list[str]:
     )
     decision = step_limit_decision(run)
     assert decision is not None
-    lines += [f"  {said}" for said in decision.said]
+    if run.settings.url:  # nothing is launched: the attached server keeps its own limit
+        lines += [
+            f"  attached, nothing is raised here: start the server with {variable}={value} or "
+            f"more (its engine dies in a step longer than {variable}, 300 s unless set)"
+            for variable, value in decision.env.items()
+        ]
+        lines += [f"  {said}" for said in decision.said if " raised to " not in said]
+    else:
+        lines += [f"  {said}" for said in decision.said]
     lines += [f"  WARNING: {warning}" for warning in decision.warnings]
     return lines

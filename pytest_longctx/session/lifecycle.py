@@ -172,8 +172,10 @@ class ServerLifecycle:
         expected = run.plan.profile.serving.expected_versions.get("vllm")
         if info.mode == "launched":
             lengths = sorted({p.length for p in run.selected_points})
-            run.findings.problems += versions.version_findings(
-                run.plan.profile, lengths, run.findings.fingerprint.get("node_versions", {})
+            run.findings.add_problems(
+                versions.version_findings(
+                    run.plan.profile, lengths, run.findings.fingerprint.get("node_versions", {})
+                )
             )
         if info.engine_version and not vllm_releases.is_supported(info.engine_version):
             run.findings.problems.append(
@@ -268,7 +270,7 @@ class ServerLifecycle:
                     f"vLLM {check.version} does not accept {', '.join(check.left_out)}, which "
                     "pytest-longctx adds on its own: the server runs without it"
                 )
-        run.findings.problems.extend(budgets.launch_warnings(run, self.workload))
+        run.findings.add_problems(budgets.launch_warnings(run, self.workload))
         leftovers = leftover_servers(run.output_root, run.run_dir)
         run.findings.problems.extend(leftovers)
         if profile.serving.device in VISIBLE_DEVICES_ENV:  # what a relaunch waits to see again

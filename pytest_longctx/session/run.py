@@ -6,6 +6,7 @@ import contextlib
 import datetime as dt
 import os
 import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -168,6 +169,13 @@ class Findings:
     #: Whether the served model answers the fidelity probe, as the warm-ups showed it
     #: (point_setup.py); None before them, or when the prompts carry no probe.
     probe: ProbeLesson | None = None
+
+    def add_problems(self, problems: Iterable[str]) -> None:
+        """Add what is not said already: a relaunched server is checked again, and its
+        findings are the same ones."""
+        for problem in problems:
+            if problem not in self.problems:
+                self.problems.append(problem)
 
 
 @dataclass
