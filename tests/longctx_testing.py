@@ -487,3 +487,30 @@ def schedule_on_two(config, run, collection: list[str]):  # noqa: ANN001, ANN201
         scheduler.add_node_collection(node, collection)
     scheduler.schedule()
     return scheduler, a, b, handed_out
+
+
+def plan_settings(**changes: object) -> Any:
+    """What the option reader gives a session that sets nothing but ``changes`` (cpu-tiny,
+    launched), for tests of the plan's own functions."""
+    from pytest_longctx.plan.settings import Settings
+
+    base = Settings(
+        from_length=None,
+        to_length=None,
+        repeats=1,
+        order="pass",
+        profile="cpu-tiny",
+        urls=(),
+        api_key_env=None,
+        output=Path("reports"),
+        decode_tokens=None,
+        ttft_timeout_s=None,
+        prompt_format="ids",
+        seed=0,
+        baseline=None,
+        tolerance=None,
+        baseline_force=False,
+        plan_only=False,
+        resume=None,
+    )
+    return dataclasses.replace(base, **changes)

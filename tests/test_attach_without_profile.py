@@ -183,3 +183,41 @@ def test_real_vllm_gives_its_own_settings(sweep_dir: pytest.Pytester, vllm_url: 
     assert record.completion_tokens == 64
     assert fingerprint["model_described_by"] == "the server's model folder"
     assert record.fidelity["verdict"] == "correct"  # the folder's tokenizer built the prompt
+
+
+def test_xdist_workers_plan_from_the_controllers_answer(
+    pytester: pytest.Pytester, server: FakeVLLM
+) -> None:
+    """Each pytest-xdist worker plans from what the server told the controller: asked again,
+    a worker whose question timed out on a busy host would collect another range, which
+    pytest-xdist refuses. A worker given the controller's answer asks nothing (the address
+    here answers nothing), and a session under xdist measures with it."""
+    from longctx_testing import plan_settings
+
+    from pytest_longctx.profiles import ServerSettings
+    from pytest_longctx.session.attached_settings import session_profile
+
+    told = ServerSettings("http://127.0.0.1:9", model=SERVED, max_model_len=MAX_MODEL_LEN)
+    import dataclasses
+
+    settings = plan_settings(profile=None, urls=("http://127.0.0.1:9",))  # nothing listens
+    profile = session_profile(settings, dataclasses.asdict(told))
+    assert profile.from_server.max_model_len == MAX_MODEL_LEN  # not asked again
+    assert profile.sweep.to_length == 8 * 1024
+
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    result = pytester.runpytest_subprocess(
+        "-p",
+        "no:cacheprovider",
+        "-n",
+        "1",  # a worker per endpoint: one server, one worker
+        f"--longctx-url={server.url}",
+        f"--longctx-output={pytester.path / 'reports'}",
+        "--longctx-plots=off",
+        "--longctx-to=2Ki",
+    )
+    result.assert_outcomes(passed=2)
+    records = records_of(pytester.path / "reports")
+    assert {r.fingerprint["settings"]["server"]["max_model_len"] for r in records} == {
+        MAX_MODEL_LEN
+    }

@@ -7,7 +7,6 @@ completed by a resume.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -28,36 +27,13 @@ from longctx_testing import (
     run_session,
     schedule_on_two,
 )
+from longctx_testing import plan_settings as settings
 
 from pytest_longctx.plan.points import Point
 from pytest_longctx.plan.servers import ServerSplitError, split_servers
-from pytest_longctx.plan.settings import Settings
 from pytest_longctx.profiles import load_profile
 
 POINTS_1KI_TO_8KI_X2 = {Point(n, r) for n in (1024, 2048, 4096, 8192) for r in (0, 1)}
-
-
-def settings(**changes: object) -> Settings:
-    base = Settings(
-        from_length=None,
-        to_length=None,
-        repeats=1,
-        order="pass",
-        profile="cpu-tiny",
-        urls=(),
-        api_key_env=None,
-        output=Path("reports"),
-        decode_tokens=None,
-        ttft_timeout_s=None,
-        prompt_format="ids",
-        seed=0,
-        baseline=None,
-        tolerance=None,
-        baseline_force=False,
-        plan_only=False,
-        resume=None,
-    )
-    return dataclasses.replace(base, **changes)
 
 
 # -- the split ---------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from longctx_testing import SWEEP_TEST
+from longctx_testing import SWEEP_TEST, plan_settings
 
 from pytest_longctx.plan.servers import (
     ServerSlot,
@@ -28,7 +28,6 @@ from pytest_longctx.plan.servers import (
     devices_note,
     split_servers,
 )
-from pytest_longctx.plan.settings import Settings
 from pytest_longctx.profiles import load_profile
 from pytest_longctx.progress import telemetry
 from pytest_longctx.session import server as session_server
@@ -121,26 +120,7 @@ def test_a_slotted_launch_under_an_inherited_cuda_visible_devices_starts(
 
 def slots(environ: dict[str, str]) -> tuple[ServerSlot, ...]:
     """Two servers of 8 devices each on a 16-device node, under the job's ``environ``."""
-    settings = Settings(
-        from_length=None,
-        to_length=None,
-        repeats=1,
-        order="pass",
-        profile=ROCM_PROFILE,
-        urls=(),
-        api_key_env=None,
-        output=Path("reports"),
-        decode_tokens=None,
-        ttft_timeout_s=None,
-        prompt_format="ids",
-        seed=0,
-        baseline=None,
-        tolerance=None,
-        baseline_force=False,
-        plan_only=False,
-        resume=None,
-        devices_per_server=8,
-    )
+    settings = plan_settings(profile=ROCM_PROFILE, devices_per_server=8)
     profile = load_profile(ROCM_PROFILE)
     return split_servers(settings, profile, 2, [0], devices=16, environ=environ)
 

@@ -62,7 +62,10 @@ def prepare(config: pytest.Config) -> PreparedSweep:
     try:
         chosen = selection.read_selection(config)
         settings = read_settings(config)
-        plan = capacity_check.with_planned_fits(build_plan(settings, session_profile(settings)))
+        plan = capacity_check.with_planned_fits(build_plan(
+                settings,
+                session_profile(settings, workers.server_settings_from_controller(config)),
+            ))
         run = Run.create(
             settings,
             plan,

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
+from typing import Any
 
 from pytest_longctx.core.sizes import format_size, powers_of_two_between
 from pytest_longctx.plan.points import WARM, PlanError
@@ -37,12 +39,15 @@ GENERIC = SweepSpec()
 GENERIC_TOLERANCE = "the gate's built-in tolerances"
 
 
-def session_profile(settings: Settings) -> Profile:
-    """The chosen profile; else the embedded default, or an attached server's settings."""
+def session_profile(settings: Settings, asked: Mapping[str, Any] | None = None) -> Profile:
+    """The chosen profile; else the embedded default, or an attached server's settings
+    (``asked``: what the server already told the controller of this pytest-xdist run)."""
     if settings.profile is not None:
         return load_profile(settings.profile)
     if not settings.urls:
         return load_profile(DEFAULT_PROFILE)
+    if asked is not None:
+        return profile_of_server(settings, ServerSettings(**asked))
     key = os.environ.get(settings.api_key_env) if settings.api_key_env else None
     return profile_of_server(settings, ask_server(settings.urls[0], key))
 

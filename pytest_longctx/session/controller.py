@@ -24,6 +24,7 @@ from pytest_longctx.session.run import Run
 from pytest_longctx.session.workers import (
     RESUMED_KEY,
     RUN_ID_KEY,
+    SERVER_SETTINGS_KEY,
     SLOT_KEY,
     SPLIT_ERROR_KEY,
     STARTED_KEY,
@@ -86,6 +87,9 @@ class Controller:
         node.workerinput[STARTED_KEY] = self.started_at
         node.workerinput[SPLIT_ERROR_KEY] = self.run.split_error
         node.workerinput[SLOT_KEY] = dataclasses.asdict(self.run.servers[index])
+        asked = self.run.plan.profile.from_server
+        if asked is not None:  # the workers plan from the controller's answer
+            node.workerinput[SERVER_SETTINGS_KEY] = dataclasses.asdict(asked)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:

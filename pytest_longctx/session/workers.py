@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 import pytest
 
@@ -23,6 +24,10 @@ from pytest_longctx.session.run import Placement, Run
 RUN_ID_KEY = "longctx_run_id"
 STARTED_KEY = "longctx_started_at"
 RESUMED_KEY = "longctx_resumed"
+#: What an attached server said of itself to the controller, for a session that chose no
+#: profile: every worker plans from the same answer (asking again, one could time out and
+#: collect another range, which pytest-xdist refuses).
+SERVER_SETTINGS_KEY = "longctx_server_settings"
 SLOT_KEY = "longctx_server_slot"
 SPLIT_ERROR_KEY = "longctx_split_error"
 
@@ -45,6 +50,13 @@ def planned_workers(config: pytest.Config) -> int:
     from xdist.workermanage import parse_tx_spec_config
 
     return len(parse_tx_spec_config(config))  # "2*popen" is two workers
+
+
+def server_settings_from_controller(config: pytest.Config) -> dict[str, Any] | None:
+    """On a worker of a session attached without a profile: what the server said to the
+    controller (:class:`~pytest_longctx.profiles.ServerSettings`' fields)."""
+    workerinput = getattr(config, "workerinput", None)
+    return workerinput.get(SERVER_SETTINGS_KEY) if workerinput else None
 
 
 def run_from_controller(config: pytest.Config) -> tuple[str, bool] | None:
