@@ -304,3 +304,19 @@ def test_merged_streams_are_judged_on_the_servers_mean_itl(factor: float, status
         "gap at 3 of 3 points each (merged into chunks of several tokens at a stream "
         "interval of 1, the stream behind the server)"
     )
+
+
+def test_a_baseline_from_before_per_request_metrics_names_what_to_refresh() -> None:
+    """The baseline's streams had per-token gaps and no server mean ITL (recorded before
+    per-request metrics); this run's streams are all merged and carry the server's. Nothing
+    per-token is on both sides: the length fails, and the message says the baseline needs
+    recording again, not only that a figure is missing."""
+    baseline = make_records(BASE_RUN, NOW)
+    current = merged(make_records(NOW_RUN, NOW), server_itl=1.0)
+    verdict = compare_length(baseline, current, 1 * KI, parse_tolerances(BUILT_IN))
+    itl = {v.metric: v for v in verdict.verdicts}["itl"]
+    assert itl.status == "insufficient" and verdict.status == "insufficient"
+    assert "the baseline has per-token gaps but no server mean inter-token latency" in (
+        itl.message
+    )
+    assert "record the baseline again on a server that sends them" in itl.message

@@ -550,7 +550,11 @@ def _set_aside(metric: Metric, baseline: list[Record], current: list[Record]) ->
     figure from either source (ITL), its background figures set aside (the stall); None when
     that is not why."""
     if metric.figure in STREAM_GAP_METRICS or metric.figure == SERVER_ITL_FIGURE:
-        return _chunked_stream(baseline, current) or _stream_set_aside(baseline, current)
+        return (
+            _chunked_stream(baseline, current)
+            or _stream_set_aside(baseline, current)
+            or _unlike_per_token(baseline, current)
+        )
     if metric.figure == BACKGROUND_GAP_METRIC:
         return _background_set_aside(baseline, current)
     return None
@@ -587,6 +591,26 @@ def _stream_set_aside(baseline: list[Record], current: list[Record]) -> str | No
         f"({PER_REQUEST_HINT}); measure on a server that sends per-request metrics, or gate "
         "with itl=off"
     )
+
+
+def _unlike_per_token(baseline: list[Record], current: list[Record]) -> str | None:
+    """Why ITL is not compared where each side has a per-token figure but not the same one:
+    one side's streams showed per-token gaps and not the other's, and the side with gaps has
+    no server mean ITL (a baseline recorded before per-request metrics, or against a server
+    without them); None otherwise."""
+    for side, other, name in ((baseline, current, "the baseline"), (current, baseline, "this run")):
+        gaps_only = _has(side, "itl_median") and not _has(side, SERVER_ITL_FIGURE)
+        server_only = _has(other, SERVER_ITL_FIGURE) and not _has(other, "itl_median")
+        if gaps_only and server_only:
+            words = _gapless_words(baseline, current)
+            return (
+                f"{name} has per-token gaps but no server mean inter-token latency "
+                f"({SERVER_ITL_FIGURE}: recorded before per-request metrics, or against a "
+                f"server without them), and {words or 'the other side has no per-token gap'}; "
+                f"record {name} again on a server that sends them ({PER_REQUEST_HINT}), or gate "
+                "with itl=off"
+            )
+    return None
 
 
 def _decode_source(record: Record) -> str:
