@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_longctx.campaign.run import Run
 from pytest_longctx.capacity import fit_verdict
 from pytest_longctx.client import ClientConfig, CompletionClient
 from pytest_longctx.measure.agreement import STRICT_OPTION
@@ -29,7 +30,6 @@ from pytest_longctx.measure.under_load import probe_sequences
 from pytest_longctx.plan import capacity_check
 from pytest_longctx.plan.points import Point, SweepPlan
 from pytest_longctx.prompts import Prompt
-from pytest_longctx.session.run import Run
 
 
 @dataclass(frozen=True)

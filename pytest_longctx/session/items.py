@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from pytest_longctx.campaign import resume
+from pytest_longctx.campaign.run import Run
 from pytest_longctx.capacity import ModelConfigError, ParallelLayoutError
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.plan import capacity_check
@@ -17,8 +19,6 @@ from pytest_longctx.plan.points import (
     SweepPlan,
 )
 from pytest_longctx.profiles import ProfileError
-from pytest_longctx.session import resume
-from pytest_longctx.session.run import Run
 from pytest_longctx.session.selection import Comparison
 from pytest_longctx.session.stash import CAPACITY_KEY, POINT_FIXTURE, REGRESSION_FIXTURE
 

@@ -28,6 +28,9 @@ from typing import Any
 
 import pytest
 
+from pytest_longctx.campaign import budgets
+from pytest_longctx.campaign.api_key import api_key, api_key_env_name
+from pytest_longctx.campaign.run import Run
 from pytest_longctx.client import MeasurementError, ModelEntry, RequestRejectedError
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.gate import fingerprint_mismatch
@@ -54,10 +57,8 @@ from pytest_longctx.serving.process import (
     wait_released,
 )
 from pytest_longctx.serving.vllm_command import FlagError, ServerCommand, same_release
-from pytest_longctx.session import budgets, point_setup
+from pytest_longctx.session import point_setup
 from pytest_longctx.session import server as session_server
-from pytest_longctx.session.api_key import api_key, api_key_env_name
-from pytest_longctx.session.run import Run
 
 #: Classes that mean the point took the server down with it; they count against its length.
 CRASH_CLASSES = ("engine_died", "oom", "hang", "server_gone")

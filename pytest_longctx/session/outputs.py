@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import pytest
 from pytest_benchmark.session import PerformanceRegression
 
+from pytest_longctx.campaign.run import Run
 from pytest_longctx.core.file_names import GATE_PLOT, HTML, MARKDOWN
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
@@ -28,7 +29,6 @@ from pytest_longctx.reporting.pipeline import write_reports
 from pytest_longctx.reporting.reuse import terminal_table as reuse_terminal_table
 from pytest_longctx.reporting.view import format_answers
 from pytest_longctx.session import gate_items
-from pytest_longctx.session.run import Run
 
 #: What pytest-benchmark raises from its summary when ``--benchmark-compare-fail`` trips.
 BenchmarkRegression = PerformanceRegression

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_longctx.campaign import budgets
+from pytest_longctx.campaign.run import Run
 from pytest_longctx.client import (
     CompletionClient,
     CompletionRequest,
@@ -56,9 +58,8 @@ from pytest_longctx.prompts.probe import (
     probe_value,
 )
 from pytest_longctx.serving import model_description
-from pytest_longctx.session import budgets, concurrency
+from pytest_longctx.session import concurrency
 from pytest_longctx.session import server as session_server
-from pytest_longctx.session.run import Run
 
 WARMUP_PROMPT_TOKENS = 1024
 #: Enough for the chunking to show (the first token alone, then chunks of the stream

@@ -7,12 +7,12 @@ from collections.abc import Sequence
 
 import pytest
 
+from pytest_longctx.campaign.run import Run
 from pytest_longctx.core.records import Record
 from pytest_longctx.session import outputs
 from pytest_longctx.session.items import point_of, record_identity
 from pytest_longctx.session.lifecycle import HANDED_BACK_ATTRIBUTE
 from pytest_longctx.session.outputs import REPORT_ATTRIBUTE
-from pytest_longctx.session.run import Run
 from pytest_longctx.session.stash import MEASUREMENT_KEY
 
 

@@ -13,6 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
+from pytest_longctx.campaign import budgets
+from pytest_longctx.campaign.api_key import API_KEY_ENV_FOR_VLLM, api_key, api_key_env_name
+from pytest_longctx.campaign.run import Run
 from pytest_longctx.client import RequestRejectedError
 from pytest_longctx.core.file_names import MEASURED_BY_FILE
 from pytest_longctx.core.files import exclusive_lock, write_atomically
@@ -35,9 +38,6 @@ from pytest_longctx.serving.vllm_command import (
     redact_env,
     serve_args,
 )
-from pytest_longctx.session import budgets
-from pytest_longctx.session.api_key import API_KEY_ENV_FOR_VLLM, api_key, api_key_env_name
-from pytest_longctx.session.run import Run
 
 
 def model_location(profile: Profile, build: bool) -> str:

@@ -13,6 +13,9 @@ from typing import Any
 
 import pytest
 
+from pytest_longctx.campaign import budgets
+from pytest_longctx.campaign.run import Run
+from pytest_longctx.campaign.signals import SessionSignals
 from pytest_longctx.client import CompletionClient
 from pytest_longctx.core.records import Record
 from pytest_longctx.measure.measurement import (
@@ -28,7 +31,6 @@ from pytest_longctx.profiles import hardware
 from pytest_longctx.prompts import Prompt, PromptBuilder, PromptError
 from pytest_longctx.serving.vllm_command import FlagError
 from pytest_longctx.session import (
-    budgets,
     concurrency,
     lifecycle,
     live_progress,
@@ -41,8 +43,6 @@ from pytest_longctx.session import (
 )
 from pytest_longctx.session import items as sweep_items
 from pytest_longctx.session.live_progress import ControllerProgress
-from pytest_longctx.session.run import Run
-from pytest_longctx.session.signals import SessionSignals
 from pytest_longctx.session.stash import HEADER_SHOWN_KEY, MEASUREMENT_KEY
 
 

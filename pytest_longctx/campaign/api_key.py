@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from pytest_longctx.session.run import Run
+from pytest_longctx.campaign.run import Run
 
 API_KEY_ENV_FOR_VLLM = "VLLM_API_KEY"
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pytest_longctx.campaign.run import Run
 from pytest_longctx.plan.points import Point
-from pytest_longctx.session.run import Run
 
 
 def redo_cold_points(run: Run, selected: Sequence[Point]) -> list[Point]:

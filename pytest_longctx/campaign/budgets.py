@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
+from pytest_longctx.campaign.run import Run
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.measure.timeouts import FirstTokenBudget, KnownTtft
@@ -29,7 +30,6 @@ from pytest_longctx.profiles.extra_args import cache_flags
 from pytest_longctx.profiles.vllm_releases import UnsupportedRelease
 from pytest_longctx.progress.eta import TtftModel, fit_nonnegative, fit_ttft, format_duration
 from pytest_longctx.serving import step_limit
-from pytest_longctx.session.run import Run
 
 #: Where this run's own records come from, in a budget's reason.
 RECORDED = "recorded in this run"

@@ -19,11 +19,11 @@ from pytest_longctx.plan.servers import ServerSlot
 from pytest_longctx.plan.settings import Settings
 
 if TYPE_CHECKING:  # only annotations: these modules import this one
+    from pytest_longctx.campaign.signals import SessionSignals
     from pytest_longctx.measure.target import ServerInfo
     from pytest_longctx.plan.capacity_check import ServerCapacityCheck
     from pytest_longctx.prompts import ProbeLesson, PromptBuilder
     from pytest_longctx.serving.model_description import ModelDescription
-    from pytest_longctx.session.signals import SessionSignals
 
 
 class WatchFactory(Protocol):
