@@ -245,7 +245,7 @@ def test_compare_page_renders_its_tables_and_overlays(
 
 @pytest.fixture
 def no_server(monkeypatch: pytest.MonkeyPatch) -> None:
-    def refuse(self: lifecycle.ServerLifecycle, config: pytest.Config) -> None:
+    def refuse(self: lifecycle.ServerLifecycle) -> None:
         raise AssertionError("a session reporting finished records started a server")
 
     monkeypatch.setattr(lifecycle.ServerLifecycle, "start", refuse)

@@ -53,7 +53,7 @@ def scaled(figures: Figures, lengths: set[int], ttft: float, decode: float) -> d
 def no_server(monkeypatch: pytest.MonkeyPatch) -> None:
     """In-process sessions fail at once, instead of launching vLLM, if they ask for a server."""
 
-    def refuse(self: lifecycle.ServerLifecycle, config: pytest.Config) -> None:
+    def refuse(self: lifecycle.ServerLifecycle) -> None:
         raise AssertionError("a session that needs no measurement started a server")
 
     monkeypatch.setattr(lifecycle.ServerLifecycle, "start", refuse)

@@ -573,8 +573,9 @@ def session_sources() -> dict[str, str]:
 
 
 def test_each_session_state_object_is_small_and_has_few_writers() -> None:
-    """No state object of the session layer or the campaign holds more than a dozen fields or is written from
-    more than three modules: each piece of state has an owner a reader can find."""
+    """No state object of the session layer or the campaign holds more than a dozen fields or
+    is written from more than three modules: each piece of state has an owner a reader can
+    find."""
     sources = session_sources()
     too_big = {
         name: len(fields)

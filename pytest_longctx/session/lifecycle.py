@@ -24,15 +24,18 @@ import contextlib
 import dataclasses
 import subprocess
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
 from pytest_longctx.campaign import budgets
+from pytest_longctx.campaign import server as campaign_server
 from pytest_longctx.campaign.api_key import api_key, api_key_env_name
+from pytest_longctx.campaign.hooks import CampaignHooks
 from pytest_longctx.campaign.run import Run
 from pytest_longctx.client import MeasurementError, ModelEntry, RequestRejectedError
-from pytest_longctx.core.sizes import format_size
+from pytest_longctx.core.sizes import format_bytes, format_size
 from pytest_longctx.gate import fingerprint_mismatch
 from pytest_longctx.measure import outcomes
 from pytest_longctx.measure.measurement import PointFailure
@@ -44,7 +47,6 @@ from pytest_longctx.plan.points import COLD, CONCURRENCY, INTERFERENCE, Point
 from pytest_longctx.plan.servers import VISIBLE_DEVICES_ENV
 from pytest_longctx.profiles import hardware, vllm_releases
 from pytest_longctx.progress import telemetry
-from pytest_longctx.reporting.reuse import format_bytes
 from pytest_longctx.serving import model_description
 from pytest_longctx.serving.process import (
     RELEASE_TIMEOUT_S,
@@ -58,7 +60,6 @@ from pytest_longctx.serving.process import (
 )
 from pytest_longctx.serving.vllm_command import FlagError, ServerCommand, same_release
 from pytest_longctx.session import point_setup
-from pytest_longctx.session import server as session_server
 
 #: Classes that mean the point took the server down with it; they count against its length.
 CRASH_CLASSES = ("engine_died", "oom", "hang", "server_gone")
@@ -96,36 +97,48 @@ def memory_not_released(before: dict[int, int], held: dict[int, int], waited_s: 
     )
 
 
+@dataclass
+class ServerHistory:
+    """What became of the session's servers, for the records, the reports and the limits:
+    each start, the crashes per length, the relaunches tried, the lengths vLLM refused at
+    start-up and, on GPUs, the devices' memory before the first start."""
+
+    #: This session's server starts, first to last: number, time, start-up seconds and, for a
+    #: relaunch, its cause; each record names the one that measured it.
+    starts: list[dict[str, Any]] = field(default_factory=list)
+    #: Classes of the crashes each length caused (counted against the limit).
+    crashes: dict[int, list[str]] = field(default_factory=dict)
+    #: Relaunches tried, those whose start failed included (the limit's count).
+    relaunches: int = 0
+    #: Lengths vLLM refused at start-up (its KV cache cannot hold them), with its words.
+    start_refused: dict[int, ServerError] = field(default_factory=dict)
+    #: Bytes used on each of a GPU server's devices before its first start: a relaunch waits
+    #: for the dead server's memory to fall back near it.
+    device_memory_before: dict[int, int] | None = None
+
+
 class ServerLifecycle:
     """The session's server from its first start to its stop, and the only writer of what
-    the session knows of it: the server measured now, the process launched, each start,
-    the crashes per length, relaunches, and what this server start holds of the session's
-    prompts (:class:`point_setup.ServerMemory`)."""
+    the session knows of it: the server measured now, the process launched, its history
+    (:class:`ServerHistory`), and what this server start holds of the session's prompts
+    (:class:`point_setup.ServerMemory`)."""
 
-    def __init__(self, run: Run) -> None:
+    def __init__(self, run: Run, hooks: CampaignHooks | None = None) -> None:
         self.run = run
+        #: The plugin hooks it calls, as callbacks.
+        self.hooks = hooks or CampaignHooks()
         #: The server measured now (started or attached), or why there is none; None
         #: before the first start.
         self.current: ServerInfo | ServerError | None = None
         #: The server process this session launched, while it runs (None: attached).
         self.launched: LaunchedServer | None = None
-        #: This session's server starts, first to last: number, time, start-up seconds and,
-        #: for a relaunch, its cause; each record names the one that measured it.
-        self.starts: list[dict[str, Any]] = []
-        #: Classes of the crashes each length caused (counted against the limit).
-        self.crashes: dict[int, list[str]] = {}
+        #: Its starts, crashes, relaunches and refusals.
+        self.history = ServerHistory()
         #: Why the server must be started again before the next point (a hang), when it must.
         self.restart_cause: ServerError | None = None
         #: Why an attached server was lost during a point: before the next one it is checked
         #: to be the server this run measured, however soon it answers again.
         self.lost: ServerError | None = None
-        #: Relaunches tried, those whose start failed included (the limit's count).
-        self.relaunches = 0
-        #: Bytes used on each of a GPU server's devices before its first start: a relaunch
-        #: waits for the dead server's memory to fall back near it.
-        self.device_memory_before: dict[int, int] | None = None
-        #: Lengths vLLM refused at start-up (its KV cache cannot hold them), with its words.
-        self.start_refused: dict[int, ServerError] = {}
         #: The workload the launched server was started for: ``cold`` (the study's
         #: one-sequence server, cold and warm points), ``interference`` (room for K + 1
         #: sequences) or ``concurrency`` (room for the highest level).
@@ -135,7 +148,7 @@ class ServerLifecycle:
 
     # -- the first start -------------------------------------------------------------------
 
-    def start(self, config: pytest.Config) -> ServerInfo:
+    def start(self) -> ServerInfo:
         """Launch or attach once per session; later calls return the same server or failure."""
         run = self.run
         if self.current is not None:
@@ -145,8 +158,8 @@ class ServerLifecycle:
         try:
             if run.split_error:
                 raise ServerError(run.split_error)
-            self.workload = session_server.first_workload(run)
-            info = self._attach() if run.settings.url else self._launch(config)
+            self.workload = campaign_server.first_workload(run)
+            info = self._attach() if run.settings.url else self._launch()
             cache_labels = _cache_labels(info)
         except ServerError as exc:
             self.current = exc
@@ -162,11 +175,11 @@ class ServerLifecycle:
             other = model_description.another_model(run.plan.profile, served, run.findings.model)
             if other and other not in run.findings.problems:
                 run.findings.problems.append(other)
-        run.findings.fingerprint = session_server.fingerprint(
-            config, run, info, self.launched is not None
+        run.findings.fingerprint = campaign_server.fingerprint(
+            self.hooks, run, info, self.launched is not None
         )
         try:
-            session_server.check_same_servers(run)
+            campaign_server.check_same_servers(run)
         except ServerError as exc:
             self.current = exc
             raise
@@ -202,7 +215,7 @@ class ServerLifecycle:
                 run.findings.fingerprint["kv_cache_check"] = dataclasses.asdict(
                     run.findings.capacity_check
                 )
-        self.announce_ready(config, info)
+        self.announce_ready(info)
         return info
 
     def warm_up(self, info: ServerInfo) -> None:
@@ -219,13 +232,11 @@ class ServerLifecycle:
         self.current = server
         self.memory = point_setup.ServerMemory()
 
-    def announce_ready(self, config: pytest.Config, info: ServerInfo) -> None:
+    def announce_ready(self, info: ServerInfo) -> None:
         """Tell other plugins the server answers (``pytest_longctx_server_ready``), at each
         start."""
         launched = self.launched if info.mode == "launched" else None
-        config.hook.pytest_longctx_server_ready(
-            config=config, base_url=info.base_url, mode=info.mode, launched=launched
-        )
+        self.hooks.server_ready(info.base_url, info.mode, launched)
 
     def _attach(self) -> ServerInfo:
         run = self.run
@@ -243,7 +254,7 @@ class ServerLifecycle:
             model_root=served.root,
         )
 
-    def _launch(self, config: pytest.Config) -> ServerInfo:
+    def _launch(self) -> ServerInfo:
         run = self.run
         profile = run.plan.profile
         run.results.open()
@@ -253,8 +264,8 @@ class ServerLifecycle:
                 f"profile {profile.name} cannot be launched here: {missing}", "start_failed"
             )
         try:
-            command, check = session_server.checked_command(
-                config, run, free_port(), build=True, serves=self.workload
+            command, check = campaign_server.checked_command(
+                self.hooks, run, free_port(), build=True, serves=self.workload
             )
         except Exception as exc:  # noqa: BLE001 - a model that cannot be prepared is a start failure
             raise ServerError(
@@ -273,7 +284,9 @@ class ServerLifecycle:
         leftovers = leftover_servers(run.output_root, run.run_dir)
         run.findings.problems.extend(leftovers)
         if profile.serving.device in VISIBLE_DEVICES_ENV:  # what a relaunch waits to see again
-            self.device_memory_before = telemetry.memory_used(session_server.device_scope(run))
+            self.history.device_memory_before = telemetry.memory_used(
+                campaign_server.device_scope(run)
+            )
         try:
             return self.bring_up(command)
         except ServerError as exc:
@@ -285,7 +298,9 @@ class ServerLifecycle:
                     ) from None
                 raise
         port = int(command.argv[command.argv.index("--port") + 1])
-        again = session_server.server_command(config, run, port, build=True, serves=self.workload)
+        again = campaign_server.server_command(
+            self.hooks, run, port, build=True, serves=self.workload
+        )
         return self.bring_up(again, cause)
 
     def _refuse_what_does_not_fit(self, exc: ServerError) -> str | None:
@@ -306,7 +321,7 @@ class ServerLifecycle:
         words = next((line for line in exc.evidence if "estimated maximum" in line), str(exc))
         words = outcomes.final_exception([words]) or words
         for length in refused:
-            self.start_refused[length] = ServerError(
+            self.history.start_refused[length] = ServerError(
                 f"vLLM cannot hold {format_size(length)} + {decode} decode tokens in its KV "
                 f"cache (it holds at most {estimated}); it refused to start with them: {words}",
                 "oom",
@@ -316,7 +331,7 @@ class ServerLifecycle:
         held = max(length for length in lengths if length not in refused)
         return (
             f"vLLM refused --max-model-len "
-            f"{session_server.selected_max_model_len_for(run, lengths)} "
+            f"{campaign_server.selected_max_model_len_for(run, lengths)} "
             f"(estimated maximum {estimated}); started again for {format_size(held)}"
         )
 
@@ -357,13 +372,13 @@ class ServerLifecycle:
 
     def note_start(self, startup_s: float | None, cause: str | None, **more: Any) -> None:
         """One more server start of this session; the records measured on it name it."""
-        entry: dict[str, Any] = {"index": len(self.starts), "started_at": time.time()}
+        entry: dict[str, Any] = {"index": len(self.history.starts), "started_at": time.time()}
         if startup_s is not None:
             entry["startup_s"] = round(startup_s, 3)
         if cause:
             entry["cause"] = cause
         entry.update(more)
-        self.starts.append(entry)
+        self.history.starts.append(entry)
 
     def check_alive(self, grace_s: float = 0.0) -> None:
         """Raise at once with the log tail when the server has died.
@@ -392,14 +407,14 @@ class ServerLifecycle:
 
     # -- before and after each point -------------------------------------------------------
 
-    def before_point(self, config: pytest.Config, point: Point) -> None:
+    def before_point(self, point: Point) -> None:
         """Make the point measurable, or say why it cannot be: skip a length vLLM refused or
         that crashed the server too often, bring a dead server back, fail fast when it cannot.
 
         Under pytest-xdist a worker whose launched server is lost for good hands its points
         back (a skip saying so), and the controller gives them to the other workers."""
         try:
-            self._before_point(config, point)
+            self._before_point(point)
         except PointFailure as exc:
             if exc.sent or self.run.worker is None or self.launched is None:
                 raise
@@ -411,7 +426,7 @@ class ServerLifecycle:
             handed.handed_back = True  # type: ignore[attr-defined]
             raise handed from None
 
-    def _before_point(self, config: pytest.Config, point: Point) -> None:
+    def _before_point(self, point: Point) -> None:
         self.check_skips(point)
         if isinstance(self.current, ServerError):
             current = self.current
@@ -426,10 +441,10 @@ class ServerLifecycle:
                 except ServerError as exc:
                     cause = exc
             if cause is not None:
-                self._relaunch(config, cause)
-            wanted = session_server.workload_of(point)
+                self._relaunch(cause)
+            wanted = campaign_server.workload_of(point)
             if wanted != self.workload:
-                self._switch(config, wanted)
+                self._switch(wanted)
         elif self.run.settings.url:
             self._reattach(self.current)
 
@@ -437,10 +452,10 @@ class ServerLifecycle:
         """Skip a length vLLM refused at start-up, or one that took the server down too
         often; the skip carries the class of the failure that caused it (the length's last
         crash)."""
-        refused = self.start_refused.get(point.length)
+        refused = self.history.start_refused.get(point.length)
         if refused is not None:
             raise skip(str(refused), refused.failure_class, refused.evidence)
-        crashes = self.crashes.get(point.length, [])
+        crashes = self.history.crashes.get(point.length, [])
         limit = self.run.settings.max_crashes_per_length
         if len(crashes) >= limit:
             times = "once" if len(crashes) == 1 else f"{len(crashes)} times"
@@ -470,7 +485,7 @@ class ServerLifecycle:
             self.lost = ServerError(str(failure).splitlines()[0], failure.failure_class)
         if not failure.sent:
             return
-        self.crashes.setdefault(point.length, []).append(failure.failure_class)
+        self.history.crashes.setdefault(point.length, []).append(failure.failure_class)
         if failure.failure_class == "hang" and self.launched is not None:
             self.restart_cause = ServerError(
                 f"the server hung during {point.id}", "hang", failure.evidence
@@ -480,7 +495,7 @@ class ServerLifecycle:
 
     # -- starting it again -----------------------------------------------------------------
 
-    def _relaunch(self, config: pytest.Config, cause: ServerError) -> None:
+    def _relaunch(self, cause: ServerError) -> None:
         """Start the dead server again; a start that fails counts as a relaunch and is tried
         again while relaunches are left (a switch to the other workload's server is none).
 
@@ -492,8 +507,8 @@ class ServerLifecycle:
         self.restart_cause = None
         limit = self.run.settings.max_relaunches
         failures: list[ServerError] = []
-        while self.relaunches < limit:
-            self.relaunches += 1
+        while self.history.relaunches < limit:
+            self.history.relaunches += 1
             self.launched.stop()
             tried = (
                 f"; {len(failures)} start(s) failed before it, the last: "
@@ -503,7 +518,6 @@ class ServerLifecycle:
             )
             try:
                 self._bring_up_again(
-                    config,
                     self.launched,
                     command,
                     _cause_line(cause) + tried,
@@ -519,13 +533,13 @@ class ServerLifecycle:
         )
         self.current = ServerError(
             f"{why}\nnever sent: the server is down and not started again: this session's "
-            f"relaunches are spent ({self.relaunches} of --longctx-max-relaunches={limit})",
+            f"relaunches are spent ({self.history.relaunches} of --longctx-max-relaunches={limit})",
             "start_failed",
             failures[-1].evidence if failures else cause.evidence,
         )
         raise PointFailure(str(self.current), "start_failed", self.current.evidence, sent=False)
 
-    def _switch(self, config: pytest.Config, workload: str) -> None:
+    def _switch(self, workload: str) -> None:
         """Stop the server of one workload and start the other's: the interference points run
         on a server with room for their background streams, so the cold points keep the
         study's one-sequence server and its fingerprint."""
@@ -545,9 +559,10 @@ class ServerLifecycle:
         )
         try:
             self._bring_up_again(
-                config,
                 old,
-                session_server.server_command(config, self.run, port, build=True, serves=workload),
+                campaign_server.server_command(
+                    self.hooks, self.run, port, build=True, serves=workload
+                ),
                 cause,
                 f"the server for the {workload} workload",
                 adopt=True,
@@ -566,7 +581,6 @@ class ServerLifecycle:
 
     def _bring_up_again(
         self,
-        config: pytest.Config,
         old: LaunchedServer,
         command: ServerCommand,
         cause: str,
@@ -583,7 +597,7 @@ class ServerLifecycle:
         self._wait_released(old.process.pid if old.process else None, command.argv)
         info = self.bring_up(command, cause=cause, **noted)
         try:
-            fingerprint = session_server.fingerprint(config, run, info, launched=True)
+            fingerprint = campaign_server.fingerprint(self.hooks, run, info, launched=True)
             differences = fingerprint_mismatch(run.findings.fingerprint, fingerprint)
             if differences:
                 raise ServerError(
@@ -604,16 +618,16 @@ class ServerLifecycle:
                 self.launched.stop()
             raise
         self.use_server(info)
-        self.announce_ready(config, info)
+        self.announce_ready(info)
 
     def _wait_released(self, pgid: int | None, argv: tuple[str, ...]) -> None:
         """The dead server's process group gone, its port free and its devices' memory back
         near its level before the first start (GPU profiles), or a ServerError."""
         host, port = argv[argv.index("--host") + 1], int(argv[argv.index("--port") + 1])
         wait_released(pgid, host, port)
-        before = self.device_memory_before
+        before = self.history.device_memory_before
         if before:
-            scope = session_server.device_scope(self.run)
+            scope = campaign_server.device_scope(self.run)
             held = wait_device_memory(before, lambda: telemetry.memory_used(scope))
             if held:
                 raise ServerError(
@@ -703,7 +717,7 @@ def _describe_server(run: Run, base_url: str, key: str | None) -> tuple[ModelEnt
             return client.models(), client.version()
         except RequestRejectedError as exc:
             if exc.status_code in (401, 403):
-                raise session_server.refused(run, base_url, exc) from None
+                raise campaign_server.refused(run, base_url, exc) from None
             raise ServerError(str(exc)) from None
         except MeasurementError as exc:
             raise ServerError(str(exc)) from None

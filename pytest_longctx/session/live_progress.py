@@ -24,6 +24,7 @@ import httpx
 import pytest
 
 from pytest_longctx.campaign.run import Run
+from pytest_longctx.campaign.server import device_scope
 from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
@@ -47,7 +48,6 @@ from pytest_longctx.progress.state import (
 )
 from pytest_longctx.progress.telemetry import DeviceTelemetry
 from pytest_longctx.serving.process import control_client
-from pytest_longctx.session.server import device_scope
 
 PREFIX = "longctx"
 #: The display modes once ``auto`` is resolved; ``file`` only writes progress.json.

@@ -12,7 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_longctx.campaign import budgets
+from pytest_longctx.campaign import budgets, concurrency
+from pytest_longctx.campaign import server as campaign_server
 from pytest_longctx.campaign.run import Run
 from pytest_longctx.client import (
     CompletionClient,
@@ -58,8 +59,6 @@ from pytest_longctx.prompts.probe import (
     probe_value,
 )
 from pytest_longctx.serving import model_description
-from pytest_longctx.session import concurrency
-from pytest_longctx.session import server as session_server
 
 WARMUP_PROMPT_TOKENS = 1024
 #: Enough for the chunking to show (the first token alone, then chunks of the stream
@@ -84,7 +83,7 @@ def prompt_builder(run: Run, server: ServerInfo) -> PromptBuilder:
     source: Any
     if described_by == model_description.BY_PROFILE:
         source = LocalTokenSource(
-            session_server.tokenizer_location(profile, build=True),
+            campaign_server.tokenizer_location(profile, build=True),
             revision=None if profile.model.embedded_name else profile.model.revision,
             trust_remote_code=profile.model.trust_remote_code,
         )
@@ -432,7 +431,7 @@ def prepare(run: Run, server: ServerInfo, point: Point) -> PointSetup:
         allow_unverified=run.settings.allow_unverified,
         stream_interval=(run.findings.fingerprint.get("stream") or {}).get("stream_interval"),
         planned_step_s=budgets.planned_step_s(
-            run, point.length, session_server.workload_of(point)
+            run, point.length, campaign_server.workload_of(point)
         ),
     )
     if not point.interference:

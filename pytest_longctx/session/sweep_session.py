@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from pytest_longctx.campaign import budgets
+from pytest_longctx.campaign import budgets, concurrency, server
 from pytest_longctx.campaign.run import Run
 from pytest_longctx.campaign.signals import SessionSignals
 from pytest_longctx.client import CompletionClient
@@ -30,18 +30,17 @@ from pytest_longctx.plan.points import Point
 from pytest_longctx.profiles import hardware
 from pytest_longctx.prompts import Prompt, PromptBuilder, PromptError
 from pytest_longctx.serving.vllm_command import FlagError
+from pytest_longctx.session import items as sweep_items
 from pytest_longctx.session import (
-    concurrency,
     lifecycle,
     live_progress,
     outputs,
     point_setup,
     recorder,
     selection,
-    server,
     workers,
 )
-from pytest_longctx.session import items as sweep_items
+from pytest_longctx.session.hookspecs import campaign_hooks
 from pytest_longctx.session.live_progress import ControllerProgress
 from pytest_longctx.session.stash import HEADER_SHOWN_KEY, MEASUREMENT_KEY
 
@@ -70,7 +69,7 @@ class SweepSession:
         self.config = config
         self.run = run
         #: The measured server's lifecycle: its one owner from first start to stop.
-        self.server = lifecycle.ServerLifecycle(run)
+        self.server = lifecycle.ServerLifecycle(run, campaign_hooks(config))
         #: The concurrency levels measured so far, per length (they outlive a server start).
         self.levels = concurrency.LevelsMeasured()
         self.selection = chosen
@@ -115,7 +114,7 @@ class SweepSession:
         """The server, launched from the profile or attached by URL, warmed up; a failure
         fails the item that asked for it, with the reason."""
         try:
-            info = self.server.start(self.config)
+            info = self.server.start()
             self.server.warm_up(info)
         except FlagError as exc:  # one usage error, not one failure per item
             self.server.stop()
@@ -141,7 +140,7 @@ class SweepSession:
         return builder
 
     def prompt(self, builder: PromptBuilder, point: Point) -> Prompt:
-        self.server.before_point(self.config, point)  # the server may build it
+        self.server.before_point(point)  # the server may build it
         return point_setup.build_prompt(self.run, builder, point)
 
     def recorded_measurement(self, record: Record) -> Callable[[Prompt], PointMeasurement]:
@@ -154,7 +153,7 @@ class SweepSession:
         """Measures one prompt of ``point``; what it produced is kept on ``item`` for its
         record, figures included when the point fails."""
         run, lifetime = self.run, self.server
-        lifetime.before_point(self.config, point)
+        lifetime.before_point(point)
 
         def run_measurement(prompt: Prompt) -> PointMeasurement:
             try:
@@ -180,7 +179,7 @@ class SweepSession:
                     lifetime.after_failure(point, exc)
                     raise
                 # Never sent: the server died just before it. Measured after the relaunch.
-                lifetime.before_point(self.config, point)
+                lifetime.before_point(point)
                 return run_measurement(prompt)
             try:
                 result = point_setup.judge(run, point, prompt, result)
@@ -228,7 +227,7 @@ class SweepSession:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]):
         report = yield
-        recorder.on_report(self.run, item, call, report, self.server.starts)
+        recorder.on_report(self.run, item, call, report, self.server.history.starts)
         return report
 
     def pytest_longctx_fingerprint(self, config: pytest.Config, fingerprint: dict) -> None:
@@ -240,7 +239,7 @@ class SweepSession:
     # sweep's benchmarks are handed to it here) and pytest-html writes the page with the plots.
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int):
-        recorder.record_interrupted(self.config, self.run, self.server.starts)
+        recorder.record_interrupted(self.config, self.run, self.server.history.starts)
         live_progress.finish(self.run, self.follower)
         outputs.finish(self.config, self.run)
         result = yield
@@ -271,7 +270,7 @@ class SweepSession:
             )
             return None
         finally:
-            outputs.terminal_summary(terminalreporter, self.run, self.server.starts)
+            outputs.terminal_summary(terminalreporter, self.run, self.server.history.starts)
             live_progress.summary(terminalreporter, self.run)
 
     # -- pytest-html, pytest-metadata ------------------------------------------------------
@@ -350,7 +349,7 @@ def print_plan(session: pytest.Session, run: Run) -> None:
         extra = (f" [{bands[0]}]" if bands else "") + (f" SKIP: {skip}" if skip else "")
         write(f"  {label}{extra}")
     write("")
-    write(server.describe_server(config, run))
+    write(server.describe_server(campaign_hooks(config), run))
     table = capacity_check.render_table(sized, sorted({p.length for p in run.selected_points}))
     if table:
         write("")

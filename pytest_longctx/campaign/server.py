@@ -11,10 +11,10 @@ import sys
 from typing import Any
 
 import httpx
-import pytest
 
 from pytest_longctx.campaign import budgets
 from pytest_longctx.campaign.api_key import API_KEY_ENV_FOR_VLLM, api_key, api_key_env_name
+from pytest_longctx.campaign.hooks import CampaignHooks
 from pytest_longctx.campaign.run import Run
 from pytest_longctx.client import RequestRejectedError
 from pytest_longctx.core.file_names import MEASURED_BY_FILE
@@ -64,11 +64,11 @@ def selected_max_model_len(run: Run) -> int:
 
 
 def server_command(
-    config: pytest.Config, run: Run, port: int, build: bool, serves: str = COLD
+    hooks: CampaignHooks, run: Run, port: int, build: bool, serves: str = COLD
 ) -> ServerCommand:
     """:func:`checked_command`; a :class:`FlagError` when the installed vLLM does not accept
     a flag the profile, an option or a hook asked for."""
-    command, check = checked_command(config, run, port, build, serves)
+    command, check = checked_command(hooks, run, port, build, serves)
     problem = check.problem() if check else None
     if problem:
         raise FlagError(f"profile {run.plan.profile.name}: {problem}")
@@ -76,15 +76,15 @@ def server_command(
 
 
 def checked_command(
-    config: pytest.Config, run: Run, port: int, build: bool, serves: str = COLD
+    hooks: CampaignHooks, run: Run, port: int, build: bool, serves: str = COLD
 ) -> tuple[ServerCommand, FlagCheck | None]:
     """The launch command as the installed vLLM's parser accepts it, and what that parser
     said (None: not asked, see :func:`check_flags`)."""
-    return check_flags(planned_command(config, run, port, build, serves))
+    return check_flags(planned_command(hooks, run, port, build, serves))
 
 
 def planned_command(
-    config: pytest.Config, run: Run, port: int, build: bool, serves: str = COLD
+    hooks: CampaignHooks, run: Run, port: int, build: bool, serves: str = COLD
 ) -> ServerCommand:
     """The launch command; for the interference points (``serves``), room for the K
     background streams beside the long prompt, usage that says what the cache served (the
@@ -118,13 +118,10 @@ def planned_command(
         command = ServerCommand(command.argv, {**command.env, API_KEY_ENV_FOR_VLLM: key})
     if run.slot.env:  # this worker's own devices or cores
         command = ServerCommand(command.argv, {**command.env, **run.slot.env})
-    changed = config.hook.pytest_longctx_server_command(
-        config=config, plan=run.plan, command=command
-    )
-    return changed or command
+    return hooks.server_command(run.plan, command) or command
 
 
-def describe_server(config: pytest.Config, run: Run) -> str:
+def describe_server(hooks: CampaignHooks, run: Run) -> str:
     if len(run.servers) > 1:
         lines = [f"{len(run.servers)} servers, one per pytest-xdist worker, each measured alone:"]
         lines += [f"  {slot.describe()}" for slot in run.servers]
@@ -143,7 +140,7 @@ def describe_server(config: pytest.Config, run: Run) -> str:
         lines.append(f"server: attach to {endpoints} (model and max_model_len from /v1/models)")
         return "\n".join(lines)
     serves = first_workload(run)
-    command, check = checked_command(config, run, port=0, build=False, serves=serves)
+    command, check = checked_command(hooks, run, port=0, build=False, serves=serves)
     pinned = run.plan.profile.serving.expected_versions.get("vllm")
     if check is not None:
         flags = check.describe(pinned)
@@ -168,7 +165,7 @@ def describe_server(config: pytest.Config, run: Run) -> str:
     lines.append(flags)
     if run.plan.interference and serves == COLD:
         loaded, loaded_check = checked_command(
-            config, run, port=0, build=False, serves=INTERFERENCE
+            hooks, run, port=0, build=False, serves=INTERFERENCE
         )
         lines.append(
             "then, for the interference points, a server of their own (port chosen at "
@@ -177,7 +174,7 @@ def describe_server(config: pytest.Config, run: Run) -> str:
         if loaded_check is not None:
             lines.append(loaded_check.describe())
     if run.plan.concurrency and serves != CONCURRENCY:
-        room = checked_command(config, run, port=0, build=False, serves=CONCURRENCY)[0]
+        room = checked_command(hooks, run, port=0, build=False, serves=CONCURRENCY)[0]
         lines.append(
             "then, for the concurrency points, a server with room for "
             f"{run.plan.max_concurrency} requests at once (port chosen at start):\n  "
@@ -245,7 +242,7 @@ def selected_max_model_len_for(run: Run, lengths: list[int]) -> int:
 
 
 def fingerprint(
-    config: pytest.Config, run: Run, info: ServerInfo, launched: bool
+    hooks: CampaignHooks, run: Run, info: ServerInfo, launched: bool
 ) -> dict[str, Any]:
     """What was measured; the gate refuses to compare runs whose fingerprints differ.
     ``launched``: this session launched the server (it was not attached)."""
@@ -270,7 +267,7 @@ def fingerprint(
         "prompt_format": run.settings.prompt_format,
         "unverified_points_allowed": run.settings.allow_unverified,
         "seed": run.settings.seed,
-        "command_line": ["pytest", *config.invocation_params.args],
+        "command_line": list(hooks.command_line),
         "hardware": (
             _server_hardware(run, launched)
             if info.mode == "launched" or _is_local(info.base_url)
@@ -293,7 +290,7 @@ def fingerprint(
         if plan.concurrency:
             workload.update(max_concurrency=plan.max_concurrency)
         result["workload"] = workload
-    config.hook.pytest_longctx_fingerprint(config=config, fingerprint=result)
+    hooks.fingerprint(result)
     return result
 
 
