@@ -2,7 +2,7 @@
 serves them, the probe of an attached server, and the length's verdict so far.
 
 A launched server is started for these points with room for the highest level
-(``--max-num-seqs``, see session/server.py and session/lifecycle.py). An attached server
+(``--max-num-seqs``, see server.py and lifecycle.py). An attached server
 serves with its own limits: it is probed once per start with the highest level selected
 (short requests sent at once, the scheduler's gauges watched, as the interference points
 probe theirs) and a level it cannot run at once is refused with the reason, never measured as

@@ -13,7 +13,16 @@ from typing import Any
 
 import pytest
 
-from pytest_longctx.campaign import budgets, concurrency, server
+from pytest_longctx.campaign import (
+    budgets,
+    concurrency,
+    dispatch,
+    fidelity,
+    lifecycle,
+    point_setup,
+    prompting,
+    server,
+)
 from pytest_longctx.campaign.run import Run
 from pytest_longctx.campaign.signals import SessionSignals
 from pytest_longctx.client import CompletionClient
@@ -32,10 +41,8 @@ from pytest_longctx.prompts import Prompt, PromptBuilder, PromptError
 from pytest_longctx.serving.vllm_command import FlagError
 from pytest_longctx.session import items as sweep_items
 from pytest_longctx.session import (
-    lifecycle,
     live_progress,
     outputs,
-    point_setup,
     recorder,
     selection,
     workers,
@@ -43,6 +50,25 @@ from pytest_longctx.session import (
 from pytest_longctx.session.hookspecs import campaign_hooks
 from pytest_longctx.session.live_progress import ControllerProgress
 from pytest_longctx.session.stash import HEADER_SHOWN_KEY, MEASUREMENT_KEY
+
+
+def skip(exc: lifecycle.PointSkipped) -> BaseException:
+    """A point the lifecycle will not measure, as a skip that carries its class to the record
+    (and, handed back, the mark the controller reads)."""
+    skipped = pytest.skip.Exception(str(exc), _use_item_location=True)
+    skipped.failure_class = exc.failure_class  # type: ignore[attr-defined]
+    skipped.evidence = exc.evidence  # type: ignore[attr-defined]
+    if exc.handed_back:
+        skipped.handed_back = True  # type: ignore[attr-defined]
+    return skipped
+
+
+def failed(exc: ServerError) -> BaseException:
+    """A fixture's failure (``pytest.fail``) that carries the server error's class."""
+    failure = pytest.fail.Exception(str(exc), pytrace=False)
+    failure.failure_class = exc.failure_class  # type: ignore[attr-defined]
+    failure.evidence = exc.evidence  # type: ignore[attr-defined]
+    return failure
 
 
 def header(config: pytest.Config, run: Run) -> list[str]:
@@ -121,7 +147,7 @@ class SweepSession:
             pytest.exit(str(exc), returncode=pytest.ExitCode.USAGE_ERROR)
         except ServerError as exc:
             self.server.stop()
-            raise lifecycle.failed(exc) from None
+            raise failed(exc) from None
         return info
 
     def stop_server(self) -> None:
@@ -131,7 +157,7 @@ class SweepSession:
         return client_for(info, self.run.settings.tcp_keepalive_s)
 
     def prompt_builder(self, info: ServerInfo) -> PromptBuilder:
-        builder = point_setup.prompt_builder(self.run, info)
+        builder = prompting.prompt_builder(self.run, info)
         if self.run.settings.prompt_format == "text":
             try:
                 builder.check_text_prompts()
@@ -140,8 +166,16 @@ class SweepSession:
         return builder
 
     def prompt(self, builder: PromptBuilder, point: Point) -> Prompt:
-        self.server.before_point(point)  # the server may build it
-        return point_setup.build_prompt(self.run, builder, point)
+        self.before_point(point)  # the server may build it
+        return prompting.build_prompt(self.run, builder, point)
+
+    def before_point(self, point: Point) -> None:
+        """The lifecycle's :meth:`~lifecycle.ServerLifecycle.before_point`, a point it will not
+        measure skipped."""
+        try:
+            self.server.before_point(point)
+        except lifecycle.PointSkipped as exc:
+            raise skip(exc) from None
 
     def recorded_measurement(self, record: Record) -> Callable[[Prompt], PointMeasurement]:
         """A resumed point's measurement: its record, not a request."""
@@ -153,17 +187,17 @@ class SweepSession:
         """Measures one prompt of ``point``; what it produced is kept on ``item`` for its
         record, figures included when the point fails."""
         run, lifetime = self.run, self.server
-        lifetime.before_point(point)
+        self.before_point(point)
 
         def run_measurement(prompt: Prompt) -> PointMeasurement:
             try:
-                result = point_setup.measure(
+                result = dispatch.measure(
                     client,
                     info,
                     point,
                     prompt,
                     point_setup.prepare(run, info, point),
-                    point_setup.prompt_builder(run, info),
+                    prompting.prompt_builder(run, info),
                     lifetime.memory,
                     # a concurrency level's c requests are not watched one by one
                     None if point.concurrent else live_progress.watch(run, info, point),
@@ -179,11 +213,11 @@ class SweepSession:
                     lifetime.after_failure(point, exc)
                     raise
                 # Never sent: the server died just before it. Measured after the relaunch.
-                lifetime.before_point(point)
+                self.before_point(point)
                 return run_measurement(prompt)
             try:
-                result = point_setup.judge(run, point, prompt, result)
-            except point_setup.WrongAnswer as exc:
+                result = fidelity.judge(run, point, prompt, result)
+            except fidelity.WrongAnswer as exc:
                 item.stash[MEASUREMENT_KEY] = exc.measurement  # figures and verdict recorded
                 raise
             item.stash[MEASUREMENT_KEY] = result
@@ -336,7 +370,7 @@ def print_plan(session: pytest.Session, run: Run) -> None:
             f"(requests of {each} tokens each, re-issued as they end), on a server of its own "
             f"with room for {requests + 1} sequences; the capacity plan counts them"
         )
-    for line in point_setup.plan_lines(run):
+    for line in fidelity.plan_lines(run):
         write(line)
     for line in budgets.plan_lines(run):
         write(line)

@@ -27,13 +27,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import pytest
-
-from pytest_longctx.campaign import budgets
+from pytest_longctx.campaign import budgets, point_setup
 from pytest_longctx.campaign import server as campaign_server
 from pytest_longctx.campaign.api_key import api_key, api_key_env_name
 from pytest_longctx.campaign.hooks import CampaignHooks
 from pytest_longctx.campaign.run import Run
+from pytest_longctx.campaign.warm_up import warm_up as run_warm_ups
 from pytest_longctx.client import MeasurementError, ModelEntry, RequestRejectedError
 from pytest_longctx.core.sizes import format_bytes, format_size
 from pytest_longctx.gate import fingerprint_mismatch
@@ -59,29 +58,29 @@ from pytest_longctx.serving.process import (
     wait_released,
 )
 from pytest_longctx.serving.vllm_command import FlagError, ServerCommand, same_release
-from pytest_longctx.session import point_setup
 
 #: Classes that mean the point took the server down with it; they count against its length.
 CRASH_CLASSES = ("engine_died", "oom", "hang", "server_gone")
-#: On a worker's report of a point it hands back, for the controller (controller.py).
-HANDED_BACK_ATTRIBUTE = "longctx_handed_back"
 REATTACH_POLL_S = 2.0
 
 
-def skip(reason: str, failure_class: str, evidence: tuple[str, ...] = ()) -> BaseException:
-    """A skip that carries its class to the record."""
-    exc = pytest.skip.Exception(reason, _use_item_location=True)
-    exc.failure_class = failure_class  # type: ignore[attr-defined]
-    exc.evidence = evidence  # type: ignore[attr-defined]
-    return exc
+class PointSkipped(Exception):
+    """A point the lifecycle will not measure, and why: a length vLLM refused at start-up or
+    one that took the server down too often (the class of its failure goes to the record), or,
+    ``handed_back``, a point a pytest-xdist worker whose server is lost for good hands to the
+    other workers. The pytest layer makes it a skip."""
 
-
-def failed(exc: ServerError) -> BaseException:
-    """A fixture's failure (``pytest.fail``) that carries the server error's class."""
-    failure = pytest.fail.Exception(str(exc), pytrace=False)
-    failure.failure_class = exc.failure_class  # type: ignore[attr-defined]
-    failure.evidence = exc.evidence  # type: ignore[attr-defined]
-    return failure
+    def __init__(
+        self,
+        reason: str,
+        failure_class: str,
+        evidence: tuple[str, ...] = (),
+        handed_back: bool = False,
+    ) -> None:
+        super().__init__(reason)
+        self.failure_class = failure_class
+        self.evidence = evidence
+        self.handed_back = handed_back
 
 
 def memory_not_released(before: dict[int, int], held: dict[int, int], waited_s: float) -> str:
@@ -220,7 +219,7 @@ class ServerLifecycle:
 
     def warm_up(self, info: ServerInfo) -> None:
         """The warm-up prompts; the last one's stream joins the run's fingerprint."""
-        stream, lesson = point_setup.warm_up(self.run, info)
+        stream, lesson = run_warm_ups(self.run, info)
         self.run.findings.fingerprint["stream"] = stream
         if lesson is not None:
             self.run.findings.probe = lesson
@@ -418,13 +417,12 @@ class ServerLifecycle:
         except PointFailure as exc:
             if exc.sent or self.run.worker is None or self.launched is None:
                 raise
-            handed = skip(
+            raise PointSkipped(
                 f"{exc}\n{self.run.worker} takes no more points: handed to the other workers",
                 exc.failure_class,
                 exc.evidence,
-            )
-            handed.handed_back = True  # type: ignore[attr-defined]
-            raise handed from None
+                handed_back=True,
+            ) from None
 
     def _before_point(self, point: Point) -> None:
         self.check_skips(point)
@@ -454,7 +452,7 @@ class ServerLifecycle:
         crash)."""
         refused = self.history.start_refused.get(point.length)
         if refused is not None:
-            raise skip(str(refused), refused.failure_class, refused.evidence)
+            raise PointSkipped(str(refused), refused.failure_class, refused.evidence)
         crashes = self.history.crashes.get(point.length, [])
         limit = self.run.settings.max_crashes_per_length
         if len(crashes) >= limit:
@@ -463,7 +461,7 @@ class ServerLifecycle:
                 f"{format_size(point.length)} took the server down {times} in this session "
                 f"({', '.join(crashes)})"
             )
-            raise skip(
+            raise PointSkipped(
                 f"{said}; its remaining repeats are skipped "
                 f"(--longctx-max-crashes-per-length={limit})",
                 crashes[-1],
