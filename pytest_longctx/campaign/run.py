@@ -8,7 +8,7 @@ import os
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from pytest_longctx.core.file_names import LATEST, RESULTS_FILE, server_file_stem
 from pytest_longctx.core.files import exclusive_lock
@@ -18,19 +18,11 @@ from pytest_longctx.plan.points import Point, SweepPlan
 from pytest_longctx.plan.servers import ServerSlot
 from pytest_longctx.plan.settings import Settings
 
-if TYPE_CHECKING:  # only annotations: these modules import this one
+if TYPE_CHECKING:  # annotations only: a run is made before any of these is needed
     from pytest_longctx.campaign.signals import SessionSignals
-    from pytest_longctx.measure.target import ServerInfo
     from pytest_longctx.plan.capacity_check import ServerCapacityCheck
     from pytest_longctx.prompts import ProbeLesson, PromptBuilder
     from pytest_longctx.serving.model_description import ModelDescription
-
-
-class WatchFactory(Protocol):
-    """The session's progress as a point's measurement sees it: a watch per point
-    (``live_progress.SessionProgress``)."""
-
-    def watch(self, server: ServerInfo, point: Point) -> Any: ...
 
 
 class ResumeError(ValueError):
@@ -172,31 +164,26 @@ class Findings:
 
 @dataclass
 class SweepProgress:
-    """The sweep as it runs: the item being measured, the TTFT seen so far, the live
-    progress and the signals that stop it. Written by the recorder, live_progress.py and
-    the sweep session."""
+    """The sweep as it runs: the item being measured, the TTFT seen so far and the signals
+    that stop it. Written by the recorder and the sweep session."""
 
     #: The sweep item being run: (nodeid, point, unix start), recorded as interrupted if the
     #: session is stopped before it reports.
     in_flight: tuple[str, Point, float] | None = None
     #: Client TTFT of points measured so far, by length, to size the next first-token budget.
     measured_ttft: dict[int, float] = field(default_factory=dict)
-    #: Progress inside points: display, progress.json, the ETA model (progress.py).
-    progress: WatchFactory | None = None
     #: SIGTERM/SIGHUP turned into Ctrl-C for this session (signals.py).
     signals: SessionSignals | None = None
 
 
 @dataclass
 class ReportState:
-    """What the reports need beyond the records: the gate's baseline (gate_items.py), the
-    plots written and whether the pytest-html page is this plugin's (outputs.py)."""
+    """What the reports need beyond the records: the gate's baseline (gate_items.py) and the
+    plots written (outputs.py)."""
 
     #: The baseline and tolerances, with --longctx-baseline (see gate_items.py).
     gate: GateState | None = None
     plot_paths: list[Path] = field(default_factory=list)
-    #: pytest-html writes its page into the run folder because this plugin told it to.
-    owns_html_page: bool = False
 
 
 @dataclass

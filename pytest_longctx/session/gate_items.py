@@ -52,7 +52,6 @@ def configure(run: Run) -> None:
     run.reports.gate = gate.GateState(
         baseline.records,
         tolerances,
-        problems,
         level=run.settings.gate_level,
         tolerance_source=source,
     )

@@ -67,7 +67,6 @@ def open_html_page(session: pytest.Session, run: Run) -> None:
         before = {id(plugin) for _, plugin in config.pluginmanager.list_name_plugin()}
         config.pluginmanager.register(HtmlTitle(_title(run)), "longctx-html-title")
         html_plugin.pytest_configure(config)
-        run.reports.owns_html_page = True
         for _, plugin in config.pluginmanager.list_name_plugin():
             if isinstance(plugin, BaseReport) and id(plugin) not in before:
                 plugin.pytest_sessionstart(session)

@@ -48,7 +48,7 @@ from pytest_longctx.session import (
     workers,
 )
 from pytest_longctx.session.hookspecs import campaign_hooks
-from pytest_longctx.session.live_progress import ControllerProgress
+from pytest_longctx.session.live_progress import ControllerProgress, SessionProgress
 from pytest_longctx.session.stash import HEADER_SHOWN_KEY, MEASUREMENT_KEY
 
 
@@ -99,6 +99,9 @@ class SweepSession:
         #: The concurrency levels measured so far, per length (they outlive a server start).
         self.levels = concurrency.LevelsMeasured()
         self.selection = chosen
+        #: Progress inside points (display, progress.json, the ETA) once the sweep starts,
+        #: and on an xdist controller the follower of its workers' progress.
+        self.progress: SessionProgress | None = None
         self.follower: ControllerProgress | None = None
         self.session: pytest.Session | None = None
         self.html_columns = False
@@ -112,7 +115,9 @@ class SweepSession:
         points are watched. Signals and the page wait for selected points."""
         self.session = session
         selection.apply_selection(self.config, self.selection)
-        self.follower = live_progress.start(self.config, self.run, self.on_controller)
+        self.progress, self.follower = live_progress.start(
+            self.config, self.run, self.on_controller
+        )
         if self.on_controller and session is not None:  # xdist: the workers collected
             lines = late_header(self.config, self.run)
             reporter = self.config.pluginmanager.get_plugin("terminalreporter")
@@ -200,7 +205,7 @@ class SweepSession:
                     prompting.prompt_builder(run, info),
                     lifetime.memory,
                     # a concurrency level's c requests are not watched one by one
-                    None if point.concurrent else live_progress.watch(run, info, point),
+                    None if point.concurrent else live_progress.watch(self.progress, info, point),
                     check_alive=lambda grace_s: lifetime.check_alive(grace_s=grace_s),
                     refusal=lambda exc: str(server.refused(run, info.base_url, exc)),
                     levels=self.levels,
@@ -265,7 +270,7 @@ class SweepSession:
         return report
 
     def pytest_longctx_fingerprint(self, config: pytest.Config, fingerprint: dict) -> None:
-        live_progress.add_to_fingerprint(self.run, fingerprint)
+        live_progress.add_to_fingerprint(self.progress, fingerprint)
 
     # -- the end ---------------------------------------------------------------------------
 
@@ -274,7 +279,7 @@ class SweepSession:
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int):
         recorder.record_interrupted(self.config, self.run, self.server.history.starts)
-        live_progress.finish(self.run, self.follower)
+        live_progress.finish(self.progress, self.follower)
         outputs.finish(self.config, self.run)
         result = yield
         outputs.write_index(self.run)  # after pytest-html's page: the index links it
@@ -305,7 +310,7 @@ class SweepSession:
             return None
         finally:
             outputs.terminal_summary(terminalreporter, self.run, self.server.history.starts)
-            live_progress.summary(terminalreporter, self.run)
+            live_progress.summary(terminalreporter, self.progress)
 
     # -- pytest-html, pytest-metadata ------------------------------------------------------
 
