@@ -33,7 +33,15 @@ SERVER = ServerInfo("http://127.0.0.1:9", "kimi", None, "launched")
 
 def budget_of(run, length: int) -> tuple[float, str]:  # noqa: ANN001
     """The budget the session gives a point of ``length``, as its setup decides it."""
-    settings = point_setup.prepare(run, SERVER, Point(length, 0)).settings
+    settings = point_setup.prepare(
+        run.description,
+        SERVER,
+        Point(length, 0),
+        selected=run.selected_points,
+        records=run.results.all_records(),
+        measured_ttft=run.sweep.measured_ttft,
+        stream_interval=None,
+    ).settings
     return settings.first_token_budget_s, settings.budget_source
 
 

@@ -95,7 +95,9 @@ def test_a_slotted_launch_under_an_inherited_cuda_visible_devices_starts(
         f"--longctx-profile={ROCM_PROFILE}", "--longctx-devices-per-server=8"
     )
     run = config.stash[PREPARED_KEY].run
-    command = campaign_server.planned_command(campaign_hooks(config), run, port=8000, build=False)
+    command = campaign_server.planned_command(
+        campaign_hooks(config), run.description, run.sizing(), port=8000, build=False
+    )
     own = ",".join(given[:8])
     assert {k: command.env[k] for k in JOB_VARIABLES if k in command.env} == {
         "HIP_VISIBLE_DEVICES": own,
@@ -112,7 +114,7 @@ def test_a_slotted_launch_under_an_inherited_cuda_visible_devices_starts(
         "with them apart (vllm/platforms/rocm.py, every supported version)"
     )
     # Its telemetry watches those 8, as HIP numbers them.
-    scope = campaign_server.device_scope(run)
+    scope = campaign_server.device_scope(run.description)
     assert (scope.ids, scope.variable, scope.beneath) == (
         tuple(given[:8]),
         "HIP_VISIBLE_DEVICES",
@@ -317,7 +319,7 @@ def scope_of(environ: dict[str, str], slot: ServerSlot, monkeypatch: pytest.Monk
     run = SimpleNamespace(
         settings=SimpleNamespace(url=None),
         plan=SimpleNamespace(profile=load_profile(ROCM_PROFILE)),
-        slot=slot,
+        placement=SimpleNamespace(slot=slot),
     )
     return campaign_server.device_scope(run)  # type: ignore[arg-type]
 

@@ -1,6 +1,7 @@
 """One point measured on its server, each workload its own way: a cold or warm point alone
 (a follow-up first sending the prefix its server lacks), an interference point beside its
-background streams, a concurrency level's prompts at once.
+background streams, a concurrency level's prompts at once; and a point's whole path
+(:func:`measure_judged`): set up, measured, counted against its server, judged.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pytest_longctx.campaign import concurrency
+from pytest_longctx.campaign import concurrency, fidelity, point_setup
+from pytest_longctx.campaign import server as campaign_server
+from pytest_longctx.campaign.lifecycle import ServerLifecycle
 from pytest_longctx.campaign.point_setup import PointSetup, ServerMemory
 from pytest_longctx.client import (
     CompletionClient,
@@ -30,6 +33,64 @@ from pytest_longctx.measure.target import ServerInfo
 from pytest_longctx.measure.under_load import LoadSettings, measure_under_load, probe_sequences
 from pytest_longctx.plan.points import BACKGROUND_DECODE_TOKENS, BACKGROUND_PROMPT_TOKENS, Point
 from pytest_longctx.prompts import Prompt, PromptBuilder
+
+
+def measure_judged(
+    lifecycle: ServerLifecycle,
+    levels: concurrency.LevelsMeasured,
+    client: CompletionClient,
+    server: ServerInfo,
+    point: Point,
+    prompt: Prompt,
+    watch: Callable[[], Any],
+) -> PointMeasurement:
+    """``point`` on the ``lifecycle``'s ``server``, once :meth:`ServerLifecycle.before_point`
+    made it measurable: set up from what the run knows now, measured by its workload (a new
+    progress ``watch()`` each try), its answer judged. A failure that took the server down
+    counts against its length; a point never sent because the server died just before it is
+    measured again once the server is back. Raises :class:`PointFailure` (an unverified
+    point's and a wrong answer's carry what was measured) or :class:`lifecycle.PointSkipped`."""
+    run = lifecycle.run
+
+    def refusal(exc: RequestRejectedError) -> str:
+        return str(campaign_server.refused(run.description, server.base_url, exc))
+
+    while True:
+        setup = point_setup.prepare(
+            run.description,
+            server,
+            point,
+            selected=run.selected_points,
+            records=run.results.all_records(),
+            measured_ttft=run.sweep.measured_ttft,
+            stream_interval=lifecycle.stream_interval(),
+        )
+        try:
+            result = measure(
+                client,
+                server,
+                point,
+                prompt,
+                setup,
+                lifecycle.prompt_builder(server),
+                lifecycle.memory,
+                watch(),
+                check_alive=lambda grace_s: lifecycle.check_alive(grace_s=grace_s),
+                refusal=lambda exc: str(
+                    campaign_server.refused(run.description, server.base_url, exc)
+                ),
+                levels=levels,
+            )
+        except UnverifiedPoint:
+            raise
+        except PointFailure as exc:
+            if exc.sent or not lifecycle.server_down():
+                lifecycle.after_failure(point, exc)
+                raise
+            # Never sent: the server died just before it. Measured after the relaunch.
+            lifecycle.before_point(point)
+            continue
+        return fidelity.judge(run.description, run.findings, point, prompt, result)
 
 
 def measure(

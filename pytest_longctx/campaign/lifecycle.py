@@ -24,14 +24,16 @@ import contextlib
 import dataclasses
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from pytest_longctx.campaign import budgets, point_setup
+from pytest_longctx.campaign import budgets, point_setup, prompting
 from pytest_longctx.campaign import server as campaign_server
 from pytest_longctx.campaign.api_key import api_key, api_key_env_name
 from pytest_longctx.campaign.hooks import CampaignHooks
-from pytest_longctx.campaign.run import Run
+from pytest_longctx.campaign.run import Run, RunDescription, Sizing
 from pytest_longctx.campaign.warm_up import warm_up as run_warm_ups
 from pytest_longctx.client import MeasurementError, ModelEntry, RequestRejectedError
 from pytest_longctx.core.sizes import format_bytes, format_size
@@ -46,6 +48,7 @@ from pytest_longctx.plan.points import COLD, CONCURRENCY, INTERFERENCE, Point
 from pytest_longctx.plan.servers import VISIBLE_DEVICES_ENV
 from pytest_longctx.profiles import hardware, vllm_releases
 from pytest_longctx.progress import telemetry
+from pytest_longctx.prompts import PromptBuilder
 from pytest_longctx.serving import model_description
 from pytest_longctx.serving.process import (
     RELEASE_TIMEOUT_S,
@@ -62,6 +65,9 @@ from pytest_longctx.serving.vllm_command import FlagError, ServerCommand, same_r
 #: Classes that mean the point took the server down with it; they count against its length.
 CRASH_CLASSES = ("engine_died", "oom", "hang", "server_gone")
 REATTACH_POLL_S = 2.0
+#: How the lifecycle makes a server process from its command, log file and start-up timeout:
+#: serving/process.py's :class:`LaunchedServer`, or a stand-in with its methods.
+Launcher = Callable[[ServerCommand, Path, float], LaunchedServer]
 
 
 class PointSkipped(Exception):
@@ -122,10 +128,18 @@ class ServerLifecycle:
     (:class:`ServerHistory`), and what this server start holds of the session's prompts
     (:class:`point_setup.ServerMemory`)."""
 
-    def __init__(self, run: Run, hooks: CampaignHooks | None = None) -> None:
+    def __init__(
+        self,
+        run: Run,
+        hooks: CampaignHooks | None = None,
+        launch: Launcher = LaunchedServer,
+    ) -> None:
+        #: The run whose server this is: the lifecycle alone writes its findings.
         self.run = run
         #: The plugin hooks it calls, as callbacks.
         self.hooks = hooks or CampaignHooks()
+        #: How it makes a server process (a test's stand-in in the lifecycle's unit tests).
+        self.launch = launch
         #: The server measured now (started or attached), or why there is none; None
         #: before the first start.
         self.current: ServerInfo | ServerError | None = None
@@ -144,6 +158,9 @@ class ServerLifecycle:
         self.workload = COLD
         #: What the server measured now holds of this session's prompts, and showed it.
         self.memory = point_setup.ServerMemory()
+        #: The served model's tokenizer, resolved at the first warm-up (its description
+        #: decides which): every prompt of the session is built with it.
+        self.prompts: PromptBuilder | None = None
 
     # -- the first start -------------------------------------------------------------------
 
@@ -157,7 +174,9 @@ class ServerLifecycle:
         try:
             if run.split_error:
                 raise ServerError(run.split_error)
-            self.workload = campaign_server.first_workload(run)
+            self.workload = campaign_server.first_workload(
+                run.plan, run.selected_points, run.results.resumed
+            )
             info = self._attach() if run.settings.url else self._launch()
             cache_labels = _cache_labels(info)
         except ServerError as exc:
@@ -175,10 +194,12 @@ class ServerLifecycle:
             if other and other not in run.findings.problems:
                 run.findings.problems.append(other)
         run.findings.fingerprint = campaign_server.fingerprint(
-            self.hooks, run, info, self.launched is not None
+            self.hooks, run.description, run.findings.model, info, self.launched is not None
         )
         try:
-            campaign_server.check_same_servers(run)
+            campaign_server.check_same_servers(
+                run.description, run.results, run.findings.fingerprint
+            )
         except ServerError as exc:
             self.current = exc
             raise
@@ -219,10 +240,25 @@ class ServerLifecycle:
 
     def warm_up(self, info: ServerInfo) -> None:
         """The warm-up prompts; the last one's stream joins the run's fingerprint."""
-        stream, lesson = run_warm_ups(self.run, info)
-        self.run.findings.fingerprint["stream"] = stream
+        run = self.run
+        builder = self.prompt_builder(info)
+        stream, lesson = run_warm_ups(run.description, run.selected_points, info, builder)
+        run.findings.fingerprint["stream"] = stream
         if lesson is not None:
-            self.run.findings.probe = lesson
+            run.findings.probe = lesson
+
+    def prompt_builder(self, info: ServerInfo) -> PromptBuilder:
+        """The served model's tokenizer, resolved once (a server started again serves the
+        same model, at the same address)."""
+        if self.prompts is None:
+            self.prompts = prompting.prompt_builder(
+                self.run.description, self.run.findings.model, info
+            )
+        return self.prompts
+
+    def stream_interval(self) -> int | None:
+        """The server's stream interval as the warm-ups showed it (None before them)."""
+        return (self.run.findings.fingerprint.get("stream") or {}).get("stream_interval")
 
     def use_server(self, server: ServerInfo) -> None:
         """Measure on ``server`` from now on. A server started (again), or an attached one
@@ -239,9 +275,9 @@ class ServerLifecycle:
 
     def _attach(self) -> ServerInfo:
         run = self.run
-        url, key = run.slot.endpoint or run.settings.url or "", api_key(run)
-        check_attached(url, key, api_key_env_name(run))
-        served, version = _describe_server(run, url, key)
+        url, key = run.slot.endpoint or run.settings.url or "", api_key(run.description)
+        check_attached(url, key, api_key_env_name(run.description))
+        served, version = _describe_server(run.description, url, key)
         self.note_start(None, None, attached=url)
         return ServerInfo(
             url,
@@ -264,7 +300,7 @@ class ServerLifecycle:
             )
         try:
             command, check = campaign_server.checked_command(
-                self.hooks, run, free_port(), build=True, serves=self.workload
+                self.hooks, run.description, self.sizing(), free_port(), True, self.workload
             )
         except Exception as exc:  # noqa: BLE001 - a model that cannot be prepared is a start failure
             raise ServerError(
@@ -279,12 +315,13 @@ class ServerLifecycle:
                     f"vLLM {check.version} does not accept {', '.join(check.left_out)}, which "
                     "pytest-longctx adds on its own: the server runs without it"
                 )
-        run.findings.problems.extend(budgets.launch_warnings(run, self.workload))
+        warnings = budgets.launch_warnings(run.description, self.sizing(), self.workload)
+        run.findings.problems.extend(warnings)
         leftovers = leftover_servers(run.output_root, run.run_dir)
         run.findings.problems.extend(leftovers)
         if profile.serving.device in VISIBLE_DEVICES_ENV:  # what a relaunch waits to see again
             self.history.device_memory_before = telemetry.memory_used(
-                campaign_server.device_scope(run)
+                campaign_server.device_scope(run.description)
             )
         try:
             return self.bring_up(command)
@@ -298,9 +335,14 @@ class ServerLifecycle:
                 raise
         port = int(command.argv[command.argv.index("--port") + 1])
         again = campaign_server.server_command(
-            self.hooks, run, port, build=True, serves=self.workload
+            self.hooks, run.description, self.sizing(), port, True, self.workload
         )
         return self.bring_up(again, cause)
+
+    def sizing(self) -> Sizing:
+        """What a server launched now is sized for: the lengths neither the capacity plan
+        nor vLLM (at an earlier start) refused."""
+        return self.run.sizing(self.history.start_refused)
 
     def _refuse_what_does_not_fit(self, exc: ServerError) -> str | None:
         """vLLM refused the ``--max-model-len`` for its KV cache and said what it can hold:
@@ -313,7 +355,8 @@ class ServerLifecycle:
         if exc.failure_class != "oom" or estimated is None:
             return None
         decode = run.plan.decode_tokens
-        lengths = sorted({p.length for p in run.selected_points} - run.findings.unfit_lengths)
+        sizing = self.sizing()
+        lengths = list(sizing.lengths)
         refused = [length for length in lengths if length + decode > estimated]
         if not refused or len(refused) == len(lengths):
             return None
@@ -326,11 +369,9 @@ class ServerLifecycle:
                 "oom",
                 (words,),
             )
-        run.findings.unfit_lengths |= set(refused)
         held = max(length for length in lengths if length not in refused)
         return (
-            f"vLLM refused --max-model-len "
-            f"{campaign_server.selected_max_model_len_for(run, lengths)} "
+            f"vLLM refused --max-model-len {campaign_server.max_model_len(run.plan, sizing)} "
             f"(estimated maximum {estimated}); started again for {format_size(held)}"
         )
 
@@ -339,7 +380,7 @@ class ServerLifecycle:
     ) -> ServerInfo:
         """Start ``command``, wait until it serves, and note the start (with ``noted``)."""
         run = self.run
-        launched = LaunchedServer(
+        launched = self.launch(
             command,
             run.run_dir / f"{run.server_name}.log",
             run.plan.profile.serving.startup_timeout_s,
@@ -352,11 +393,11 @@ class ServerLifecycle:
         except ServerError:
             launched.stop()  # its guard and files released; a failed start leaves nothing behind
             raise
-        key = api_key(run)
-        served, version = _describe_server(run, launched.base_url, key)
+        key = api_key(run.description)
+        served, version = _describe_server(run.description, launched.base_url, key)
         if self.workload in (INTERFERENCE, CONCURRENCY):
             noted.setdefault("workload", self.workload)
-        self.note_start(time.monotonic() - started, cause, pid=launched.process.pid, **noted)
+        self.note_start(time.monotonic() - started, cause, pid=launched.pgid, **noted)
         return ServerInfo(
             launched.base_url,
             served.id,
@@ -394,7 +435,7 @@ class ServerLifecycle:
             check_attached(
                 self.current.base_url,
                 self.current.api_key,
-                api_key_env_name(self.run),
+                api_key_env_name(self.run.description),
                 PROBE_TIMEOUT_S,
             )
 
@@ -559,7 +600,7 @@ class ServerLifecycle:
             self._bring_up_again(
                 old,
                 campaign_server.server_command(
-                    self.hooks, self.run, port, build=True, serves=workload
+                    self.hooks, self.run.description, self.sizing(), port, True, workload
                 ),
                 cause,
                 f"the server for the {workload} workload",
@@ -592,10 +633,12 @@ class ServerLifecycle:
         workload) is the run's from here on. A failure is a :class:`ServerError`, the server
         it started stopped."""
         run = self.run
-        self._wait_released(old.process.pid if old.process else None, command.argv)
+        self._wait_released(old.pgid, command.argv)
         info = self.bring_up(command, cause=cause, **noted)
         try:
-            fingerprint = campaign_server.fingerprint(self.hooks, run, info, launched=True)
+            fingerprint = campaign_server.fingerprint(
+                self.hooks, run.description, run.findings.model, info, launched=True
+            )
             differences = fingerprint_mismatch(run.findings.fingerprint, fingerprint)
             if differences:
                 raise ServerError(
@@ -625,7 +668,7 @@ class ServerLifecycle:
         wait_released(pgid, host, port)
         before = self.history.device_memory_before
         if before:
-            scope = campaign_server.device_scope(self.run)
+            scope = campaign_server.device_scope(self.run.description)
             held = wait_device_memory(before, lambda: telemetry.memory_used(scope))
             if held:
                 raise ServerError(
@@ -640,7 +683,7 @@ class ServerLifecycle:
         gone, self.lost = self.lost, None
         answering = True
         try:
-            check_attached(server.base_url, server.api_key, api_key_env_name(run))
+            check_attached(server.base_url, server.api_key, api_key_env_name(run.description))
         except ServerError as exc:
             if exc.failure_class not in ("server_gone", "hang", "engine_died"):
                 raise PointFailure(str(exc), exc.failure_class, exc.evidence, sent=False) from None
@@ -651,7 +694,7 @@ class ServerLifecycle:
         deadline = waited + run.settings.reattach_timeout_s
         while not answering:
             try:
-                check_attached(server.base_url, server.api_key, api_key_env_name(run))
+                check_attached(server.base_url, server.api_key, api_key_env_name(run.description))
                 break
             except ServerError:
                 if time.monotonic() > deadline:
@@ -709,7 +752,9 @@ def _cache_labels(info: ServerInfo) -> dict[str, str] | None:
             return None
 
 
-def _describe_server(run: Run, base_url: str, key: str | None) -> tuple[ModelEntry, str | None]:
+def _describe_server(
+    run: RunDescription, base_url: str, key: str | None
+) -> tuple[ModelEntry, str | None]:
     with control_client(base_url, key) as client:
         try:
             return client.models(), client.version()

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_longctx.campaign import budgets, concurrency
 from pytest_longctx.campaign import server as campaign_server
-from pytest_longctx.campaign.run import Run
+from pytest_longctx.campaign.run import RunDescription
+from pytest_longctx.core.records import Record
 from pytest_longctx.measure.cache_state import PlannedBytes
 from pytest_longctx.measure.measurement import PointSettings
 from pytest_longctx.measure.target import ServerInfo
@@ -74,20 +75,33 @@ class PointSetup:
     level: concurrency.LevelSetup | None = None
 
 
-def prepare(run: Run, server: ServerInfo, point: Point) -> PointSetup:
-    """The point's settings, with the first-token budget grown from the points measured so
-    far, or from what the run knows before (:mod:`budgets`), and the point's planned slowest
-    engine step (the least a request abandoned mid-step is waited for)."""
+def prepare(
+    run: RunDescription,
+    server: ServerInfo,
+    point: Point,
+    *,
+    selected: Sequence[Point],
+    records: Sequence[Record],
+    measured_ttft: Mapping[int, float],
+    stream_interval: int | None,
+) -> PointSetup:
+    """The point's settings, with the first-token budget grown from the TTFT this process
+    ``measured_ttft`` so far, or from what the run knows before (its ``records``, the
+    profile: :mod:`budgets`), the point's planned slowest engine step (the least a request
+    abandoned mid-step is waited for) and the server's ``stream_interval`` as the warm-ups
+    showed it; a concurrency level's setup knows the highest level ``selected``."""
     requests = point.concurrency if point.concurrent else 1
-    budget_s, source = budgets.first_token_budget(run, point.length, requests)
+    budget_s, source = budgets.first_token_budget(
+        run, records, measured_ttft, point.length, requests
+    )
     settings = PointSettings(
         decode_tokens=run.plan.decode_tokens,
         first_token_budget_s=budget_s,
         budget_source=source,
         allow_unverified=run.settings.allow_unverified,
-        stream_interval=(run.findings.fingerprint.get("stream") or {}).get("stream_interval"),
+        stream_interval=stream_interval,
         planned_step_s=budgets.planned_step_s(
-            run, point.length, campaign_server.workload_of(point)
+            run, records, point.length, campaign_server.workload_of(point)
         ),
     )
     if not point.interference:
@@ -110,7 +124,7 @@ def prepare(run: Run, server: ServerInfo, point: Point) -> PointSetup:
         run.settings.stream_tolerance,
         not run.settings.strict_stream,
         run.settings.tcp_keepalive_s,
-        concurrency.level_setup(run) if point.concurrent else None,
+        concurrency.level_setup(run, selected) if point.concurrent else None,
     )
 
 

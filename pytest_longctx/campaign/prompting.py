@@ -1,5 +1,5 @@
-"""A point's prompt: the served model's tokenizer, resolved once per session, and each point's
-exact-length prompt (its nonce, its tag, the fidelity probe's needles).
+"""A point's prompt: the served model's tokenizer (resolved once per session, by the
+lifecycle), and each point's exact-length prompt (its nonce, its tag, the probe's needles).
 """
 
 from __future__ import annotations
@@ -7,29 +7,30 @@ from __future__ import annotations
 from typing import Any
 
 from pytest_longctx.campaign import server as campaign_server
-from pytest_longctx.campaign.run import Run
+from pytest_longctx.campaign.run import RunDescription
 from pytest_longctx.measure.measurement import client_for
 from pytest_longctx.measure.target import ServerInfo
-from pytest_longctx.plan.points import Point
+from pytest_longctx.plan.points import Point, SweepPlan
 from pytest_longctx.prompts import LocalTokenSource, Prompt, PromptBuilder, ServerTokenSource
 from pytest_longctx.prompts.needle import NEEDLE_KEYS
 from pytest_longctx.prompts.probe import probe_depth
 from pytest_longctx.serving import model_description
+from pytest_longctx.serving.model_description import ModelDescription
 
 
-def prompt_builder(run: Run, server: ServerInfo) -> PromptBuilder:
+def prompt_builder(
+    run: RunDescription, model: ModelDescription | None, server: ServerInfo
+) -> PromptBuilder:
     """The served model's tokenizer: a local copy when there is one, else the server's own.
 
     Local: the profile's (launched, or attached to the profile's model) or the server's model
-    folder when it is readable here. Otherwise ``/tokenize`` encodes and ``/detokenize``
-    decodes (text prompts).
+    folder when it is readable here (``model``: the served model as the lifecycle described
+    it). Otherwise ``/tokenize`` encodes and ``/detokenize`` decodes (text prompts).
     """
-    if run.prompt_builder is not None:
-        return run.prompt_builder
     from pytest_longctx.profiles.embedded_models import cache_root
 
     profile = run.plan.profile
-    described_by = getattr(run.findings.model, "described_by", model_description.BY_PROFILE)
+    described_by = getattr(model, "described_by", model_description.BY_PROFILE)
     source: Any
     if described_by == model_description.BY_PROFILE:
         source = LocalTokenSource(
@@ -46,11 +47,10 @@ def prompt_builder(run: Run, server: ServerInfo) -> PromptBuilder:
             lambda text, special: client.tokenize(text, add_special_tokens=special),
             lambda ids: client.detokenize(server.model_name, ids),
         )
-    run.prompt_builder = PromptBuilder(source, cache_root() / "prompts", seed=run.settings.seed)
-    return run.prompt_builder
+    return PromptBuilder(source, cache_root() / "prompts", seed=run.settings.seed)
 
 
-def build_prompt(run: Run, builder: PromptBuilder, point: Point) -> Prompt:
+def build_prompt(run: RunDescription, builder: PromptBuilder, point: Point) -> Prompt:
     """The point's own nonce first (its index in the plan), then a readable tag. A warm
     follow-up is its cold point's prompt exactly, then a suffix opening with its own nonce.
     A measured prompt carries the fidelity probe (unless ``--longctx-fidelity=off``): a
@@ -75,11 +75,11 @@ def build_prompt(run: Run, builder: PromptBuilder, point: Point) -> Prompt:
         nonce=nonce,
         probe_key=f"{run.run_id}:{index}" if probed else None,
         depth=probe_depth(index),
-        needles=needles_per_prompt(run),
+        needles=needles_per_prompt(run.plan),
     )
 
 
-def needles_per_prompt(run: Run) -> int:
+def needles_per_prompt(plan: SweepPlan) -> int:
     """One needle for the cold question and one for each warm follow-up, up to the keys
     there are (follow-ups beyond ask the needles again, in turn)."""
-    return min(1 + run.plan.warm_questions, len(NEEDLE_KEYS))
+    return min(1 + plan.warm_questions, len(NEEDLE_KEYS))

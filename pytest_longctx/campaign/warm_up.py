@@ -4,10 +4,10 @@ streams (for the run's fingerprint) and whether the served model answers the fid
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from pytest_longctx.campaign.prompting import prompt_builder
-from pytest_longctx.campaign.run import Run
+from pytest_longctx.campaign.run import RunDescription
 from pytest_longctx.client import (
     CompletionClient,
     CompletionRequest,
@@ -16,7 +16,9 @@ from pytest_longctx.client import (
 )
 from pytest_longctx.measure.measurement import client_for
 from pytest_longctx.measure.target import ServerError, ServerInfo
-from pytest_longctx.prompts import ProbeLesson, Prompt, fidelity_verdict, learn
+from pytest_longctx.plan.points import Point, SweepPlan
+from pytest_longctx.plan.settings import Settings
+from pytest_longctx.prompts import ProbeLesson, Prompt, PromptBuilder, fidelity_verdict, learn
 from pytest_longctx.prompts.probe import after_reasoning, probe_depth
 
 WARMUP_PROMPT_TOKENS = 1024
@@ -28,13 +30,15 @@ WARMUP_PROMPT_TOKENS = 1024
 WARMUP_DECODE_TOKENS = 24
 
 
-def warm_up_length(run: Run) -> int:
+def warm_up_length(selected: Sequence[Point]) -> int:
     """The warm-ups' prompt length: the smallest selected, at most 1Ki."""
-    length = min([p.length for p in run.selected_points] or [WARMUP_PROMPT_TOKENS])
+    length = min([p.length for p in selected] or [WARMUP_PROMPT_TOKENS])
     return min(length, WARMUP_PROMPT_TOKENS)
 
 
-def warm_up(run: Run, server: ServerInfo) -> tuple[dict[str, Any], ProbeLesson | None]:
+def warm_up(
+    run: RunDescription, selected: Sequence[Point], server: ServerInfo, builder: PromptBuilder
+) -> tuple[dict[str, Any], ProbeLesson | None]:
     """Short prompts before the first measured point (three by default, as the reference study
     sent; ``--longctx-warmup-prompts`` sets how many); how the last one streamed
     (:func:`stream_fingerprint`), for the run's fingerprint, and what they showed of the model
@@ -46,10 +50,9 @@ def warm_up(run: Run, server: ServerInfo) -> tuple[dict[str, Any], ProbeLesson |
     learned here (:func:`learn_probe`), before any point, so it does not depend on which point
     runs first (pytest-xdist sends the longest first).
     """
-    length = warm_up_length(run)
+    length = warm_up_length(selected)
     probed = run.settings.fidelity != "off"
     with client_for(server) as client:
-        builder = prompt_builder(run, server)
         stream: StreamMeasurement | None = None
         asked: list[tuple[Prompt, str]] = []
         for index in range(run.plan.warmup_prompts):
@@ -78,12 +81,12 @@ def warm_up(run: Run, server: ServerInfo) -> tuple[dict[str, Any], ProbeLesson |
             except MeasurementError as exc:
                 raise ServerError(f"warm-up request {index + 1} failed: {exc}") from exc
             asked.append((prompt, stream.completion_head))
-        lesson = learn_probe(run, server, client, asked, length) if probed else None
-    return stream_fingerprint(run, stream), lesson
+        lesson = learn_probe(run.plan, server, client, asked, length) if probed else None
+    return stream_fingerprint(run.settings, stream), lesson
 
 
 def learn_probe(
-    run: Run,
+    plan: SweepPlan,
     server: ServerInfo,
     client: CompletionClient,
     asked: list[tuple[Prompt, str]],
@@ -99,19 +102,20 @@ def learn_probe(
     for prompt, head in asked:
         verdict = fidelity_verdict(prompt.probe, head, "check")
         thinking = after_reasoning(head)[0] is None
-        if thinking and run.plan.decode_tokens > WARMUP_DECODE_TOKENS:
-            verdict = fidelity_verdict(prompt.probe, think(client, server, prompt, run), "check")
+        if thinking and plan.decode_tokens > WARMUP_DECODE_TOKENS:
+            answer = think(client, server, prompt, plan.decode_tokens)
+            verdict = fidelity_verdict(prompt.probe, answer, "check")
         verdicts.append(verdict)
     return learn(verdicts, length, server.model_name)
 
 
-def think(client: CompletionClient, server: ServerInfo, prompt: Prompt, run: Run) -> str:
+def think(client: CompletionClient, server: ServerInfo, prompt: Prompt, decode_tokens: int) -> str:
     """The completion of a warm-up's ``prompt`` given the points' decode length to think in
     (``min_tokens`` 0, ending at the model's end of text)."""
     request = CompletionRequest(
         model=server.model_name,
         prompt=prompt.ids,
-        decode_tokens=run.plan.decode_tokens,
+        decode_tokens=decode_tokens,
         ignore_eos=False,
         extra_body={"min_tokens": 0},
     )
@@ -124,7 +128,7 @@ def think(client: CompletionClient, server: ServerInfo, prompt: Prompt, run: Run
     return stream.completion_head
 
 
-def stream_fingerprint(run: Run, warm_up: StreamMeasurement | None) -> dict[str, Any]:
+def stream_fingerprint(settings: Settings, warm_up: StreamMeasurement | None) -> dict[str, Any]:
     """How the server streams, as the last warm-up showed it (an attached server does not
     export its ``--stream-interval``), and how each point's stream is checked against the
     server's decode. Only what stays put from one warm-up to the next: a chunk the server
@@ -134,7 +138,7 @@ def stream_fingerprint(run: Run, warm_up: StreamMeasurement | None) -> dict[str,
     return {
         "stream_interval": chunking.get("stream_interval"),
         "token_count_source": chunking.get("token_count_source"),
-        "tolerance": run.settings.stream_tolerance,
+        "tolerance": settings.stream_tolerance,
         # kept with the server's decode figure (the default), or failed (--longctx-strict-stream)
-        "bursts_allowed": not run.settings.strict_stream,
+        "bursts_allowed": not settings.strict_stream,
     }

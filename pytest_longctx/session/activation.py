@@ -70,7 +70,7 @@ def prepare(config: pytest.Config) -> PreparedSweep:
             workers.run_from_controller(config),
             workers.place(config, settings, plan),
         )
-        check_api_key_env(run)
+        check_api_key_env(run.description)
         if not settings.url:  # a launch runs the vLLM installed here (or the pinned one)
             capacity_check.planned_release(plan.profile)
             refusal = capacity_check.warm_refusal(plan)

@@ -55,7 +55,7 @@ def configure(run: Run) -> None:
         level=run.settings.gate_level,
         tolerance_source=source,
     )
-    run.findings.problems.extend(problems)
+    run.reports.problems.extend(problems)
 
 
 def baseline_records(run: Run) -> list[Record]:

@@ -176,7 +176,7 @@ class SessionProgress:
                 why = f"the server ({url}) is not on this host, whose devices would be read"
                 self._telemetry = DeviceTelemetry(tool=None, missing=why)
             else:
-                self._telemetry = DeviceTelemetry.detect(device_scope(self.run))
+                self._telemetry = DeviceTelemetry.detect(device_scope(self.run.description))
         return self._telemetry
 
     def describe_telemetry(self) -> dict[str, Any]:

@@ -211,7 +211,7 @@ def hand_to_pytest_benchmark(config: pytest.Config, records: list[Record]) -> No
 def terminal_summary(terminalreporter, run: Run, starts: Sequence[dict]) -> None:  # noqa: ANN001
     """The sweep's lines after pytest's own: problems, the capacity check, the server's
     starts (``starts``, the lifecycle's), the gate, and the results table."""
-    for problem in run.findings.problems:
+    for problem in run.reports.problems + run.findings.problems:
         terminalreporter.write_line(f"pytest-longctx: {problem}", yellow=True)
     if run.findings.capacity_check is not None:
         terminalreporter.write_line(

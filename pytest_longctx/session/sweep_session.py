@@ -19,7 +19,6 @@ from pytest_longctx.campaign import (
     dispatch,
     fidelity,
     lifecycle,
-    point_setup,
     prompting,
     server,
 )
@@ -28,7 +27,6 @@ from pytest_longctx.campaign.signals import SessionSignals
 from pytest_longctx.client import CompletionClient
 from pytest_longctx.core.records import Record
 from pytest_longctx.measure.measurement import (
-    PointFailure,
     PointMeasurement,
     UnverifiedPoint,
     client_for,
@@ -162,7 +160,7 @@ class SweepSession:
         return client_for(info, self.run.settings.tcp_keepalive_s)
 
     def prompt_builder(self, info: ServerInfo) -> PromptBuilder:
-        builder = prompting.prompt_builder(self.run, info)
+        builder = self.server.prompt_builder(info)
         if self.run.settings.prompt_format == "text":
             try:
                 builder.check_text_prompts()
@@ -172,7 +170,7 @@ class SweepSession:
 
     def prompt(self, builder: PromptBuilder, point: Point) -> Prompt:
         self.before_point(point)  # the server may build it
-        return prompting.build_prompt(self.run, builder, point)
+        return prompting.build_prompt(self.run.description, builder, point)
 
     def before_point(self, point: Point) -> None:
         """The lifecycle's :meth:`~lifecycle.ServerLifecycle.before_point`, a point it will not
@@ -191,40 +189,22 @@ class SweepSession:
     ) -> Callable[[Prompt], PointMeasurement]:
         """Measures one prompt of ``point``; what it produced is kept on ``item`` for its
         record, figures included when the point fails."""
-        run, lifetime = self.run, self.server
         self.before_point(point)
+
+        def watch() -> Any:
+            # a concurrency level's c requests are not watched one by one
+            return None if point.concurrent else live_progress.watch(self.progress, info, point)
 
         def run_measurement(prompt: Prompt) -> PointMeasurement:
             try:
-                result = dispatch.measure(
-                    client,
-                    info,
-                    point,
-                    prompt,
-                    point_setup.prepare(run, info, point),
-                    prompting.prompt_builder(run, info),
-                    lifetime.memory,
-                    # a concurrency level's c requests are not watched one by one
-                    None if point.concurrent else live_progress.watch(self.progress, info, point),
-                    check_alive=lambda grace_s: lifetime.check_alive(grace_s=grace_s),
-                    refusal=lambda exc: str(server.refused(run, info.base_url, exc)),
-                    levels=self.levels,
+                result = dispatch.measure_judged(
+                    self.server, self.levels, client, info, point, prompt, watch
                 )
-            except UnverifiedPoint as exc:
-                item.stash[MEASUREMENT_KEY] = exc.measurement  # its figures stay recorded
+            except (UnverifiedPoint, fidelity.WrongAnswer) as exc:
+                item.stash[MEASUREMENT_KEY] = exc.measurement  # figures (and verdict) recorded
                 raise
-            except PointFailure as exc:
-                if exc.sent or not lifetime.server_down():
-                    lifetime.after_failure(point, exc)
-                    raise
-                # Never sent: the server died just before it. Measured after the relaunch.
-                self.before_point(point)
-                return run_measurement(prompt)
-            try:
-                result = fidelity.judge(run, point, prompt, result)
-            except fidelity.WrongAnswer as exc:
-                item.stash[MEASUREMENT_KEY] = exc.measurement  # figures and verdict recorded
-                raise
+            except lifecycle.PointSkipped as exc:
+                raise skip(exc) from None
             item.stash[MEASUREMENT_KEY] = result
             return result
 
@@ -375,9 +355,9 @@ def print_plan(session: pytest.Session, run: Run) -> None:
             f"(requests of {each} tokens each, re-issued as they end), on a server of its own "
             f"with room for {requests + 1} sequences; the capacity plan counts them"
         )
-    for line in fidelity.plan_lines(run):
+    for line in fidelity.plan_lines(run.description, run.selected_points):
         write(line)
-    for line in budgets.plan_lines(run):
+    for line in budgets.plan_lines(run.description, run.sizing()):
         write(line)
     for item in session.items:
         point = sweep_items.point_of(item)
@@ -388,7 +368,7 @@ def print_plan(session: pytest.Session, run: Run) -> None:
         extra = (f" [{bands[0]}]" if bands else "") + (f" SKIP: {skip}" if skip else "")
         write(f"  {label}{extra}")
     write("")
-    write(server.describe_server(campaign_hooks(config), run))
+    write(server.describe_server(campaign_hooks(config), run.description, run.sizing()))
     table = capacity_check.render_table(sized, sorted({p.length for p in run.selected_points}))
     if table:
         write("")
