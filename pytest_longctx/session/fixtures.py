@@ -78,7 +78,7 @@ def longctx_prompt(
     if recorded is not None:
         return RecordedPrompt(recorded.length, recorded.prompt_tokens or 0)
     builder: PromptBuilder = request.getfixturevalue("longctx_prompts")
-    return activate(request.config).prompt(builder, longctx_point)
+    return activate(request.config).prompt(request.node, builder, longctx_point)
 
 
 @pytest.fixture

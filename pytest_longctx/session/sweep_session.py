@@ -103,6 +103,9 @@ class SweepSession:
         self.follower: ControllerProgress | None = None
         self.session: pytest.Session | None = None
         self.html_columns = False
+        #: The item whose point the lifecycle has made measurable: its prompt and its
+        #: measurement both need that, once.
+        self.ready_item: pytest.Item | None = None
 
     @property
     def on_controller(self) -> bool:
@@ -168,17 +171,24 @@ class SweepSession:
                 pytest.exit(str(exc), returncode=pytest.ExitCode.USAGE_ERROR)
         return builder
 
-    def prompt(self, builder: PromptBuilder, point: Point) -> Prompt:
-        self.before_point(point)  # the server may build it
+    def prompt(self, item: pytest.Item, builder: PromptBuilder, point: Point) -> Prompt:
+        self.ready(item, point)  # the server may build it
         return prompting.build_prompt(self.run.description, builder, point)
 
-    def before_point(self, point: Point) -> None:
-        """The lifecycle's :meth:`~lifecycle.ServerLifecycle.before_point`, a point it will not
-        measure skipped."""
+    def ready(self, item: pytest.Item, point: Point) -> None:
+        """The lifecycle's :meth:`~lifecycle.ServerLifecycle.before_point`, once per item,
+        whichever of its fixtures asks first; a point it will not measure skipped."""
+        if self.ready_item is item:
+            return
         try:
             self.server.before_point(point)
         except lifecycle.PointSkipped as exc:
             raise skip(exc) from None
+        self.ready_item = item
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        self.ready_item = None  # each setup (a rerun's too) asks the lifecycle again
 
     def recorded_measurement(self, record: Record) -> Callable[[Prompt], PointMeasurement]:
         """A resumed point's measurement: its record, not a request."""
@@ -189,7 +199,7 @@ class SweepSession:
     ) -> Callable[[Prompt], PointMeasurement]:
         """Measures one prompt of ``point``; what it produced is kept on ``item`` for its
         record, figures included when the point fails."""
-        self.before_point(point)
+        self.ready(item, point)
 
         def watch() -> Any:
             # a concurrency level's c requests are not watched one by one
