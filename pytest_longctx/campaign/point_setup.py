@@ -61,7 +61,7 @@ class ServerMemory:
 
 @dataclass(frozen=True)
 class PointSetup:
-    """What the session decides for one point before it is measured (:func:`point_setup`):
+    """What the session decides for one point before it is measured (:func:`prepare`):
     the measurement's settings, and the run's words an interference point's background
     needs (its nonces' key, its streams, how its stream is judged)."""
 
