@@ -146,7 +146,7 @@ class ServerLifecycle:
         #: The server process this session launched, while it runs (None: attached).
         self.launched: LaunchedServer | None = None
         #: Its starts, crashes, relaunches and refusals.
-        self.history = ServerHistory()
+        self.history: ServerHistory = ServerHistory()
         #: Why the server must be started again before the next point (a hang), when it must.
         self.restart_cause: ServerError | None = None
         #: Why an attached server was lost during a point: before the next one it is checked
@@ -157,7 +157,7 @@ class ServerLifecycle:
         #: sequences) or ``concurrency`` (room for the highest level).
         self.workload = COLD
         #: What the server measured now holds of this session's prompts, and showed it.
-        self.memory = point_setup.ServerMemory()
+        self.memory: point_setup.ServerMemory = point_setup.ServerMemory()
         #: The served model's tokenizer, resolved at the first warm-up (its description
         #: decides which): every prompt of the session is built with it.
         self.prompts: PromptBuilder | None = None
