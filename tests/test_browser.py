@@ -24,11 +24,11 @@ from browser import Browser, Page, browser, chromium  # noqa: F401 - the fixture
 from fabricated_runs import BUILT_IN, NOW, faster, make_records, write_records, write_run
 from longctx_testing import ATTACHED_TIMEOUT_S, SHARED_SERVERS_PROFILE, SWEEP_TEST, run_folder
 
+from pytest_longctx.campaign import lifecycle
 from pytest_longctx.cli import main as cli_main
 from pytest_longctx.core.records import Record, append_record, read_records
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.reporting.run_comparison import write_comparison
-from pytest_longctx.session import lifecycle
 
 KI = 1024
 #: The columns the plugin adds to pytest-html's results table, as rendered.
@@ -245,7 +245,7 @@ def test_compare_page_renders_its_tables_and_overlays(
 
 @pytest.fixture
 def no_server(monkeypatch: pytest.MonkeyPatch) -> None:
-    def refuse(self: lifecycle.ServerLifecycle, config: pytest.Config) -> None:
+    def refuse(self: lifecycle.ServerLifecycle) -> None:
         raise AssertionError("a session reporting finished records started a server")
 
     monkeypatch.setattr(lifecycle.ServerLifecycle, "start", refuse)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from longctx_testing import SWEEP_TEST, schedule_on_two
 
+from pytest_longctx.campaign import point_setup
 from pytest_longctx.core.records import Record, append_record
 from pytest_longctx.measure.target import ServerInfo
 from pytest_longctx.measure.timeouts import FirstTokenBudget, KnownTtft
@@ -22,7 +23,6 @@ from pytest_longctx.plan.points import Point
 from pytest_longctx.profiles import load_profile, vllm_releases
 from pytest_longctx.profiles.profile import PROFILE_DIR, ProfileError
 from pytest_longctx.serving import step_limit
-from pytest_longctx.session import point_setup
 
 MI = 1024**2
 #: The study's 64Mi TTFT (Table 1, n=3 mean).
@@ -33,7 +33,15 @@ SERVER = ServerInfo("http://127.0.0.1:9", "kimi", None, "launched")
 
 def budget_of(run, length: int) -> tuple[float, str]:  # noqa: ANN001
     """The budget the session gives a point of ``length``, as its setup decides it."""
-    settings = point_setup.prepare(run, SERVER, Point(length, 0)).settings
+    settings = point_setup.prepare(
+        run.description,
+        SERVER,
+        Point(length, 0),
+        selected=run.selected_points,
+        records=run.results.all_records(),
+        measured_ttft=run.sweep.measured_ttft,
+        stream_interval=None,
+    ).settings
     return settings.first_token_budget_s, settings.budget_source
 
 

@@ -140,9 +140,9 @@ def test_a_workers_run_is_created_with_its_place_in_the_campaign(
 ) -> None:
     """What the controller hands a worker (its slot, the run's start, a split error) is the
     worker's run from its creation on, not patched in afterwards."""
+    from pytest_longctx.campaign.run import Run
     from pytest_longctx.session import workers
     from pytest_longctx.session.activation import PREPARED_KEY
-    from pytest_longctx.session.run import Run
 
     pytester.makepyfile(test_sweep=SWEEP_TEST)
     config = pytester.parseconfigure("--longctx-to=2Ki")

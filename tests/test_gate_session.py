@@ -20,12 +20,12 @@ import pytest
 from fabricated_runs import FINGERPRINT, NOW, Figures, make_records
 from longctx_testing import SHARED_SERVERS_PROFILE, SWEEP_TEST, run_folder
 
+from pytest_longctx.campaign import lifecycle
 from pytest_longctx.core.records import Record, append_record, read_records
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.gate import parse_tolerances, student_t_isf
 from pytest_longctx.profiles import PROFILE_DIR, load_profile
 from pytest_longctx.reporting import gate_report, plots
-from pytest_longctx.session import lifecycle
 
 KI = 1024
 RUN_ID = "20260101T000000Z-c0ffee"
@@ -53,7 +53,7 @@ def scaled(figures: Figures, lengths: set[int], ttft: float, decode: float) -> d
 def no_server(monkeypatch: pytest.MonkeyPatch) -> None:
     """In-process sessions fail at once, instead of launching vLLM, if they ask for a server."""
 
-    def refuse(self: lifecycle.ServerLifecycle, config: pytest.Config) -> None:
+    def refuse(self: lifecycle.ServerLifecycle) -> None:
         raise AssertionError("a session that needs no measurement started a server")
 
     monkeypatch.setattr(lifecycle.ServerLifecycle, "start", refuse)

@@ -26,6 +26,18 @@ ALLOWED: dict[str, set[str]] = {
     "progress": {"core", "client", "measure"},
     "gate": {"core"},
     "reporting": {"core", "capacity", "gate", "progress"},
+    "campaign": {
+        "core",
+        "client",
+        "prompts",
+        "profiles",
+        "capacity",
+        "plan",
+        "measure",
+        "serving",
+        "progress",
+        "gate",
+    },
     "suite": {"__init__"},
 }
 #: The plugin layer: pytest-aware, and free to import every package below it.
@@ -134,6 +146,39 @@ def test_only_the_plugin_layer_imports_pytest() -> None:
         and any(name.split(".")[0] in ("pytest", "_pytest") for name in third_party_imports(path))
     ]
     assert offenders == []
+
+
+def test_the_campaign_runs_without_pytest() -> None:
+    """The campaign (its state, the server's lifecycle, a point's setup, measurement and
+    judgement) imports neither pytest nor the pytest layer, directly or through what it
+    imports: the session layer drives it, and a test drives it with fakes."""
+    import subprocess
+    import sys
+
+    campaign = sorted(module for module in MODULES if layer_of(module) == "campaign")
+    direct = [
+        module
+        for module in campaign
+        if any(
+            name.split(".")[0] in ("pytest", "_pytest")
+            for name in third_party_imports(MODULES[module])
+        )
+    ]
+    assert campaign and direct == []
+    script = (
+        "import sys\n"
+        "sys.modules['pytest'] = sys.modules['_pytest'] = None\n"
+        "import importlib\n"
+        f"for name in {campaign!r}: importlib.import_module(name)\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('pytest_longctx.session', "
+        "'pytest_longctx.plugin')) or m.split('.')[0] in ('pytest', '_pytest') and "
+        "sys.modules[m] is not None))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
 
 
 def test_each_layer_imports_only_what_comes_before_it() -> None:
@@ -366,9 +411,10 @@ def test_a_mean_and_its_spread_are_written_by_the_one_formatter() -> None:
     assert offenders == {}
 
 
-#: A session's state objects: the mutable classes of the session layer. Each holds at most a
-#: dozen fields and is written from at most three modules, so its owner is plain to see.
-STATE_PACKAGE = "session"
+#: A session's state objects: the mutable classes of the session layer and the campaign. Each
+#: holds at most a dozen fields and is written from at most three modules, so its owner is
+#: plain to see.
+STATE_PACKAGES = {"session", "campaign"}
 MAX_STATE_FIELDS = 12
 MAX_STATE_WRITERS = 3
 #: Calls that change a list, dict or set in place.
@@ -522,13 +568,14 @@ def session_sources() -> dict[str, str]:
     return {
         module: path.read_text()
         for module, path in MODULES.items()
-        if layer_of(module) == STATE_PACKAGE
+        if layer_of(module) in STATE_PACKAGES
     }
 
 
 def test_each_session_state_object_is_small_and_has_few_writers() -> None:
-    """No state object of the session layer holds more than a dozen fields or is written from
-    more than three modules: each piece of state has an owner a reader can find."""
+    """No state object of the session layer or the campaign holds more than a dozen fields or
+    is written from more than three modules: each piece of state has an owner a reader can
+    find."""
     sources = session_sources()
     too_big = {
         name: len(fields)

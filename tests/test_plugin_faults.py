@@ -17,7 +17,9 @@ from longctx_testing import (
     run_folder,
 )
 
+from pytest_longctx.campaign import lifecycle
 from pytest_longctx.core.sizes import format_size
+from pytest_longctx.plan.points import Point
 
 
 @pytest.fixture
@@ -172,6 +174,27 @@ def test_the_warmup_prompts_sent_are_the_profiles_unless_given(
     assert sent_before_the_point == [warm_ups]  # each warm-up is one streamed completion
     assert len(fake_vllm.streams) == warm_ups + 1
     assert records[0].fingerprint["stream"]["stream_interval"] == 1  # the last warm-up's
+
+
+def test_the_lifecycle_makes_each_point_measurable_once(
+    session,  # noqa: ANN001
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A point's prompt and its measurement both need the server ready (a dead one started
+    again, an attached one checked): the lifecycle is asked once per point, whichever of the
+    item's fixtures asks first, not once by each (an attached server was probed twice)."""
+    asked: list[str] = []
+    before_point = lifecycle.ServerLifecycle.before_point
+
+    def counted(self: lifecycle.ServerLifecycle, point: Point) -> None:
+        asked.append(point.id)
+        before_point(self, point)
+
+    monkeypatch.setattr(lifecycle.ServerLifecycle, "before_point", counted)
+    result, records = session("-m", "len<=2Ki")
+    result.assert_outcomes(passed=2)
+    assert asked == [Point.of_record(record).id for record in records]
+    assert len(asked) == 2
 
 
 def test_first_token_timeout_fails_the_item_and_the_session_goes_on(session) -> None:  # noqa: ANN001

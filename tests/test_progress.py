@@ -754,7 +754,10 @@ def test_devices_are_read_only_where_the_server_runs(
             False,
             None,
         )
-        run = SimpleNamespace(settings=settings, plan=SimpleNamespace(profile=profile), slot=slot)
+        plan = SimpleNamespace(profile=profile)
+        placement = SimpleNamespace(slot=slot)
+        description = SimpleNamespace(settings=settings, plan=plan, placement=placement)
+        run = SimpleNamespace(settings=settings, plan=plan, slot=slot, description=description)
         return SessionProgress(config, run)  # type: ignore[arg-type]
 
     profile, slot = load_profile("cpu-tiny"), ServerSlot(0)

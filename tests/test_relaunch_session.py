@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from longctx_testing import SWEEP_TEST, launch_fake_conftest, records_of, run_folder, run_session
 
+from pytest_longctx.campaign import lifecycle
 from pytest_longctx.progress import telemetry
 from pytest_longctx.serving import process
 from pytest_longctx.serving.process import is_alive, wait_group_gone
-from pytest_longctx.session import lifecycle
 
 #: Sessions that launch the stand-in server: run beside the other sessions (make test).
 pytestmark = pytest.mark.stand_in

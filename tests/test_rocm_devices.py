@@ -22,6 +22,7 @@ from types import SimpleNamespace
 import pytest
 from longctx_testing import SWEEP_TEST, plan_settings
 
+from pytest_longctx.campaign import server as campaign_server
 from pytest_longctx.plan.servers import (
     ServerSlot,
     ServerSplitError,
@@ -30,7 +31,6 @@ from pytest_longctx.plan.servers import (
 )
 from pytest_longctx.profiles import load_profile
 from pytest_longctx.progress import telemetry
-from pytest_longctx.session import server as session_server
 
 ROCM_PROFILE = "kimi-linear-mi355x"  # tensor parallel 8 on ROCm
 JOB_VARIABLES = ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
@@ -84,6 +84,7 @@ def test_a_slotted_launch_under_an_inherited_cuda_visible_devices_starts(
     server's command sets HIP_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES to the same 8 of the
     job's, which vLLM's own check lets start (HIP_VISIBLE_DEVICES alone was refused)."""
     from pytest_longctx.session.activation import PREPARED_KEY
+    from pytest_longctx.session.hookspecs import campaign_hooks
 
     without_job_devices(monkeypatch)
     given = [str(i) for i in range(8, 24)]
@@ -93,7 +94,9 @@ def test_a_slotted_launch_under_an_inherited_cuda_visible_devices_starts(
         f"--longctx-profile={ROCM_PROFILE}", "--longctx-devices-per-server=8"
     )
     run = config.stash[PREPARED_KEY].run
-    command = session_server.planned_command(config, run, port=8000, build=False)
+    command = campaign_server.planned_command(
+        campaign_hooks(config), run.description, run.sizing(), port=8000, build=False
+    )
     own = ",".join(given[:8])
     assert {k: command.env[k] for k in JOB_VARIABLES if k in command.env} == {
         "HIP_VISIBLE_DEVICES": own,
@@ -101,7 +104,7 @@ def test_a_slotted_launch_under_an_inherited_cuda_visible_devices_starts(
     }
     started = vllm_rocm_start({**os.environ, **command.env})
     assert started["HIP_VISIBLE_DEVICES"] == started["CUDA_VISIBLE_DEVICES"] == own
-    note = session_server.devices_note(run.plan.profile, run.servers, os.environ)
+    note = campaign_server.devices_note(run.plan.profile, run.servers, os.environ)
     assert note is not None
     assert note.startswith(
         "devices: each server's ids are drawn from the inherited "
@@ -110,7 +113,7 @@ def test_a_slotted_launch_under_an_inherited_cuda_visible_devices_starts(
         "with them apart (vllm/platforms/rocm.py, every supported version)"
     )
     # Its telemetry watches those 8, as HIP numbers them.
-    scope = session_server.device_scope(run)
+    scope = campaign_server.device_scope(run.description)
     assert (scope.ids, scope.variable, scope.beneath) == (
         tuple(given[:8]),
         "HIP_VISIBLE_DEVICES",
@@ -296,9 +299,9 @@ def scope_of(environ: dict[str, str], slot: ServerSlot, monkeypatch: pytest.Monk
     run = SimpleNamespace(
         settings=SimpleNamespace(url=None),
         plan=SimpleNamespace(profile=load_profile(ROCM_PROFILE)),
-        slot=slot,
+        placement=SimpleNamespace(slot=slot),
     )
-    return session_server.device_scope(run)  # type: ignore[arg-type]
+    return campaign_server.device_scope(run)  # type: ignore[arg-type]
 
 
 def own(hip: str) -> ServerSlot:

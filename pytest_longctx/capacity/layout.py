@@ -89,9 +89,9 @@ def check_served(config: Mapping[str, Any]) -> None:
         last = UNSERVED_ARCHITECTURES.get(str(name))
         if last is not None:
             raise UnservedModelError(
-                f"{name} is not served by vLLM after {last}: vLLM "
-                f"{', '.join(CHECKED_VLLM_VERSIONS)} refuse it (\"was supported in vLLM until "
-                f"v{last}\"), so nothing is sized for it"
+                f"{name} is not served by vLLM after {last}: every supported release (vLLM "
+                f"{CHECKED_VLLM_VERSIONS[0]} to {CHECKED_VLLM_VERSIONS[-1]}) refuses it "
+                f"(\"was supported in vLLM until v{last}\"), so nothing is sized for it"
             )
 
 

@@ -205,7 +205,7 @@ class StreamMeasurement:
         }
 
     def figures(self) -> dict[str, float]:
-        """The figures under the names of :data:`pytest_longctx.records.FIGURE_UNITS`."""
+        """The figures under the names of :data:`pytest_longctx.core.records.FIGURE_UNITS`."""
         values = {
             "ttft": self.ttft_s,
             "decode_throughput": self.decode_throughput,

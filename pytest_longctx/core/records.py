@@ -98,7 +98,7 @@ FIGURE_UNITS: Mapping[str, str] = {
     "min_request_decode_throughput": "tok/s",
 }
 
-#: The key of a baseline file's first line, which holds the gate's settings (gate.py).
+#: The key of a baseline file's first line, which holds the gate's settings (gate/baseline.py).
 BASELINE_HEADER_KEY = "longctx_baseline"
 
 #: ``interrupted``: the point was being measured when the session was stopped (Ctrl-C,

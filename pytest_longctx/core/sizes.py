@@ -36,6 +36,14 @@ def format_size(tokens: int) -> str:
     return str(tokens)
 
 
+def format_bytes(value: float) -> str:
+    """A byte count in its largest binary unit: ``1.5 GiB``, ``512 B``."""
+    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if value >= size:
+            return f"{value / size:,.1f} {unit}"
+    return f"{value:,.0f} B"
+
+
 def powers_of_two_between(low: int, high: int) -> list[int]:
     """Powers of two in ``[low, high]``: ``low`` rounds up, ``high`` rounds down."""
     power = 1 << max(0, (low - 1).bit_length())

@@ -1,6 +1,6 @@
 """Per-length summaries over repeats: what every report prints, computed in one place.
 
-A summary reads only :class:`~pytest_longctx.records.Record` objects, so the same numbers come
+A summary reads only :class:`~pytest_longctx.core.records.Record` objects, so the same numbers come
 out of a live session, a run killed half-way and a campaign merged from several days.
 """
 
@@ -44,7 +44,7 @@ class LengthSummary:
     """Everything measured at one prompt length, across repeats and runs."""
 
     length: int
-    #: Count of every outcome in :data:`~pytest_longctx.records.OUTCOMES`, zeros included.
+    #: Count of every outcome in :data:`~pytest_longctx.core.records.OUTCOMES`, zeros included.
     outcomes: Mapping[str, int]
     figures: Mapping[str, FigureSummary] = field(default_factory=dict)
     #: Records that did not pass, in the order they were written, for "why" lists.

@@ -1,6 +1,6 @@
 """The regression gate: does this run serve long contexts slower than the committed baseline?
 
-The gate reads records only (:mod:`pytest_longctx.records`); it never talks to a server.
+The gate reads records only (:mod:`pytest_longctx.core.records`); it never talks to a server.
 
 The rule
 --------

@@ -31,7 +31,7 @@ HARDWARE_KEYS: tuple[str, ...] = ("gpu_names", "gpu_count", "cpu_model", "cpu_co
 
 ``gpu_count`` is how many GPUs the server may use, ``gpu_names`` their model names (distinct
 names or one per GPU: both read the same), ``cpu_model`` the host CPU's model string and
-``cpu_count`` its cores, as :func:`pytest_longctx.hardware.describe_host` reports them.
+``cpu_count`` its cores, as :func:`pytest_longctx.profiles.hardware.describe_host` reports them.
 """
 
 _NOT_RECORDED = "(not recorded)"

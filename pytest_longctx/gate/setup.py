@@ -39,11 +39,10 @@ def choose_tolerances(
 
 @dataclass
 class GateState:
-    """A session's gate: mutable only by what it learns while judging (problems, improvements)."""
+    """A session's gate: mutable only by what it learns while judging (improvements)."""
 
     baseline: list[Record]
     tolerances: Tolerances
-    problems: list[str] = field(default_factory=list)
     #: Messages of metrics that improved beyond tolerance: time to refresh the baseline.
     improved: list[str] = field(default_factory=list)
     level: float = DEFAULT_LEVEL

@@ -268,7 +268,7 @@ class ServerSideView:
     cached_by_source: Mapping[str, float] = field(default_factory=dict)
 
     def figures(self) -> dict[str, float]:
-        """Times under the names of :data:`pytest_longctx.records.FIGURE_UNITS`."""
+        """Times under the names of :data:`pytest_longctx.core.records.FIGURE_UNITS`."""
         values = {
             "server_ttft": self.server_ttft_s,
             "server_prefill": self.server_prefill_s,

@@ -39,7 +39,7 @@ ROPE_THETA = 10_000_000.0
 RETRIEVAL_ROPE_THETA = 1e12
 
 #: How the weights are made: seeded random numbers, or built to retrieve a needle
-#: (serving/embedded/retrieval.py).
+#: (serving/retrieval.py).
 WEIGHT_KINDS = ("random", "retrieval")
 
 

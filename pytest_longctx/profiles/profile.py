@@ -114,7 +114,7 @@ class HardwareSpec:
 
 @dataclass(frozen=True)
 class GateSpec:
-    #: Default ``--longctx-tolerance`` spec for this profile's gate (see gate.py).
+    #: Default ``--longctx-tolerance`` spec for this profile's gate (see gate/tolerances.py).
     tolerance: str | None = None
 
 

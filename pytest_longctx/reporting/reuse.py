@@ -22,7 +22,7 @@ from pathlib import Path
 from pytest_longctx.core.file_names import REUSE_PLOT
 from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import Record
-from pytest_longctx.core.sizes import format_size
+from pytest_longctx.core.sizes import format_bytes, format_size
 from pytest_longctx.core.stats import FigureSummary, latest_records, summarize, summarize_values
 from pytest_longctx.reporting.text_table import aligned_table, html_table, markdown_table_lines
 from pytest_longctx.reporting.view import format_summary
@@ -134,15 +134,6 @@ def _row(
     )
 
 
-def format_bytes(value: float | None) -> str:
-    if value is None:
-        return _MISSING
-    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if value >= size:
-            return f"{value / size:,.1f} {unit}"
-    return f"{value:,.0f} B"
-
-
 def _decimals(seconds: float) -> int:
     """Milliseconds below ten seconds, hundredths above."""
     return 3 if seconds < 10 else 2
@@ -170,7 +161,7 @@ def row_cells(row: ReuseRow) -> list[str]:
         _MISSING if row.suffix_rate is None else f"{row.suffix_rate:,.0f}",
         _MISSING if row.served_min is None else f"{row.served_min:,} of {row.length:,}",
         row.tier or _MISSING,
-        format_bytes(row.resident_kv_bytes),
+        _MISSING if row.resident_kv_bytes is None else format_bytes(row.resident_kv_bytes),
     ]
 
 

@@ -21,15 +21,15 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from pytest_longctx.campaign.api_key import ApiKeyError, check_api_key_env
+from pytest_longctx.campaign.attached_settings import session_profile
+from pytest_longctx.campaign.run import ResumeError, Run
 from pytest_longctx.plan import capacity_check
 from pytest_longctx.plan.points import PlanError, build_plan
 from pytest_longctx.profiles import ProfileError
 from pytest_longctx.profiles.vllm_releases import UnsupportedRelease
 from pytest_longctx.session import gate_items, selection, workers
-from pytest_longctx.session.api_key import ApiKeyError, check_api_key_env
-from pytest_longctx.session.attached_settings import session_profile
 from pytest_longctx.session.option_parsing import read_settings
-from pytest_longctx.session.run import ResumeError, Run
 from pytest_longctx.session.stash import (
     COMPARISONS_KEY,
     POINT_FIXTURE,
@@ -73,7 +73,7 @@ def prepare(config: pytest.Config) -> PreparedSweep:
             workers.run_from_controller(config),
             workers.place(config, settings, plan),
         )
-        check_api_key_env(run)
+        check_api_key_env(run.description)
         if not settings.url:  # a launch runs the vLLM installed here (or the pinned one)
             capacity_check.planned_release(plan.profile)
             refusal = capacity_check.warm_refusal(plan)

@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
+from pytest_longctx.campaign.run import Run
 from pytest_longctx.core.records import Record
 from pytest_longctx.session import activation
 from pytest_longctx.session.items import point_of_nodeid, record_identity
-from pytest_longctx.session.lifecycle import HANDED_BACK_ATTRIBUTE
 from pytest_longctx.session.outputs import REPORT_ATTRIBUTE, after_record
-from pytest_longctx.session.run import Run
+from pytest_longctx.session.recorder import HANDED_BACK_ATTRIBUTE
 from pytest_longctx.session.workers import (
     RESUMED_KEY,
     RUN_ID_KEY,

@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from pytest_longctx.campaign.run import Run
 from pytest_longctx.core.records import Record
 from pytest_longctx.measure.target import ServerInfo
 from pytest_longctx.plan.points import Point
 from pytest_longctx.session import gate_items
 from pytest_longctx.session.activation import activate
-from pytest_longctx.session.run import Run
 
 if TYPE_CHECKING:  # annotations only: a session without a sweep imports none of these
     from pytest_longctx.client import CompletionClient
@@ -78,7 +78,7 @@ def longctx_prompt(
     if recorded is not None:
         return RecordedPrompt(recorded.length, recorded.prompt_tokens or 0)
     builder: PromptBuilder = request.getfixturevalue("longctx_prompts")
-    return activate(request.config).prompt(builder, longctx_point)
+    return activate(request.config).prompt(request.node, builder, longctx_point)
 
 
 @pytest.fixture

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import pytest
 
 from pytest_longctx import gate
+from pytest_longctx.campaign.run import Run
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
-from pytest_longctx.session.run import Run
 
 TOLERANCE_OPTION = "--longctx-tolerance"
 
@@ -52,11 +52,10 @@ def configure(run: Run) -> None:
     run.reports.gate = gate.GateState(
         baseline.records,
         tolerances,
-        problems,
         level=run.settings.gate_level,
         tolerance_source=source,
     )
-    run.findings.problems.extend(problems)
+    run.reports.problems.extend(problems)
 
 
 def baseline_records(run: Run) -> list[Record]:

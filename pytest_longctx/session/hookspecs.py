@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_longctx.campaign.hooks import CampaignHooks
+
 if TYPE_CHECKING:
     from pytest_longctx.core.records import Record
     from pytest_longctx.plan.points import SweepPlan
@@ -39,3 +41,20 @@ def pytest_longctx_fingerprint(config: pytest.Config, fingerprint: dict[str, Any
 
 def pytest_longctx_record(config: pytest.Config, record: Record) -> None:
     """A record was appended to ``results.jsonl`` and flushed: stream it elsewhere."""
+
+
+def campaign_hooks(config: pytest.Config) -> CampaignHooks:
+    """These hooks as the campaign calls them (:class:`~pytest_longctx.campaign.hooks.
+    CampaignHooks`), with the command line that started the session."""
+    return CampaignHooks(
+        server_command=lambda plan, command: config.hook.pytest_longctx_server_command(
+            config=config, plan=plan, command=command
+        ),
+        fingerprint=lambda fingerprint: config.hook.pytest_longctx_fingerprint(
+            config=config, fingerprint=fingerprint
+        ),
+        server_ready=lambda base_url, mode, launched: config.hook.pytest_longctx_server_ready(
+            config=config, base_url=base_url, mode=mode, launched=launched
+        ),
+        command_line=("pytest", *config.invocation_params.args),
+    )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from pytest_longctx.campaign import resume
+from pytest_longctx.campaign.run import Run
 from pytest_longctx.capacity import ModelConfigError, ParallelLayoutError
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.plan import capacity_check
@@ -17,8 +19,6 @@ from pytest_longctx.plan.points import (
     SweepPlan,
 )
 from pytest_longctx.profiles import ProfileError
-from pytest_longctx.session import resume
-from pytest_longctx.session.run import Run
 from pytest_longctx.session.selection import Comparison
 from pytest_longctx.session.stash import CAPACITY_KEY, POINT_FIXTURE, REGRESSION_FIXTURE
 
@@ -138,7 +138,7 @@ def arrange(
     run.selected_points = points
     if not points and any(c.field == "len" for c in comparisons):
         plan = run.plan
-        run.findings.problems.append(
+        run.reports.problems.append(
             f"the length selection matched no point of {format_size(plan.lengths[0])}.."
             f"{format_size(plan.lengths[-1])} (profile {plan.profile.name}); widen the range "
             "with --longctx-from/--longctx-to"
@@ -158,11 +158,11 @@ def arrange(
         )
     except (ParallelLayoutError, ModelConfigError, ProfileError) as exc:
         raise pytest.UsageError(f"profile {run.plan.profile.name}: {exc}") from None
-    resume.redo_cold_points(run, points)
-    run.findings.unfit_lengths = {length for length, fit in verdicts.items() if not fit.fits}
+    resume.redo_cold_points(run.results, points)
+    run.unfit_lengths = {length for length, fit in verdicts.items() if not fit.fits}
     # A length whose interference point cannot fit beside its background is left out of the
     # server's --max-model-len only when no cold point of it is selected either.
-    run.findings.unfit_lengths |= {
+    run.unfit_lengths |= {
         n for n, fit in under_load.items() if not fit.fits and n not in verdicts
     }
     for item in items:

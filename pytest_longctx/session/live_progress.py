@@ -23,6 +23,8 @@ from typing import Any
 import httpx
 import pytest
 
+from pytest_longctx.campaign.run import Run
+from pytest_longctx.campaign.server import device_scope
 from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
@@ -46,8 +48,6 @@ from pytest_longctx.progress.state import (
 )
 from pytest_longctx.progress.telemetry import DeviceTelemetry
 from pytest_longctx.serving.process import control_client
-from pytest_longctx.session.run import Run
-from pytest_longctx.session.server import device_scope
 
 PREFIX = "longctx"
 #: The display modes once ``auto`` is resolved; ``file`` only writes progress.json.
@@ -176,7 +176,7 @@ class SessionProgress:
                 why = f"the server ({url}) is not on this host, whose devices would be read"
                 self._telemetry = DeviceTelemetry(tool=None, missing=why)
             else:
-                self._telemetry = DeviceTelemetry.detect(device_scope(self.run))
+                self._telemetry = DeviceTelemetry.detect(device_scope(self.run.description))
         return self._telemetry
 
     def describe_telemetry(self) -> dict[str, Any]:
@@ -454,41 +454,43 @@ class ControllerProgress:
 # -- what the rest of the session calls ------------------------------------------------------
 
 
-def watch(run: Run, server: ServerInfo, point: Point) -> PointWatch | None:
-    """The watch for one point's measurement (None outside a configured session)."""
-    return run.sweep.progress.watch(server, point) if run.sweep.progress is not None else None
+def watch(progress: SessionProgress | None, server: ServerInfo, point: Point) -> PointWatch | None:
+    """The watch for one point's measurement (None without progress: ``--longctx-plan``)."""
+    return progress.watch(server, point) if progress is not None else None
 
 
 # -- what the sweep session calls at its start, for the fingerprint and at its end -----------
 
 
-def start(config: pytest.Config, run: Run, controller: bool) -> ControllerProgress | None:
-    """Progress for an active sweep; on an xdist controller, the follower of its workers."""
+def start(
+    config: pytest.Config, run: Run, controller: bool
+) -> tuple[SessionProgress | None, ControllerProgress | None]:
+    """Progress for an active sweep and, on an xdist controller, the follower of its workers."""
     if run.settings.plan_only:
-        return None
-    run.sweep.progress = SessionProgress(config, run)
+        return None, None
+    progress = SessionProgress(config, run)
     if not controller:
-        return None
-    follower = ControllerProgress(run.sweep.progress, len(run.servers))
+        return progress, None
+    follower = ControllerProgress(progress, len(run.servers))
     follower.start()
-    return follower
+    return progress, follower
 
 
-def add_to_fingerprint(run: Run, fingerprint: dict[str, Any]) -> None:
-    if run.sweep.progress is not None:
-        fingerprint["device_telemetry"] = run.sweep.progress.describe_telemetry()
+def add_to_fingerprint(progress: SessionProgress | None, fingerprint: dict[str, Any]) -> None:
+    if progress is not None:
+        fingerprint["device_telemetry"] = progress.describe_telemetry()
 
 
-def finish(run: Run, follower: ControllerProgress | None) -> None:
+def finish(progress: SessionProgress | None, follower: ControllerProgress | None) -> None:
     if follower is not None:
         follower.stop()
         return  # the workers wrote their own final states; progress.json merges them
-    if run.sweep.progress is not None and (run.results.written or run.results.resumed):
-        run.sweep.progress.finish()
+    if progress is not None and (progress.run.results.written or progress.run.results.resumed):
+        progress.finish()
 
 
-def summary(terminalreporter: Any, run: Run) -> None:
-    if run.sweep.progress is None or run.sweep.progress.mode in (OFF, FILE):
+def summary(terminalreporter: Any, progress: SessionProgress | None) -> None:
+    if progress is None or progress.mode in (OFF, FILE):
         return
-    for line in run.sweep.progress.summary_lines():
+    for line in progress.summary_lines():
         terminalreporter.write_line(f"pytest-{PREFIX} progress: {line}")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import pytest
 from pytest_benchmark.session import PerformanceRegression
 
+from pytest_longctx.campaign.run import Run
 from pytest_longctx.core.file_names import GATE_PLOT, HTML, MARKDOWN
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
@@ -28,7 +29,6 @@ from pytest_longctx.reporting.pipeline import write_reports
 from pytest_longctx.reporting.reuse import terminal_table as reuse_terminal_table
 from pytest_longctx.reporting.view import format_answers
 from pytest_longctx.session import gate_items
-from pytest_longctx.session.run import Run
 
 #: What pytest-benchmark raises from its summary when ``--benchmark-compare-fail`` trips.
 BenchmarkRegression = PerformanceRegression
@@ -67,7 +67,6 @@ def open_html_page(session: pytest.Session, run: Run) -> None:
         before = {id(plugin) for _, plugin in config.pluginmanager.list_name_plugin()}
         config.pluginmanager.register(HtmlTitle(_title(run)), "longctx-html-title")
         html_plugin.pytest_configure(config)
-        run.reports.owns_html_page = True
         for _, plugin in config.pluginmanager.list_name_plugin():
             if isinstance(plugin, BaseReport) and id(plugin) not in before:
                 plugin.pytest_sessionstart(session)
@@ -212,7 +211,7 @@ def hand_to_pytest_benchmark(config: pytest.Config, records: list[Record]) -> No
 def terminal_summary(terminalreporter, run: Run, starts: Sequence[dict]) -> None:  # noqa: ANN001
     """The sweep's lines after pytest's own: problems, the capacity check, the server's
     starts (``starts``, the lifecycle's), the gate, and the results table."""
-    for problem in run.findings.problems:
+    for problem in run.reports.problems + run.findings.problems:
         terminalreporter.write_line(f"pytest-longctx: {problem}", yellow=True)
     if run.findings.capacity_check is not None:
         terminalreporter.write_line(

@@ -7,13 +7,15 @@ from collections.abc import Sequence
 
 import pytest
 
+from pytest_longctx.campaign.run import Run
 from pytest_longctx.core.records import Record
 from pytest_longctx.session import outputs
 from pytest_longctx.session.items import point_of, record_identity
-from pytest_longctx.session.lifecycle import HANDED_BACK_ATTRIBUTE
 from pytest_longctx.session.outputs import REPORT_ATTRIBUTE
-from pytest_longctx.session.run import Run
 from pytest_longctx.session.stash import MEASUREMENT_KEY
+
+#: On a worker's report of a point it hands back, for the controller (controller.py).
+HANDED_BACK_ATTRIBUTE = "longctx_handed_back"
 
 
 def _reason(call: pytest.CallInfo[None], report: pytest.TestReport) -> str | None:

@@ -13,10 +13,20 @@ from typing import Any
 
 import pytest
 
+from pytest_longctx.campaign import (
+    budgets,
+    concurrency,
+    dispatch,
+    fidelity,
+    lifecycle,
+    prompting,
+    server,
+)
+from pytest_longctx.campaign.run import Run
+from pytest_longctx.campaign.signals import SessionSignals
 from pytest_longctx.client import CompletionClient
 from pytest_longctx.core.records import Record
 from pytest_longctx.measure.measurement import (
-    PointFailure,
     PointMeasurement,
     UnverifiedPoint,
     client_for,
@@ -27,23 +37,36 @@ from pytest_longctx.plan.points import Point
 from pytest_longctx.profiles import hardware
 from pytest_longctx.prompts import Prompt, PromptBuilder, PromptError
 from pytest_longctx.serving.vllm_command import FlagError
+from pytest_longctx.session import items as sweep_items
 from pytest_longctx.session import (
-    budgets,
-    concurrency,
-    lifecycle,
     live_progress,
     outputs,
-    point_setup,
     recorder,
     selection,
-    server,
     workers,
 )
-from pytest_longctx.session import items as sweep_items
-from pytest_longctx.session.live_progress import ControllerProgress
-from pytest_longctx.session.run import Run
-from pytest_longctx.session.signals import SessionSignals
+from pytest_longctx.session.hookspecs import campaign_hooks
+from pytest_longctx.session.live_progress import ControllerProgress, SessionProgress
 from pytest_longctx.session.stash import HEADER_SHOWN_KEY, MEASUREMENT_KEY
+
+
+def skip(exc: lifecycle.PointSkipped) -> BaseException:
+    """A point the lifecycle will not measure, as a skip that carries its class to the record
+    (and, handed back, the mark the controller reads)."""
+    skipped = pytest.skip.Exception(str(exc), _use_item_location=True)
+    skipped.failure_class = exc.failure_class  # type: ignore[attr-defined]
+    skipped.evidence = exc.evidence  # type: ignore[attr-defined]
+    if exc.handed_back:
+        skipped.handed_back = True  # type: ignore[attr-defined]
+    return skipped
+
+
+def failed(exc: ServerError) -> BaseException:
+    """A fixture's failure (``pytest.fail``) that carries the server error's class."""
+    failure = pytest.fail.Exception(str(exc), pytrace=False)
+    failure.failure_class = exc.failure_class  # type: ignore[attr-defined]
+    failure.evidence = exc.evidence  # type: ignore[attr-defined]
+    return failure
 
 
 def header(config: pytest.Config, run: Run) -> list[str]:
@@ -70,13 +93,19 @@ class SweepSession:
         self.config = config
         self.run = run
         #: The measured server's lifecycle: its one owner from first start to stop.
-        self.server = lifecycle.ServerLifecycle(run)
+        self.server = lifecycle.ServerLifecycle(run, campaign_hooks(config))
         #: The concurrency levels measured so far, per length (they outlive a server start).
         self.levels = concurrency.LevelsMeasured()
         self.selection = chosen
+        #: Progress inside points (display, progress.json, the ETA) once the sweep starts,
+        #: and on an xdist controller the follower of its workers' progress.
+        self.progress: SessionProgress | None = None
         self.follower: ControllerProgress | None = None
         self.session: pytest.Session | None = None
         self.html_columns = False
+        #: The item whose point the lifecycle has made measurable: its prompt and its
+        #: measurement both need that, once.
+        self.ready_item: pytest.Item | None = None
 
     @property
     def on_controller(self) -> bool:
@@ -87,7 +116,9 @@ class SweepSession:
         points are watched. Signals and the page wait for selected points."""
         self.session = session
         selection.apply_selection(self.config, self.selection)
-        self.follower = live_progress.start(self.config, self.run, self.on_controller)
+        self.progress, self.follower = live_progress.start(
+            self.config, self.run, self.on_controller
+        )
         if self.on_controller and session is not None:  # xdist: the workers collected
             lines = late_header(self.config, self.run)
             reporter = self.config.pluginmanager.get_plugin("terminalreporter")
@@ -115,14 +146,14 @@ class SweepSession:
         """The server, launched from the profile or attached by URL, warmed up; a failure
         fails the item that asked for it, with the reason."""
         try:
-            info = self.server.start(self.config)
+            info = self.server.start()
             self.server.warm_up(info)
         except FlagError as exc:  # one usage error, not one failure per item
             self.server.stop()
             pytest.exit(str(exc), returncode=pytest.ExitCode.USAGE_ERROR)
         except ServerError as exc:
             self.server.stop()
-            raise lifecycle.failed(exc) from None
+            raise failed(exc) from None
         return info
 
     def stop_server(self) -> None:
@@ -132,7 +163,7 @@ class SweepSession:
         return client_for(info, self.run.settings.tcp_keepalive_s)
 
     def prompt_builder(self, info: ServerInfo) -> PromptBuilder:
-        builder = point_setup.prompt_builder(self.run, info)
+        builder = self.server.prompt_builder(info)
         if self.run.settings.prompt_format == "text":
             try:
                 builder.check_text_prompts()
@@ -140,9 +171,24 @@ class SweepSession:
                 pytest.exit(str(exc), returncode=pytest.ExitCode.USAGE_ERROR)
         return builder
 
-    def prompt(self, builder: PromptBuilder, point: Point) -> Prompt:
-        self.server.before_point(self.config, point)  # the server may build it
-        return point_setup.build_prompt(self.run, builder, point)
+    def prompt(self, item: pytest.Item, builder: PromptBuilder, point: Point) -> Prompt:
+        self.ready(item, point)  # the server may build it
+        return prompting.build_prompt(self.run.description, builder, point)
+
+    def ready(self, item: pytest.Item, point: Point) -> None:
+        """The lifecycle's :meth:`~lifecycle.ServerLifecycle.before_point`, once per item,
+        whichever of its fixtures asks first; a point it will not measure skipped."""
+        if self.ready_item is item:
+            return
+        try:
+            self.server.before_point(point)
+        except lifecycle.PointSkipped as exc:
+            raise skip(exc) from None
+        self.ready_item = item
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        self.ready_item = None  # each setup (a rerun's too) asks the lifecycle again
 
     def recorded_measurement(self, record: Record) -> Callable[[Prompt], PointMeasurement]:
         """A resumed point's measurement: its record, not a request."""
@@ -153,40 +199,22 @@ class SweepSession:
     ) -> Callable[[Prompt], PointMeasurement]:
         """Measures one prompt of ``point``; what it produced is kept on ``item`` for its
         record, figures included when the point fails."""
-        run, lifetime = self.run, self.server
-        lifetime.before_point(self.config, point)
+        self.ready(item, point)
+
+        def watch() -> Any:
+            # a concurrency level's c requests are not watched one by one
+            return None if point.concurrent else live_progress.watch(self.progress, info, point)
 
         def run_measurement(prompt: Prompt) -> PointMeasurement:
             try:
-                result = point_setup.measure(
-                    client,
-                    info,
-                    point,
-                    prompt,
-                    point_setup.prepare(run, info, point),
-                    point_setup.prompt_builder(run, info),
-                    lifetime.memory,
-                    # a concurrency level's c requests are not watched one by one
-                    None if point.concurrent else live_progress.watch(run, info, point),
-                    check_alive=lambda grace_s: lifetime.check_alive(grace_s=grace_s),
-                    refusal=lambda exc: str(server.refused(run, info.base_url, exc)),
-                    levels=self.levels,
+                result = dispatch.measure_judged(
+                    self.server, self.levels, client, info, point, prompt, watch
                 )
-            except UnverifiedPoint as exc:
-                item.stash[MEASUREMENT_KEY] = exc.measurement  # its figures stay recorded
+            except (UnverifiedPoint, fidelity.WrongAnswer) as exc:
+                item.stash[MEASUREMENT_KEY] = exc.measurement  # figures (and verdict) recorded
                 raise
-            except PointFailure as exc:
-                if exc.sent or not lifetime.server_down():
-                    lifetime.after_failure(point, exc)
-                    raise
-                # Never sent: the server died just before it. Measured after the relaunch.
-                lifetime.before_point(self.config, point)
-                return run_measurement(prompt)
-            try:
-                result = point_setup.judge(run, point, prompt, result)
-            except point_setup.WrongAnswer as exc:
-                item.stash[MEASUREMENT_KEY] = exc.measurement  # figures and verdict recorded
-                raise
+            except lifecycle.PointSkipped as exc:
+                raise skip(exc) from None
             item.stash[MEASUREMENT_KEY] = result
             return result
 
@@ -228,11 +256,11 @@ class SweepSession:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]):
         report = yield
-        recorder.on_report(self.run, item, call, report, self.server.starts)
+        recorder.on_report(self.run, item, call, report, self.server.history.starts)
         return report
 
     def pytest_longctx_fingerprint(self, config: pytest.Config, fingerprint: dict) -> None:
-        live_progress.add_to_fingerprint(self.run, fingerprint)
+        live_progress.add_to_fingerprint(self.progress, fingerprint)
 
     # -- the end ---------------------------------------------------------------------------
 
@@ -240,8 +268,8 @@ class SweepSession:
     # sweep's benchmarks are handed to it here) and pytest-html writes the page with the plots.
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int):
-        recorder.record_interrupted(self.config, self.run, self.server.starts)
-        live_progress.finish(self.run, self.follower)
+        recorder.record_interrupted(self.config, self.run, self.server.history.starts)
+        live_progress.finish(self.progress, self.follower)
         outputs.finish(self.config, self.run)
         result = yield
         outputs.write_index(self.run)  # after pytest-html's page: the index links it
@@ -271,8 +299,8 @@ class SweepSession:
             )
             return None
         finally:
-            outputs.terminal_summary(terminalreporter, self.run, self.server.starts)
-            live_progress.summary(terminalreporter, self.run)
+            outputs.terminal_summary(terminalreporter, self.run, self.server.history.starts)
+            live_progress.summary(terminalreporter, self.progress)
 
     # -- pytest-html, pytest-metadata ------------------------------------------------------
 
@@ -337,9 +365,9 @@ def print_plan(session: pytest.Session, run: Run) -> None:
             f"(requests of {each} tokens each, re-issued as they end), on a server of its own "
             f"with room for {requests + 1} sequences; the capacity plan counts them"
         )
-    for line in point_setup.plan_lines(run):
+    for line in fidelity.plan_lines(run.description, run.selected_points):
         write(line)
-    for line in budgets.plan_lines(run):
+    for line in budgets.plan_lines(run.description, run.sizing()):
         write(line)
     for item in session.items:
         point = sweep_items.point_of(item)
@@ -350,7 +378,7 @@ def print_plan(session: pytest.Session, run: Run) -> None:
         extra = (f" [{bands[0]}]" if bands else "") + (f" SKIP: {skip}" if skip else "")
         write(f"  {label}{extra}")
     write("")
-    write(server.describe_server(config, run))
+    write(server.describe_server(campaign_hooks(config), run.description, run.sizing()))
     table = capacity_check.render_table(sized, sorted({p.length for p in run.selected_points}))
     if table:
         write("")

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
+from pytest_longctx.campaign.run import Placement, Run
 from pytest_longctx.plan.points import Point, SweepPlan
 from pytest_longctx.plan.servers import ServerSlot, ServerSplitError, split_servers
 from pytest_longctx.plan.settings import Settings
 from pytest_longctx.profiles.hardware import core_siblings
-from pytest_longctx.session.run import Placement, Run
 
 RUN_ID_KEY = "longctx_run_id"
 STARTED_KEY = "longctx_started_at"

@@ -9,7 +9,7 @@ import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from pytest_longctx.core.file_names import LATEST, RESULTS_FILE, server_file_stem
 from pytest_longctx.core.files import exclusive_lock
@@ -19,19 +19,11 @@ from pytest_longctx.plan.points import Point, SweepPlan
 from pytest_longctx.plan.servers import ServerSlot
 from pytest_longctx.plan.settings import Settings
 
-if TYPE_CHECKING:  # only annotations: these modules import this one
-    from pytest_longctx.measure.target import ServerInfo
+if TYPE_CHECKING:  # annotations only: a run is made before any of these is needed
+    from pytest_longctx.campaign.signals import SessionSignals
     from pytest_longctx.plan.capacity_check import ServerCapacityCheck
-    from pytest_longctx.prompts import ProbeLesson, PromptBuilder
+    from pytest_longctx.prompts import ProbeLesson
     from pytest_longctx.serving.model_description import ModelDescription
-    from pytest_longctx.session.signals import SessionSignals
-
-
-class WatchFactory(Protocol):
-    """The session's progress as a point's measurement sees it: a watch per point
-    (``live_progress.SessionProgress``)."""
-
-    def watch(self, server: ServerInfo, point: Point) -> Any: ...
 
 
 class ResumeError(ValueError):
@@ -123,6 +115,10 @@ class RecordLog:
             else:
                 self.resumed.pop(point, None)  # re-measured later wins over earlier pass
 
+    def measure_again(self, point: Point) -> None:
+        """A resumed passed point is measured again: its new record will answer for it."""
+        del self.resumed[point]
+
     def open(self) -> None:
         """Create the folder and point ``latest`` at it; only once there is something to keep."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -149,13 +145,24 @@ class RecordLog:
         return list(read_records(self.path).records)
 
 
+@dataclass(frozen=True)
+class Sizing:
+    """What a launched server is sized for, read when its command is built: the points
+    selected, the lengths its ``--max-model-len`` holds (those neither the capacity plan nor
+    vLLM refused) and the run's records so far (the TTFT model that plans vLLM's step limit
+    is fitted to them). See :meth:`Run.sizing`."""
+
+    points: tuple[Point, ...] = ()
+    lengths: tuple[int, ...] = ()
+    records: tuple[Record, ...] = ()
+
+
 @dataclass
 class Findings:
-    """What the session learns of what it measures, for the records and the summary: the
-    problems to report, the fingerprint, the capacity plan against the server, the model as
-    the server describes it, the lengths that cannot fit and whether the model answers the
-    probe. Written by the server's lifecycle (lifecycle.py, the warm-up's lesson included),
-    the items' arrangement (items.py) and the gate (gate_items.py)."""
+    """What the session learns of the server it measures, for the records and the summary:
+    the problems it shows, the fingerprint, the capacity plan against it, the model as it
+    describes it and whether that model answers the probe. Written by the server's lifecycle
+    alone (lifecycle.py, the warm-up's lesson included)."""
 
     problems: list[str] = field(default_factory=list)
     #: What was measured (server.py's ``fingerprint``); each record carries it.
@@ -164,10 +171,8 @@ class Findings:
     capacity_check: ServerCapacityCheck | None = None
     #: The measured model as the server describes it (serving/model_description.py), once known.
     model: ModelDescription | None = None
-    #: Lengths the capacity plan says cannot fit: skipped, and left out of --max-model-len.
-    unfit_lengths: set[int] = field(default_factory=set)
     #: Whether the served model answers the fidelity probe, as the warm-ups showed it
-    #: (point_setup.py); None before them, or when the prompts carry no probe.
+    #: (warm_up.py); None before them, or when the prompts carry no probe.
     probe: ProbeLesson | None = None
 
     def add_problems(self, problems: Iterable[str]) -> None:
@@ -180,17 +185,14 @@ class Findings:
 
 @dataclass
 class SweepProgress:
-    """The sweep as it runs: the item being measured, the TTFT seen so far, the live
-    progress and the signals that stop it. Written by the recorder, live_progress.py and
-    the sweep session."""
+    """The sweep as it runs: the item being measured, the TTFT seen so far and the signals
+    that stop it. Written by the recorder and the sweep session."""
 
     #: The sweep item being run: (nodeid, point, unix start), recorded as interrupted if the
     #: session is stopped before it reports.
     in_flight: tuple[str, Point, float] | None = None
     #: Client TTFT of points measured so far, by length, to size the next first-token budget.
     measured_ttft: dict[int, float] = field(default_factory=dict)
-    #: Progress inside points: display, progress.json, the ETA model (progress.py).
-    progress: WatchFactory | None = None
     #: SIGTERM/SIGHUP turned into Ctrl-C for this session (signals.py).
     signals: SessionSignals | None = None
 
@@ -198,21 +200,23 @@ class SweepProgress:
 @dataclass
 class ReportState:
     """What the reports need beyond the records: the gate's baseline (gate_items.py), the
-    plots written and whether the pytest-html page is this plugin's (outputs.py)."""
+    plots written (outputs.py) and the problems found before any server (the resumed file's
+    unreadable lines, the baseline's, an empty selection: items.py)."""
 
     #: The baseline and tolerances, with --longctx-baseline (see gate_items.py).
     gate: GateState | None = None
     plot_paths: list[Path] = field(default_factory=list)
-    #: pytest-html writes its page into the run folder because this plugin told it to.
-    owns_html_page: bool = False
+    #: Said in the summary, before what the server showed (:attr:`Findings.problems`).
+    problems: list[str] = field(default_factory=list)
 
 
 @dataclass
 class Run:
     """A session's run, by owner: what it is (:class:`RunDescription`), fixed at creation;
-    its results file (:class:`RecordLog`); what it learns (:class:`Findings`); the sweep as
-    it runs (:class:`SweepProgress`); what the reports need (:class:`ReportState`). The
-    server's own state is :class:`lifecycle.ServerLifecycle`'s."""
+    its results file (:class:`RecordLog`); what it learns of its server (:class:`Findings`,
+    the lifecycle's to write); the sweep as it runs (:class:`SweepProgress`); what the
+    reports need (:class:`ReportState`); the points selected. The server's own state is
+    :class:`lifecycle.ServerLifecycle`'s."""
 
     description: RunDescription
     #: This run's results file: the records resumed from it and those this session wrote.
@@ -222,8 +226,9 @@ class Run:
     reports: ReportState = field(default_factory=ReportState)
     #: The points left after ``-m``/``-k``, in run order.
     selected_points: list[Point] = field(default_factory=list)
-    #: Built once the server is known (its tokenizer decides how prompts are made).
-    prompt_builder: PromptBuilder | None = None
+    #: Selected lengths the capacity plan says cannot fit: skipped, and left out of
+    #: ``--max-model-len`` (items.py).
+    unfit_lengths: set[int] = field(default_factory=set)
 
     @classmethod
     def create(
@@ -241,7 +246,8 @@ class Run:
 
         def new(run_id: str, run_dir: Path, problems: list[str] | None = None) -> Run:
             description = RunDescription(settings, plan, output_root, run_id, run_dir, placement)
-            return cls(description, RecordLog(output_root, run_dir), Findings(problems or []))
+            reports = ReportState(problems=problems or [])
+            return cls(description, RecordLog(output_root, run_dir), reports=reports)
 
         if controller_run is not None:
             run_id, resumed = controller_run
@@ -264,6 +270,16 @@ class Run:
             return run
         run_id = new_run_id()
         return new(run_id, output_root / run_id)
+
+    def sizing(self, refused: Iterable[int] = ()) -> Sizing:
+        """What a launched server is sized for now; ``refused``: lengths vLLM refused at its
+        start, left out with those the capacity plan left out."""
+        lengths = {p.length for p in self.selected_points} - self.unfit_lengths - set(refused)
+        return Sizing(
+            tuple(self.selected_points),
+            tuple(sorted(lengths)),
+            tuple(self.results.all_records()),
+        )
 
     @property
     def settings(self) -> Settings:

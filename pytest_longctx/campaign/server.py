@@ -8,11 +8,15 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import httpx
-import pytest
 
+from pytest_longctx.campaign import budgets
+from pytest_longctx.campaign.api_key import API_KEY_ENV_FOR_VLLM, api_key, api_key_env_name
+from pytest_longctx.campaign.hooks import CampaignHooks
+from pytest_longctx.campaign.run import RecordLog, RunDescription, Sizing
 from pytest_longctx.client import RequestRejectedError
 from pytest_longctx.core.file_names import MEASURED_BY_FILE
 from pytest_longctx.core.files import exclusive_lock, write_atomically
@@ -23,6 +27,7 @@ from pytest_longctx.plan.servers import devices_note, visible_devices
 from pytest_longctx.profiles import Profile, hardware
 from pytest_longctx.profiles.extra_args import cache_flags
 from pytest_longctx.progress import telemetry
+from pytest_longctx.serving.model_description import ModelDescription
 from pytest_longctx.serving.vllm_command import (
     FlagCheck,
     FlagError,
@@ -35,9 +40,6 @@ from pytest_longctx.serving.vllm_command import (
     redact_env,
     serve_args,
 )
-from pytest_longctx.session import budgets
-from pytest_longctx.session.api_key import API_KEY_ENV_FOR_VLLM, api_key, api_key_env_name
-from pytest_longctx.session.run import Run
 
 
 def model_location(profile: Profile, build: bool) -> str:
@@ -58,17 +60,23 @@ def tokenizer_location(profile: Profile, build: bool) -> str:
     return profile.model.tokenizer or model_location(profile, build)
 
 
-def selected_max_model_len(run: Run) -> int:
-    lengths = sorted({p.length for p in run.selected_points} - run.findings.unfit_lengths)
-    return selected_max_model_len_for(run, lengths)
+def max_model_len(plan: SweepPlan, sizing: Sizing) -> int:
+    """``--max-model-len`` for the lengths ``sizing`` holds: room for a follow-up's suffix only
+    where a warm point is selected."""
+    return plan.sized_for(sizing.points).max_model_len(sizing.lengths or None)
 
 
 def server_command(
-    config: pytest.Config, run: Run, port: int, build: bool, serves: str = COLD
+    hooks: CampaignHooks,
+    run: RunDescription,
+    sizing: Sizing,
+    port: int,
+    build: bool,
+    serves: str = COLD,
 ) -> ServerCommand:
     """:func:`checked_command`; a :class:`FlagError` when the installed vLLM does not accept
     a flag the profile, an option or a hook asked for."""
-    command, check = checked_command(config, run, port, build, serves)
+    command, check = checked_command(hooks, run, sizing, port, build, serves)
     problem = check.problem() if check else None
     if problem:
         raise FlagError(f"profile {run.plan.profile.name}: {problem}")
@@ -76,15 +84,25 @@ def server_command(
 
 
 def checked_command(
-    config: pytest.Config, run: Run, port: int, build: bool, serves: str = COLD
+    hooks: CampaignHooks,
+    run: RunDescription,
+    sizing: Sizing,
+    port: int,
+    build: bool,
+    serves: str = COLD,
 ) -> tuple[ServerCommand, FlagCheck | None]:
     """The launch command as the installed vLLM's parser accepts it, and what that parser
     said (None: not asked, see :func:`check_flags`)."""
-    return check_flags(planned_command(config, run, port, build, serves))
+    return check_flags(planned_command(hooks, run, sizing, port, build, serves))
 
 
 def planned_command(
-    config: pytest.Config, run: Run, port: int, build: bool, serves: str = COLD
+    hooks: CampaignHooks,
+    run: RunDescription,
+    sizing: Sizing,
+    port: int,
+    build: bool,
+    serves: str = COLD,
 ) -> ServerCommand:
     """The launch command; for the interference points (``serves``), room for the K
     background streams beside the long prompt, usage that says what the cache served (the
@@ -101,33 +119,34 @@ def planned_command(
         profile,
         model_path=model_location(profile, build),
         tokenizer_path=profile.model.tokenizer,
-        max_model_len=selected_max_model_len(run),
+        max_model_len=max_model_len(run.plan, sizing),
         port=port,
         python=sys.executable,
-        prompt_tokens_details=run.plan.sized_for(run.selected_points).warm or loaded or concurrent,
+        prompt_tokens_details=run.plan.sized_for(sizing.points).warm or loaded or concurrent,
         sse_keep_alive_s=run.settings.sse_keep_alive_s,
         max_num_seqs=max(seqs, room) if (loaded or concurrent) and seqs is not None else None,
         max_num_batched_tokens=run.settings.max_num_batched_tokens if loaded else None,
         server_info=loaded,
     )
-    limit = budgets.launch_env(run, serves)  # vLLM's step limit, where a step would exceed it
+    limit = budgets.launch_env(run, sizing, serves)  # vLLM's step limit, where a step exceeds it
     if limit:
         command = ServerCommand(command.argv, {**limit, **command.env})
     key = api_key(run)
     if key:
         command = ServerCommand(command.argv, {**command.env, API_KEY_ENV_FOR_VLLM: key})
-    if run.slot.env:  # this worker's own devices or cores
-        command = ServerCommand(command.argv, {**command.env, **run.slot.env})
-    changed = config.hook.pytest_longctx_server_command(
-        config=config, plan=run.plan, command=command
-    )
-    return changed or command
+    slot = run.placement.slot
+    if slot.env:  # this worker's own devices or cores
+        command = ServerCommand(command.argv, {**command.env, **slot.env})
+    return hooks.server_command(run.plan, command) or command
 
 
-def describe_server(config: pytest.Config, run: Run) -> str:
-    if len(run.servers) > 1:
-        lines = [f"{len(run.servers)} servers, one per pytest-xdist worker, each measured alone:"]
-        lines += [f"  {slot.describe()}" for slot in run.servers]
+def describe_server(hooks: CampaignHooks, run: RunDescription, sizing: Sizing) -> str:
+    """What ``--longctx-plan`` says of the servers: each launch command and its flags' check,
+    or the URLs attached to."""
+    servers = run.placement.servers
+    if len(servers) > 1:
+        lines = [f"{len(servers)} servers, one per pytest-xdist worker, each measured alone:"]
+        lines += [f"  {slot.describe()}" for slot in servers]
         if not run.settings.url:
             lines.append(
                 "  each launched server gets the profile's own KV budget and the capacity "
@@ -135,15 +154,15 @@ def describe_server(config: pytest.Config, run: Run) -> str:
             )
     else:
         lines = []
-    note = None if run.settings.url else devices_note(run.plan.profile, run.servers, os.environ)
+    note = None if run.settings.url else devices_note(run.plan.profile, servers, os.environ)
     if note:
         lines.append(note)
     if run.settings.url:
         endpoints = ", ".join(run.settings.urls)
         lines.append(f"server: attach to {endpoints} (model and max_model_len from /v1/models)")
         return "\n".join(lines)
-    serves = first_workload(run)
-    command, check = checked_command(config, run, port=0, build=False, serves=serves)
+    serves = first_workload(run.plan, sizing.points, ())
+    command, check = checked_command(hooks, run, sizing, port=0, build=False, serves=serves)
     pinned = run.plan.profile.serving.expected_versions.get("vllm")
     if check is not None:
         flags = check.describe(pinned)
@@ -168,7 +187,7 @@ def describe_server(config: pytest.Config, run: Run) -> str:
     lines.append(flags)
     if run.plan.interference and serves == COLD:
         loaded, loaded_check = checked_command(
-            config, run, port=0, build=False, serves=INTERFERENCE
+            hooks, run, sizing, port=0, build=False, serves=INTERFERENCE
         )
         lines.append(
             "then, for the interference points, a server of their own (port chosen at "
@@ -177,7 +196,7 @@ def describe_server(config: pytest.Config, run: Run) -> str:
         if loaded_check is not None:
             lines.append(loaded_check.describe())
     if run.plan.concurrency and serves != CONCURRENCY:
-        room = checked_command(config, run, port=0, build=False, serves=CONCURRENCY)[0]
+        room = checked_command(hooks, run, sizing, port=0, build=False, serves=CONCURRENCY)[0]
         lines.append(
             "then, for the concurrency points, a server with room for "
             f"{run.plan.max_concurrency} requests at once (port chosen at start):\n  "
@@ -193,18 +212,19 @@ def workload_of(point: Point) -> str:
     return INTERFERENCE if point.interference else COLD
 
 
-def first_workload(run: Run) -> str:
+def first_workload(plan: SweepPlan, selected: Sequence[Point], resumed: Collection[Point]) -> str:
     """What the session's first server is started for: the study's server while any cold or
-    warm point is left to measure, else the interference points' own."""
-    left = [p for p in run.selected_points if p not in run.results.resumed] or run.selected_points
-    if run.plan.interference and left and all(p.interference for p in left):
+    warm point of those ``selected`` is left to measure (not ``resumed``), else the
+    interference or concurrency points' own."""
+    left = [p for p in selected if p not in resumed] or list(selected)
+    if plan.interference and left and all(p.interference for p in left):
         return INTERFERENCE
-    if run.plan.concurrency and left and all(p.concurrent for p in left):
+    if plan.concurrency and left and all(p.concurrent for p in left):
         return CONCURRENCY
     return COLD
 
 
-def refused(run: Run, base_url: str, exc: RequestRejectedError) -> ServerError:
+def refused(run: RunDescription, base_url: str, exc: RequestRejectedError) -> ServerError:
     """401/403: one error that names where the key comes from."""
     name = api_key_env_name(run)
     if name is None:
@@ -218,14 +238,15 @@ def refused(run: Run, base_url: str, exc: RequestRejectedError) -> ServerError:
     )
 
 
-def device_scope(run: Run) -> telemetry.DeviceScope:
+def device_scope(run: RunDescription) -> telemetry.DeviceScope:
     """The devices this session's server runs on, for its telemetry: what its environment
     gives it (this process's, the profile's, its slot's on top), read as its platform reads
     it (``HIP_VISIBLE_DEVICES`` or ``CUDA_VISIBLE_DEVICES`` within an inherited
     ``ROCR_VISIBLE_DEVICES`` on ROCm; none: every device; an attached server's are not
     known), and the nodes the profile spans."""
     profile = run.plan.profile
-    environ = {} if run.settings.url else {**os.environ, **profile.serving.env, **run.slot.env}
+    slot_env = run.placement.slot.env
+    environ = {} if run.settings.url else {**os.environ, **profile.serving.env, **slot_env}
     seen = visible_devices(profile.serving.device, environ)
     spans = profile.hardware
     return telemetry.DeviceScope(
@@ -238,22 +259,21 @@ def device_scope(run: Run) -> telemetry.DeviceScope:
     )
 
 
-def selected_max_model_len_for(run: Run, lengths: list[int]) -> int:
-    """``--max-model-len`` for ``lengths``: room for a follow-up's suffix only where a warm
-    point is selected."""
-    return run.plan.sized_for(run.selected_points).max_model_len(tuple(lengths) or None)
-
-
 def fingerprint(
-    config: pytest.Config, run: Run, info: ServerInfo, launched: bool
+    hooks: CampaignHooks,
+    run: RunDescription,
+    model: ModelDescription,
+    info: ServerInfo,
+    launched: bool,
 ) -> dict[str, Any]:
-    """What was measured; the gate refuses to compare runs whose fingerprints differ.
-    ``launched``: this session launched the server (it was not attached)."""
+    """What was measured (``model``: as the lifecycle described it); the gate refuses to
+    compare runs whose fingerprints differ. ``launched``: this session launched the server
+    (it was not attached)."""
     profile = run.plan.profile
     plan: SweepPlan = run.plan
     result: dict[str, Any] = {
         "profile": profile.name if profile.chosen else None,
-        **run.findings.model.fingerprint(),
+        **model.fingerprint(),
         "served_model_name": info.model_name,
         "model_root": info.model_root,
         "vllm_version": info.engine_version,
@@ -270,7 +290,7 @@ def fingerprint(
         "prompt_format": run.settings.prompt_format,
         "unverified_points_allowed": run.settings.allow_unverified,
         "seed": run.settings.seed,
-        "command_line": ["pytest", *config.invocation_params.args],
+        "command_line": list(hooks.command_line),
         "hardware": (
             _server_hardware(run, launched)
             if info.mode == "launched" or _is_local(info.base_url)
@@ -293,18 +313,19 @@ def fingerprint(
         if plan.concurrency:
             workload.update(max_concurrency=plan.max_concurrency)
         result["workload"] = workload
-    config.hook.pytest_longctx_fingerprint(config=config, fingerprint=result)
+    hooks.fingerprint(result)
     return result
 
 
-def _server_hardware(run: Run, launched: bool) -> dict[str, Any]:
+def _server_hardware(run: RunDescription, launched: bool) -> dict[str, Any]:
     """The host, narrowed to the cores or devices this worker's server was given."""
     host = hardware.describe_host()
-    if run.slot.cores:
-        host["server_cores"] = len(run.slot.cores)
-    if run.slot.devices:
-        host["server_devices"] = list(run.slot.devices)
-        host["gpu_count"] = len(run.slot.devices)
+    slot = run.placement.slot
+    if slot.cores:
+        host["server_cores"] = len(slot.cores)
+    if slot.devices:
+        host["server_devices"] = list(slot.devices)
+        host["gpu_count"] = len(slot.devices)
     elif host.get("gpu_count") and launched and run.plan.profile.serving.device != "cpu":
         # The devices the server uses, as a worker's slot would say: its parallel ranks.
         serving = run.plan.profile.serving
@@ -313,26 +334,29 @@ def _server_hardware(run: Run, launched: bool) -> dict[str, Any]:
     return host
 
 
-def _server_identity(run: Run, info: ServerInfo) -> dict[str, Any]:
+def _server_identity(run: RunDescription, info: ServerInfo) -> dict[str, Any]:
     """Which server measured a point: the worker, the endpoint and what it was given."""
-    identity: dict[str, Any] = {"slot": run.slot.index, "endpoint": info.base_url}
-    if run.worker:
-        identity["worker"] = run.worker
-    if run.slot.cores:
-        identity["cores"] = list(run.slot.cores)
-    if run.slot.devices:
-        identity["devices"] = list(run.slot.devices)
+    slot = run.placement.slot
+    identity: dict[str, Any] = {"slot": slot.index, "endpoint": info.base_url}
+    if run.placement.worker:
+        identity["worker"] = run.placement.worker
+    if slot.cores:
+        identity["cores"] = list(slot.cores)
+    if slot.devices:
+        identity["devices"] = list(slot.devices)
     return identity
 
 
-def check_same_servers(run: Run) -> None:
+def check_same_servers(
+    run: RunDescription, results: RecordLog, fingerprint: dict[str, Any]
+) -> None:
     """Refuse a server unlike those that already measured points of this run.
 
     The first server to come up (or the run's earlier records, when resumed) sets what the
     run measures; a server with another model, vLLM version or hardware would mix setups in
     one table. ``--longctx-allow-mixed-servers`` keeps them, and the reports say so.
     """
-    run.results.open()
+    results.open()
     path = run.run_dir / MEASURED_BY_FILE
     with exclusive_lock(run.run_dir / ".measured-by.lock"):
         try:
@@ -342,15 +366,15 @@ def check_same_servers(run: Run) -> None:
         others = [(entry.get("server", {}), entry) for entry in known]
         others += [
             (record.fingerprint.get("server", {}), record.fingerprint)
-            for record in run.results.all_records()
+            for record in results.all_records()
             if record.outcome == "passed" and record.fingerprint
         ]
         if not run.settings.allow_mixed_servers:
             for server, other in others:
-                differences = fingerprint_mismatch(other, run.findings.fingerprint)
+                differences = fingerprint_mismatch(other, fingerprint)
                 if differences:
                     where = server.get("endpoint") or "an earlier server of this run"
-                    endpoint = run.findings.fingerprint["server"]["endpoint"]
+                    endpoint = fingerprint["server"]["endpoint"]
                     raise ServerError(
                         f"this server ({endpoint}) differs from "
                         f"{where}, which measured this run:\n  "
@@ -358,7 +382,7 @@ def check_same_servers(run: Run) -> None:
                         + "\nrun each setup as its own run, or pass "
                         "--longctx-allow-mixed-servers to keep both in one"
                     )
-        known.append(run.findings.fingerprint)
+        known.append(fingerprint)
         write_atomically(path, json.dumps(known, indent=2, default=str) + "\n")
 
 

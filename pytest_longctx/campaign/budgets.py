@@ -18,18 +18,19 @@ the engine counts as stuck.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 
+from pytest_longctx.campaign.run import RunDescription, Sizing
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.measure.timeouts import FirstTokenBudget, KnownTtft
 from pytest_longctx.plan import capacity_check
 from pytest_longctx.plan.points import COLD, INTERFERENCE
+from pytest_longctx.profiles import Profile
 from pytest_longctx.profiles.extra_args import cache_flags
 from pytest_longctx.profiles.vllm_releases import UnsupportedRelease
 from pytest_longctx.progress.eta import TtftModel, fit_nonnegative, fit_ttft, format_duration
 from pytest_longctx.serving import step_limit
-from pytest_longctx.session.run import Run
 
 #: Where this run's own records come from, in a budget's reason.
 RECORDED = "recorded in this run"
@@ -46,15 +47,14 @@ def recorded_ttft(records: Iterable[Record]) -> dict[int, float]:
     return slowest
 
 
-def known_ttft(run: Run) -> tuple[KnownTtft, ...]:
-    """What the run knows of each length's TTFT before this process measures it: its records
-    (with the TTFT model fitted to them from two lengths on), then the profile's expected
-    TTFT (with its model)."""
+def known_ttft(profile: Profile, records: Sequence[Record]) -> tuple[KnownTtft, ...]:
+    """What the run knows of each length's TTFT before this process measures it: its
+    ``records`` (with the TTFT model fitted to them from two lengths on), then the profile's
+    expected TTFT (with its model)."""
     known = []
-    records = run.results.all_records()
     recorded = recorded_ttft(records)
     if recorded:
-        model = fit_ttft(records)
+        model = fit_ttft(list(records))
         known.append(
             KnownTtft(
                 RECORDED,
@@ -64,7 +64,6 @@ def known_ttft(run: Run) -> tuple[KnownTtft, ...]:
                 of_this_run=True,
             )
         )
-    profile = run.plan.profile
     expected = profile.sweep.expected_ttft
     if expected:
         lengths = sorted(expected)
@@ -75,26 +74,35 @@ def known_ttft(run: Run) -> tuple[KnownTtft, ...]:
     return tuple(known)
 
 
-def first_token_budget(run: Run, length: int, requests: int = 1) -> tuple[float, str]:
+def first_token_budget(
+    run: RunDescription,
+    records: Sequence[Record],
+    measured_ttft: Mapping[int, float],
+    length: int,
+    requests: int = 1,
+) -> tuple[float, str]:
     """A point's first-token budget and where it came from: ``--longctx-ttft-timeout``, else
-    grown from what this process measured, else from what the run knows (:func:`known_ttft`)."""
+    grown from what this process measured (``measured_ttft``, by length), else from what the
+    run knows (:func:`known_ttft` of its ``records``)."""
     budget = FirstTokenBudget(
         default_s=run.plan.profile.sweep.first_token_timeout_s,
         override_s=run.settings.ttft_timeout_s,
     )
-    seconds, source = budget.for_length(length, run.sweep.measured_ttft, requests, known_ttft(run))
+    known = known_ttft(run.plan.profile, records)
+    seconds, source = budget.for_length(length, dict(measured_ttft), requests, known)
     if run.settings.ttft_timeout_s is not None:
         source += " (--longctx-ttft-timeout)"
     return seconds, source
 
 
-def ttft_model(run: Run) -> KnownTtft | None:
+def ttft_model(profile: Profile, records: Sequence[Record]) -> KnownTtft | None:
     """The TTFT model the run knows first: its records' from two lengths on, else the
     profile's expected TTFT's; None without either."""
-    return next((known for known in known_ttft(run) if known.model is not None), None)
+    known = known_ttft(profile, records)
+    return next((each for each in known if each.model is not None), None)
 
 
-def prefill_chunk(run: Run, serves: str = COLD) -> int:
+def prefill_chunk(run: RunDescription, serves: str = COLD) -> int:
     """Prompt tokens one step of ``serves``'s server computes: the interference server's
     ``--longctx-max-num-batched-tokens``, else the profile's flag or vLLM's default."""
     if serves == INTERFERENCE and run.settings.max_num_batched_tokens:
@@ -104,13 +112,16 @@ def prefill_chunk(run: Run, serves: str = COLD) -> int:
     return capacity_check.prefill_chunk_tokens(profile, memory)
 
 
-def planned_step_s(run: Run, length: int, serves: str = COLD) -> float | None:
+def planned_step_s(
+    run: RunDescription, records: Sequence[Record], length: int, serves: str = COLD
+) -> float | None:
     """The model's time for the last prefill chunk of a ``length``-token prompt, the point's
-    slowest step (each chunk attends to all before it); None without a model, or without a
-    profile (an attached server's chunk is not known here)."""
+    slowest step (each chunk attends to all before it), by the TTFT model of ``records``
+    (else the profile's); None without a model, or without a profile (an attached server's
+    chunk is not known here)."""
     if not run.plan.profile.chosen:
         return None
-    known = ttft_model(run)
+    known = ttft_model(run.plan.profile, records)
     if known is None or known.model is None:
         return None
     chunk = prefill_chunk(run, serves)
@@ -119,15 +130,9 @@ def planned_step_s(run: Run, length: int, serves: str = COLD) -> float | None:
     return step if step > 0 else None
 
 
-def longest_length(run: Run) -> int | None:
-    """The longest length the session's server is sized for."""
-    lengths = {p.length for p in run.selected_points} - run.findings.unfit_lengths
-    return max(lengths) if lengths else None
-
-
-def _ranks(run: Run) -> int:
-    serving = run.plan.profile.serving
-    flags = cache_flags(serving, f"profile {run.plan.profile.path}")
+def _ranks(profile: Profile) -> int:
+    serving = profile.serving
+    flags = cache_flags(serving, f"profile {profile.path}")
     return (
         serving.tensor_parallel_size
         * serving.pipeline_parallel_size
@@ -136,34 +141,33 @@ def _ranks(run: Run) -> int:
     )
 
 
-def executor(run: Run) -> str:
+def executor(profile: Profile) -> str:
     """The executor vLLM runs the profile's server with."""
-    return run.plan.profile.serving.executor or step_limit.default_executor(_ranks(run))
+    return profile.serving.executor or step_limit.default_executor(_ranks(profile))
 
 
-def planned_vllm(run: Run) -> tuple[str | None, str]:
+def planned_vllm(profile: Profile) -> tuple[str | None, str]:
     """The vLLM the plan is made for (:func:`~pytest_longctx.plan.capacity_check.
     planned_release`: the installed one where it serves the profile's device, else the
     pinned one), and how the plan knows it."""
     try:
-        planned = capacity_check.planned_release(run.plan.profile)
+        planned = capacity_check.planned_release(profile)
     except UnsupportedRelease:
         return None, "outside the supported releases"
     how = {"installed": "installed here", "pinned": "pinned by the profile"}
     return planned.version, how.get(planned.source, "the embedded default's")
 
 
-def _server_env(run: Run) -> dict[str, str]:
+def _server_env(profile: Profile) -> dict[str, str]:
     """The launched server's environment: this session's, then the profile's."""
-    return {**os.environ, **run.plan.profile.serving.env}
+    return {**os.environ, **profile.serving.env}
 
 
-def _given(run: Run) -> dict[str, tuple[str, str]]:
+def _given(profile: Profile) -> dict[str, tuple[str, str]]:
     """Step-limit variables the user set: the profile's ``[serving.env]`` (which the launch
     passes on) before this session's environment (which the server inherits)."""
     given: dict[str, tuple[str, str]] = {}
     names = (step_limit.EXECUTE_MODEL_TIMEOUT, step_limit.RAY_GET_TIMEOUT)
-    profile = run.plan.profile
     for name in names:
         if name in profile.serving.env:
             given[name] = (profile.serving.env[name], f"profile {profile.name}'s [serving.env]")
@@ -172,47 +176,51 @@ def _given(run: Run) -> dict[str, tuple[str, str]]:
     return given
 
 
-def step_limit_decision(run: Run, serves: str = COLD) -> step_limit.StepLimitDecision | None:
-    """The longest planned step against vLLM's step limit on ``serves``'s server; None
-    without a TTFT model (or no length)."""
-    length = longest_length(run)
-    step = planned_step_s(run, length, serves) if length else None
+def step_limit_decision(
+    run: RunDescription, sizing: Sizing, serves: str = COLD
+) -> step_limit.StepLimitDecision | None:
+    """The longest planned step of the lengths ``sizing`` holds against vLLM's step limit on
+    ``serves``'s server; None without a TTFT model (or no length)."""
+    length = max(sizing.lengths, default=None)
+    step = planned_step_s(run, sizing.records, length, serves) if length else None
     if step is None:
         return None
-    version, _ = planned_vllm(run)
-    limits = step_limit.step_limits(version, executor(run), _server_env(run))
+    profile = run.plan.profile
+    version, _ = planned_vllm(profile)
+    limits = step_limit.step_limits(version, executor(profile), _server_env(profile))
     margin = FirstTokenBudget().safety_factor
-    return step_limit.decide(limits, step, margin, _given(run))
+    return step_limit.decide(limits, step, margin, _given(profile))
 
 
-def launch_env(run: Run, serves: str = COLD) -> dict[str, str]:
+def launch_env(run: RunDescription, sizing: Sizing, serves: str = COLD) -> dict[str, str]:
     """What the launch adds to the server's environment: vLLM's step limit, raised where
     the longest planned step would exceed it."""
-    decision = step_limit_decision(run, serves)
+    decision = step_limit_decision(run, sizing, serves)
     return dict(decision.env) if decision is not None else {}
 
 
-def launch_warnings(run: Run, serves: str = COLD) -> list[str]:
+def launch_warnings(run: RunDescription, sizing: Sizing, serves: str = COLD) -> list[str]:
     """An explicit step limit below the longest planned step: kept, and said."""
-    decision = step_limit_decision(run, serves)
+    decision = step_limit_decision(run, sizing, serves)
     return list(decision.warnings) if decision is not None else []
 
 
-def plan_lines(run: Run) -> list[str]:
+def plan_lines(run: RunDescription, sizing: Sizing) -> list[str]:
     """What ``--longctx-plan`` says of budgets: each selected length's first-token budget
     before this session measures anything (and where it comes from), and the longest planned
     engine step against vLLM's own step limit."""
-    lengths = sorted({p.length for p in run.selected_points})
+    lengths = sorted({p.length for p in sizing.points})
+    profile = run.plan.profile
     lines = [
         "first-token budget per length, before this session measures one at or below it "
         "(then grown from that measurement):"
     ]
-    for known in known_ttft(run):
+    for known in known_ttft(profile, sizing.records):
         if isinstance(known.model, TtftModel):
             lines.append(f"  {known.model_text}: {known.model.describe()}")
     defaults = 0
     for length in lengths:
-        seconds, why = first_token_budget(run, length)
+        seconds, why = first_token_budget(run, sizing.records, {}, length)
         took = f"{seconds:,.0f} s ({format_duration(seconds)})"
         lines.append(f"  {format_size(length)}: {took}: {why}")
         defaults += why.startswith("default of")
@@ -222,15 +230,15 @@ def plan_lines(run: Run) -> list[str]:
             f"take: profile {run.plan.profile.name}'s [sweep] expected_ttft (seconds by length, "
             "e.g. a study's) or --longctx-ttft-timeout gives them a budget that fits"
         )
-    if not run.plan.profile.chosen:  # attached without a profile: its serving is the server's
+    if not profile.chosen:  # attached without a profile: its serving is the server's
         return lines
-    longest = longest_length(run)
-    known = ttft_model(run)
-    step = planned_step_s(run, longest) if longest else None
-    version, whence = planned_vllm(run)
+    longest = max(sizing.lengths, default=None)
+    known = ttft_model(profile, sizing.records)
+    step = planned_step_s(run, sizing.records, longest) if longest else None
+    version, whence = planned_vllm(profile)
     where = f"vLLM {version} ({whence})" if version else f"vLLM of unknown version ({whence})"
-    run_by = f"{where}, {executor(run)} executor"
-    limits = step_limit.step_limits(version, executor(run), _server_env(run))
+    run_by = f"{where}, {executor(profile)} executor"
+    limits = step_limit.step_limits(version, executor(profile), _server_env(profile))
     if not limits:
         lines.append(f"vLLM's step limit: none under {run_by} (one process sets no limit)")
         return lines
@@ -246,7 +254,7 @@ def plan_lines(run: Run) -> list[str]:
         f"longest planned engine step: {step:,.1f} s, the last {chunk:,}-token prefill chunk "
         f"at {format_size(longest)} ({known.model_text}); under {run_by}:"
     )
-    decision = step_limit_decision(run)
+    decision = step_limit_decision(run, sizing)
     assert decision is not None
     if run.settings.url:  # nothing is launched: the attached server keeps its own limit
         lines += [

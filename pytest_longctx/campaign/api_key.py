@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import os
 
-from pytest_longctx.session.run import Run
+from pytest_longctx.campaign.run import RunDescription
 
 API_KEY_ENV_FOR_VLLM = "VLLM_API_KEY"
 
 
-def api_key_env_name(run: Run) -> str | None:
+def api_key_env_name(run: RunDescription) -> str | None:
     return run.settings.api_key_env or run.plan.profile.serving.api_key_env
 
 
@@ -21,7 +21,7 @@ class ApiKeyError(ValueError):
     """The variable named to hold the API key is not set."""
 
 
-def check_api_key_env(run: Run) -> None:
+def check_api_key_env(run: RunDescription) -> None:
     """A named key variable must be set before anything starts (a plan needs no key)."""
     name = api_key_env_name(run)
     if name is None or run.settings.plan_only or name in os.environ:
@@ -37,6 +37,6 @@ def check_api_key_env(run: Run) -> None:
     )
 
 
-def api_key(run: Run) -> str | None:
+def api_key(run: RunDescription) -> str | None:
     name = api_key_env_name(run)
     return os.environ.get(name) if name else None

@@ -10,22 +10,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pytest_longctx.campaign.run import RecordLog
 from pytest_longctx.plan.points import Point
-from pytest_longctx.session.run import Run
 
 
-def redo_cold_points(run: Run, selected: Sequence[Point]) -> list[Point]:
-    """Drop from ``run.results.resumed`` each cold point with a selected follow-up left to
-    measure; returns them."""
+def redo_cold_points(results: RecordLog, selected: Sequence[Point]) -> list[Point]:
+    """Measure again each resumed cold point with a selected follow-up left to measure;
+    returns them."""
     redo = []
     for point in selected:
         cold = point.cold
         if (
             point.warm
-            and point not in run.results.resumed
-            and cold in run.results.resumed
+            and point not in results.resumed
+            and cold in results.resumed
             and cold in selected
         ):
-            del run.results.resumed[cold]
+            results.measure_again(cold)
             redo.append(cold)
     return redo

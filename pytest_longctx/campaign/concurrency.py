@@ -2,7 +2,7 @@
 serves them, the probe of an attached server, and the length's verdict so far.
 
 A launched server is started for these points with room for the highest level
-(``--max-num-seqs``, see session/server.py and session/lifecycle.py). An attached server
+(``--max-num-seqs``, see server.py and lifecycle.py). An attached server
 serves with its own limits: it is probed once per start with the highest level selected
 (short requests sent at once, the scheduler's gauges watched, as the interference points
 probe theirs) and a level it cannot run at once is refused with the reason, never measured as
@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_longctx.campaign.run import RunDescription
 from pytest_longctx.capacity import fit_verdict
 from pytest_longctx.client import ClientConfig, CompletionClient
 from pytest_longctx.measure.agreement import STRICT_OPTION
@@ -29,7 +30,6 @@ from pytest_longctx.measure.under_load import probe_sequences
 from pytest_longctx.plan import capacity_check
 from pytest_longctx.plan.points import Point, SweepPlan
 from pytest_longctx.prompts import Prompt
-from pytest_longctx.session.run import Run
 
 
 @dataclass(frozen=True)
@@ -46,18 +46,18 @@ class LevelSetup:
     tcp_keepalive_s: float | None
 
 
-def highest_level(run: Run) -> int:
-    """The highest level selected in this session (the plan's limit when none is known)."""
-    levels = [p.concurrency for p in run.selected_points if p.concurrent]
-    return max(levels, default=run.plan.max_concurrency)
+def highest_level(plan: SweepPlan, selected: Sequence[Point]) -> int:
+    """The highest level ``selected`` in this session (the plan's limit when none is)."""
+    levels = [p.concurrency for p in selected if p.concurrent]
+    return max(levels, default=plan.max_concurrency)
 
 
-def level_setup(run: Run) -> LevelSetup:
-    """A concurrency level's setup from the run."""
+def level_setup(run: RunDescription, selected: Sequence[Point]) -> LevelSetup:
+    """A concurrency level's setup from what the run is and the points ``selected``."""
     return LevelSetup(
         plan=run.plan,
         run_id=run.run_id,
-        highest_level=highest_level(run),
+        highest_level=highest_level(run.plan, selected),
         stream_tolerance=run.settings.stream_tolerance,
         strict_stream=run.settings.strict_stream,
         tcp_keepalive_s=run.settings.tcp_keepalive_s,

@@ -24,12 +24,19 @@ import contextlib
 import dataclasses
 import subprocess
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-import pytest
-
+from pytest_longctx.campaign import budgets, point_setup, prompting
+from pytest_longctx.campaign import server as campaign_server
+from pytest_longctx.campaign.api_key import api_key, api_key_env_name
+from pytest_longctx.campaign.hooks import CampaignHooks
+from pytest_longctx.campaign.run import Run, RunDescription, Sizing
+from pytest_longctx.campaign.warm_up import warm_up as run_warm_ups
 from pytest_longctx.client import MeasurementError, ModelEntry, RequestRejectedError
-from pytest_longctx.core.sizes import format_size
+from pytest_longctx.core.sizes import format_bytes, format_size
 from pytest_longctx.gate import fingerprint_mismatch
 from pytest_longctx.measure import outcomes
 from pytest_longctx.measure.measurement import PointFailure
@@ -41,7 +48,7 @@ from pytest_longctx.plan.points import COLD, CONCURRENCY, INTERFERENCE, Point
 from pytest_longctx.plan.servers import VISIBLE_DEVICES_ENV
 from pytest_longctx.profiles import hardware, vllm_releases
 from pytest_longctx.progress import telemetry
-from pytest_longctx.reporting.reuse import format_bytes
+from pytest_longctx.prompts import PromptBuilder
 from pytest_longctx.serving import model_description
 from pytest_longctx.serving.process import (
     RELEASE_TIMEOUT_S,
@@ -54,32 +61,32 @@ from pytest_longctx.serving.process import (
     wait_released,
 )
 from pytest_longctx.serving.vllm_command import FlagError, ServerCommand, same_release
-from pytest_longctx.session import budgets, point_setup
-from pytest_longctx.session import server as session_server
-from pytest_longctx.session.api_key import api_key, api_key_env_name
-from pytest_longctx.session.run import Run
 
 #: Classes that mean the point took the server down with it; they count against its length.
 CRASH_CLASSES = ("engine_died", "oom", "hang", "server_gone")
-#: On a worker's report of a point it hands back, for the controller (controller.py).
-HANDED_BACK_ATTRIBUTE = "longctx_handed_back"
 REATTACH_POLL_S = 2.0
+#: How the lifecycle makes a server process from its command, log file and start-up timeout:
+#: serving/process.py's :class:`LaunchedServer`, or a stand-in with its methods.
+Launcher = Callable[[ServerCommand, Path, float], LaunchedServer]
 
 
-def skip(reason: str, failure_class: str, evidence: tuple[str, ...] = ()) -> BaseException:
-    """A skip that carries its class to the record."""
-    exc = pytest.skip.Exception(reason, _use_item_location=True)
-    exc.failure_class = failure_class  # type: ignore[attr-defined]
-    exc.evidence = evidence  # type: ignore[attr-defined]
-    return exc
+class PointSkipped(Exception):
+    """A point the lifecycle will not measure, and why: a length vLLM refused at start-up or
+    one that took the server down too often (the class of its failure goes to the record), or,
+    ``handed_back``, a point a pytest-xdist worker whose server is lost for good hands to the
+    other workers. The pytest layer makes it a skip."""
 
-
-def failed(exc: ServerError) -> BaseException:
-    """A fixture's failure (``pytest.fail``) that carries the server error's class."""
-    failure = pytest.fail.Exception(str(exc), pytrace=False)
-    failure.failure_class = exc.failure_class  # type: ignore[attr-defined]
-    failure.evidence = exc.evidence  # type: ignore[attr-defined]
-    return failure
+    def __init__(
+        self,
+        reason: str,
+        failure_class: str,
+        evidence: tuple[str, ...] = (),
+        handed_back: bool = False,
+    ) -> None:
+        super().__init__(reason)
+        self.failure_class = failure_class
+        self.evidence = evidence
+        self.handed_back = handed_back
 
 
 def memory_not_released(before: dict[int, int], held: dict[int, int], waited_s: float) -> str:
@@ -95,46 +102,69 @@ def memory_not_released(before: dict[int, int], held: dict[int, int], waited_s: 
     )
 
 
+@dataclass
+class ServerHistory:
+    """What became of the session's servers, for the records, the reports and the limits:
+    each start, the crashes per length, the relaunches tried, the lengths vLLM refused at
+    start-up and, on GPUs, the devices' memory before the first start."""
+
+    #: This session's server starts, first to last: number, time, start-up seconds and, for a
+    #: relaunch, its cause; each record names the one that measured it.
+    starts: list[dict[str, Any]] = field(default_factory=list)
+    #: Classes of the crashes each length caused (counted against the limit).
+    crashes: dict[int, list[str]] = field(default_factory=dict)
+    #: Relaunches tried, those whose start failed included (the limit's count).
+    relaunches: int = 0
+    #: Lengths vLLM refused at start-up (its KV cache cannot hold them), with its words.
+    start_refused: dict[int, ServerError] = field(default_factory=dict)
+    #: Bytes used on each of a GPU server's devices before its first start: a relaunch waits
+    #: for the dead server's memory to fall back near it.
+    device_memory_before: dict[int, int] | None = None
+
+
 class ServerLifecycle:
     """The session's server from its first start to its stop, and the only writer of what
-    the session knows of it: the server measured now, the process launched, each start,
-    the crashes per length, relaunches, and what this server start holds of the session's
-    prompts (:class:`point_setup.ServerMemory`)."""
+    the session knows of it: the server measured now, the process launched, its history
+    (:class:`ServerHistory`), and what this server start holds of the session's prompts
+    (:class:`point_setup.ServerMemory`)."""
 
-    def __init__(self, run: Run) -> None:
+    def __init__(
+        self,
+        run: Run,
+        hooks: CampaignHooks | None = None,
+        launch: Launcher = LaunchedServer,
+    ) -> None:
+        #: The run whose server this is: the lifecycle alone writes its findings.
         self.run = run
+        #: The plugin hooks it calls, as callbacks.
+        self.hooks = hooks or CampaignHooks()
+        #: How it makes a server process (a test's stand-in in the lifecycle's unit tests).
+        self.launch = launch
         #: The server measured now (started or attached), or why there is none; None
         #: before the first start.
         self.current: ServerInfo | ServerError | None = None
         #: The server process this session launched, while it runs (None: attached).
         self.launched: LaunchedServer | None = None
-        #: This session's server starts, first to last: number, time, start-up seconds and,
-        #: for a relaunch, its cause; each record names the one that measured it.
-        self.starts: list[dict[str, Any]] = []
-        #: Classes of the crashes each length caused (counted against the limit).
-        self.crashes: dict[int, list[str]] = {}
+        #: Its starts, crashes, relaunches and refusals.
+        self.history: ServerHistory = ServerHistory()
         #: Why the server must be started again before the next point (a hang), when it must.
         self.restart_cause: ServerError | None = None
         #: Why an attached server was lost during a point: before the next one it is checked
         #: to be the server this run measured, however soon it answers again.
         self.lost: ServerError | None = None
-        #: Relaunches tried, those whose start failed included (the limit's count).
-        self.relaunches = 0
-        #: Bytes used on each of a GPU server's devices before its first start: a relaunch
-        #: waits for the dead server's memory to fall back near it.
-        self.device_memory_before: dict[int, int] | None = None
-        #: Lengths vLLM refused at start-up (its KV cache cannot hold them), with its words.
-        self.start_refused: dict[int, ServerError] = {}
         #: The workload the launched server was started for: ``cold`` (the study's
         #: one-sequence server, cold and warm points), ``interference`` (room for K + 1
         #: sequences) or ``concurrency`` (room for the highest level).
         self.workload = COLD
         #: What the server measured now holds of this session's prompts, and showed it.
-        self.memory = point_setup.ServerMemory()
+        self.memory: point_setup.ServerMemory = point_setup.ServerMemory()
+        #: The served model's tokenizer, resolved at the first warm-up (its description
+        #: decides which): every prompt of the session is built with it.
+        self.prompts: PromptBuilder | None = None
 
     # -- the first start -------------------------------------------------------------------
 
-    def start(self, config: pytest.Config) -> ServerInfo:
+    def start(self) -> ServerInfo:
         """Launch or attach once per session; later calls return the same server or failure."""
         run = self.run
         if self.current is not None:
@@ -144,8 +174,10 @@ class ServerLifecycle:
         try:
             if run.split_error:
                 raise ServerError(run.split_error)
-            self.workload = session_server.first_workload(run)
-            info = self._attach() if run.settings.url else self._launch(config)
+            self.workload = campaign_server.first_workload(
+                run.plan, run.selected_points, run.results.resumed
+            )
+            info = self._attach() if run.settings.url else self._launch()
             cache_labels = _cache_labels(info)
         except ServerError as exc:
             self.current = exc
@@ -161,11 +193,13 @@ class ServerLifecycle:
             other = model_description.another_model(run.plan.profile, served, run.findings.model)
             if other and other not in run.findings.problems:
                 run.findings.problems.append(other)
-        run.findings.fingerprint = session_server.fingerprint(
-            config, run, info, self.launched is not None
+        run.findings.fingerprint = campaign_server.fingerprint(
+            self.hooks, run.description, run.findings.model, info, self.launched is not None
         )
         try:
-            session_server.check_same_servers(run)
+            campaign_server.check_same_servers(
+                run.description, run.results, run.findings.fingerprint
+            )
         except ServerError as exc:
             self.current = exc
             raise
@@ -203,15 +237,30 @@ class ServerLifecycle:
                 run.findings.fingerprint["kv_cache_check"] = dataclasses.asdict(
                     run.findings.capacity_check
                 )
-        self.announce_ready(config, info)
+        self.announce_ready(info)
         return info
 
     def warm_up(self, info: ServerInfo) -> None:
         """The warm-up prompts; the last one's stream joins the run's fingerprint."""
-        stream, lesson = point_setup.warm_up(self.run, info)
-        self.run.findings.fingerprint["stream"] = stream
+        run = self.run
+        builder = self.prompt_builder(info)
+        stream, lesson = run_warm_ups(run.description, run.selected_points, info, builder)
+        run.findings.fingerprint["stream"] = stream
         if lesson is not None:
-            self.run.findings.probe = lesson
+            run.findings.probe = lesson
+
+    def prompt_builder(self, info: ServerInfo) -> PromptBuilder:
+        """The served model's tokenizer, resolved once (a server started again serves the
+        same model, at the same address)."""
+        if self.prompts is None:
+            self.prompts = prompting.prompt_builder(
+                self.run.description, self.run.findings.model, info
+            )
+        return self.prompts
+
+    def stream_interval(self) -> int | None:
+        """The server's stream interval as the warm-ups showed it (None before them)."""
+        return (self.run.findings.fingerprint.get("stream") or {}).get("stream_interval")
 
     def use_server(self, server: ServerInfo) -> None:
         """Measure on ``server`` from now on. A server started (again), or an attached one
@@ -220,19 +269,17 @@ class ServerLifecycle:
         self.current = server
         self.memory = point_setup.ServerMemory()
 
-    def announce_ready(self, config: pytest.Config, info: ServerInfo) -> None:
+    def announce_ready(self, info: ServerInfo) -> None:
         """Tell other plugins the server answers (``pytest_longctx_server_ready``), at each
         start."""
         launched = self.launched if info.mode == "launched" else None
-        config.hook.pytest_longctx_server_ready(
-            config=config, base_url=info.base_url, mode=info.mode, launched=launched
-        )
+        self.hooks.server_ready(info.base_url, info.mode, launched)
 
     def _attach(self) -> ServerInfo:
         run = self.run
-        url, key = run.slot.endpoint or run.settings.url or "", api_key(run)
-        check_attached(url, key, api_key_env_name(run))
-        served, version = _describe_server(run, url, key)
+        url, key = run.slot.endpoint or run.settings.url or "", api_key(run.description)
+        check_attached(url, key, api_key_env_name(run.description))
+        served, version = _describe_server(run.description, url, key)
         self.note_start(None, None, attached=url)
         return ServerInfo(
             url,
@@ -244,7 +291,7 @@ class ServerLifecycle:
             model_root=served.root,
         )
 
-    def _launch(self, config: pytest.Config) -> ServerInfo:
+    def _launch(self) -> ServerInfo:
         run = self.run
         profile = run.plan.profile
         run.results.open()
@@ -254,8 +301,8 @@ class ServerLifecycle:
                 f"profile {profile.name} cannot be launched here: {missing}", "start_failed"
             )
         try:
-            command, check = session_server.checked_command(
-                config, run, free_port(), build=True, serves=self.workload
+            command, check = campaign_server.checked_command(
+                self.hooks, run.description, self.sizing(), free_port(), True, self.workload
             )
         except Exception as exc:  # noqa: BLE001 - a model that cannot be prepared is a start failure
             raise ServerError(
@@ -270,11 +317,14 @@ class ServerLifecycle:
                     f"vLLM {check.version} does not accept {', '.join(check.left_out)}, which "
                     "pytest-longctx adds on its own: the server runs without it"
                 )
-        run.findings.add_problems(budgets.launch_warnings(run, self.workload))
+        warnings = budgets.launch_warnings(run.description, self.sizing(), self.workload)
+        run.findings.add_problems(warnings)
         leftovers = leftover_servers(run.output_root, run.run_dir)
         run.findings.problems.extend(leftovers)
         if profile.serving.device in VISIBLE_DEVICES_ENV:  # what a relaunch waits to see again
-            self.device_memory_before = telemetry.memory_used(session_server.device_scope(run))
+            self.history.device_memory_before = telemetry.memory_used(
+                campaign_server.device_scope(run.description)
+            )
         try:
             return self.bring_up(command)
         except ServerError as exc:
@@ -286,8 +336,15 @@ class ServerLifecycle:
                     ) from None
                 raise
         port = int(command.argv[command.argv.index("--port") + 1])
-        again = session_server.server_command(config, run, port, build=True, serves=self.workload)
+        again = campaign_server.server_command(
+            self.hooks, run.description, self.sizing(), port, True, self.workload
+        )
         return self.bring_up(again, cause)
+
+    def sizing(self) -> Sizing:
+        """What a server launched now is sized for: the lengths neither the capacity plan
+        nor vLLM (at an earlier start) refused."""
+        return self.run.sizing(self.history.start_refused)
 
     def _refuse_what_does_not_fit(self, exc: ServerError) -> str | None:
         """vLLM refused the ``--max-model-len`` for its KV cache and said what it can hold:
@@ -300,24 +357,23 @@ class ServerLifecycle:
         if exc.failure_class != "oom" or estimated is None:
             return None
         decode = run.plan.decode_tokens
-        lengths = sorted({p.length for p in run.selected_points} - run.findings.unfit_lengths)
+        sizing = self.sizing()
+        lengths = list(sizing.lengths)
         refused = [length for length in lengths if length + decode > estimated]
         if not refused or len(refused) == len(lengths):
             return None
         words = next((line for line in exc.evidence if "estimated maximum" in line), str(exc))
         words = outcomes.final_exception([words]) or words
         for length in refused:
-            self.start_refused[length] = ServerError(
+            self.history.start_refused[length] = ServerError(
                 f"vLLM cannot hold {format_size(length)} + {decode} decode tokens in its KV "
                 f"cache (it holds at most {estimated}); it refused to start with them: {words}",
                 "oom",
                 (words,),
             )
-        run.findings.unfit_lengths |= set(refused)
         held = max(length for length in lengths if length not in refused)
         return (
-            f"vLLM refused --max-model-len "
-            f"{session_server.selected_max_model_len_for(run, lengths)} "
+            f"vLLM refused --max-model-len {campaign_server.max_model_len(run.plan, sizing)} "
             f"(estimated maximum {estimated}); started again for {format_size(held)}"
         )
 
@@ -326,7 +382,7 @@ class ServerLifecycle:
     ) -> ServerInfo:
         """Start ``command``, wait until it serves, and note the start (with ``noted``)."""
         run = self.run
-        launched = LaunchedServer(
+        launched = self.launch(
             command,
             run.run_dir / f"{run.server_name}.log",
             run.plan.profile.serving.startup_timeout_s,
@@ -339,11 +395,11 @@ class ServerLifecycle:
         except ServerError:
             launched.stop()  # its guard and files released; a failed start leaves nothing behind
             raise
-        key = api_key(run)
-        served, version = _describe_server(run, launched.base_url, key)
+        key = api_key(run.description)
+        served, version = _describe_server(run.description, launched.base_url, key)
         if self.workload in (INTERFERENCE, CONCURRENCY):
             noted.setdefault("workload", self.workload)
-        self.note_start(time.monotonic() - started, cause, pid=launched.process.pid, **noted)
+        self.note_start(time.monotonic() - started, cause, pid=launched.pgid, **noted)
         return ServerInfo(
             launched.base_url,
             served.id,
@@ -358,13 +414,13 @@ class ServerLifecycle:
 
     def note_start(self, startup_s: float | None, cause: str | None, **more: Any) -> None:
         """One more server start of this session; the records measured on it name it."""
-        entry: dict[str, Any] = {"index": len(self.starts), "started_at": time.time()}
+        entry: dict[str, Any] = {"index": len(self.history.starts), "started_at": time.time()}
         if startup_s is not None:
             entry["startup_s"] = round(startup_s, 3)
         if cause:
             entry["cause"] = cause
         entry.update(more)
-        self.starts.append(entry)
+        self.history.starts.append(entry)
 
     def check_alive(self, grace_s: float = 0.0) -> None:
         """Raise at once with the log tail when the server has died.
@@ -381,7 +437,7 @@ class ServerLifecycle:
             check_attached(
                 self.current.base_url,
                 self.current.api_key,
-                api_key_env_name(self.run),
+                api_key_env_name(self.run.description),
                 PROBE_TIMEOUT_S,
             )
 
@@ -393,26 +449,25 @@ class ServerLifecycle:
 
     # -- before and after each point -------------------------------------------------------
 
-    def before_point(self, config: pytest.Config, point: Point) -> None:
+    def before_point(self, point: Point) -> None:
         """Make the point measurable, or say why it cannot be: skip a length vLLM refused or
         that crashed the server too often, bring a dead server back, fail fast when it cannot.
 
         Under pytest-xdist a worker whose launched server is lost for good hands its points
         back (a skip saying so), and the controller gives them to the other workers."""
         try:
-            self._before_point(config, point)
+            self._before_point(point)
         except PointFailure as exc:
             if exc.sent or self.run.worker is None or self.launched is None:
                 raise
-            handed = skip(
+            raise PointSkipped(
                 f"{exc}\n{self.run.worker} takes no more points: handed to the other workers",
                 exc.failure_class,
                 exc.evidence,
-            )
-            handed.handed_back = True  # type: ignore[attr-defined]
-            raise handed from None
+                handed_back=True,
+            ) from None
 
-    def _before_point(self, config: pytest.Config, point: Point) -> None:
+    def _before_point(self, point: Point) -> None:
         self.check_skips(point)
         if isinstance(self.current, ServerError):
             current = self.current
@@ -427,10 +482,10 @@ class ServerLifecycle:
                 except ServerError as exc:
                     cause = exc
             if cause is not None:
-                self._relaunch(config, cause)
-            wanted = session_server.workload_of(point)
+                self._relaunch(cause)
+            wanted = campaign_server.workload_of(point)
             if wanted != self.workload:
-                self._switch(config, wanted)
+                self._switch(wanted)
         elif self.run.settings.url:
             self._reattach(self.current)
 
@@ -438,10 +493,10 @@ class ServerLifecycle:
         """Skip a length vLLM refused at start-up, or one that took the server down too
         often; the skip carries the class of the failure that caused it (the length's last
         crash)."""
-        refused = self.start_refused.get(point.length)
+        refused = self.history.start_refused.get(point.length)
         if refused is not None:
-            raise skip(str(refused), refused.failure_class, refused.evidence)
-        crashes = self.crashes.get(point.length, [])
+            raise PointSkipped(str(refused), refused.failure_class, refused.evidence)
+        crashes = self.history.crashes.get(point.length, [])
         limit = self.run.settings.max_crashes_per_length
         if len(crashes) >= limit:
             times = "once" if len(crashes) == 1 else f"{len(crashes)} times"
@@ -449,7 +504,7 @@ class ServerLifecycle:
                 f"{format_size(point.length)} took the server down {times} in this session "
                 f"({', '.join(crashes)})"
             )
-            raise skip(
+            raise PointSkipped(
                 f"{said}; its remaining repeats are skipped "
                 f"(--longctx-max-crashes-per-length={limit})",
                 crashes[-1],
@@ -471,7 +526,7 @@ class ServerLifecycle:
             self.lost = ServerError(str(failure).splitlines()[0], failure.failure_class)
         if not failure.sent:
             return
-        self.crashes.setdefault(point.length, []).append(failure.failure_class)
+        self.history.crashes.setdefault(point.length, []).append(failure.failure_class)
         if failure.failure_class == "hang" and self.launched is not None:
             self.restart_cause = ServerError(
                 f"the server hung during {point.id}", "hang", failure.evidence
@@ -481,7 +536,7 @@ class ServerLifecycle:
 
     # -- starting it again -----------------------------------------------------------------
 
-    def _relaunch(self, config: pytest.Config, cause: ServerError) -> None:
+    def _relaunch(self, cause: ServerError) -> None:
         """Start the dead server again; a start that fails counts as a relaunch and is tried
         again while relaunches are left (a switch to the other workload's server is none).
 
@@ -493,8 +548,8 @@ class ServerLifecycle:
         self.restart_cause = None
         limit = self.run.settings.max_relaunches
         failures: list[ServerError] = []
-        while self.relaunches < limit:
-            self.relaunches += 1
+        while self.history.relaunches < limit:
+            self.history.relaunches += 1
             self.launched.stop()
             tried = (
                 f"; {len(failures)} start(s) failed before it, the last: "
@@ -504,7 +559,6 @@ class ServerLifecycle:
             )
             try:
                 self._bring_up_again(
-                    config,
                     self.launched,
                     command,
                     _cause_line(cause) + tried,
@@ -520,13 +574,13 @@ class ServerLifecycle:
         )
         self.current = ServerError(
             f"{why}\nnever sent: the server is down and not started again: this session's "
-            f"relaunches are spent ({self.relaunches} of --longctx-max-relaunches={limit})",
+            f"relaunches are spent ({self.history.relaunches} of --longctx-max-relaunches={limit})",
             "start_failed",
             failures[-1].evidence if failures else cause.evidence,
         )
         raise PointFailure(str(self.current), "start_failed", self.current.evidence, sent=False)
 
-    def _switch(self, config: pytest.Config, workload: str) -> None:
+    def _switch(self, workload: str) -> None:
         """Stop the server of one workload and start the other's: the interference points run
         on a server with room for their background streams, so the cold points keep the
         study's one-sequence server and its fingerprint."""
@@ -546,9 +600,10 @@ class ServerLifecycle:
         )
         try:
             self._bring_up_again(
-                config,
                 old,
-                session_server.server_command(config, self.run, port, build=True, serves=workload),
+                campaign_server.server_command(
+                    self.hooks, self.run.description, self.sizing(), port, True, workload
+                ),
                 cause,
                 f"the server for the {workload} workload",
                 adopt=True,
@@ -567,7 +622,6 @@ class ServerLifecycle:
 
     def _bring_up_again(
         self,
-        config: pytest.Config,
         old: LaunchedServer,
         command: ServerCommand,
         cause: str,
@@ -581,10 +635,12 @@ class ServerLifecycle:
         workload) is the run's from here on. A failure is a :class:`ServerError`, the server
         it started stopped."""
         run = self.run
-        self._wait_released(old.process.pid if old.process else None, command.argv)
+        self._wait_released(old.pgid, command.argv)
         info = self.bring_up(command, cause=cause, **noted)
         try:
-            fingerprint = session_server.fingerprint(config, run, info, launched=True)
+            fingerprint = campaign_server.fingerprint(
+                self.hooks, run.description, run.findings.model, info, launched=True
+            )
             differences = fingerprint_mismatch(run.findings.fingerprint, fingerprint)
             if differences:
                 raise ServerError(
@@ -605,16 +661,16 @@ class ServerLifecycle:
                 self.launched.stop()
             raise
         self.use_server(info)
-        self.announce_ready(config, info)
+        self.announce_ready(info)
 
     def _wait_released(self, pgid: int | None, argv: tuple[str, ...]) -> None:
         """The dead server's process group gone, its port free and its devices' memory back
         near its level before the first start (GPU profiles), or a ServerError."""
         host, port = argv[argv.index("--host") + 1], int(argv[argv.index("--port") + 1])
         wait_released(pgid, host, port)
-        before = self.device_memory_before
+        before = self.history.device_memory_before
         if before:
-            scope = session_server.device_scope(self.run)
+            scope = campaign_server.device_scope(self.run.description)
             held = wait_device_memory(before, lambda: telemetry.memory_used(scope))
             if held:
                 raise ServerError(
@@ -629,7 +685,7 @@ class ServerLifecycle:
         gone, self.lost = self.lost, None
         answering = True
         try:
-            check_attached(server.base_url, server.api_key, api_key_env_name(run))
+            check_attached(server.base_url, server.api_key, api_key_env_name(run.description))
         except ServerError as exc:
             if exc.failure_class not in ("server_gone", "hang", "engine_died"):
                 raise PointFailure(str(exc), exc.failure_class, exc.evidence, sent=False) from None
@@ -640,7 +696,7 @@ class ServerLifecycle:
         deadline = waited + run.settings.reattach_timeout_s
         while not answering:
             try:
-                check_attached(server.base_url, server.api_key, api_key_env_name(run))
+                check_attached(server.base_url, server.api_key, api_key_env_name(run.description))
                 break
             except ServerError:
                 if time.monotonic() > deadline:
@@ -698,13 +754,15 @@ def _cache_labels(info: ServerInfo) -> dict[str, str] | None:
             return None
 
 
-def _describe_server(run: Run, base_url: str, key: str | None) -> tuple[ModelEntry, str | None]:
+def _describe_server(
+    run: RunDescription, base_url: str, key: str | None
+) -> tuple[ModelEntry, str | None]:
     with control_client(base_url, key) as client:
         try:
             return client.models(), client.version()
         except RequestRejectedError as exc:
             if exc.status_code in (401, 403):
-                raise session_server.refused(run, base_url, exc) from None
+                raise campaign_server.refused(run, base_url, exc) from None
             raise ServerError(str(exc)) from None
         except MeasurementError as exc:
             raise ServerError(str(exc)) from None
