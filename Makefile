@@ -28,7 +28,7 @@ SWEEP_ARGS = $(if $(PROFILE),--longctx-profile=$(PROFILE)) --longctx-repeats=$(R
 	$(if $(FROM),--longctx-from=$(FROM)) $(if $(TO),--longctx-to=$(TO)) \
 	$(if $(URL),--longctx-url=$(URL))
 
-.PHONY: install test test-shared test-own-servers test-rest test-serial lint docs reference run plan baseline calibrate gate report clean
+.PHONY: install test test-shared test-own-servers test-rest test-serial lint typecheck docs reference run plan baseline calibrate gate report clean
 
 install: $(VENV)/.installed
 
@@ -50,8 +50,14 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -c "import transformers, vllm, pytest_longctx"
 	touch $@
 
-lint: install
+lint: install typecheck
 	$(VENV)/bin/ruff check .
+
+# mypy over the package, as pyproject.toml's [tool.mypy] configures it (Python 3.10, the
+# installed vLLM's, torch's and transformers' types). The first run reads their sources (about
+# 40 CPU-s and 2 GB); later ones reuse .mypy_cache (a second or two).
+typecheck: install
+	$(VENV)/bin/mypy pytest_longctx
 
 # The docs site, strictly: a warning or a broken internal reference fails it, and so does a
 # committed reference page that is not what the code generates. Offline: nothing is fetched.
@@ -127,7 +133,7 @@ report: install
 	$(PY) -m pytest_longctx report reports/latest
 
 clean:
-	rm -rf $(VENV) reports/2* reports/latest docs/_build
+	rm -rf $(VENV) reports/2* reports/latest docs/_build .mypy_cache
 
 # Mutation testing of the measurement core (client timing and counting, stats, timeouts,
 # sizes): which one-operator changes no test notices. Slow (tens of minutes); not run in CI.

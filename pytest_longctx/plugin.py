@@ -11,6 +11,8 @@ its ``DSession`` only when distribution is asked for.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import pytest
 
 from pytest_longctx.plan.points import (
@@ -57,7 +59,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
             )
         if spec.ini:
             # default None: getini tells a key the project set from one it did not
-            ini_type = "bool" if spec.flag else "linelist" if spec.multiple else "string"
+            ini_type: Literal["bool", "linelist", "string"] = (
+                "bool" if spec.flag else "linelist" if spec.multiple else "string"
+            )
             parser.addini(spec.dest, spec.help, type=ini_type, default=None)
     group.addoption(
         "--longctx-resume",

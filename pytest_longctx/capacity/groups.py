@@ -37,10 +37,11 @@ class Spec:
         """Blocks one request of ``tokens`` tokens holds (``max_memory_usage_bytes / page``)."""
         if self.kind == "state":
             return 2 if settings.mamba_cache_mode == "align" else 1
-        if self.kind == "sliding":
-            held = min(self.window - 1 + settings.in_flight_tokens, tokens)
-            return cdiv(held, self.block_size) + 1
-        if self.kind == "chunked":
+        if self.kind in ("sliding", "chunked"):
+            assert self.window is not None, f"a {self.kind} spec is built with its window"
+            if self.kind == "sliding":
+                held = min(self.window - 1 + settings.in_flight_tokens, tokens)
+                return cdiv(held, self.block_size) + 1
             return cdiv(min(self.window + settings.in_flight_tokens, tokens), self.block_size)
         if self.dcp_sharded and settings.dcp > 1:
             tokens = cdiv(tokens, settings.dcp)

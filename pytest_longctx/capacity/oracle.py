@@ -193,10 +193,13 @@ def specs_for_layers(
         else:
             head_elements = layer.bytes_per_token // (2 * kv_element_bytes)
             common = dict(block_size=block, num_kv_heads=1, head_size=head_elements, dtype=kv_dtype)
-            if layer.kind == "sliding":
-                specs[name] = SlidingWindowSpec(**common, sliding_window=layer.window)
-            elif layer.kind == "chunked":
-                specs[name] = ChunkedLocalAttentionSpec(**common, attention_chunk_size=layer.window)
+            if layer.kind in ("sliding", "chunked"):
+                window = layer.window
+                assert window is not None, f"a {layer.kind} layer is read with its window"
+                if layer.kind == "sliding":
+                    specs[name] = SlidingWindowSpec(**common, sliding_window=window)
+                else:
+                    specs[name] = ChunkedLocalAttentionSpec(**common, attention_chunk_size=window)
             else:
                 specs[name] = FullAttentionSpec(**common)
     return specs

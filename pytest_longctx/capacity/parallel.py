@@ -47,8 +47,12 @@ def _tensor_parallel_problem(fields: Mapping[str, Any], tp: int, dtypes: DTypes)
             "num_attention_heads % tensor_parallel_size == 0"
         )
     kv_heads = fields.get("num_key_value_heads") or heads
-    grouped = fields.get("kv_lora_rank") is None and isinstance(kv_heads, int) and kv_heads > 0
-    if grouped and ((kv_heads % tp) if tp < kv_heads else (tp % kv_heads)):
+    if (
+        fields.get("kv_lora_rank") is None
+        and isinstance(kv_heads, int)
+        and kv_heads > 0
+        and ((kv_heads % tp) if tp < kv_heads else (tp % kv_heads))
+    ):
         return (
             f"does not fit the model's {kv_heads} KV heads: vLLM's QKV projection splits "
             "them over the ranks or gives each the same number of ranks "

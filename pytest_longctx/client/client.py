@@ -503,9 +503,11 @@ class CompletionClient:
         self, method: str, path: str, json: Any = None, timeout_s: float | None = None
     ) -> httpx.Response:
         url = f"{self.base_url}{path}"
-        timeout = httpx.USE_CLIENT_DEFAULT
-        if timeout_s is not None:
-            timeout = httpx.Timeout(timeout_s, connect=self.config.connect_timeout_s)
+        timeout = (
+            httpx.USE_CLIENT_DEFAULT
+            if timeout_s is None
+            else httpx.Timeout(timeout_s, connect=self.config.connect_timeout_s)
+        )
         try:
             response = self._http.request(method, url, json=json, timeout=timeout)
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
@@ -555,7 +557,9 @@ class CompletionClient:
         http_request = self._http.build_request(
             "POST",
             url,
-            content=body.chunks(self.config.upload_chunk_bytes),
+            # httpx's annotation says bytes; it sends any bytes-like chunk, and a view of the
+            # body is not a copy of it.
+            content=body.chunks(self.config.upload_chunk_bytes),  # type: ignore[arg-type]
             headers={
                 "Content-Type": "application/json",
                 "Content-Length": str(body.size),

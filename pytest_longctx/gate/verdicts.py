@@ -535,12 +535,11 @@ def _gapless_words(baseline: list[Record], current: list[Record]) -> str:
             key = (len(reasons), len(records), "; ".join(sorted(set(reasons))))
             said.setdefault(key, []).append(side.replace("the baseline", "the baseline's"))
     parts = []
-    for (count, total, reasons), sides in said.items():
+    for (count, total, causes), sides in said.items():
         names = " and ".join(s.replace("this run", "this run's") for s in sides)
         each = " each" if len(sides) > 1 else ""
         parts.append(
-            f"{names} streams showed no per-token gap at {count} of {total} points{each} "
-            f"({reasons})"
+            f"{names} streams showed no per-token gap at {count} of {total} points{each} ({causes})"
         )
     return "; ".join(parts)
 

@@ -202,7 +202,7 @@ def _ranges(values: Sequence[int]) -> str:
     out: list[str] = []
     ordered = sorted(values)
     start = previous = ordered[0]
-    for value in ordered[1:] + [None]:  # type: ignore[list-item]
+    for value in ordered[1:] + [None]:
         if value is not None and value == previous + 1:
             previous = value
             continue

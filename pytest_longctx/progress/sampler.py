@@ -57,7 +57,8 @@ class Outlook:
     @property
     def remaining_cost_s(self) -> float | None:
         costs = [point.predicted_s for point in self.remaining]
-        return None if any(cost is None for cost in costs) else sum(costs)  # type: ignore[misc]
+        known = [cost for cost in costs if cost is not None]
+        return sum(known) if len(known) == len(costs) else None
 
 
 class PointWatch:

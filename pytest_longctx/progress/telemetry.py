@@ -251,14 +251,14 @@ def parse_amd_smi_list(text: str) -> list[ListedDevice]:
     for position, gpu in enumerate(data):
         if not isinstance(gpu, Mapping):
             raise TelemetryError(f"amd-smi list: GPU entry {position} is not an object")
-        index, hip = gpu.get("gpu", position), gpu.get("hip_id")
+        index, hip = str(gpu.get("gpu", position)), str(gpu.get("hip_id"))
         hip_uuid = str(gpu.get("hip_uuid") or "")
         listed.append(
             ListedDevice(
-                index=int(index) if str(index).isdigit() else position,
+                index=int(index) if index.isdigit() else position,
                 bus_id=bus_id(gpu.get("bdf")),
                 uuid=str(gpu["uuid"]) if gpu.get("uuid") else None,
-                hip_id=int(hip) if str(hip).isdigit() else None,
+                hip_id=int(hip) if hip.isdigit() else None,
                 hip_uuid=hip_uuid if hip_uuid.upper().startswith("GPU-") else None,
             )
         )
@@ -302,10 +302,10 @@ class DeviceScope:
         by_pci = sorted((r for r in readings if r.bus_id), key=lambda r: r.bus_id or "")
         hip = {d.hip_id: d.bus_id for d in listed if d.hip_id is not None and d.bus_id}
         uuids = {_uuid_key(r.uuid): r.bus_id for r in readings if r.uuid and r.bus_id}
-        for device in listed:
-            for uuid in (device.uuid, device.hip_uuid):
-                if uuid and device.bus_id:
-                    uuids[_uuid_key(uuid)] = device.bus_id
+        for entry in listed:
+            for uuid in (entry.uuid, entry.hip_uuid):
+                if uuid and entry.bus_id:
+                    uuids[_uuid_key(uuid)] = entry.bus_id
 
         def unhidden(device: str, given: str) -> str:
             """The bus id of a device as the runtime numbers it with nothing hidden."""

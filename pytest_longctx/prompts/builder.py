@@ -453,27 +453,36 @@ class PromptBuilder:
         rounds of trimming or extending the id span close the gap. The question is appended
         as text after the span, and every needle must still be in the text.
         """
-        if self.source.decode(ids[:1]) is None:
-            raise PromptError(
-                "--longctx-prompt-format=text needs a tokenizer that decodes ids: the served "
-                "model's locally, or the server's /detokenize; expected "
-                "--longctx-prompt-format=ids"
-            )
+
+        def decode(span: Sequence[int]) -> str:
+            text = self.source.decode(span)
+            if text is None:
+                raise PromptError(
+                    "--longctx-prompt-format=text needs a tokenizer that decodes ids: the "
+                    "served model's locally, or the server's /detokenize; expected "
+                    "--longctx-prompt-format=ids"
+                )
+            return text
+
+        decode(ids[:1])
         question = "" if probe is None else probe.question_text
         body = ids[: len(ids) - len(self.source.encode(question))] if question else ids
         source = body + self.body(2 * length)[: length // 2 + 64]
         take, count = len(body), -1
         for _ in range(TEXT_FIT_ATTEMPTS):
-            text = self.source.decode(source[:take]) + question
+            text = decode(source[:take]) + question
             count = self.source.count_as_server(text)
             if count == length:
-                needles = probe.planted if probe else ()
                 # a needle in words is known by its value: the decoded text may space it anew
-                lost = [
-                    n.text
-                    for n in needles
-                    if (n.text if probe.kind == "tokens" else n.value) not in text
-                ]
+                lost = (
+                    []
+                    if probe is None
+                    else [
+                        n.text
+                        for n in probe.planted
+                        if (n.text if probe.kind == "tokens" else n.value) not in text
+                    ]
+                )
                 if lost:
                     raise PromptError(f"the text of {length} tokens lost its needle(s) {lost}")
                 return text

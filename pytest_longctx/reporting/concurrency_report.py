@@ -185,7 +185,11 @@ def html_fragment(records: Sequence[Record]) -> str:
 def draw_plot(records: Sequence[Record], run_dir: Path) -> Path | None:
     """``concurrency_decode.png``: the aggregate decode throughput against the level, one
     line per length; levels that did not run at once are hollow."""
-    rows = [r for r in level_rows(records) if r.mean("aggregate_decode_throughput")]
+    rows = [
+        (row, throughput)
+        for row in level_rows(records)
+        if (throughput := row.mean("aggregate_decode_throughput"))
+    ]
     if not rows:
         return None
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -194,19 +198,19 @@ def draw_plot(records: Sequence[Record], run_dir: Path) -> Path | None:
     figure = Figure(figsize=(8, 4.5), dpi=100, layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
-    for length in sorted({r.length for r in rows}):
-        here = [r for r in rows if r.length == length]
+    for length in sorted({r.length for r, _ in rows}):
+        here = [(r, throughput) for r, throughput in rows if r.length == length]
         line = axes.plot(
-            [r.level for r in here],
-            [r.mean("aggregate_decode_throughput") for r in here],
+            [r.level for r, _ in here],
+            [throughput for _, throughput in here],
             marker="o",
             label=format_size(length),
         )[0]
-        hollow = [r for r in here if not r.ran_at_once]
+        hollow = [(r, throughput) for r, throughput in here if not r.ran_at_once]
         if hollow:
             axes.scatter(
-                [r.level for r in hollow],
-                [r.mean("aggregate_decode_throughput") for r in hollow],
+                [r.level for r, _ in hollow],
+                [throughput for _, throughput in hollow],
                 s=90,
                 facecolors="white",
                 edgecolors=line.get_color(),
@@ -215,7 +219,7 @@ def draw_plot(records: Sequence[Record], run_dir: Path) -> Path | None:
     axes.set_xlabel("Requests sent at once (level)")
     axes.set_ylabel("Aggregate decode throughput (tok/s)")
     axes.set_title("Concurrency: decode throughput against level (hollow: did not run at once)")
-    axes.set_xticks(sorted({r.level for r in rows}))
+    axes.set_xticks(sorted({r.level for r, _ in rows}))
     axes.grid(True, alpha=0.3)
     axes.legend(title="prompt")
     buffer = io.BytesIO()

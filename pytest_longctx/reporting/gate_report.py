@@ -182,6 +182,7 @@ def build_view(
             )
             for name, metric in gate.METRICS.items()
         }
+        messages: tuple[str, ...]
         if refused:
             status, messages = "refused", ()
         else:

@@ -292,7 +292,7 @@ def draw_itl_plot(records: Sequence[Record], run_dir: Path) -> Path | None:
     figure = _figure()
     axes = figure.add_subplot()
     for window, marker in zip(WINDOWS, ("o", "s", "^"), strict=True):
-        points = [(r.length, r.gap(window, "p99")) for r in rows if r.gap(window, "p99")]
+        points = [(r.length, gap) for r in rows if (gap := r.gap(window, "p99"))]
         if points:
             axes.plot(
                 [n for n, _ in points],

@@ -87,7 +87,8 @@ def plot_ttft(records: Iterable[Record], path: Path) -> Path | None:
         return None
     # A log axis cannot show 0; a non-positive TTFT would be a broken clock, not a point.
     keep = [i for i, mean in enumerate(means) if mean > 0]
-    lengths, means, stds = ([seq[i] for i in keep] for seq in (lengths, means, stds))
+    lengths = [lengths[i] for i in keep]
+    means, stds = ([seq[i] for i in keep] for seq in (means, stds))
     if not lengths:
         return None
     return _draw(
