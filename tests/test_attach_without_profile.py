@@ -194,8 +194,8 @@ def test_xdist_workers_plan_from_the_controllers_answer(
     here answers nothing), and a session under xdist measures with it."""
     from longctx_testing import plan_settings
 
-    from pytest_longctx.profiles import ServerSettings
     from pytest_longctx.campaign.attached_settings import session_profile
+    from pytest_longctx.profiles import ServerSettings
 
     told = ServerSettings("http://127.0.0.1:9", model=SERVED, max_model_len=MAX_MODEL_LEN)
     import dataclasses

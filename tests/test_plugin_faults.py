@@ -605,7 +605,9 @@ def test_a_stream_the_server_merged_keeps_interval_1_and_is_judged_on_the_server
     entry = baseline.server_timing["request"]
     assert baseline.figures["server_request_itl"] == entry["mean_itl_s"]
     assert entry["mean_itl_s"] == pytest.approx(entry["decode_s"] / 31)
-    assert entry["mean_itl_s"] >= 0.02  # the stand-in decodes a token each 20 ms at least
+    # the stand-in decodes a token each 20 ms at least (its stamps, read around its sleeps,
+    # may fall microseconds short of the sum): the server's pace, not the merged stream's
+    assert entry["mean_itl_s"] >= 0.019
     report = (run_folder(pytester.path / "reports") / "report.md").read_text()
     assert "Streaming:" not in report  # not a server of chunks of several tokens
 

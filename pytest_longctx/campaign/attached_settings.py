@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pytest_longctx.core.sizes import format_size, powers_of_two_between
@@ -139,7 +139,7 @@ def describe(server: ServerSettings, top: int | None) -> str:
         said = f"{FROM_SERVER} at {server.url} ({', '.join(facts)})"
         if top is not None:
             said += f": lengths up to {format_size(top)}"
-    words = {
+    words: dict[str, Callable[[Any], str]] = {
         "from_length": lambda v: f"lengths from {format_size(v)}",
         "to_length": lambda v: f"lengths up to {format_size(v)}",
         "decode_tokens": lambda v: f"{v} decode tokens",

@@ -68,7 +68,7 @@ def known_ttft(profile: Profile, records: Sequence[Record]) -> tuple[KnownTtft, 
     if expected:
         lengths = sorted(expected)
         fitted = fit_nonnegative(lengths, [expected[n] for n in lengths])
-        model = TtftModel(*fitted, tuple(lengths)) if fitted else None
+        model = TtftModel(fitted[0], fitted[1], fitted[2], tuple(lengths)) if fitted else None
         source = f"profile {profile.name}'s expected_ttft"
         known.append(KnownTtft(source, expected, model, f"the TTFT model of {source}"))
     return tuple(known)
@@ -215,9 +215,9 @@ def plan_lines(run: RunDescription, sizing: Sizing) -> list[str]:
         "first-token budget per length, before this session measures one at or below it "
         "(then grown from that measurement):"
     ]
-    for known in known_ttft(profile, sizing.records):
-        if isinstance(known.model, TtftModel):
-            lines.append(f"  {known.model_text}: {known.model.describe()}")
+    for each in known_ttft(profile, sizing.records):
+        if isinstance(each.model, TtftModel):
+            lines.append(f"  {each.model_text}: {each.model.describe()}")
     defaults = 0
     for length in lengths:
         seconds, why = first_token_budget(run, sizing.records, {}, length)

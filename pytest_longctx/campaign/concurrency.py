@@ -43,7 +43,7 @@ class LevelSetup:
     highest_level: int
     stream_tolerance: float
     strict_stream: bool
-    tcp_keepalive_s: float | None
+    tcp_keepalive_s: float
 
 
 def highest_level(plan: SweepPlan, selected: Sequence[Point]) -> int:

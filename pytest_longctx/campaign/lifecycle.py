@@ -637,9 +637,11 @@ class ServerLifecycle:
         run = self.run
         self._wait_released(old.pgid, command.argv)
         info = self.bring_up(command, cause=cause, **noted)
+        model = run.findings.model
+        assert model is not None  # described at the first start, which this one repeats
         try:
             fingerprint = campaign_server.fingerprint(
-                self.hooks, run.description, run.findings.model, info, launched=True
+                self.hooks, run.description, model, info, launched=True
             )
             differences = fingerprint_mismatch(run.findings.fingerprint, fingerprint)
             if differences:

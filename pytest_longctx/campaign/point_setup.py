@@ -73,7 +73,7 @@ class PointSetup:
     #: Keep and gate the background figures of a point whose gaps are refuted
     #: (--longctx-allow-unconfirmed).
     keep_unconfirmed: bool
-    tcp_keepalive_s: float | None
+    tcp_keepalive_s: float
     #: A concurrency level's own setup (None for the other points).
     level: concurrency.LevelSetup | None = None
 

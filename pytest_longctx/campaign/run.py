@@ -259,14 +259,16 @@ class Run:
             run_dir = resolve_resume(output_root, settings.resume)
             previous = read_records(run_dir / RESULTS_FILE)
             run = new(run_dir.name, run_dir, list(previous.problems))
-            profiles = {r.fingerprint.get("profile") for r in previous.records} - {None}
+            profiles = {
+                str(name) for r in previous.records if (name := r.fingerprint.get("profile"))
+            }
             if profiles and profiles != {plan.profile.name}:
                 raise ResumeError(
                     f"--longctx-resume={settings.resume}: run {run_dir.name} measured profile "
                     f"{', '.join(sorted(profiles))}; this session selects {plan.profile.name}. "
                     "Resume with the same --longctx-profile, or start a new run"
                 )
-            run.results.read_resumed(previous.records)
+            run.results.read_resumed(list(previous.records))
             return run
         run_id = new_run_id()
         return new(run_id, output_root / run_id)

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from pytest_longctx.client import (
     ClientConfig,
@@ -35,7 +35,7 @@ from pytest_longctx.prompts.builder import nonce_ids
 
 #: The clock the stamps are on, as :func:`time.get_clock_info` names it: the parent checks the
 #: child's is the same.
-CLOCK = "perf_counter"
+CLOCK: Final = "perf_counter"
 #: Longest wait for a stream's first token, and for the process to come up and go down.
 FIRST_TOKEN_BUDGET_S = 600.0
 STOP_TIMEOUT_S = 120.0

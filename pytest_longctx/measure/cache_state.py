@@ -113,7 +113,7 @@ class CacheTiers:
     @property
     def tier(self) -> str | None:
         """The farthest tier that served any token (vLLM's choice for a mixed hit)."""
-        return next(reversed(self.served_by), None)
+        return next(reversed(list(self.served_by)), None)
 
     @property
     def total(self) -> int:
@@ -123,7 +123,7 @@ class CacheTiers:
         """``host memory (CPU offload) 512, the device prefix cache 512``: farthest first."""
         return ", ".join(
             f"{CACHE_TIERS.get(tier, tier)} {tokens:,}"
-            for tier, tokens in reversed(self.served_by.items())
+            for tier, tokens in reversed(list(self.served_by.items()))
         )
 
     def record(self) -> dict[str, Any]:

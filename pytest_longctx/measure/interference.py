@@ -143,10 +143,8 @@ class BackgroundView:
         """For the record's ``interference``: the windows' lengths, gaps and tokens each."""
         return {
             "windows_s": {w: round(self.windows.seconds(w), 6) for w in WINDOWS},
-            "gaps": {w: (self.gaps[w].count if self.gaps.get(w) else 0) for w in WINDOWS},
-            "requests_started": {
-                w: (self.waits[w].count if self.waits.get(w) else 0) for w in WINDOWS
-            },
+            "gaps": {w: _count(self.gaps.get(w)) for w in WINDOWS},
+            "requests_started": {w: _count(self.waits.get(w)) for w in WINDOWS},
             "tokens": dict(self.tokens),
             "stall_margin_s": round(self.margin_s, 6),
             "stall_counted_s": round(max(0.0, self.counted_s), 6),
@@ -438,3 +436,7 @@ class SequenceProbe:
             f"background streams and the long prompt running together; serve it with "
             f"--max-num-seqs {self.wanted} or more"
         )
+
+
+def _count(stats: GapStats | None) -> int:
+    return stats.count if stats is not None else 0

@@ -436,7 +436,7 @@ def measure_point(
         problem = why_not or why_not_after
         if problem is None and (view is None or requests is None or cached is None):
             problem = "the server's /metrics lacks vLLM's request and prefix-cache counters"
-        elif problem is None and view.server_decode_s is None:
+        elif problem is None and view is not None and view.server_decode_s is None:
             problem = "the server's /metrics lacks vLLM's decode time, to check the stream by"
         if problem is not None:
             raise UnverifiedPoint(
@@ -526,6 +526,7 @@ def stream_check(
         return figures, info, agreement.problem
     kept = set_aside_stream_figures(figures, stream.decode_throughput)
     if alone or per_request:
+        assert agreement.server_rate is not None  # a stream judged has the server's rate
         info["decode_source"] = "server"
         kept["decode_throughput"] = agreement.server_rate
     else:

@@ -14,8 +14,11 @@ from typing import Protocol
 class LaunchCommand(Protocol):
     """The command a launched server runs (``serving.vllm_command.ServerCommand``)."""
 
-    argv: tuple[str, ...]
-    env: Mapping[str, str]
+    @property
+    def argv(self) -> tuple[str, ...]: ...
+
+    @property
+    def env(self) -> Mapping[str, str]: ...
 
 
 class ServerError(RuntimeError):

@@ -100,7 +100,8 @@ class Gate:
     def check(self, length: int) -> gate.LengthVerdict:
         """Fail like a reviewer would if ``length`` got slower than the baseline."""
         __tracebackhide__ = True  # a skip names the test's line, not this module's
-        state: gate.GateState = self.run.reports.gate
+        state = self.run.reports.gate
+        assert state is not None  # the item exists only with a baseline (baseline_records)
         if self.run.worker is not None and self.run.started_at is not None:
             from pytest_longctx.session.workers import wait_for_length
 

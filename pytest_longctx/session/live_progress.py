@@ -295,8 +295,8 @@ class SessionProgress:
             return
         model = CostModel.fit(self.run.results.all_records(), self.run.plan.decode_tokens)
         left = tuple(RemainingPoint(p.length, p.repeat, point_cost(model, p)) for p in self._todo())
-        costs = [point.predicted_s for point in left]
-        eta = None if any(cost is None for cost in costs) else sum(costs)  # type: ignore[misc]
+        costs = [point.predicted_s for point in left if point.predicted_s is not None]
+        eta = sum(costs) if len(costs) == len(left) else None
         self._write(ProgressState(self.run.run_id, FINISHED, remaining=left, sweep_eta_s=eta))
 
     # -- the summary -------------------------------------------------------------------------

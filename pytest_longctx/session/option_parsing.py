@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import overload
 
 import pytest
 
@@ -430,6 +431,12 @@ class _RawOptions:
             return parse_percent(str(self.values[name]).strip()) / 100.0
         except ValueError as exc:
             raise _fail(name, self.values[name], f"a percentage such as 25% ({exc})") from None
+
+    @overload
+    def duration(self, name: str, default: float, zero: bool = False) -> float: ...
+
+    @overload
+    def duration(self, name: str, default: None, zero: bool = False) -> float | None: ...
 
     def duration(self, name: str, default: float | None, zero: bool = False) -> float | None:
         """``1s``, ``500ms``, ``2m``, ``1h`` or plain seconds; 0 only where ``zero``."""

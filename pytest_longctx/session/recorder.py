@@ -143,6 +143,7 @@ def on_report(
             setattr(report, REPORT_ATTRIBUTE, run.results.resumed[point].to_json())
             record_properties(item, run.results.resumed[point])
         return
+    outcome: str
     if report.when == "call":
         outcome = report.outcome
     elif report.when == "setup" and not report.passed:

@@ -36,6 +36,8 @@ class LongestFirstScheduling(LoadScheduling):
     def __init__(self, config: pytest.Config, log: Any, run: Run) -> None:
         super().__init__(config, log)
         self.run = run
+        #: The workers' common collection, once every one has sent it (xdist's own field).
+        self.collection: list[str] | None = None
         #: False for a session without sweep points: then it is xdist's load scheduling.
         self.sweep = True
         self._points: dict[str, Point | None] = {}

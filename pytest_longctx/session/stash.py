@@ -3,11 +3,14 @@ parameters that make an item a sweep item."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-COMPARISONS_KEY = pytest.StashKey["tuple[Comparison, ...]"]()
+if TYPE_CHECKING:
+    from pytest_longctx.session.selection import Comparison
+
+COMPARISONS_KEY: pytest.StashKey[tuple[Comparison, ...]] = pytest.StashKey()
 #: On a sweep item: what its measurement produced, for the record written after it.
 MEASUREMENT_KEY = pytest.StashKey[Any]()
 #: On a sweep item: the fitted-or-not capacity verdict.
