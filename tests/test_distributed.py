@@ -187,6 +187,129 @@ def test_the_longest_points_go_first_to_every_worker(pytester: pytest.Pytester) 
     assert a.shutting_down and b.shutting_down
 
 
+def sweep_on_two_to_4ki(pytester: pytest.Pytester):  # noqa: ANN201
+    """1Ki..4Ki x2 scheduled over two fake workers: (scheduler, a, b, the item of each point)."""
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    config = pytester.parseconfigure("--tx=2*popen", "--longctx-to=4Ki", "--longctx-repeats=2")
+    from pytest_longctx.session.activation import PREPARED_KEY
+
+    run = config.stash[PREPARED_KEY].run
+    collection = [f"test_sweep.py::test_prefill_decode[{p.id}]" for p in run.plan.points]
+    scheduler, a, b, _ = schedule_on_two(config, run, collection)
+    item = {(p.length // 1024, p.repeat): i for i, p in enumerate(run.plan.points)}
+    return scheduler, a, b, collection, item
+
+
+def test_no_worker_finishes_while_a_lost_one_holds_points_it_hands_back(
+    pytester: pytest.Pytester,
+) -> None:
+    """b's server dies during 4Ki; b hands back each point it holds as it reaches it. a runs
+    out of pending points meanwhile: told to finish then (or the session ended), it could
+    take nothing more, and b's last point would be handed to nobody. Each handed point is
+    measured by a."""
+    scheduler, a, b, collection, item = sweep_on_two_to_4ki(pytester)
+    assert (a.sent, b.sent) == ([item[4, 0], item[2, 0]], [item[4, 1], item[2, 1]])
+    scheduler.mark_test_complete(b, item[4, 1])  # failed: its server died
+    assert b.sent[-1] == item[1, 0]
+    assert scheduler.hand_back(b, collection[item[2, 1]])  # b's server is lost for good
+    scheduler.mark_test_complete(b, item[2, 1])
+    assert b.shutting_down and scheduler.node2pending[b] == [item[1, 0]]
+    scheduler.mark_test_complete(a, item[4, 0])
+    scheduler.mark_test_complete(a, item[2, 0])
+    assert scheduler.node2pending[a] == [item[2, 1], item[1, 1]] and not scheduler.pending
+    assert not a.shutting_down  # b still holds 1Ki-rep=0
+    scheduler.mark_test_complete(a, item[2, 1])
+    assert not scheduler.tests_finished  # xdist would tell every worker to finish
+    assert scheduler.hand_back(b, collection[item[1, 0]])
+    assert scheduler.node2pending[a] == [item[1, 1], item[1, 0]]
+    assert not a.shutting_down
+    scheduler.mark_test_complete(b, item[1, 0])
+    assert a.shutting_down  # b holds nothing more: a finishes what it holds
+    for index in (item[1, 1], item[1, 0]):
+        scheduler.mark_test_complete(a, index)
+    assert scheduler.tests_finished
+    measured_by_a = {collection[i] for i in a.sent}
+    assert measured_by_a == set(collection) - {collection[item[4, 1]]}
+
+
+def test_a_point_no_worker_can_take_is_refused_and_the_lost_worker_gets_the_rest(
+    pytester: pytest.Pytester,
+) -> None:
+    """Both servers lost: a handed point has no taker (hand_back says so), and the points
+    still pending go to the last lost worker, which hands each back too (each gets a record
+    saying why) rather than leaving xdist waiting for a worker."""
+    scheduler, a, b, collection, item = sweep_on_two_to_4ki(pytester)
+    assert scheduler.hand_back(b, collection[item[4, 1]])
+    scheduler.mark_test_complete(b, item[4, 1])
+    assert not scheduler.hand_back(a, collection[item[4, 0]])  # no other worker left
+    assert scheduler.pending  # 1Ki's points and the handed 4Ki-rep=1 were never sent
+    scheduler.mark_test_complete(a, item[4, 0])
+    assert a.shutting_down and not scheduler.pending
+    assert {collection[i] for i in a.sent + b.sent} == set(collection)
+
+
+def test_a_handed_point_no_worker_can_take_is_recorded_as_not_measured(
+    pytester: pytest.Pytester,
+) -> None:
+    """The controller learns from hand_back that no worker took the point: a newer record of
+    it says so (not "handed to the other workers"), and the report says so too."""
+    from pytest_longctx.core.records import Record
+    from pytest_longctx.core.stats import latest_records
+    from pytest_longctx.session.activation import PREPARED_KEY, SESSION_KEY
+    from pytest_longctx.session.controller import Controller
+    from pytest_longctx.session.items import record_identity
+    from pytest_longctx.session.lifecycle import HANDED_BACK_ATTRIBUTE
+    from pytest_longctx.session.outputs import REPORT_ATTRIBUTE
+
+    scheduler, a, b, collection, item = sweep_on_two_to_4ki(pytester)
+    config = scheduler.config
+    run = config.stash[PREPARED_KEY].run
+    config.stash[SESSION_KEY] = SimpleNamespace()  # the sweep is active on the controller
+    controller = Controller(config, run)
+    controller.scheduler = scheduler
+
+    def handed_report(node: FakeNode, index: int) -> pytest.TestReport:
+        """What a worker whose server is lost reports for a point it hands back."""
+        point = run.plan.points[index]
+        cause = "Skipped: the vLLM server exited with code -9"
+        reason = f"{cause}\n{node.gateway.id} takes no more points: handed to the other workers"
+        record = Record(
+            run_id=run.run_id,
+            nodeid=collection[index],
+            **record_identity(point),
+            outcome="skipped",
+            reason=reason,
+            failure_class="start_failed",
+        )
+        run.results.append(record)  # the worker appends its record itself
+        report = pytest.TestReport(
+            collection[index], ("test_sweep.py", 1, "x"), {}, "skipped", ("f", 1, reason), "setup"
+        )
+        setattr(report, REPORT_ATTRIBUTE, record.to_json())
+        setattr(report, HANDED_BACK_ATTRIBUTE, node.gateway.id)
+        report.node = node  # type: ignore[attr-defined]
+        return report
+
+    taken = handed_report(b, item[2, 1])
+    controller.pytest_runtest_logreport(taken)  # a takes it
+    assert "handed to the other workers" in taken.longrepr[2]
+    a.shutting_down = True  # a was told to finish: nobody can take b's next point
+    refused = handed_report(b, item[1, 0])
+    controller.pytest_runtest_logreport(refused)
+    records = latest_records(records_of(pytester.path / "reports"))
+    by_point = {(r.length, r.repeat): r for r in records}
+    assert "handed to the other workers" in by_point[2048, 1].reason
+    not_measured = by_point[1024, 0]
+    assert not_measured.outcome == "skipped" and not_measured.failure_class == "start_failed"
+    assert not_measured.reason == (
+        "Skipped: the vLLM server exited with code -9\n"
+        "gw1 takes no more points, and no other worker was left to take this one: "
+        "not measured (a resumed session measures it)"
+    )
+    assert refused.longrepr[2] == not_measured.reason
+    assert Record.from_json(getattr(refused, REPORT_ATTRIBUTE)) == not_measured
+
+
 def test_a_workers_run_is_created_with_its_place_in_the_campaign(
     pytester: pytest.Pytester,
 ) -> None:
@@ -518,6 +641,12 @@ def test_a_dead_server_loses_only_its_worker_and_resume_completes_the_run(
     for point, record in latest.items():  # a handed point was measured by gw0 after its skip
         if record.outcome == "passed" and any(Point(r.length, r.repeat) == point for r in lost):
             assert record.fingerprint["server"]["worker"] == "gw0"
+    # gw1 holds its next point as its second fails: handed back, gw0 measures it (gw0 is not
+    # told to finish while gw1 holds points it hands back)
+    handed = {Point(r.length, r.repeat) for r in lost if "takes no more points" in r.reason}
+    assert handed and any(latest[point].outcome == "passed" for point in handed), [
+        latest[point].reason for point in handed
+    ]
     served = json.loads((run_folder(output) / "server-gw0.json").read_text())
     assert served["stopped_at"]  # each worker's server ended with its session
 

@@ -579,11 +579,55 @@ def test_under_xdist_a_worker_whose_server_is_lost_hands_its_points_to_the_other
         for repeat in (0, 1)
         if (length, repeat) != (crashed.length, crashed.repeat)
     )
-    # every point the lost worker handed back is measured by the other, but for those it
-    # handed back once xdist had told the others to finish (each worker runs its last item
-    # only when told so; a busy host let two of them come after it once): those stay
-    # skipped, saying why
-    left = [r for r in latest if r.outcome != "passed"]
-    assert all(r in handed for r in left), left
+    # The other worker measures the points handed back: it is not told to finish while the
+    # lost worker still holds points. Only one handed back before the lost worker was known
+    # to be lost, once the other was told to finish (it takes nothing then), has no taker:
+    # its newer record says it was not measured, never that it was handed on.
     assert all(r.fingerprint["server"]["worker"] != lost for r in latest if r.outcome == "passed")
+    latest_of = {(r.length, r.repeat): r for r in latest}
+    handed_points = {(r.length, r.repeat) for r in handed}
+    taken = [p for p in handed_points if latest_of[p].outcome == "passed"]
+    assert taken, [latest_of[p].reason for p in handed_points]
+    left = [r for r in latest if r.outcome != "passed"]
+    assert {(r.length, r.repeat) for r in left} <= handed_points, left
+    assert all(
+        "no other worker was left to take this one: not measured" in r.reason for r in left
+    ), [r.reason for r in left]
     assert result.ret == 1  # the crashed point failed the session
+
+
+def test_under_xdist_points_no_worker_is_left_to_take_are_recorded_as_not_measured(
+    pytester: pytest.Pytester,
+) -> None:
+    """One worker, its server lost for good during its first point: nobody is left to take
+    the points it holds nor those still pending. Each gets a record saying it was not
+    measured and why (never "handed to the other workers"), the session ends as any does, and
+    a resumed session measures them."""
+    from pytest_longctx.core.stats import latest_records
+
+    once = pytester.path / "died"
+    launched(pytester, "--die-at=4", "--exit-code=-9", f"--once={once}")
+    args = ("-n", "1", "--longctx-to=4Ki", "--longctx-repeats=2", "--longctx-max-relaunches=0")
+    result, output = run_session(pytester, *args, "-rs")
+    assert result.ret == 1, result.stdout.str()  # the crashed point failed the session
+    records = records_of(output)
+    (crashed,) = [r for r in records if r.outcome == "failed"]
+    latest = [r for r in latest_records(records) if r is not crashed]
+    assert sorted((r.length, r.repeat) for r in latest) == sorted(
+        (length, repeat)
+        for length in (1024, 2048, 4096)
+        for repeat in (0, 1)
+        if (length, repeat) != (crashed.length, crashed.repeat)
+    )
+    assert all(r.outcome == "skipped" for r in latest), [(r.outcome, r.reason) for r in latest]
+    assert all(
+        r.reason.endswith(
+            "gw0 takes no more points, and no other worker was left to take this one: "
+            "not measured (a resumed session measures it)"
+        )
+        and "vLLM server is gone" in r.reason
+        for r in latest
+    ), [r.reason for r in latest]
+    result.stdout.fnmatch_lines(["*no other worker was left to take this one: not measured*"])
+    result, output = run_session(pytester, *args, "--longctx-resume")  # the server lives now
+    result.assert_outcomes(passed=6)

@@ -12,6 +12,11 @@ when one completes, so a long point never waits behind a queue on a busy server.
 cold point with its warm follow-ups (they reuse the prefix it leaves in its server's cache, so
 they go to that server, right after it), or any other item alone. The interference points,
 longest first too, come after every cold one: each worker switches to their server once.
+
+A worker whose server is lost for good hands back every point it still holds (``hand_back``),
+one at a time as it reaches them. Until it has, no healthy worker is told to finish, nor the
+session: a worker told to finish takes nothing more, and a point handed back to nobody is not
+measured.
 """
 
 from __future__ import annotations
@@ -121,13 +126,43 @@ class LongestFirstScheduling(LoadScheduling):
         if node.shutting_down:
             return
         if node in self.lost:
+            if not self._takers():
+                # nobody else can take them: its points each get a record saying so, its gate
+                # items run, and the session ends rather than waiting for a worker
+                self._send_tests(node, len(self.pending))
             node.shutdown()  # it finishes what it holds, handing those points back too
             return
         wanted = ITEMS_PER_WORKER - self._units_in(self.node2pending[node])
         if wanted > 0:
             self._send_tests(node, wanted)
-        if not self.pending:
+        if not self.pending and not self.lost_hold_points:
             node.shutdown()
+
+    @property
+    def lost_hold_points(self) -> bool:
+        """Whether a worker whose server is lost still holds points it will hand back (its
+        gate items it runs itself)."""
+        if self.collection is None:
+            return False
+        return any(
+            self._point(self.collection[index]) is not None
+            for node in self.lost
+            for index in self.node2pending.get(node, ())
+        )
+
+    @property
+    def tests_finished(self) -> bool:
+        """xdist ends the session when nothing is pending and every worker holds at most
+        its last item; not while a lost worker still holds points it will hand back."""
+        if self.sweep and self.lost_hold_points:
+            return False
+        return super().tests_finished
+
+    def mark_test_complete(self, node: Any, item_index: int, duration: float = 0) -> None:
+        super().mark_test_complete(node, item_index, duration)
+        if self.sweep and node in self.lost and not self.lost_hold_points:
+            for other in self.nodes:  # the healthy workers waited for this: they may finish
+                self.check_schedule(other)
 
     def remove_node(self, node: Any) -> str | None:
         """A dead worker's queued items go back in cost order: points before gate items."""
@@ -135,13 +170,21 @@ class LongestFirstScheduling(LoadScheduling):
         if self.sweep and self.collection is not None:
             order = {index: rank for rank, index in enumerate(self._order(self.collection))}
             self.pending.sort(key=order.__getitem__)
+            if node in self.lost:
+                self.lost.discard(node)
+                for other in self.nodes:  # what it held is pending again, or it held nothing
+                    self.check_schedule(other)
         return crashitem
+
+    def _takers(self) -> list[Any]:
+        """The workers that can still take a point: their server not lost, not finishing."""
+        return [n for n in self.nodes if n not in self.lost and not n.shutting_down]
 
     def hand_back(self, node: Any, nodeid: str) -> bool:
         """A point the worker could not measure (its server is lost for good) goes to the
         other workers; False when none is left to take it."""
         self.lost.add(node)
-        others = [n for n in self.nodes if n not in self.lost and not n.shutting_down]
+        others = self._takers()
         if not others or self.collection is None or nodeid not in self.collection:
             return False
         order = {index: rank for rank, index in enumerate(self._order(self.collection))}
