@@ -130,6 +130,37 @@ def test_the_servers_inter_token_histogram_confirms_or_refutes_the_streams() -> 
     assert check_server_itl(before, MetricsSnapshot.from_text("x 1"), gaps, 100, 0.5) is None
 
 
+def test_a_longest_gap_outside_the_servers_top_bucket_refutes_the_streams() -> None:
+    """Counts and sums agree, yet the streams' longest gap is one the server never saw (a
+    stall the host made up, or a real one the stamps hid): refuted, on either side of the
+    server's highest filled bucket widened by the tolerance."""
+    before = _snapshot([])
+    server = _snapshot([0.02] * 100)  # every gap in (10, 25] ms; 2 s in all
+    stalled = [0.015] * 99 + [0.515]  # the same 2 s and 100 gaps, one of them 515 ms
+    check = check_server_itl(before, server, stalled, 100, 0.5)
+    assert check is not None and check.server_max_bucket == (0.01, 0.025)
+    assert check.client_max_s == pytest.approx(0.515)
+    assert check.problem == (
+        "the background gaps disagree with the server's inter-token histogram "
+        "(vllm:inter_token_latency_seconds): the streams' longest gap is 515.0 ms, the "
+        "server's lies in (10, 25] ms"
+    )
+    # below: the server's longest gap was 0.8 s, the streams' longest 0.26 s
+    low = check_server_itl(before, _snapshot([0.8] + [0.2] * 9), [0.26] * 10, 10, 0.5)
+    assert low is not None and low.server_max_bucket == (0.5, 1.0)
+    assert low.problem is not None and "the server's lies in (500, 1000] ms" in low.problem
+    assert "gaps sum to" not in low.problem and "inter-token gaps, the streams" not in low.problem
+    # the widened bucket is (10 / 1.5, 25 x 1.5] ms: its edges agree, just past them not
+    server = _snapshot([0.011] * 100)  # 1.1 s
+    for edge, past in ((0.025 * (1 + 0.5), 1.01), (0.01 / (1 + 0.5), 0.99)):
+        others = [min(edge, edge * past, 0.011)] * 99
+        at_edge = check_server_itl(before, server, [*others, edge], 100, 0.5)
+        assert at_edge is not None and at_edge.problem is None, (edge, at_edge)
+        beyond = check_server_itl(before, server, [*others, edge * past], 100, 0.5)
+        assert beyond is not None and "the streams' longest gap is" in beyond.problem, edge
+    assert check_server_itl(before, server, [], 100, 0.5).client_max_s is None
+
+
 def test_the_chunk_comes_from_the_servers_config_or_the_streams() -> None:
     info = {
         "vllm_config": {"scheduler_config": {"max_num_batched_tokens": 2048, "max_num_seqs": 5}}
