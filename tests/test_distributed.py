@@ -187,6 +187,116 @@ def test_the_longest_points_go_first_to_every_worker(pytester: pytest.Pytester) 
     assert a.shutting_down and b.shutting_down
 
 
+def drain(scheduler, nodes) -> None:  # noqa: ANN001
+    """Each worker completes what it holds, one item at a time, until nothing is left."""
+    while scheduler.has_pending:
+        for node in nodes:
+            if scheduler.node2pending[node]:
+                scheduler.mark_test_complete(node, scheduler.node2pending[node][0])
+
+
+def test_cold_points_go_out_with_their_follow_ups_then_interference_then_concurrency(
+    pytester: pytest.Pytester,
+) -> None:
+    """A cold point and its warm follow-up are one unit; every cold unit goes out before the
+    interference points, and those before the concurrency levels, each longest first: a
+    worker starts each workload's server once."""
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    workloads = "--longctx-workload=cold,warm,interference,concurrency"
+    config = pytester.parseconfigure(
+        "--tx=2*popen",
+        "--longctx-to=2Ki",
+        workloads,
+        "--longctx-max-concurrency=2",
+        "--longctx-warm-questions=1",
+    )
+    from pytest_longctx.session.activation import PREPARED_KEY
+
+    run = config.stash[PREPARED_KEY].run
+    collection = [f"t.py::test_prefill_decode[{p.id}]" for p in run.plan.points]
+    collection.append("t.py::test_unrelated")
+    scheduler, a, b, handed_out = schedule_on_two(config, run, collection)
+
+    def names(indices: list[int]) -> list[str]:
+        return [collection[i].split("[")[-1].rstrip("]") for i in indices]
+
+    assert names(a.sent) == ["len=2Ki-rep=0", "len=2Ki-rep=0-warm=1", "len=2Ki-rep=0-interference"]
+    assert names(b.sent) == ["len=1Ki-rep=0", "len=1Ki-rep=0-warm=1", "len=1Ki-rep=0-interference"]
+    drain(scheduler, (a, b))
+    assert names(handed_out) == [
+        "len=2Ki-rep=0",
+        "len=2Ki-rep=0-warm=1",
+        "len=1Ki-rep=0",
+        "len=1Ki-rep=0-warm=1",
+        "len=2Ki-rep=0-interference",
+        "len=1Ki-rep=0-interference",
+        "len=2Ki-rep=0-conc=1",
+        "len=2Ki-rep=0-conc=2",
+        "len=1Ki-rep=0-conc=1",
+        "len=1Ki-rep=0-conc=2",
+        "t.py::test_unrelated",
+    ]
+
+
+def test_items_alone_are_a_unit_each(pytester: pytest.Pytester) -> None:
+    """Gate items and other tests after the points: a worker holds two of them at most."""
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    config = pytester.parseconfigure("--tx=2*popen", "--longctx-to=2Ki")
+    from pytest_longctx.session.activation import PREPARED_KEY
+
+    run = config.stash[PREPARED_KEY].run
+    collection = [f"t.py::test_prefill_decode[{p.id}]" for p in run.plan.points]
+    collection += [f"t.py::test_other_{index}" for index in range(4)]
+    scheduler, a, b, handed_out = schedule_on_two(config, run, collection)
+    assert [len(a.sent), len(b.sent)] == [2, 2]
+    scheduler.mark_test_complete(a, a.sent[0])
+    assert len(scheduler.node2pending[a]) == 2 and len(scheduler.pending) == 1
+    while scheduler.has_pending:
+        for node in (a, b):
+            if scheduler.node2pending[node]:
+                scheduler.mark_test_complete(node, scheduler.node2pending[node][0])
+                assert len(scheduler.node2pending[node]) <= 2
+    assert sorted(handed_out) == list(range(len(collection)))
+
+
+def test_a_session_without_sweep_points_is_scheduled_as_xdist_schedules_it(
+    pytester: pytest.Pytester,
+) -> None:
+    """A project's other tests under pytest-xdist: the same items to the same workers as
+    xdist's own load scheduling, a worker's crash included."""
+    from xdist.scheduler import LoadScheduling
+
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    config = pytester.parseconfigure("--tx=2*popen", "--longctx-to=2Ki")
+    from pytest_longctx.session.activation import PREPARED_KEY
+    from pytest_longctx.session.scheduling import LongestFirstScheduling
+
+    run = config.stash[PREPARED_KEY].run
+    collection = [f"test_other.py::test_{index}" for index in range(40)]
+
+    def play(scheduler) -> list[tuple[str, tuple[int, ...], bool]]:  # noqa: ANN001
+        log: list[int] = []
+        a, b = FakeNode("gw0", log), FakeNode("gw1", log)
+        for node in (a, b):
+            scheduler.add_node(node)
+            scheduler.add_node_collection(node, collection)
+        scheduler.schedule()
+        seen = [(n.gateway.id, tuple(n.sent), n.shutting_down) for n in (a, b)]
+        for _ in range(3):
+            scheduler.mark_test_complete(a, scheduler.node2pending[a][0], 0.5)
+            seen.append(("gw0", tuple(a.sent), a.shutting_down))
+        scheduler.remove_node(b)  # it crashed: what it held goes to the others
+        seen.append(("gw0", tuple(a.sent), a.shutting_down))
+        while scheduler.has_pending:
+            scheduler.mark_test_complete(a, scheduler.node2pending[a][0], 0.01)
+            seen.append(("gw0", tuple(a.sent), a.shutting_down))
+        return seen
+
+    ours = LongestFirstScheduling(config, None, run)
+    assert play(ours) == play(LoadScheduling(config, None))
+    assert not ours.sweep
+
+
 def sweep_on_two_to_4ki(pytester: pytest.Pytester):  # noqa: ANN201
     """1Ki..4Ki x2 scheduled over two fake workers: (scheduler, a, b, the item of each point)."""
     pytester.makepyfile(test_sweep=SWEEP_TEST)
