@@ -556,6 +556,15 @@ def test_a_dead_workers_queue_goes_back_before_the_gate_items(pytester: pytest.P
     assert all("test_prefill_decode" in name for name in names), names
 
 
+def test_a_dead_workers_points_go_back_in_cost_order(pytester: pytest.Pytester) -> None:
+    """b dies measuring 4Ki-rep=1: the 2Ki point it held goes back ahead of the 1Ki ones."""
+    scheduler, a, b, collection, item = sweep_on_two_to_4ki(pytester)
+    assert scheduler.remove_node(b) == collection[item[4, 1]]
+    assert scheduler.pending == [item[2, 1], item[1, 0], item[1, 1]]
+    scheduler.mark_test_complete(a, item[4, 0])
+    assert a.sent[-1] == item[2, 1]
+
+
 def test_a_point_whose_worker_died_is_recorded_once(pytester: pytest.Pytester) -> None:
     from pytest_longctx.session.activation import PREPARED_KEY
     from pytest_longctx.session.controller import Controller

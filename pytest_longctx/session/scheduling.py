@@ -170,10 +170,6 @@ class LongestFirstScheduling(LoadScheduling):
         if self.sweep and self.collection is not None:
             order = {index: rank for rank, index in enumerate(self._order(self.collection))}
             self.pending.sort(key=order.__getitem__)
-            if node in self.lost:
-                self.lost.discard(node)
-                for other in self.nodes:  # what it held is pending again, or it held nothing
-                    self.check_schedule(other)
         return crashitem
 
     def _takers(self) -> list[Any]:
@@ -193,9 +189,3 @@ class LongestFirstScheduling(LoadScheduling):
         for other in others:
             self.check_schedule(other)
         return True
-
-    def mark_test_pending(self, item: str) -> None:
-        assert self.collection is not None
-        self.pending.insert(0, self.collection.index(item))
-        for node in self.node2pending:
-            self.check_schedule(node)
