@@ -342,6 +342,76 @@ def test_no_worker_finishes_while_a_lost_one_holds_points_it_hands_back(
     assert measured_by_a == set(collection) - {collection[item[4, 1]]}
 
 
+def test_no_worker_finishes_while_one_whose_server_crashed_may_hand_points_back(
+    pytester: pytest.Pytester,
+) -> None:
+    """b's server crashes during 4Ki; whether b can go on is known only at its next point
+    (a relaunch may take minutes, and fail). Until then a, out of pending points, is not told
+    to finish, nor the session; b is, so that it runs its last item. b's next point starts:
+    its server is back, and both finish."""
+    scheduler, a, b, collection, item = sweep_on_two_to_4ki(pytester)
+    scheduler.doubt(b)  # the controller saw 4Ki-rep=1's record: engine_died
+    scheduler.mark_test_complete(b, item[4, 1])
+    scheduler.mark_test_complete(a, item[4, 0])
+    assert not scheduler.pending and scheduler.node2pending[b] == [item[2, 1], item[1, 0]]
+    assert not a.shutting_down and not b.shutting_down and not scheduler.tests_finished
+    scheduler.mark_test_complete(a, item[2, 0])
+    assert not a.shutting_down and not scheduler.tests_finished
+    scheduler.trust(b)  # b started 2Ki-rep=1
+    assert a.shutting_down and b.shutting_down
+    # out of pending points, a doubted worker is told to finish (it would never run its last
+    # item else), the others wait; lost after all, it hands its points to them
+    scheduler, a, b, collection, item = sweep_on_two_to_4ki(pytester)
+    scheduler.mark_test_complete(a, item[4, 0])
+    scheduler.doubt(b)
+    scheduler.mark_test_complete(b, item[4, 1])
+    assert not scheduler.pending and scheduler.node2pending[b] == [item[2, 1], item[1, 1]]
+    assert b.shutting_down and not a.shutting_down
+    assert scheduler.hand_back(b, collection[item[2, 1]])
+    scheduler.mark_test_complete(b, item[2, 1])
+    scheduler.mark_test_complete(a, item[2, 0])
+    assert a.sent[-1] == item[2, 1] and not a.shutting_down
+
+
+def test_the_controller_doubts_a_worker_whose_point_crashed_its_server(
+    pytester: pytest.Pytester,
+) -> None:
+    from pytest_longctx.core.records import Record
+    from pytest_longctx.session.activation import PREPARED_KEY, SESSION_KEY
+    from pytest_longctx.session.controller import Controller
+    from pytest_longctx.session.items import record_identity
+    from pytest_longctx.session.outputs import REPORT_ATTRIBUTE
+
+    scheduler, a, b, collection, item = sweep_on_two_to_4ki(pytester)
+    config = scheduler.config
+    config.stash[SESSION_KEY] = SimpleNamespace()  # the sweep is active on the controller
+    controller = Controller(config, config.stash[PREPARED_KEY].run)
+    controller.scheduler = scheduler
+
+    run = config.stash[PREPARED_KEY].run
+
+    def report(index: int, when: str, failure_class: str | None = None) -> pytest.TestReport:
+        """What b reports: a setup, or a point that failed with ``failure_class``."""
+        outcome = "passed" if failure_class is None else "failed"
+        made = pytest.TestReport(collection[index], ("t.py", 1, "x"), {}, outcome, None, when)
+        if failure_class is not None:
+            identity = record_identity(run.plan.points[index])
+            record = Record(run.run_id, collection[index], **identity, outcome="failed")
+            record = dataclasses.replace(record, failure_class=failure_class)
+            setattr(made, REPORT_ATTRIBUTE, record.to_json())
+        made.node = b  # type: ignore[attr-defined]
+        return made
+
+    scheduler.doubt = lambda node: seen.append(("doubt", node))  # type: ignore[method-assign]
+    scheduler.trust = lambda node: seen.append(("trust", node))  # type: ignore[method-assign]
+    seen: list[tuple[str, object]] = []
+    controller.pytest_runtest_logreport(report(item[4, 1], "setup"))
+    controller.pytest_runtest_logreport(report(item[4, 1], "call", "timeout"))  # server up
+    controller.pytest_runtest_logreport(report(item[4, 1], "call", "engine_died"))
+    controller.pytest_runtest_logreport(report(item[2, 1], "setup"))
+    assert seen == [("trust", b), ("doubt", b), ("trust", b)]
+
+
 def test_a_point_no_worker_can_take_is_refused_and_the_lost_worker_gets_the_rest(
     pytester: pytest.Pytester,
 ) -> None:

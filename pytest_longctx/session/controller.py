@@ -18,7 +18,7 @@ import pytest
 from pytest_longctx.core.records import Record
 from pytest_longctx.session import activation
 from pytest_longctx.session.items import point_of_nodeid, record_identity
-from pytest_longctx.session.lifecycle import HANDED_BACK_ATTRIBUTE
+from pytest_longctx.session.lifecycle import CRASH_CLASSES, HANDED_BACK_ATTRIBUTE
 from pytest_longctx.session.outputs import REPORT_ATTRIBUTE, after_record
 from pytest_longctx.session.run import Run
 from pytest_longctx.session.workers import (
@@ -62,16 +62,22 @@ class Controller:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Keep the records the workers appended (they travel on their reports); a point a
         worker handed back goes to the others, or is recorded as not measured when none is
-        left to take it (before the terminal and other plugins read the report)."""
+        left to take it (before the terminal and other plugins read the report). A point
+        that crashed its worker's server has the scheduler wait for that worker's next."""
         if activation.active(self.config) is None:
             return
         node = getattr(report, "node", None)
         worker = getattr(report, HANDED_BACK_ATTRIBUTE, None)
-        handed = worker and self.scheduler and node is not None
-        if handed and not self.scheduler.hand_back(node, report.nodeid):
-            self.not_measured(report, worker)
-            return
         data = getattr(report, REPORT_ATTRIBUTE, None)
+        if self.scheduler is not None and node is not None:
+            if worker:
+                if not self.scheduler.hand_back(node, report.nodeid):
+                    self.not_measured(report, worker)
+                    return
+            elif data and data.get("failure_class") in CRASH_CLASSES:
+                self.scheduler.doubt(node)  # its server may be lost: the points it holds too
+            elif report.when == "setup" and point_of_nodeid(self.run.plan, report.nodeid):
+                self.scheduler.trust(node)  # it started a point: its server is there
         if not data:
             return
         record = Record.from_json(data)
