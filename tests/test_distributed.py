@@ -7,6 +7,7 @@ completed by a resume.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -133,6 +134,309 @@ def test_the_longest_points_go_first_to_every_worker(pytester: pytest.Pytester) 
     lengths = [run.plan.points[i - 2].length for i in handed_out[:-2]]
     assert lengths == sorted(lengths, reverse=True)
     assert a.shutting_down and b.shutting_down
+
+
+def drain(scheduler, nodes) -> None:  # noqa: ANN001
+    """Each worker completes what it holds, one item at a time, until nothing is left."""
+    while scheduler.has_pending:
+        for node in nodes:
+            if scheduler.node2pending[node]:
+                scheduler.mark_test_complete(node, scheduler.node2pending[node][0])
+
+
+def test_cold_points_go_out_with_their_follow_ups_then_interference_then_concurrency(
+    pytester: pytest.Pytester,
+) -> None:
+    """A cold point and its warm follow-up are one unit; every cold unit goes out before the
+    interference points, and those before the concurrency levels, each longest first: a
+    worker starts each workload's server once."""
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    workloads = "--longctx-workload=cold,warm,interference,concurrency"
+    config = pytester.parseconfigure(
+        "--tx=2*popen",
+        "--longctx-to=2Ki",
+        workloads,
+        "--longctx-max-concurrency=2",
+        "--longctx-warm-questions=1",
+    )
+    from pytest_longctx.session.activation import PREPARED_KEY
+
+    run = config.stash[PREPARED_KEY].run
+    collection = [f"t.py::test_prefill_decode[{p.id}]" for p in run.plan.points]
+    collection.append("t.py::test_unrelated")
+    scheduler, a, b, handed_out = schedule_on_two(config, run, collection)
+
+    def names(indices: list[int]) -> list[str]:
+        return [collection[i].split("[")[-1].rstrip("]") for i in indices]
+
+    assert names(a.sent) == ["len=2Ki-rep=0", "len=2Ki-rep=0-warm=1", "len=2Ki-rep=0-interference"]
+    assert names(b.sent) == ["len=1Ki-rep=0", "len=1Ki-rep=0-warm=1", "len=1Ki-rep=0-interference"]
+    drain(scheduler, (a, b))
+    assert names(handed_out) == [
+        "len=2Ki-rep=0",
+        "len=2Ki-rep=0-warm=1",
+        "len=1Ki-rep=0",
+        "len=1Ki-rep=0-warm=1",
+        "len=2Ki-rep=0-interference",
+        "len=1Ki-rep=0-interference",
+        "len=2Ki-rep=0-conc=1",
+        "len=2Ki-rep=0-conc=2",
+        "len=1Ki-rep=0-conc=1",
+        "len=1Ki-rep=0-conc=2",
+        "t.py::test_unrelated",
+    ]
+
+
+def test_items_alone_are_a_unit_each(pytester: pytest.Pytester) -> None:
+    """Gate items and other tests after the points: a worker holds two of them at most."""
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    config = pytester.parseconfigure("--tx=2*popen", "--longctx-to=2Ki")
+    from pytest_longctx.session.activation import PREPARED_KEY
+
+    run = config.stash[PREPARED_KEY].run
+    collection = [f"t.py::test_prefill_decode[{p.id}]" for p in run.plan.points]
+    collection += [f"t.py::test_other_{index}" for index in range(4)]
+    scheduler, a, b, handed_out = schedule_on_two(config, run, collection)
+    assert [len(a.sent), len(b.sent)] == [2, 2]
+    scheduler.mark_test_complete(a, a.sent[0])
+    assert len(scheduler.node2pending[a]) == 2 and len(scheduler.pending) == 1
+    while scheduler.has_pending:
+        for node in (a, b):
+            if scheduler.node2pending[node]:
+                scheduler.mark_test_complete(node, scheduler.node2pending[node][0])
+                assert len(scheduler.node2pending[node]) <= 2
+    assert sorted(handed_out) == list(range(len(collection)))
+
+
+def test_a_session_without_sweep_points_is_scheduled_as_xdist_schedules_it(
+    pytester: pytest.Pytester,
+) -> None:
+    """A project's other tests under pytest-xdist: the same items to the same workers as
+    xdist's own load scheduling, a worker's crash included."""
+    from xdist.scheduler import LoadScheduling
+
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    config = pytester.parseconfigure("--tx=2*popen", "--longctx-to=2Ki")
+    from pytest_longctx.session.activation import PREPARED_KEY
+    from pytest_longctx.session.scheduling import LongestFirstScheduling
+
+    run = config.stash[PREPARED_KEY].run
+    collection = [f"test_other.py::test_{index}" for index in range(40)]
+
+    def play(scheduler) -> list[tuple[str, tuple[int, ...], bool]]:  # noqa: ANN001
+        log: list[int] = []
+        a, b = FakeNode("gw0", log), FakeNode("gw1", log)
+        for node in (a, b):
+            scheduler.add_node(node)
+            scheduler.add_node_collection(node, collection)
+        scheduler.schedule()
+        seen = [(n.gateway.id, tuple(n.sent), n.shutting_down) for n in (a, b)]
+        for _ in range(3):
+            scheduler.mark_test_complete(a, scheduler.node2pending[a][0], 0.5)
+            seen.append(("gw0", tuple(a.sent), a.shutting_down))
+        scheduler.remove_node(b)  # it crashed: what it held goes to the others
+        seen.append(("gw0", tuple(a.sent), a.shutting_down))
+        while scheduler.has_pending:
+            scheduler.mark_test_complete(a, scheduler.node2pending[a][0], 0.01)
+            seen.append(("gw0", tuple(a.sent), a.shutting_down))
+        return seen
+
+    ours = LongestFirstScheduling(config, None, run)
+    assert play(ours) == play(LoadScheduling(config, None))
+    assert not ours.sweep
+
+
+def sweep_on_two_to_4ki(pytester: pytest.Pytester):  # noqa: ANN201
+    """1Ki..4Ki x2 scheduled over two fake workers: (scheduler, a, b, the item of each point)."""
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    config = pytester.parseconfigure("--tx=2*popen", "--longctx-to=4Ki", "--longctx-repeats=2")
+    from pytest_longctx.session.activation import PREPARED_KEY
+
+    run = config.stash[PREPARED_KEY].run
+    collection = [f"test_sweep.py::test_prefill_decode[{p.id}]" for p in run.plan.points]
+    scheduler, a, b, _ = schedule_on_two(config, run, collection)
+    item = {(p.length // 1024, p.repeat): i for i, p in enumerate(run.plan.points)}
+    return scheduler, a, b, collection, item
+
+
+def test_no_worker_finishes_while_a_lost_one_holds_points_it_hands_back(
+    pytester: pytest.Pytester,
+) -> None:
+    """b's server dies during 4Ki; b hands back each point it holds as it reaches it. a runs
+    out of pending points meanwhile: told to finish then (or the session ended), it could
+    take nothing more, and b's last point would be handed to nobody. Each handed point is
+    measured by a."""
+    scheduler, a, b, collection, item = sweep_on_two_to_4ki(pytester)
+    assert (a.sent, b.sent) == ([item[4, 0], item[2, 0]], [item[4, 1], item[2, 1]])
+    scheduler.mark_test_complete(b, item[4, 1])  # failed: its server died
+    assert b.sent[-1] == item[1, 0]
+    assert scheduler.hand_back(b, collection[item[2, 1]])  # b's server is lost for good
+    scheduler.mark_test_complete(b, item[2, 1])
+    assert b.shutting_down and scheduler.node2pending[b] == [item[1, 0]]
+    scheduler.mark_test_complete(a, item[4, 0])
+    scheduler.mark_test_complete(a, item[2, 0])
+    assert scheduler.node2pending[a] == [item[2, 1], item[1, 1]] and not scheduler.pending
+    assert not a.shutting_down  # b still holds 1Ki-rep=0
+    scheduler.mark_test_complete(a, item[2, 1])
+    assert not scheduler.tests_finished  # xdist would tell every worker to finish
+    assert scheduler.hand_back(b, collection[item[1, 0]])
+    assert scheduler.node2pending[a] == [item[1, 1], item[1, 0]]
+    assert not a.shutting_down
+    scheduler.mark_test_complete(b, item[1, 0])
+    assert a.shutting_down  # b holds nothing more: a finishes what it holds
+    for index in (item[1, 1], item[1, 0]):
+        scheduler.mark_test_complete(a, index)
+    assert scheduler.tests_finished
+    measured_by_a = {collection[i] for i in a.sent}
+    assert measured_by_a == set(collection) - {collection[item[4, 1]]}
+
+
+def test_no_worker_finishes_while_one_whose_server_crashed_may_hand_points_back(
+    pytester: pytest.Pytester,
+) -> None:
+    """b's server crashes during 4Ki; whether b can go on is known only at its next point
+    (a relaunch may take minutes, and fail). Until then a, out of pending points, is not told
+    to finish, nor the session; b is, so that it runs its last item. b's next point starts:
+    its server is back, and both finish."""
+    scheduler, a, b, collection, item = sweep_on_two_to_4ki(pytester)
+    scheduler.doubt(b)  # the controller saw 4Ki-rep=1's record: engine_died
+    scheduler.mark_test_complete(b, item[4, 1])
+    scheduler.mark_test_complete(a, item[4, 0])
+    assert not scheduler.pending and scheduler.node2pending[b] == [item[2, 1], item[1, 0]]
+    assert not a.shutting_down and not b.shutting_down and not scheduler.tests_finished
+    scheduler.mark_test_complete(a, item[2, 0])
+    assert not a.shutting_down and not scheduler.tests_finished
+    scheduler.trust(b)  # b started 2Ki-rep=1
+    assert a.shutting_down and b.shutting_down
+    # out of pending points, a doubted worker is told to finish (it would never run its last
+    # item else), the others wait; lost after all, it hands its points to them
+    scheduler, a, b, collection, item = sweep_on_two_to_4ki(pytester)
+    scheduler.mark_test_complete(a, item[4, 0])
+    scheduler.doubt(b)
+    scheduler.mark_test_complete(b, item[4, 1])
+    assert not scheduler.pending and scheduler.node2pending[b] == [item[2, 1], item[1, 1]]
+    assert b.shutting_down and not a.shutting_down
+    assert scheduler.hand_back(b, collection[item[2, 1]])
+    scheduler.mark_test_complete(b, item[2, 1])
+    scheduler.mark_test_complete(a, item[2, 0])
+    assert a.sent[-1] == item[2, 1] and not a.shutting_down
+
+
+def test_the_controller_doubts_a_worker_whose_point_crashed_its_server(
+    pytester: pytest.Pytester,
+) -> None:
+    from pytest_longctx.core.records import Record
+    from pytest_longctx.session.activation import PREPARED_KEY, SESSION_KEY
+    from pytest_longctx.session.controller import Controller
+    from pytest_longctx.session.items import record_identity
+    from pytest_longctx.session.outputs import REPORT_ATTRIBUTE
+
+    scheduler, a, b, collection, item = sweep_on_two_to_4ki(pytester)
+    config = scheduler.config
+    config.stash[SESSION_KEY] = SimpleNamespace()  # the sweep is active on the controller
+    controller = Controller(config, config.stash[PREPARED_KEY].run)
+    controller.scheduler = scheduler
+
+    run = config.stash[PREPARED_KEY].run
+
+    def report(index: int, when: str, failure_class: str | None = None) -> pytest.TestReport:
+        """What b reports: a setup, or a point that failed with ``failure_class``."""
+        outcome = "passed" if failure_class is None else "failed"
+        made = pytest.TestReport(collection[index], ("t.py", 1, "x"), {}, outcome, None, when)
+        if failure_class is not None:
+            identity = record_identity(run.plan.points[index])
+            record = Record(run.run_id, collection[index], **identity, outcome="failed")
+            record = dataclasses.replace(record, failure_class=failure_class)
+            setattr(made, REPORT_ATTRIBUTE, record.to_json())
+        made.node = b  # type: ignore[attr-defined]
+        return made
+
+    scheduler.doubt = lambda node: seen.append(("doubt", node))  # type: ignore[method-assign]
+    scheduler.trust = lambda node: seen.append(("trust", node))  # type: ignore[method-assign]
+    seen: list[tuple[str, object]] = []
+    controller.pytest_runtest_logreport(report(item[4, 1], "setup"))
+    controller.pytest_runtest_logreport(report(item[4, 1], "call", "timeout"))  # server up
+    controller.pytest_runtest_logreport(report(item[4, 1], "call", "engine_died"))
+    controller.pytest_runtest_logreport(report(item[2, 1], "setup"))
+    assert seen == [("trust", b), ("doubt", b), ("trust", b)]
+
+
+def test_a_point_no_worker_can_take_is_refused_and_the_lost_worker_gets_the_rest(
+    pytester: pytest.Pytester,
+) -> None:
+    """Both servers lost: a handed point has no taker (hand_back says so), and the points
+    still pending go to the last lost worker, which hands each back too (each gets a record
+    saying why) rather than leaving xdist waiting for a worker."""
+    scheduler, a, b, collection, item = sweep_on_two_to_4ki(pytester)
+    assert scheduler.hand_back(b, collection[item[4, 1]])
+    scheduler.mark_test_complete(b, item[4, 1])
+    assert not scheduler.hand_back(a, collection[item[4, 0]])  # no other worker left
+    assert scheduler.pending  # 1Ki's points and the handed 4Ki-rep=1 were never sent
+    scheduler.mark_test_complete(a, item[4, 0])
+    assert a.shutting_down and not scheduler.pending
+    assert {collection[i] for i in a.sent + b.sent} == set(collection)
+
+
+def test_a_handed_point_no_worker_can_take_is_recorded_as_not_measured(
+    pytester: pytest.Pytester,
+) -> None:
+    """The controller learns from hand_back that no worker took the point: a newer record of
+    it says so (not "handed to the other workers"), and the report says so too."""
+    from pytest_longctx.core.records import Record
+    from pytest_longctx.core.stats import latest_records
+    from pytest_longctx.session.activation import PREPARED_KEY, SESSION_KEY
+    from pytest_longctx.session.controller import Controller
+    from pytest_longctx.session.items import record_identity
+    from pytest_longctx.session.outputs import REPORT_ATTRIBUTE
+    from pytest_longctx.session.recorder import HANDED_BACK_ATTRIBUTE
+
+    scheduler, a, b, collection, item = sweep_on_two_to_4ki(pytester)
+    config = scheduler.config
+    run = config.stash[PREPARED_KEY].run
+    config.stash[SESSION_KEY] = SimpleNamespace()  # the sweep is active on the controller
+    controller = Controller(config, run)
+    controller.scheduler = scheduler
+
+    def handed_report(node: FakeNode, index: int) -> pytest.TestReport:
+        """What a worker whose server is lost reports for a point it hands back."""
+        point = run.plan.points[index]
+        cause = "Skipped: the vLLM server exited with code -9"
+        reason = f"{cause}\n{node.gateway.id} takes no more points: handed to the other workers"
+        record = Record(
+            run_id=run.run_id,
+            nodeid=collection[index],
+            **record_identity(point),
+            outcome="skipped",
+            reason=reason,
+            failure_class="start_failed",
+        )
+        run.results.append(record)  # the worker appends its record itself
+        report = pytest.TestReport(
+            collection[index], ("test_sweep.py", 1, "x"), {}, "skipped", ("f", 1, reason), "setup"
+        )
+        setattr(report, REPORT_ATTRIBUTE, record.to_json())
+        setattr(report, HANDED_BACK_ATTRIBUTE, node.gateway.id)
+        report.node = node  # type: ignore[attr-defined]
+        return report
+
+    taken = handed_report(b, item[2, 1])
+    controller.pytest_runtest_logreport(taken)  # a takes it
+    assert "handed to the other workers" in taken.longrepr[2]
+    a.shutting_down = True  # a was told to finish: nobody can take b's next point
+    refused = handed_report(b, item[1, 0])
+    controller.pytest_runtest_logreport(refused)
+    records = latest_records(records_of(pytester.path / "reports"))
+    by_point = {(r.length, r.repeat): r for r in records}
+    assert "handed to the other workers" in by_point[2048, 1].reason
+    not_measured = by_point[1024, 0]
+    assert not_measured.outcome == "skipped" and not_measured.failure_class == "start_failed"
+    assert not_measured.reason == (
+        "Skipped: the vLLM server exited with code -9\n"
+        "gw1 takes no more points, and no other worker was left to take this one: "
+        "not measured (a resumed session measures it)"
+    )
+    assert refused.longrepr[2] == not_measured.reason
+    assert Record.from_json(getattr(refused, REPORT_ATTRIBUTE)) == not_measured
 
 
 def test_a_workers_run_is_created_with_its_place_in_the_campaign(
@@ -269,6 +573,15 @@ def test_a_dead_workers_queue_goes_back_before_the_gate_items(pytester: pytest.P
     scheduler.schedule()
     names = [collection[i] for i in replacement.sent]
     assert all("test_prefill_decode" in name for name in names), names
+
+
+def test_a_dead_workers_points_go_back_in_cost_order(pytester: pytest.Pytester) -> None:
+    """b dies measuring 4Ki-rep=1: the 2Ki point it held goes back ahead of the 1Ki ones."""
+    scheduler, a, b, collection, item = sweep_on_two_to_4ki(pytester)
+    assert scheduler.remove_node(b) == collection[item[4, 1]]
+    assert scheduler.pending == [item[2, 1], item[1, 0], item[1, 1]]
+    scheduler.mark_test_complete(a, item[4, 0])
+    assert a.sent[-1] == item[2, 1]
 
 
 def test_a_point_whose_worker_died_is_recorded_once(pytester: pytest.Pytester) -> None:
@@ -483,6 +796,12 @@ def test_a_dead_server_loses_only_its_worker_and_resume_completes_the_run(
     for point, record in latest.items():  # a handed point was measured by gw0 after its skip
         if record.outcome == "passed" and any(Point(r.length, r.repeat) == point for r in lost):
             assert record.fingerprint["server"]["worker"] == "gw0"
+    # gw1 holds its next point as its second fails: handed back, gw0 measures it (gw0 is not
+    # told to finish while gw1 holds points it hands back)
+    handed = {Point(r.length, r.repeat) for r in lost if "takes no more points" in r.reason}
+    assert handed and any(latest[point].outcome == "passed" for point in handed), [
+        latest[point].reason for point in handed
+    ]
     served = json.loads((run_folder(output) / "server-gw0.json").read_text())
     assert served["stopped_at"]  # each worker's server ended with its session
 

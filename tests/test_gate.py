@@ -1180,3 +1180,89 @@ def test_answers_wrong_in_the_baseline_too_are_no_regression():
     assert not compare(baseline, current).regressed
     unprobed = points("now", 1 * KI, [0.080, 0.080])  # records of a run without the probe
     assert not compare(answered(baseline, "correct"), unprobed).regressed
+
+
+# --------------------------------------------------------------------------- the rules' edges
+
+
+def test_a_record_without_a_start_number_counts_as_its_runs_first_start():
+    unnumbered = points("base", 4 * KI, [0.2, 0.2])  # no server_start (an attached server)
+    first = [dataclasses.replace(r, server_start={"index": 0}) for r in unnumbered]
+    relaunched = [dataclasses.replace(r, server_start={"index": 1}) for r in unnumbered]
+    assert session_count(unnumbered + first) == 1
+    assert session_count(unnumbered + relaunched) == 2
+
+
+def test_a_fidelity_regression_names_three_wrong_answers_at_most():
+    baseline = answered(points("base", 1 * KI, [0.080] * 4), "correct")
+    current = answered(points("now", 1 * KI, [0.080] * 4), "wrong")
+    message = compare_length(baseline, current, 1 * KI).message
+    assert "4 of 4 answers wrong now" in message
+    assert message.count("expected 7, answered 8") == 3
+
+
+def test_a_length_with_no_gated_figure_on_either_side_is_insufficient_unless_nothing_is_gated():
+    bare = [dataclasses.replace(r, figures={}) for r in points("base", 4 * KI, [0.2, 0.2])]
+    verdict = compare_length(bare, bare, 4 * KI)
+    assert (verdict.status, verdict.message) == (
+        "insufficient",
+        "4Ki: no gated figure on either side",
+    )
+    from pytest_longctx.gate.tolerances import METRICS
+
+    nothing = parse_tolerances(",".join(f"{name}=off" for name in METRICS))
+    verdict = compare_length(bare, bare, 4 * KI, nothing)
+    assert (verdict.status, verdict.message) == ("ok", "4Ki: not gated")
+
+
+def test_itl_names_only_the_side_whose_streams_lacked_gaps():
+    """The baseline's streams arrived in bursts with no server mean ITL, this run records no
+    ITL for another reason (no stream record): no side has a token's time, so the length is
+    not compared and fails, and only the baseline is named for its bursts."""
+    baseline = held_back([r for r in baseline_sweep() if r.length == 4 * KI])
+    current = [
+        dataclasses.replace(r, figures={k: v for k, v in r.figures.items() if k != "itl_median"})
+        for r in points("now", 4 * KI, *BASELINE_FIGURES[4 * KI])
+    ]
+    verdict = compare_length(baseline, current, 4 * KI)
+    itl = by_metric(verdict)["itl"]
+    assert itl.status == "insufficient" and verdict.status == "insufficient"
+    assert "the baseline has no per-token figure" in itl.message
+    assert "this run" not in itl.message.split(": not compared, ", 1)[1].split(":", 1)[0]
+
+
+def test_a_baseline_mean_of_zero_is_no_base_for_a_percentage():
+    baseline = points("base", 4 * KI, [0.0, 0.0, 0.0])
+    ttft = by_metric(compare_length(baseline, points("now", 4 * KI, [0.2] * 3), 4 * KI))["ttft"]
+    assert ttft.status == "insufficient"
+    assert (
+        ttft.message
+        == "TTFT at 4Ki: not compared, the baseline mean is 0, no base for a percentage"
+    )
+
+
+def test_two_baseline_sessions_are_a_history():
+    two = {run_id: DRIFTING[run_id] for run_id in ("s1", "s2")}
+    now = points("now", 2 * KI, [0.120, 0.120], [318.0, 320.0])
+    decode = by_metric(compare_length(sessions_of(two), now, 2 * KI))["decode"]
+    assert decode.noise == "between-session" and decode.test.sessions == 2
+    assert decode.message.endswith("against 2 baseline sessions)")
+
+
+def test_a_change_beyond_a_tolerance_under_one_percent_is_judged_by_its_direction():
+    """TTFT +0.8% against a 0.5% tolerance, significant: regressed, with the test of a
+    change for the worse; -0.8%: improved."""
+    baseline = points("base", 4 * KI, [1.000, 1.001, 0.999])
+    tolerances = parse_tolerances("ttft=0.5%,decode=off,itl=off")
+    slower = compare_length(
+        baseline, points("now", 4 * KI, [1.008, 1.009, 1.007]), 4 * KI, tolerances
+    )
+    ttft = by_metric(slower)["ttft"]
+    assert slower.status == "regressed" and ttft.test.p_worse < 0.01
+    assert f"p={ttft.test.p_worse:.2g} < 0.01" in ttft.message
+    faster = compare_length(
+        baseline, points("now", 4 * KI, [0.992, 0.993, 0.991]), 4 * KI, tolerances
+    )
+    ttft = by_metric(faster)["ttft"]
+    assert faster.status == "improved"
+    assert f"p={ttft.test.p_better:.2g} < 0.01" in ttft.message

@@ -21,6 +21,7 @@ from pytest_longctx.measure.background import (
     request_prompt,
 )
 from pytest_longctx.measure.interference import (
+    BackgroundView,
     GapStats,
     SequenceProbe,
     Windows,
@@ -130,6 +131,142 @@ def test_the_servers_inter_token_histogram_confirms_or_refutes_the_streams() -> 
     other = check_server_itl(before, _snapshot(gaps, count=140), gaps, 100, 0.5)
     assert other is not None and "the server counted 140 inter-token gaps" in other.problem
     assert check_server_itl(before, MetricsSnapshot.from_text("x 1"), gaps, 100, 0.5) is None
+
+
+def test_a_longest_gap_outside_the_servers_top_bucket_refutes_the_streams() -> None:
+    """Counts and sums agree, yet the streams' longest gap is one the server never saw (a
+    stall the host made up, or a real one the stamps hid): refuted, on either side of the
+    server's highest filled bucket widened by the tolerance."""
+    before = _snapshot([])
+    server = _snapshot([0.02] * 100)  # every gap in (10, 25] ms; 2 s in all
+    stalled = [0.015] * 99 + [0.515]  # the same 2 s and 100 gaps, one of them 515 ms
+    check = check_server_itl(before, server, stalled, 100, 0.5)
+    assert check is not None and check.server_max_bucket == (0.01, 0.025)
+    assert check.client_max_s == pytest.approx(0.515)
+    assert check.problem == (
+        "the background gaps disagree with the server's inter-token histogram "
+        "(vllm:inter_token_latency_seconds): the streams' longest gap is 515.0 ms, the "
+        "server's lies in (10, 25] ms"
+    )
+    # below: the server's longest gap was 0.8 s, the streams' longest 0.26 s
+    low = check_server_itl(before, _snapshot([0.8] + [0.2] * 9), [0.26] * 10, 10, 0.5)
+    assert low is not None and low.server_max_bucket == (0.5, 1.0)
+    assert low.problem is not None and "the server's lies in (500, 1000] ms" in low.problem
+    assert "gaps sum to" not in low.problem and "inter-token gaps, the streams" not in low.problem
+    # the widened bucket is (10 / 1.5, 25 x 1.5] ms: its edges agree, just past them not
+    server = _snapshot([0.011] * 100)  # 1.1 s
+    for edge, past in ((0.025 * (1 + 0.5), 1.01), (0.01 / (1 + 0.5), 0.99)):
+        others = [min(edge, edge * past, 0.011)] * 99
+        at_edge = check_server_itl(before, server, [*others, edge], 100, 0.5)
+        assert at_edge is not None and at_edge.problem is None, (edge, at_edge)
+        beyond = check_server_itl(before, server, [*others, edge * past], 100, 0.5)
+        assert beyond is not None and "the streams' longest gap is" in beyond.problem, edge
+    assert check_server_itl(before, server, [], 100, 0.5).client_max_s is None
+
+
+def test_the_windows_are_half_open_and_the_decode_closed() -> None:
+    """Idle ``[idle_from, sent)``, prefill ``[sent, first_token)``, decode ``[first_token,
+    last_token]``: a gap whose midpoint lies on a bound belongs to the window it opens."""
+    windows = Windows(idle_from=0.0, sent=3.0, first_token=8.0, last_token=9.0)
+    assert windows.window_of(0.0, 0.0) == "idle"
+    assert windows.window_of(-0.5, 0.0) is None
+    assert windows.window_of(2.0, 4.0) == "prefill"  # midpoint at the send
+    assert windows.window_of(7.0, 9.0) == "decode"  # at the first token
+    assert windows.window_of(9.0, 9.0) == "decode"  # at the last token
+    assert windows.window_of(9.0, 9.5) is None
+
+
+def test_a_windows_gap_statistics() -> None:
+    stats = GapStats.of([0.3, 0.1, 1.0, 0.2])
+    assert stats == GapStats(4, pytest.approx(0.25), pytest.approx(0.979), 1.0)
+
+
+def _stream_view(times: list[float], windows: Windows) -> BackgroundView:
+    return background_view([_request(0, times)], windows)
+
+
+def test_tokens_count_in_the_window_they_arrived_in_and_waits_in_their_requests() -> None:
+    """A token at the long request's last token is the decode's; one after it, or before the
+    idle window, is no window's. A zero-length window has no rate. A request sent in the
+    prefill whose first token comes before the decode waited in the prefill."""
+    windows = Windows(idle_from=0.0, sent=1.0, first_token=2.0, last_token=2.0)
+    view = _stream_view([-0.25, 0.25, 0.5, 0.75, 1.5, 2.0, 2.5], windows)
+    assert view.tokens == {"idle": 3, "prefill": 1, "decode": 1}
+    figures = view.figures()
+    assert (figures["bg_rate_idle"], figures["bg_rate_prefill"]) == (3.0, 1.0)
+    assert "bg_rate_decode" not in figures
+    sent_in_prefill = BackgroundRequest(1, 1, 1.5, (1.75, 2.5), (1, 1), 2)
+    waited = background_view([sent_in_prefill], windows).waits
+    assert waited["prefill"] == GapStats(1, 0.25, 0.25, 0.25) and waited["decode"] is None
+
+
+def test_the_stall_count_needs_a_prefill_longer_than_the_longest_idle_gap() -> None:
+    """Tokens during the prefill are counted over the prefill less the longest idle gap (the
+    step that brought the first token): none counted when that leaves nothing."""
+    idle = [0.0, 0.25, 0.5, 0.75, 1.0]  # steps of 0.25 s until the send at 1.0
+    for first_token, counted in ((1.125, None), (1.25, None), (1.75, 0.5)):
+        windows = Windows(idle_from=0.0, sent=1.0, first_token=first_token, last_token=2.0)
+        view = _stream_view([*idle, first_token, 2.0], windows)
+        assert view.margin_s == 0.25
+        assert view.counted_s == first_token - 1.0 - 0.25
+        assert view.figures().get("bg_tokens_during_prefill") == (None if counted is None else 0)
+
+
+@pytest.mark.parametrize(
+    ("during", "tokens"),
+    [
+        # never slowed (its gaps equal the longest idle one): its tokens in the window after
+        # its first, the step in flight; neither the token at the send nor the one a margin
+        # before the first token is inside; a slow gap from the first token on is not the
+        # prefill's
+        ([1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75, 3.0, 3.5], 5),
+        # slowed by the gap that began at 1.5: its tokens from there
+        ([1.25, 1.5, 2.25, 2.5, 3.0, 3.25], 2),
+        # slowed from the send on
+        ([1.75, 2.0, 2.25, 2.5, 3.0, 3.25], 4),
+    ],
+)
+def test_tokens_during_the_prefill_are_counted_from_the_first_slowed_gap(
+    during: list[float], tokens: int
+) -> None:
+    windows = Windows(idle_from=0.0, sent=1.0, first_token=3.0, last_token=3.5)
+    view = _stream_view([0.0, 0.25, 0.5, 0.75, 1.0, *during], windows)
+    assert view.margin_s == 0.25 and view.tokens_during_prefill == tokens
+
+
+def test_the_servers_histogram_is_read_between_the_two_reads() -> None:
+    """The server's counts since the first read; a histogram without its count is none."""
+    before = _snapshot([0.5] * 50)  # an earlier point's 50 gaps, 25 s
+    gaps = [0.02] * 100
+    after = _snapshot([0.5] * 50 + gaps)
+    check = check_server_itl(before, after, gaps, 100, 0.5)
+    assert check is not None and check.problem is None
+    assert (check.server_count, check.server_sum_s) == (100, pytest.approx(2.0))
+    assert check.server_max_bucket == (0.01, 0.025)
+    sum_only = MetricsSnapshot.from_text("vllm:inter_token_latency_seconds_sum 2.0")
+    count_only = MetricsSnapshot.from_text("vllm:inter_token_latency_seconds_count 100")
+    assert check_server_itl(_snapshot([]), sum_only, gaps, 100, 0.5) is None
+    assert check_server_itl(_snapshot([]), count_only, gaps, 100, 0.5) is None
+
+
+def test_the_sums_disagree_beyond_the_tolerance_of_the_servers_and_not_at_it() -> None:
+    before = _snapshot([])
+    server = _snapshot([0.25] * 8, count=12)  # 2 s over the streams' 12 gaps
+    exactly_over, exactly_under = [0.25] * 12, [0.125] * 8 + [0.0] * 4  # 3 s, 1 s: 50% apart
+    just_over, just_under = [0.2501] + [0.25] * 11, [0.124] + [0.125] * 7 + [0.0] * 4
+    for gaps, apart in ((exactly_over, False), (just_over, True), (exactly_under, False)):
+        check = check_server_itl(before, server, gaps, 12, 0.5)
+        assert check is not None
+        assert ("gaps sum to" in (check.problem or "")) is apart, sum(gaps)
+    check = check_server_itl(before, server, just_under, 12, 0.5)
+    assert check is not None and "gaps sum to 0.999 s" in check.problem
+    # under a second, the same: 10 gaps of 20 ms against the server's 0.5 s
+    small = check_server_itl(before, _snapshot([0.05] * 10), [0.02] * 10, 10, 0.5)
+    assert small is not None and "gaps sum to 0.200 s, the server's to 0.500 s" in small.problem
+    # the server counted nothing: its sum says nothing either, its count does
+    none = check_server_itl(before, before, [0.02] * 10, 10, 0.5)
+    assert none is not None and "the server counted 0 inter-token gaps" in none.problem
+    assert "gaps sum to" not in none.problem
 
 
 def test_the_chunk_comes_from_the_servers_config_or_the_streams() -> None:

@@ -554,20 +554,81 @@ def test_a_budget_that_runs_out_on_an_engine_still_stepping_is_a_timeout_and_the
     assert "a slow step, not a stuck engine; the server is kept" in line
 
 
+#: gw0's server dies during gw0's first point (its fourth request, after the warm-ups); gw1
+#: measures its first point only once that crash is recorded, and gw0 starts its next point
+#: (where it finds its server lost and hands the point back) only once gw1 has taken the last
+#: pending point and started its second: a worker told to finish then could take nothing.
+GW0_LOST_AS_GW1_RUNS_OUT = """
+import os, sys, time
+
+import pytest
+
+from pytest_longctx.serving.vllm_command import ServerCommand
+
+calls = []
+
+
+def pytest_longctx_server_command(config, plan, command):
+    argv = list(command.argv)
+    port = argv[argv.index("--port") + 1]
+    dies = ["--die-at=4", "--exit-code=-9"] if config.workerinput["workerid"] == "gw0" else []
+    return ServerCommand(
+        (sys.executable, {main!r}, "--host", "127.0.0.1", "--port", port,
+         "--served-model-name", "tiny-llama", *dies),
+        {{}},
+    )
+
+
+def wait_for(done):
+    deadline = time.monotonic() + 120
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def crash_recorded():
+    import glob
+    for path in glob.glob("reports/*/results.jsonl"):
+        with open(path) as results:
+            if '"outcome": "failed"' in results.read():
+                return True
+    return False
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    worker = item.config.workerinput["workerid"]
+    calls.append(item.nodeid)
+    if worker == "gw0" and len(calls) == 2:
+        wait_for(lambda: os.path.exists("gw1-second"))
+
+
+def pytest_runtest_call(item):
+    worker = item.config.workerinput["workerid"]
+    if worker == "gw1" and len(calls) == 1:
+        wait_for(crash_recorded)
+    if worker == "gw1" and len(calls) == 2:
+        open("gw1-second", "w").close()
+"""
+
+
 def test_under_xdist_a_worker_whose_server_is_lost_hands_its_points_to_the_others(
     pytester: pytest.Pytester,
 ) -> None:
-    """No relaunches: one worker's server dies during its first point; that worker takes no
-    more points, and the other worker measures every one it would have."""
+    """No relaunches: gw0's server dies during its first point; gw0 takes no more points and
+    hands back those it holds, and gw1 measures every one: gw1 is not told to finish from
+    the crash on (it would take nothing more) until gw0 has handed back what it held."""
+    from longctx_testing import FAKE_MAIN
+
     from pytest_longctx.core.stats import latest_records
 
-    once = pytester.path / "died"
-    launched(pytester, "--die-at=4", "--exit-code=-9", f"--once={once}")
+    pytester.makepyfile(test_sweep=SWEEP_TEST)
+    pytester.makeconftest(GW0_LOST_AS_GW1_RUNS_OUT.format(main=str(FAKE_MAIN)))
     args = ("-n", "2", "--longctx-to=4Ki", "--longctx-repeats=2", "--longctx-max-relaunches=0")
     result, output = run_session(pytester, *args)
     records = records_of(output)
     (crashed,) = [r for r in records if r.outcome == "failed"]
     lost = crashed.fingerprint["server"]["worker"]
+    assert lost == "gw0"
     handed = [r for r in records if r.outcome == "skipped"]
     assert handed and all("takes no more points" in r.reason for r in handed)
     # the class of what caused it: the lost server, never started again
@@ -579,11 +640,44 @@ def test_under_xdist_a_worker_whose_server_is_lost_hands_its_points_to_the_other
         for repeat in (0, 1)
         if (length, repeat) != (crashed.length, crashed.repeat)
     )
-    # every point the lost worker handed back is measured by the other, but for those it
-    # handed back once xdist had told the others to finish (each worker runs its last item
-    # only when told so; a busy host let two of them come after it once): those stay
-    # skipped, saying why
-    left = [r for r in latest if r.outcome != "passed"]
-    assert all(r in handed for r in left), left
-    assert all(r.fingerprint["server"]["worker"] != lost for r in latest if r.outcome == "passed")
+    # the other worker measured every point handed back
+    assert all(r.outcome == "passed" for r in latest), [(r.outcome, r.reason) for r in latest]
+    assert all(r.fingerprint["server"]["worker"] != lost for r in latest)
     assert result.ret == 1  # the crashed point failed the session
+
+
+def test_under_xdist_points_no_worker_is_left_to_take_are_recorded_as_not_measured(
+    pytester: pytest.Pytester,
+) -> None:
+    """One worker, its server lost for good during its first point: nobody is left to take
+    the points it holds nor those still pending. Each gets a record saying it was not
+    measured and why (never "handed to the other workers"), the session ends as any does, and
+    a resumed session measures them."""
+    from pytest_longctx.core.stats import latest_records
+
+    once = pytester.path / "died"
+    launched(pytester, "--die-at=4", "--exit-code=-9", f"--once={once}")
+    args = ("-n", "1", "--longctx-to=4Ki", "--longctx-repeats=2", "--longctx-max-relaunches=0")
+    result, output = run_session(pytester, *args, "-rs")
+    assert result.ret == 1, result.stdout.str()  # the crashed point failed the session
+    records = records_of(output)
+    (crashed,) = [r for r in records if r.outcome == "failed"]
+    latest = [r for r in latest_records(records) if r is not crashed]
+    assert sorted((r.length, r.repeat) for r in latest) == sorted(
+        (length, repeat)
+        for length in (1024, 2048, 4096)
+        for repeat in (0, 1)
+        if (length, repeat) != (crashed.length, crashed.repeat)
+    )
+    assert all(r.outcome == "skipped" for r in latest), [(r.outcome, r.reason) for r in latest]
+    assert all(
+        r.reason.endswith(
+            "gw0 takes no more points, and no other worker was left to take this one: "
+            "not measured (a resumed session measures it)"
+        )
+        and "vLLM server is gone" in r.reason
+        for r in latest
+    ), [r.reason for r in latest]
+    result.stdout.fnmatch_lines(["*no other worker was left to take this one: not measured*"])
+    result, output = run_session(pytester, *args, "--longctx-resume")  # the server lives now
+    result.assert_outcomes(passed=6)

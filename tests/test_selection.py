@@ -71,6 +71,14 @@ def test_parse_size_rejects(text: str) -> None:
         parse_size(text)
 
 
+def test_parse_size_takes_a_number_and_refuses_a_boolean() -> None:
+    """A profile's TOML may give a count as a number; ``true`` is no length."""
+    assert parse_size(4096) == 4096
+    for flag in (True, False):
+        with pytest.raises(SizeError, match="1Ki, 64Mi, 1Gi"):
+            parse_size(flag)
+
+
 def test_format_and_powers() -> None:
     assert [format_size(n) for n in powers_of_two_between(1024, 64 * 1024**2)] == ALL_17
     assert powers_of_two_between(1000, 5000) == [1024, 2048, 4096]  # FROM up, TO down

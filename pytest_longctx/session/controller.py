@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from pytest_longctx.campaign.lifecycle import CRASH_CLASSES
 from pytest_longctx.campaign.run import Run
 from pytest_longctx.core.records import Record
 from pytest_longctx.session import activation
@@ -29,6 +30,9 @@ from pytest_longctx.session.workers import (
     SPLIT_ERROR_KEY,
     STARTED_KEY,
 )
+
+#: How a handed-back point that no worker could take ends its reason.
+NOT_MEASURED = "not measured (a resumed session measures it)"
 
 
 class Controller:
@@ -56,15 +60,26 @@ class Controller:
         self.scheduler = LongestFirstScheduling(config, log, self.run)
         return self.scheduler
 
+    @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Keep the records the workers appended (they travel on their reports); a point a
-        worker handed back goes to the others."""
+        worker handed back goes to the others, or is recorded as not measured when none is
+        left to take it (before the terminal and other plugins read the report). A point
+        that crashed its worker's server has the scheduler wait for that worker's next."""
         if activation.active(self.config) is None:
             return
         node = getattr(report, "node", None)
-        if getattr(report, HANDED_BACK_ATTRIBUTE, None) and self.scheduler and node is not None:
-            self.scheduler.hand_back(node, report.nodeid)
+        worker = getattr(report, HANDED_BACK_ATTRIBUTE, None)
         data = getattr(report, REPORT_ATTRIBUTE, None)
+        if self.scheduler is not None and node is not None:
+            if worker:
+                if not self.scheduler.hand_back(node, report.nodeid):
+                    self.not_measured(report, worker)
+                    return
+            elif data and data.get("failure_class") in CRASH_CLASSES:
+                self.scheduler.doubt(node)  # its server may be lost: the points it holds too
+            elif report.when == "setup" and point_of_nodeid(self.run.plan, report.nodeid):
+                self.scheduler.trust(node)  # it started a point: its server is there
         if not data:
             return
         record = Record.from_json(data)
@@ -74,6 +89,28 @@ class Controller:
         ):
             return
         self.run.results.written.append(record)
+        after_record(self.config, self.run)
+
+    def not_measured(self, report: pytest.TestReport, worker: str) -> None:
+        """A point handed back when no other worker was left to take it: the worker's record
+        said it was handed to the others; a newer record of the point says it was not
+        measured, and why, and the report says so too. A resumed session measures it."""
+        data = getattr(report, REPORT_ATTRIBUTE, None)
+        if not data:
+            return
+        handed = Record.from_json(data)
+        # the worker's reason: the cause, then its last line saying the point was handed on
+        cause = (handed.reason or "").rpartition("\n")[0] or (handed.reason or "")
+        reason = (
+            f"{cause}\n{worker} takes no more points, and no other worker was left to take "
+            f"this one: {NOT_MEASURED}"
+        )
+        record = dataclasses.replace(handed, reason=reason, finished_at=time.time())
+        self.run.results.append(record)
+        setattr(report, REPORT_ATTRIBUTE, record.to_json())
+        if isinstance(report.longrepr, tuple) and len(report.longrepr) == 3:
+            path, lineno, _ = report.longrepr
+            report.longrepr = (path, lineno, reason)
         after_record(self.config, self.run)
 
     @pytest.hookimpl(optionalhook=True)

@@ -12,6 +12,13 @@ when one completes, so a long point never waits behind a queue on a busy server.
 cold point with its warm follow-ups (they reuse the prefix it leaves in its server's cache, so
 they go to that server, right after it), or any other item alone. The interference points,
 longest first too, come after every cold one: each worker switches to their server once.
+
+A worker whose server is lost for good hands back every point it still holds (``hand_back``),
+one at a time as it reaches them. Until it has, no other worker is told to finish, nor the
+session: a worker told to finish takes nothing more, and a point handed back to nobody is not
+measured. The same holds from the moment a worker's server crashed during a point (``doubt``)
+until the worker starts its next point (``trust``: the server came back) or hands it back:
+the relaunch that decides may take minutes.
 """
 
 from __future__ import annotations
@@ -43,6 +50,9 @@ class LongestFirstScheduling(LoadScheduling):
         self._points: dict[str, Point | None] = {}
         #: Workers whose server is lost for good: they take no more points.
         self.lost: set[Any] = set()
+        #: Workers whose server crashed during their last point, not yet seen starting one
+        #: since: the points they hold may come back.
+        self.doubted: set[Any] = set()
 
     def _point(self, nodeid: str) -> Point | None:
         if nodeid not in self._points:
@@ -123,13 +133,59 @@ class LongestFirstScheduling(LoadScheduling):
         if node.shutting_down:
             return
         if node in self.lost:
+            if not self._takers():
+                # nobody else can take them: its points each get a record saying so, its gate
+                # items run, and the session ends rather than waiting for a worker
+                self._send_tests(node, len(self.pending))
             node.shutdown()  # it finishes what it holds, handing those points back too
             return
         wanted = ITEMS_PER_WORKER - self._units_in(self.node2pending[node])
         if wanted > 0:
             self._send_tests(node, wanted)
-        if not self.pending:
+        # a doubted worker runs its last item only once told to finish: that item decides
+        if not self.pending and (node in self.doubted or not self.points_may_come_back):
             node.shutdown()
+
+    @property
+    def points_may_come_back(self) -> bool:
+        """Whether a lost or doubted worker still holds points it may hand back (its gate
+        items it runs itself)."""
+        if self.collection is None:
+            return False
+        return any(
+            self._point(self.collection[index]) is not None
+            for node in self.lost | self.doubted
+            for index in self.node2pending.get(node, ())
+        )
+
+    @property
+    def tests_finished(self) -> bool:
+        """xdist ends the session when nothing is pending and every worker holds at most
+        its last item; not while points may still come back."""
+        if self.sweep and self.points_may_come_back:
+            return False
+        return super().tests_finished
+
+    def mark_test_complete(self, node: Any, item_index: int, duration: float = 0) -> None:
+        super().mark_test_complete(node, item_index, duration)
+        if self.sweep and node in self.lost | self.doubted and not self.points_may_come_back:
+            self._recheck()
+
+    def _recheck(self) -> None:
+        """The workers that waited for points to come back may take them, or finish."""
+        for node in self.nodes:
+            self.check_schedule(node)
+
+    def doubt(self, node: Any) -> None:
+        """The worker's server crashed during its point: it may be lost for good."""
+        self.doubted.add(node)
+
+    def trust(self, node: Any) -> None:
+        """The worker started a point of its own: its server came back."""
+        if node in self.doubted:
+            self.doubted.discard(node)
+            if self.sweep:
+                self._recheck()
 
     def remove_node(self, node: Any) -> str | None:
         """A dead worker's queued items go back in cost order: points before gate items."""
@@ -139,11 +195,16 @@ class LongestFirstScheduling(LoadScheduling):
             self.pending.sort(key=order.__getitem__)
         return crashitem
 
+    def _takers(self) -> list[Any]:
+        """The workers that can still take a point: their server not lost, not finishing."""
+        return [n for n in self.nodes if n not in self.lost and not n.shutting_down]
+
     def hand_back(self, node: Any, nodeid: str) -> bool:
         """A point the worker could not measure (its server is lost for good) goes to the
         other workers; False when none is left to take it."""
         self.lost.add(node)
-        others = [n for n in self.nodes if n not in self.lost and not n.shutting_down]
+        self.doubted.discard(node)
+        others = self._takers()
         if not others or self.collection is None or nodeid not in self.collection:
             return False
         order = {index: rank for rank, index in enumerate(self._order(self.collection))}
@@ -152,9 +213,3 @@ class LongestFirstScheduling(LoadScheduling):
         for other in others:
             self.check_schedule(other)
         return True
-
-    def mark_test_pending(self, item: str) -> None:
-        assert self.collection is not None
-        self.pending.insert(0, self.collection.index(item))
-        for node in self.node2pending:
-            self.check_schedule(node)
