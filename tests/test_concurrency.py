@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from longctx_testing import plan_settings
 
 from pytest_longctx.capacity import concurrency_fit, fit_verdict, pool_blocks, render_fit_table
 from pytest_longctx.client import ClientConfig
@@ -18,7 +19,6 @@ from pytest_longctx.plan.points import (
     build_plan,
     concurrency_levels,
 )
-from pytest_longctx.plan.settings import Settings
 from pytest_longctx.profiles import load_profile
 
 KI = 1024
@@ -106,24 +106,11 @@ def test_pool_blocks_are_whole_blocks_of_the_cache() -> None:
 
 
 def plan_for(workload: tuple[str, ...] = (CONCURRENCY,), max_concurrency: int = 8, **kw):
-    settings = Settings(
+    settings = plan_settings(
         from_length=4 * KI,
         to_length=8 * KI,
-        repeats=1,
         order="length",
-        profile="cpu-tiny",
-        urls=(),
-        api_key_env=None,
         output=".",
-        decode_tokens=None,
-        ttft_timeout_s=None,
-        prompt_format="ids",
-        seed=0,
-        baseline=None,
-        tolerance=None,
-        baseline_force=False,
-        plan_only=False,
-        resume=None,
         workload=workload,
         max_concurrency=max_concurrency,
         **kw,

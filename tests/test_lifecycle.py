@@ -11,7 +11,6 @@ process group, ``test_relaunch_session.py``'s and ``test_outcomes.py``'s.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 
 import pytest
 from fake_vllm import Behaviour, FakeVLLM
+from longctx_testing import plan_settings
 
 from pytest_longctx.campaign.hooks import CampaignHooks
 from pytest_longctx.campaign.lifecycle import PointSkipped, ServerLifecycle
@@ -27,7 +27,6 @@ from pytest_longctx.measure.measurement import PointFailure
 from pytest_longctx.measure.target import ServerError, ServerInfo
 from pytest_longctx.plan.points import INTERFERENCE, Point, build_plan
 from pytest_longctx.plan.servers import ServerSlot
-from pytest_longctx.plan.settings import Settings
 from pytest_longctx.profiles import PROFILE_DIR, load_profile
 from pytest_longctx.serving.vllm_command import ServerCommand, serve_args
 
@@ -129,27 +128,14 @@ def lifecycle_of(tmp_path: Path, plant: Plant) -> Iterator[Callable[..., ServerL
     made: list[ServerLifecycle] = []
 
     def make(placement: Placement | None = None, **changes: Any) -> ServerLifecycle:
-        settings = Settings(
-            from_length=None,
+        settings = plan_settings(
             to_length=4096,
-            repeats=1,
-            order="pass",
             profile=str(profile_path),
-            urls=(),
-            api_key_env=None,
             output=tmp_path / "reports",
             decode_tokens=8,
-            ttft_timeout_s=None,
-            prompt_format="ids",
-            seed=0,
-            baseline=None,
-            tolerance=None,
-            baseline_force=False,
-            plan_only=False,
-            resume=None,
             warmup_prompts=0,
+            **changes,
         )
-        settings = dataclasses.replace(settings, **changes)
         plan = build_plan(settings, load_profile(settings.profile))
         run = Run.create(settings, plan, tmp_path, placement=placement or Placement())
         run.selected_points = list(plan.points)
