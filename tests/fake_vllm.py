@@ -177,6 +177,9 @@ class Behaviour:
     #: ``deliver_at_once`` and ``flush_last_tokens`` strike only the id prompts that open with
     #: this token id (one stream among several sent at once); None: every request.
     flush_prompt_head: int | None = None
+    #: The first this many completion requests served are each delivered at once, as an API
+    #: server starved while background streams start (the later ones stream on schedule).
+    flush_first_requests: int = 0
     #: False: /metrics has no decode-time histogram, as an engine that does not time decodes.
     decode_metric: bool = True
     #: Fault ``engine_death``: seconds after the death frame until the server stops, as
@@ -317,6 +320,8 @@ class FakeVLLM:
         self.prefills: list[tuple[float, float]] = []
         #: Set by fault ``engine_death``: /health answers 503, completions 500.
         self.engine_dead = False
+        #: Completion requests begun, for ``Behaviour.flush_first_requests``.
+        self.completions_begun = 0
 
     @property
     def url(self) -> str:
@@ -407,6 +412,12 @@ class FakeVLLM:
         with self._slots:
             self.running -= 1
             self._slots.notify_all()
+
+    def begin_completion(self) -> int:
+        """Count a completion request begun; how many came before it."""
+        with self._lock:
+            self.completions_begun += 1
+            return self.completions_begun - 1
 
     def add_prefill(self, start: float, end: float) -> None:
         with self._lock:
@@ -739,6 +750,8 @@ class _Handler(BaseHTTPRequestHandler):
             behaviour = replace(behaviour, fault=None)
         if behaviour.flush_prompt_head is not None and head != behaviour.flush_prompt_head:
             behaviour = replace(behaviour, deliver_at_once=False, flush_last_tokens=0)
+        if self.fake.begin_completion() < behaviour.flush_first_requests:
+            behaviour = replace(behaviour, deliver_at_once=True)
         fault = behaviour.fault
         if "_count" in payload:
             prompt_tokens = payload["_count"]

@@ -474,7 +474,16 @@ def test_a_stalling_prefill_reads_as_a_stall(stalled) -> None:  # noqa: ANN001
     assert result.ttft_s == pytest.approx(PREFILL_S, abs=0.3)
     details = result.interference
     assert details["windows_s"]["prefill"] == pytest.approx(result.ttft_s)
-    assert details["windows_s"]["idle"] == pytest.approx(1.0, abs=0.2)
+    # the idle window: from every stream's first token, the 1 s reference at least, to the
+    # send, no later than the stand-in read the long prompt (its writes on the same clock)
+    (long,) = [s for s in streams if s.prompt_head[:4] == (0, 1, 2, 3)]
+    by_head = {written.prompt_head[:4]: written for written in streams}
+    spec = _spec("http://unused")
+    streaming_from = max(
+        by_head[tuple(request_prompt(spec, stream, 0)[:4])].chunks_written_at[0]
+        for stream in range(3)
+    )
+    assert 1.0 <= details["windows_s"]["idle"] <= long.body_read_at - streaming_from
     assert details["chunk"]["max_num_batched_tokens"] == 4096
     assert details["chunk"]["seen"]["prefill_steps_seen"] == 1  # one step: the whole prompt
     assert details["server_itl"]["agreement"] == "agrees", details["server_itl"]
@@ -569,7 +578,10 @@ def test_a_long_stream_flushed_whole_keeps_its_own_requests_decode() -> None:
     details = result.interference
     assert details["streams_ready"] == {"streaming": 0, "flushed_whole": 3}
     timing = details["background_timing"]
-    assert timing["refuted"] == timing["checked"] == len(result.server_timing["background"])
+    # every request a window holds is refuted; those before the idle window are not judged
+    judged = len(result.server_timing["background"]) - timing["outside_windows"]
+    assert timing["refuted"] == timing["checked"] == judged > 0, timing
+    assert timing["outside_windows"] >= 3, timing  # the streams' first requests at least
     furthest = timing["furthest"]  # written at once: its chunks all but together
     assert furthest["client_decode_s"] < furthest["server_decode_s"] / 10, furthest
     gaps = details["background_gaps"]
@@ -592,8 +604,10 @@ def test_a_long_stream_flushed_whole_keeps_its_own_requests_decode() -> None:
 def test_background_requests_are_checked_against_the_servers_timing_of_each() -> None:
     """A request's stream, first chunk to last, against the server's own decode of it: a
     stall the prefill made lies in both and agrees; a request flushed whole (0 s) or held
-    back past its last token does not; a request without the server's figure is not
-    checked, and none with one leaves nothing to say."""
+    back past its last token does not; one no window of the point holds (flushed before the
+    idle window began) is counted, not judged: no figure reads it; a request without the
+    server's figure is not checked, and none with one leaves nothing to say."""
+    windows = Windows(idle_from=0.0, sent=1.0, first_token=2.0, last_token=3.0)
     steps = [0.01 * i for i in range(16)]
     stalled = [*steps[:8], *(2.0 + t for t in steps[8:])]  # one 1.9 s stall inside
 
@@ -605,13 +619,15 @@ def test_background_requests_are_checked_against_the_servers_timing_of_each() ->
         )
 
     agrees = [request(0, steps, 0.15), request(1, stalled, stalled[-1] - stalled[0])]
-    check = check_background_requests(agrees, 0.5)
+    check = check_background_requests(agrees, 0.5, windows)
     assert check is not None and (check.checked, check.refuted, check.problem) == (2, 0, None)
     assert check.record()["agreement"] == "agrees"
     flushed = request(2, [0.3], 0.15, counts=(16,))
     held = request(3, [*steps[:15], 0.9], 0.15)  # the last token 0.75 s late
-    check = check_background_requests([*agrees, flushed, held], 0.5)
+    before = request(5, [-0.05, -0.049], 0.15, counts=(15, 1))  # flushed as the streams began
+    check = check_background_requests([*agrees, flushed, held, before], 0.5, windows)
     assert check is not None and (check.checked, check.refuted) == (4, 2)
+    assert check.record()["outside_windows"] == 1
     assert check.worst == (3, 0, pytest.approx(0.9), 0.15)
     assert check.problem.startswith(
         "the background streams disagree with the server's own timing of their requests "
@@ -619,7 +635,33 @@ def test_background_requests_are_checked_against_the_servers_timing_of_each() ->
         "than 50% off the server's (furthest: stream 3's request 0, 0.900 s first chunk to "
         "last, the server 0.150 s first token to last)"
     )
-    assert check_background_requests([request(4, steps, None)], 0.5) is None
+    assert check_background_requests([request(4, steps, None)], 0.5, windows) is None
+    # judged once a window holds it: the same flushed request a moment into the idle window
+    inside = request(5, [0.01, 0.011], 0.15, counts=(15, 1))
+    check = check_background_requests([inside], 0.5, windows)
+    assert check is not None and (check.checked, check.refuted, check.outside_windows) == (1, 1, 0)
+
+
+def test_first_requests_flushed_whole_as_the_streams_start_leave_the_point_confirmed() -> None:
+    """An API server starved while the streams start hands each stream's first request over
+    whole; then every stream streams on schedule. No figure reads those first requests (all
+    came before the idle window began), so the server's timing of each request judges the
+    others and confirms the gaps, as the histogram does over them all: the figures stay."""
+    behaviour = _behaviour(
+        prefill_interference="stall", per_request_metrics=True, flush_first_requests=3
+    )
+    with FakeVLLMProcess(behaviour) as fake:
+        result = _measure(fake)
+    details = result.interference
+    assert details["streams_ready"]["flushed_whole"] >= 1, details["streams_ready"]
+    timing = details["background_timing"]
+    assert timing["outside_windows"] >= 3 and timing["checked"] > 0, timing  # first requests
+    assert timing["agreement"] == "agrees", timing
+    assert details["background_gaps"]["verdict"] == "confirmed", details["background_gaps"]
+    assert "the server's own timing of each background request" in (
+        details["background_gaps"]["by"]
+    )
+    assert result.figures()["bg_itl_prefill_max"] > 0.8 * PREFILL_S
 
 
 def test_a_preemption_during_the_point_fails_it() -> None:

@@ -84,6 +84,17 @@ class Windows:
         start, end = self.span(window)
         return max(0.0, end - start)
 
+    def hold_any_of(self, request: BackgroundRequest) -> bool:
+        """Whether any figure of the point reads ``request``: a token that arrived inside the
+        windows, a gap or its wait for the first token whose midpoint lies in one."""
+        if any(self.idle_from <= at <= self.last_token for at in request.token_times):
+            return True
+        if any(self.window_of(start, end) for start, end, _ in request.gaps):
+            return True
+        return bool(
+            request.token_times and self.window_of(request.sent_at, request.token_times[0])
+        )
+
 
 @dataclass(frozen=True)
 class GapStats:
@@ -301,6 +312,8 @@ class RequestsCheck:
     #: The request furthest off: (stream, index, the stream's decode span, the server's).
     worst: tuple[int, int, float, float] | None
     problem: str | None
+    #: Requests with the server's figure that no window of the point holds (not judged).
+    outside_windows: int = 0
 
     def record(self) -> dict[str, Any]:
         worst = None
@@ -315,27 +328,34 @@ class RequestsCheck:
         return {
             "checked": self.checked,
             "refuted": self.refuted,
+            "outside_windows": self.outside_windows,
             "furthest": worst,
             "agreement": self.problem or "agrees",
         }
 
 
 def check_background_requests(
-    requests: Iterable[BackgroundRequest], tolerance: float
+    requests: Iterable[BackgroundRequest], tolerance: float, windows: Windows
 ) -> RequestsCheck | None:
     """Each finished background request's stream, its first chunk to its last, against the
     server's own decode time of that request (vLLM's per-request ``generation_time_ms``, its
     first token to its last). They disagree where the two differ by more than ``tolerance``
     of the server's and by more than :data:`MIN_DISAGREEMENT_S`: the host held the stream
     back, or flushed it whole (a span of 0 s), and its gaps are not the server's. A stall
-    the long prefill makes lies inside both. None when no request has the server's figure."""
-    checked, refuted = 0, 0
+    the long prefill makes lies inside both. Judged are the requests the point's figures
+    read: one whose every token and gap came before the idle window (a stream's first
+    request, flushed whole while the streams started) or after the long request's last
+    token is counted as ``outside_windows``. None when no request has the server's figure."""
+    checked, refuted, outside = 0, 0, 0
     worst: tuple[int, int, float, float] | None = None
     for request in requests:
         timing = request.server_timing
         if request.error is not None or timing is None or timing.decode_s is None:
             continue
         if request.completion_tokens < 2 or not request.token_times:
+            continue
+        if not windows.hold_any_of(request):
+            outside += 1
             continue
         checked += 1
         client_s = request.token_times[-1] - request.token_times[0]
@@ -344,7 +364,7 @@ def check_background_requests(
             refuted += 1
             if worst is None or off > abs(worst[2] - worst[3]):
                 worst = (request.stream, request.index, client_s, timing.decode_s)
-    if not checked:
+    if not checked and not outside:
         return None
     problem = None
     if worst is not None:
@@ -356,7 +376,7 @@ def check_background_requests(
             f"{stream}'s request {index}, {client_s:.3f} s first chunk to last, the server "
             f"{server_s:.3f} s first token to last)"
         )
-    return RequestsCheck(checked, refuted, worst, problem)
+    return RequestsCheck(checked, refuted, worst, problem, outside)
 
 
 def preemptions(before: MetricsSnapshot, after: MetricsSnapshot) -> int | None:

@@ -305,7 +305,7 @@ def measure_under_load(
                 refutations.append(itl.problem)
                 if load.keep_disagreeing and not counts["failed"]:
                     disagreement = itl.problem
-    by_request = check_background_requests(finished, load.tolerance)
+    by_request = check_background_requests(finished, load.tolerance, windows)
     if by_request is not None:
         details["background_timing"] = by_request.record()
         if by_request.problem is None:
