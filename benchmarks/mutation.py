@@ -168,6 +168,8 @@ TARGETS: dict[str, Target] = {
                     "_during",
                     "_top_bucket",
                     "check_server_itl",
+                    "hold_any_of",
+                    "check_background_requests",
                 ),
             ),
         ),
@@ -186,6 +188,7 @@ TARGETS: dict[str, Target] = {
             "test_the_servers_histogram_is_read_between_the_two_reads",
             "test_the_sums_disagree_beyond_the_tolerance_of_the_servers_and_not_at_it",
             "test_the_chunk_comes_from_the_servers_config_or_the_streams",
+            "test_background_requests_are_checked_against_the_servers_timing_of_each",
         ),
     ),
     # the gate's verdict per length and metric (what only its messages show is not mutated)

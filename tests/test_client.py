@@ -8,6 +8,7 @@ judged on many requests in test_accuracy.py.
 
 from __future__ import annotations
 
+import http.server
 import json
 import math
 import socket
@@ -17,6 +18,7 @@ import traceback
 from array import array
 from collections.abc import Iterator
 
+import httpx
 import numpy as np
 import pytest
 from fake_vllm import (  # noqa: F401
@@ -1014,3 +1016,114 @@ def test_clients_load_the_certificates_once(monkeypatch: pytest.MonkeyPatch) -> 
     for _ in range(5):
         CompletionClient(ClientConfig(base_url="http://127.0.0.1:9")).close()
     assert len(loads) == 1
+
+
+# -- what the timed request reports besides the stream ---------------------------------------
+
+
+def test_the_progress_counter_follows_the_stream(server: FakeVLLM) -> None:
+    """What a watcher reads while the stream goes: t0, the first and latest tokens' arrival,
+    the tokens so far and the longest wait between two chunks, on the client's own clock."""
+    from pytest_longctx.client.stream_progress import StreamProgress
+
+    server.configure(first_token_delay_s=0.05, token_delay_s=0.01)
+    progress = StreamProgress()
+    with client_for(server) as client:
+        result = client.measure(ids_request(decode=10), first_token_budget_s=10, progress=progress)
+    assert progress.finished and progress.tokens == 10
+    assert progress.t0 == result.started_perf_s
+    assert progress.first_token_at == pytest.approx(progress.t0 + result.ttft_s)
+    assert progress.last_token_at == pytest.approx(progress.t0 + result.token_times_s[-1])
+    assert progress.slowest_gap_s == pytest.approx(max(result.chunk_gaps_s))
+
+
+def test_the_phases_of_a_request_lie_in_order(server: FakeVLLM) -> None:
+    """The connection opened before t0, then within the TTFT the upload and the headers."""
+    server.configure(first_token_delay_s=0.05)
+    with client_for(server) as client:
+        result = client.measure(ids_request(), first_token_budget_s=10)
+    assert result.connect_s is not None and 0 <= result.connect_s < 1.0
+    assert result.upload_s is not None and result.response_headers_s is not None
+    assert 0 <= result.upload_s <= result.response_headers_s <= result.ttft_s <= result.e2e_s
+
+
+def test_a_url_without_a_port_is_opened_on_its_schemes_port() -> None:
+    with CompletionClient(ClientConfig(base_url="http://127.0.0.1:9")) as client:
+        opened: list[tuple[str, int]] = []
+        client._backend.open = lambda host, port, timeout: opened.append((host, port))
+        for url in (
+            "http://example.test/v1",
+            "https://example.test/v1",
+            "http://example.test:8000",
+        ):
+            assert client._preconnect(httpx.URL(url)) is not None
+        assert client._preconnect(httpx.URL("ftp://example.test/")) is None  # not pre-opened
+    assert opened == [("example.test", 80), ("example.test", 443), ("example.test", 8000)]
+
+
+def test_a_connection_staged_for_a_request_that_never_went_out_is_closed(
+    server: FakeVLLM,
+) -> None:
+    with client_for(server) as client:
+
+        def refused(*args: object, **kwargs: object) -> None:
+            raise httpx.ConnectError("refused")
+
+        client._http.send = refused
+        with pytest.raises(ServerUnavailableError):
+            client.measure(ids_request(), first_token_budget_s=10)
+        assert client._backend._staged is None
+
+
+def test_the_completions_head_keeps_its_first_characters_up_to_the_limit(
+    server: FakeVLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The head stops at the limit exactly, in the middle of a token (200 here, for a short
+    stream; the package's limit is ``COMPLETION_HEAD_CHARS``)."""
+    monkeypatch.setattr("pytest_longctx.client.client.COMPLETION_HEAD_CHARS", 200)
+    server.configure(token_text=" token")  # 6 characters a token: 240 in all
+    with client_for(server) as client:
+        result = client.measure(ids_request(decode=40), first_token_budget_s=10)
+    assert result.completion_head == (" token" * 40)[:200]
+
+
+class _OneAnswer(http.server.BaseHTTPRequestHandler):
+    """Answers every completion with 200, ``body`` and ``content_type`` (class attributes)."""
+
+    body = b""
+    content_type = ""
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", self.content_type)
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def answered_with(content_type: str, body: bytes) -> CompletionClient:
+    """A client of a server that answers every completion with ``body`` as ``content_type``."""
+    handler = type("Answer", (_OneAnswer,), {"body": body, "content_type": content_type})
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return CompletionClient(ClientConfig(base_url=f"http://127.0.0.1:{httpd.server_port}"))
+
+
+def test_a_server_that_ignores_stream_is_named_and_a_stream_under_another_type_is_read() -> None:
+    answer = json.dumps({"choices": [{"index": 0, "text": "x", "finish_reason": "length"}]})
+    with (
+        answered_with("application/json", answer.encode()) as client,
+        pytest.raises(
+            StreamError, match="answered 200 with application/json instead of an event stream"
+        ),
+    ):
+        client.measure(ids_request(decode=1), first_token_budget_s=10)
+    usage = {"prompt_tokens": 100, "completion_tokens": 1, "total_tokens": 101}
+    chunk = {"choices": [{"index": 0, "text": "x", "finish_reason": "length"}], "usage": usage}
+    stream = f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n".encode()
+    with answered_with("text/plain", stream) as client:  # a proxy's type: still a stream
+        assert client.measure(ids_request(decode=1), first_token_budget_s=10).completion_tokens == 1

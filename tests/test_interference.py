@@ -401,6 +401,24 @@ def test_the_streams_requests_never_end_in_the_same_step() -> None:
     assert all(b - a > 2 * TOKEN_S for a, b in itertools.pairwise(spans)), spans
 
 
+def test_the_wait_ends_once_every_streams_first_request_has_ended() -> None:
+    """The streams' start is behind the point before its idle window begins: every stream's
+    first request has ended (its last token arrived) by the moment the wait ends, each seen
+    streaming, and every stream is on a later request then."""
+    with FakeVLLMProcess(_behaviour()) as fake, BackgroundStreams(_spec(fake.url)) as streams:
+        assert streams.wait_streaming(30)
+        ready = streams.ready_at
+        time.sleep(0.4)
+        requests = streams.stop()
+    assert ready is not None
+    first = {r.stream: r for r in requests if r.index == 0}
+    assert sorted(first) == [0, 1, 2]
+    assert all(r.token_times[-1] <= ready for r in first.values()), (
+        [r.token_times[-1] - ready for r in first.values()]
+    )
+    assert streams.ready_by == {"streaming": 3, "flushed_whole": 0}
+
+
 def test_streams_flushed_whole_are_streaming_once_each_first_request_arrived() -> None:
     """A starved API server hands each background request over whole, in one flush: the
     stream's first token and its last arrive together and the next request starts at once.
@@ -485,7 +503,11 @@ def test_a_stalling_prefill_reads_as_a_stall(stalled) -> None:  # noqa: ANN001
     )
     assert 1.0 <= details["windows_s"]["idle"] <= long.body_read_at - streaming_from
     assert details["chunk"]["max_num_batched_tokens"] == 4096
-    assert details["chunk"]["seen"]["prefill_steps_seen"] == 1  # one step: the whole prompt
+    # one step, the whole prompt; and a step for each K tokens let through before the
+    # stand-in read the prompt (as above: on a quiet host none)
+    seen_steps = details["chunk"]["seen"]["prefill_steps_seen"]
+    assert seen_steps == round(1 + figures["bg_tokens_during_prefill"] / 3, 2)
+    assert seen_steps <= 1 + written_before_the_prefill(result, streams) / 3
     assert details["server_itl"]["agreement"] == "agrees", details["server_itl"]
     # confirmed, so kept where reports and the gate read them
     assert details["background_gaps"] == {

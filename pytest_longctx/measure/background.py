@@ -170,11 +170,14 @@ def _stream_loop(
 
 
 def _serve(spec: BackgroundSpec, stop_event: Any, ready: Any, results: Any) -> None:
-    """The background process: K stream threads; ``ready`` once every stream has received a
-    token, then run until the parent sets ``stop_event``. With ``ready`` it reports how many
-    streams were seen streaming (tokens arriving at two polls of one request, or a finished
-    request's tokens spread over more than a poll's interval) and how many had only had
-    requests arrive whole: a stream flushed whole has no gap of the server's."""
+    """The background process: K stream threads; ``ready`` once every stream's first request
+    has ended, then run until the parent sets ``stop_event``. The streams' start (a new
+    process, K connections and prefills at once) is what a loaded host most often holds back
+    or flushes whole: no window of the point begins before it is over. With ``ready`` it
+    reports how many streams were seen streaming (tokens arriving at two polls of one
+    request, or a finished request's tokens spread over more than a poll's interval) and how
+    many had only had requests arrive whole: a stream flushed whole has no gap of the
+    server's."""
     results.put(("clock", time.get_clock_info(CLOCK).implementation))
     stop = threading.Event()
     progress = [StreamProgress() for _ in range(spec.streams)]
@@ -199,9 +202,9 @@ def _serve(spec: BackgroundSpec, stop_event: Any, ready: Any, results: Any) -> N
                     seen.add(index)
                 counted[index] = (watched, watched.tokens)
             done = dict(ended)
-            streaming = seen | {index for index, spread in done.items() if spread}
+            streaming = (seen & set(done)) | {index for index, spread in done.items() if spread}
             flushed = set(done) - streaming
-            if len(streaming | flushed) == spec.streams:
+            if len(done) == spec.streams:
                 ready_by = {"streaming": len(streaming), "flushed_whole": len(flushed)}
                 results.put(("ready", ready_by))
                 ready.set()
@@ -246,7 +249,8 @@ class BackgroundStreams:
         return self
 
     def wait_streaming(self, timeout_s: float) -> bool:
-        """True once every stream has received a token; False after ``timeout_s``."""
+        """True once every stream streams, its first request ended; False after
+        ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         while not self._ready.wait(0.05):
             self._drain()

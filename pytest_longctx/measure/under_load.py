@@ -238,8 +238,8 @@ def measure_under_load(
         streams.start()
         if not streams.wait_streaming(load.streaming_timeout_s):
             raise PointFailure(
-                f"the {load.background.streams} background streams did not all receive a "
-                f"token within {load.streaming_timeout_s:g} s"
+                f"the {load.background.streams} background streams did not all finish a "
+                f"first request within {load.streaming_timeout_s:g} s"
             )
         time.sleep(load.idle_s)
         stream = send_measured(
