@@ -249,6 +249,8 @@ TARGETS: dict[str, Target] = {
             "test_a_handed_point_no_worker_can_take_is_recorded_as_not_measured",
             "test_a_dead_workers_queue_goes_back_before_the_gate_items",
             "test_a_dead_workers_points_go_back_in_cost_order",
+            "test_a_worker_out_of_points_waits_while_another_holds_points_beyond_the_one_it_runs",
+            "test_a_healthy_worker_that_runs_its_last_point_lets_the_others_finish",
         ),
     ),
     "stats": Target(

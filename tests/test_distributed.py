@@ -291,13 +291,55 @@ def test_no_worker_finishes_while_a_lost_one_holds_points_it_hands_back(
     assert measured_by_a == set(collection) - {collection[item[4, 1]]}
 
 
+def test_a_worker_out_of_points_waits_while_another_holds_points_beyond_the_one_it_runs(
+    pytester: pytest.Pytester,
+) -> None:
+    """a runs out of points while b, healthy so far, runs 4Ki with 2Ki behind it. b's server
+    may yet die during 4Ki and hand 2Ki back: a is not told to finish, nor the session, until
+    b runs its last point. (Told to finish at once, a was gone when b's server died, and 2Ki
+    was recorded as not measured: no worker left to take it.) b's server dies: a measures
+    2Ki, and both finish."""
+    scheduler, a, b, collection, item = sweep_on_two_to_4ki(pytester)
+    for index in (item[4, 0], item[2, 0], item[1, 0]):
+        scheduler.mark_test_complete(a, index)
+    assert not scheduler.pending and scheduler.node2pending[a] == [item[1, 1]]
+    assert scheduler.node2pending[b] == [item[4, 1], item[2, 1]]
+    assert not a.shutting_down and not scheduler.tests_finished
+    scheduler.mark_test_complete(a, item[1, 1])
+    assert not a.shutting_down and not scheduler.tests_finished  # b still holds 2Ki
+    scheduler.doubt(b)  # the controller saw 4Ki-rep=1's record: engine_died
+    scheduler.mark_test_complete(b, item[4, 1])
+    assert scheduler.hand_back(b, collection[item[2, 1]])  # lost for good: a takes 2Ki
+    assert scheduler.node2pending[a] == [item[2, 1]]
+    scheduler.mark_test_complete(b, item[2, 1])  # b skips it, handed
+    assert b.shutting_down
+    scheduler.mark_test_complete(a, item[2, 1])
+    assert a.shutting_down and scheduler.tests_finished
+    assert {collection[i] for i in a.sent} == set(collection) - {collection[item[4, 1]]}
+
+
+def test_a_healthy_worker_that_runs_its_last_point_lets_the_others_finish(
+    pytester: pytest.Pytester,
+) -> None:
+    """Once every other worker holds only the point it runs, an idle worker finishes: the
+    wait above lasts no longer than it must."""
+    scheduler, a, b, collection, item = sweep_on_two_to_4ki(pytester)
+    for index in (item[4, 0], item[2, 0], item[1, 0], item[1, 1]):
+        scheduler.mark_test_complete(a, index)
+    assert not a.shutting_down
+    scheduler.mark_test_complete(b, item[4, 1])  # b now runs 2Ki, its last point
+    assert a.shutting_down and b.shutting_down
+    scheduler.mark_test_complete(b, item[2, 1])
+    assert scheduler.tests_finished
+
+
 def test_no_worker_finishes_while_one_whose_server_crashed_may_hand_points_back(
     pytester: pytest.Pytester,
 ) -> None:
     """b's server crashes during 4Ki; whether b can go on is known only at its next point
     (a relaunch may take minutes, and fail). Until then a, out of pending points, is not told
     to finish, nor the session; b is, so that it runs its last item. b's next point starts:
-    its server is back, and both finish."""
+    its server is back, and a finishes once b runs its last point."""
     scheduler, a, b, collection, item = sweep_on_two_to_4ki(pytester)
     scheduler.doubt(b)  # the controller saw 4Ki-rep=1's record: engine_died
     scheduler.mark_test_complete(b, item[4, 1])
@@ -307,7 +349,9 @@ def test_no_worker_finishes_while_one_whose_server_crashed_may_hand_points_back(
     scheduler.mark_test_complete(a, item[2, 0])
     assert not a.shutting_down and not scheduler.tests_finished
     scheduler.trust(b)  # b started 2Ki-rep=1
-    assert a.shutting_down and b.shutting_down
+    assert b.shutting_down and not a.shutting_down  # b may yet hand back 1Ki-rep=0
+    scheduler.mark_test_complete(b, item[2, 1])
+    assert a.shutting_down
     # out of pending points, a doubted worker is told to finish (it would never run its last
     # item else), the others wait; lost after all, it hands its points to them
     scheduler, a, b, collection, item = sweep_on_two_to_4ki(pytester)

@@ -143,20 +143,26 @@ class LongestFirstScheduling(LoadScheduling):
         if wanted > 0:
             self._send_tests(node, wanted)
         # a doubted worker runs its last item only once told to finish: that item decides
-        if not self.pending and (node in self.doubted or not self.points_may_come_back):
+        if not self.pending and (node in self.doubted or not self._may_come_back_to(node)):
             node.shutdown()
+
+    def _points_held(self, node: Any) -> int:
+        """Points (not gate items: a worker runs its own) ``node`` holds and may hand back: a
+        lost or doubted worker's every one; a healthy worker's beyond the one it runs, since
+        its server may die during that one."""
+        if self.collection is None:
+            return 0
+        held = [i for i in self.node2pending.get(node, ()) if self._point(self.collection[i])]
+        return len(held) if node in self.lost | self.doubted else max(0, len(held) - 1)
+
+    def _may_come_back_to(self, node: Any) -> bool:
+        """Whether another worker holds points it may yet hand to ``node``."""
+        return any(self._points_held(other) for other in self.node2pending if other is not node)
 
     @property
     def points_may_come_back(self) -> bool:
-        """Whether a lost or doubted worker still holds points it may hand back (its gate
-        items it runs itself)."""
-        if self.collection is None:
-            return False
-        return any(
-            self._point(self.collection[index]) is not None
-            for node in self.lost | self.doubted
-            for index in self.node2pending.get(node, ())
-        )
+        """Whether a worker still holds points it may hand back."""
+        return any(self._points_held(node) for node in self.node2pending)
 
     @property
     def tests_finished(self) -> bool:
@@ -168,8 +174,15 @@ class LongestFirstScheduling(LoadScheduling):
 
     def mark_test_complete(self, node: Any, item_index: int, duration: float = 0) -> None:
         super().mark_test_complete(node, item_index, duration)
-        if self.sweep and node in self.lost | self.doubted and not self.points_may_come_back:
+        if not self.sweep:
+            return
+        unsure = self.lost | self.doubted
+        if node in unsure and not any(self._points_held(other) for other in unsure):
             self._recheck()
+        elif not self.pending:  # the healthy workers that waited for this one may finish
+            for other in self.nodes:
+                if other not in self.lost | self.doubted:
+                    self.check_schedule(other)
 
     def _recheck(self) -> None:
         """The workers that waited for points to come back may take them, or finish."""
