@@ -189,6 +189,8 @@ TARGETS: dict[str, Target] = {
             "test_the_sums_disagree_beyond_the_tolerance_of_the_servers_and_not_at_it",
             "test_the_chunk_comes_from_the_servers_config_or_the_streams",
             "test_background_requests_are_checked_against_the_servers_timing_of_each",
+            "test_a_request_is_judged_where_a_window_holds_it_and_at_the_rules_edges",
+            "test_only_a_gap_the_figures_read_is_held_to_the_servers_top_bucket",
         ),
     ),
     # the gate's verdict per length and metric (what only its messages show is not mutated)

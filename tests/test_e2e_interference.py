@@ -39,7 +39,7 @@ SMALL, WHOLE = SMALL_CHUNK, WHOLE_CHUNK
 
 
 #: Sessions run again where the server's figures refuted the point's background gaps.
-REFUTED_RETRIES = 1
+REFUTED_RETRIES = 2
 
 
 def _refuted(output: Path) -> bool:

@@ -164,6 +164,32 @@ def test_a_longest_gap_outside_the_servers_top_bucket_refutes_the_streams() -> N
     assert check_server_itl(before, server, [], 100, 0.5).client_max_s is None
 
 
+def test_only_a_gap_the_figures_read_is_held_to_the_servers_top_bucket() -> None:
+    """A gap the host stretched where no figure reads it (as the streams started, before the
+    idle window) does not refute the figures; the same gap inside the windows does, named as
+    such. The shorter side is judged on every gap: the server's longest must show in them."""
+    before = _snapshot([])
+    server = _snapshot([0.02] * 100)  # every gap in (10, 25] ms; 2 s in all
+    stalled = [0.015] * 99 + [0.515]  # one 515 ms gap among the same 2 s and 100 gaps
+    outside = check_server_itl(before, server, stalled, 100, 0.5, read=[0.015] * 99)
+    assert outside is not None and outside.problem is None
+    assert outside.record()["client_max_s"] == pytest.approx(0.515)
+    assert outside.record()["client_max_in_windows_s"] == pytest.approx(0.015)
+    inside = check_server_itl(before, server, stalled, 100, 0.5, read=stalled)
+    assert inside is not None and inside.problem is not None
+    assert "the streams' longest gap in the windows is 515.0 ms" in inside.problem
+    # the widened bucket's edge, among the gaps read: agrees at it, not just past it
+    edge = 0.025 * 1.5
+    assert check_server_itl(before, server, stalled, 100, 0.5, read=[edge]).problem is None
+    past = check_server_itl(before, server, stalled, 100, 0.5, read=[edge * 1.01])
+    assert past.problem is not None
+    # the server's 0.8 s gap must show among all of them, not only the gaps read
+    low = check_server_itl(before, _snapshot([0.8] + [0.2] * 9), [0.26] * 9 + [0.9], 10, 0.5,
+                           read=[0.26] * 9)  # fmt: skip
+    assert low is not None and low.problem is None
+    assert check_server_itl(before, server, stalled, 100, 0.5, read=[]).problem is None
+
+
 def test_the_windows_are_half_open_and_the_decode_closed() -> None:
     """Idle ``[idle_from, sent)``, prefill ``[sent, first_token)``, decode ``[first_token,
     last_token]``: a gap whose midpoint lies on a bound belongs to the window it opens."""
@@ -684,6 +710,57 @@ def test_first_requests_flushed_whole_as_the_streams_start_leave_the_point_confi
         details["background_gaps"]["by"]
     )
     assert result.figures()["bg_itl_prefill_max"] > 0.8 * PREFILL_S
+
+
+def test_a_request_is_judged_where_a_window_holds_it_and_at_the_rules_edges() -> None:
+    """Which requests are judged, and the edges of the rule: a window holds a request by a
+    token inside it (its ends included), a gap or its wait whose midpoint lies in one; a
+    failed request or one of a single token is not judged; a stream exactly the tolerance off
+    the server's agrees; the furthest request is the one furthest off, the first of a tie."""
+    windows = Windows(idle_from=0.0, sent=1.0, first_token=2.0, last_token=3.0)
+
+    def request(times: tuple[float, ...], sent_at: float) -> BackgroundRequest:
+        return BackgroundRequest(0, 0, sent_at, times, (1,) * len(times), len(times))
+
+    assert windows.hold_any_of(request((0.0,), -0.1))  # a token at the idle window's start
+    assert windows.hold_any_of(request((3.0,), -3.2))  # one at the long request's last token
+    assert windows.hold_any_of(request((-1.0, 3.5), -1.1))  # a gap across the windows
+    assert windows.hold_any_of(request((3.5,), 2.5))  # a wait whose midpoint is in decode
+    assert not windows.hold_any_of(request((-0.5, -0.4), -0.6))
+    assert not windows.hold_any_of(request((3.1, 3.2), 3.05))
+
+    def timed(  # noqa: ANN202
+        stream: int, times: tuple[float, ...], decode_s: float, tokens: int = 0, error=None  # noqa: ANN001
+    ):
+        return BackgroundRequest(
+            stream, 0, times[0] - 0.01, times, (1,) * len(times), tokens or len(times),
+            error=error, server_timing=ServerTiming(decode_s=decode_s),
+        )  # fmt: skip
+
+    failed = timed(0, (0.5, 0.6), 0.9, error="the server closed the stream")
+    single = timed(1, (0.5,), 0.15, tokens=1)
+    assert check_background_requests([failed, single], 0.5, windows) is None
+    two = timed(2, (0.5, 0.9), 0.1)  # two tokens: judged
+    check = check_background_requests([two], 0.5, windows)
+    assert check is not None and (check.checked, check.refuted) == (1, 1)
+    # exactly the tolerance off (0.375 s against 0.25 s at 50 %): agrees; beyond it: not
+    edge = timed(3, (1.0, 1.375), 0.25)
+    assert check_background_requests([edge], 0.5, windows).refuted == 0
+    assert check_background_requests([edge], 0.49, windows).refuted == 1
+    # and never less than MIN_DISAGREEMENT_S off: 5 ms against a server's 0 s agrees
+    assert check_background_requests([timed(4, (0.0, 0.005), 0.0)], 0.5, windows).refuted == 0
+    # only requests outside every window: counted, none judged, nothing refuted
+    before = timed(5, (-0.5, -0.4), 0.9)
+    check = check_background_requests([before], 0.5, windows)
+    assert check is not None and check.record()["outside_windows"] == 1
+    assert (check.checked, check.refuted, check.problem) == (0, 0, None)
+    # the furthest off: 0.875 s beats 0.75 s (the differences, not the sums); a tie keeps the
+    # first
+    first, further = timed(6, (0.125, 1.0), 0.125), timed(7, (0.125, 1.125), 0.125)
+    assert check_background_requests([first, further], 0.5, windows).worst[0] == 7
+    assert check_background_requests([further, first], 0.5, windows).worst[0] == 7
+    tie = timed(8, (0.25, 1.125), 0.125)
+    assert check_background_requests([first, tie], 0.5, windows).worst[0] == 6
 
 
 def test_a_preemption_during_the_point_fails_it() -> None:

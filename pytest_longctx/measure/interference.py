@@ -230,6 +230,8 @@ class ServerItlCheck:
     server_max_bucket: tuple[float, float] | None
     client_max_s: float | None
     problem: str | None
+    #: The longest of the gaps the point's figures read (inside its windows).
+    client_max_read_s: float | None = None
 
     def record(self) -> dict[str, Any]:
         return {
@@ -239,6 +241,7 @@ class ServerItlCheck:
             "client_count": self.client_count,
             "server_max_bucket": list(self.server_max_bucket) if self.server_max_bucket else None,
             "client_max_s": self.client_max_s,
+            "client_max_in_windows_s": self.client_max_read_s,
             "agreement": self.problem or "agrees",
         }
 
@@ -258,13 +261,17 @@ def check_server_itl(
     gaps: Sequence[float],
     tokens_after_first: int,
     tolerance: float,
+    read: Sequence[float] | None = None,
 ) -> ServerItlCheck | None:
     """The server's inter-token histogram between ``before`` and ``after`` against the
     clients' ``gaps`` (every request between the reads) and their ``tokens_after_first``.
 
     They disagree when the sums differ by more than ``tolerance`` (a fraction), when the
-    server counted other requests' tokens, or when the clients' longest gap lies outside the
-    server's highest filled bucket widened by the tolerance. None when the server has no
+    server counted other requests' tokens, when the clients' longest gap is shorter than the
+    server's highest filled bucket narrowed by the tolerance, or when the longest of the gaps
+    the figures ``read`` (those inside the point's windows; all of ``gaps`` when None) is
+    longer than that bucket widened by it: a stall the host made in a gap no figure reads (as
+    the streams start) is no reason to doubt the figures. None when the server has no
     histogram."""
     old_sum, new_sum = before.total(f"{INTER_TOKEN}_sum"), after.total(f"{INTER_TOKEN}_sum")
     old_count, new_count = before.total(f"{INTER_TOKEN}_count"), after.total(f"{INTER_TOKEN}_count")
@@ -274,6 +281,8 @@ def check_server_itl(
     client_sum = math.fsum(gaps)
     bucket = _top_bucket(bucket_delta(before, after, INTER_TOKEN))
     longest = max(gaps) if gaps else None
+    where = " in the windows" if read is not None else ""
+    longest_read = longest if read is None else max(read, default=None)
     problems = []
     if server_count != tokens_after_first:
         problems.append(
@@ -288,11 +297,14 @@ def check_server_itl(
         )
     if bucket is not None and longest is not None:
         low, high = bucket
-        if not low / (1 + tolerance) <= longest <= high * (1 + tolerance):
+        too_long = longest_read is not None and longest_read > high * (1 + tolerance)
+        if too_long or longest < low / (1 + tolerance):
+            seen, which = (longest_read, where) if too_long else (longest, "")
+            assert seen is not None
             upper = "inf" if math.isinf(high) else f"{high * 1000:g}"
             problems.append(
-                f"the streams' longest gap is {longest * 1000:.1f} ms, the server's lies in "
-                f"({low * 1000:g}, {upper}] ms"
+                f"the streams' longest gap{which} is {seen * 1000:.1f} ms, the server's lies "
+                f"in ({low * 1000:g}, {upper}] ms"
             )
     problem = (
         "the background gaps disagree with the server's inter-token histogram "
@@ -300,7 +312,9 @@ def check_server_itl(
         if problems
         else None
     )
-    return ServerItlCheck(server_sum, server_count, client_sum, len(gaps), bucket, longest, problem)
+    return ServerItlCheck(
+        server_sum, server_count, client_sum, len(gaps), bucket, longest, problem, longest_read
+    )
 
 
 @dataclass(frozen=True)

@@ -296,7 +296,14 @@ def measure_under_load(
         gaps += list(stream.chunk_gaps_s)
         tokens_after_first = sum(max(0, r.completion_tokens - 1) for r in finished)
         tokens_after_first += max(0, stream.completion_tokens - 1)
-        itl = check_server_itl(before, after, gaps, tokens_after_first, load.tolerance)
+        read = [
+            end - start
+            for r in finished
+            for start, end, _ in r.gaps
+            if windows.window_of(start, end) is not None
+        ]
+        read += list(stream.chunk_gaps_s)  # the long request's, in its decode window
+        itl = check_server_itl(before, after, gaps, tokens_after_first, load.tolerance, read)
         if itl is not None:
             details["server_itl"] = itl.record()
             if itl.problem is None:
