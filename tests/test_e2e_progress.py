@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from longctx_testing import PLOTS, records_of, run_folder, run_session
@@ -24,9 +25,14 @@ DECODE = 128
 INTERVAL = "--longctx-progress-interval=50ms"
 
 
-def test_a_long_prefill_is_watched_chunk_by_chunk(
-    sweep_dir: pytest.Pytester, loaded_url: str
-) -> None:
+#: Sessions run again where the sampler read fewer than three of the eight chunks: a host
+#: busy with other work can hold the sampler's reads of /metrics past a short prefill.
+UNSEEN_RETRIES = 1
+
+
+def _watched_session(sweep_dir: pytest.Pytester, loaded_url: str):  # noqa: ANN202
+    """One session 4Ki..16Ki on the loaded server, with another program polling its
+    progress.json: (the run result, the output root, what that program read)."""
     output = sweep_dir.path / "reports"
     seen: list[dict] = []
     stop = threading.Event()
@@ -56,18 +62,37 @@ def test_a_long_prefill_is_watched_chunk_by_chunk(
     finally:
         stop.set()
         watcher.join()
-    result.assert_outcomes(passed=3)
+    return result, output, seen
+
+
+def _chunks_read(output: Path) -> list[int]:
+    """The 16Ki point's KV gauge readings during its prefill."""
+    point = read_samples(run_folder(output) / "samples" / "len=16Ki-rep=0.jsonl")
+    return [
+        s["kv_tokens"]
+        for s in point.samples
+        if s["phase"] == "prefill" and s["kv_tokens"] is not None
+    ]
+
+
+def test_a_long_prefill_is_watched_chunk_by_chunk(
+    sweep_dir: pytest.Pytester, loaded_url: str
+) -> None:
+    for _ in range(1 + UNSEEN_RETRIES):
+        result, output, seen = _watched_session(sweep_dir, loaded_url)
+        result.assert_outcomes(passed=3)
+        if len({v for v in _chunks_read(output) if 0 < v < LENGTH}) >= 3:
+            break
 
     # The samples of the 16Ki point: the gauge rose chunk by chunk, in whole blocks.
     folder = run_folder(output)
     point = read_samples(folder / "samples" / "len=16Ki-rep=0.jsonl")
     block = point.header["block_size"]
     assert point.header["capacity_tokens"] > LENGTH
-    prefill = [s for s in point.samples if s["phase"] == "prefill" and s["kv_tokens"] is not None]
-    tokens = [s["kv_tokens"] for s in prefill]
+    tokens = _chunks_read(output)
     assert tokens == sorted(tokens), tokens  # monotonic
     assert all(value % block == 0 for value in tokens), tokens
-    assert len({value for value in tokens if 0 < value < LENGTH}) >= 3, tokens
+    assert len({value for value in tokens if 0 < value < LENGTH}) >= 3, (tokens, point.samples)
     # The first reading after the first token: the whole prompt, within one block of L (plus
     # the tokens decoded by then). A stream a busy host held back and flushed at once (all 128
     # tokens within 22 ms, once) has ended before the sampler reads: no reading then.
