@@ -252,7 +252,8 @@ TARGETS: dict[str, Target] = {
             "test_a_dead_workers_queue_goes_back_before_the_gate_items",
             "test_a_dead_workers_points_go_back_in_cost_order",
             "test_a_worker_out_of_points_waits_while_another_holds_points_beyond_the_one_it_runs",
-            "test_a_healthy_worker_that_runs_its_last_point_lets_the_others_finish",
+            "test_an_idle_worker_waits_for_the_point_another_runs_and_finishes_after_it",
+            "test_workers_that_each_hold_their_last_point_are_each_told_to_finish",
         ),
     ),
     "stats": Target(

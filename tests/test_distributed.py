@@ -318,19 +318,35 @@ def test_a_worker_out_of_points_waits_while_another_holds_points_beyond_the_one_
     assert {collection[i] for i in a.sent} == set(collection) - {collection[item[4, 1]]}
 
 
-def test_a_healthy_worker_that_runs_its_last_point_lets_the_others_finish(
+def test_an_idle_worker_waits_for_the_point_another_runs_and_finishes_after_it(
     pytester: pytest.Pytester,
 ) -> None:
-    """Once every other worker holds only the point it runs, an idle worker finishes: the
-    wait above lasts no longer than it must."""
+    """A worker that holds nothing waits even for the one point another runs: that worker's
+    server may die just before it sends the point, which then comes back (the other finished
+    at once, it was recorded as not measured). It finishes once that point is done."""
     scheduler, a, b, collection, item = sweep_on_two_to_4ki(pytester)
     for index in (item[4, 0], item[2, 0], item[1, 0], item[1, 1]):
         scheduler.mark_test_complete(a, index)
     assert not a.shutting_down
     scheduler.mark_test_complete(b, item[4, 1])  # b now runs 2Ki, its last point
-    assert a.shutting_down and b.shutting_down
+    assert b.shutting_down and not a.shutting_down  # b must be told, to run its last item
+    assert not scheduler.tests_finished
     scheduler.mark_test_complete(b, item[2, 1])
-    assert scheduler.tests_finished
+    assert a.shutting_down and scheduler.tests_finished
+
+
+def test_workers_that_each_hold_their_last_point_are_each_told_to_finish(
+    pytester: pytest.Pytester,
+) -> None:
+    """Each worker holds only the point it runs: each is told to finish, which it must be to
+    run it (none waits on another's last point: they would wait for ever)."""
+    scheduler, a, b, collection, item = sweep_on_two_to_4ki(pytester)
+    for index in (item[4, 0], item[2, 0], item[1, 0]):
+        scheduler.mark_test_complete(a, index)
+    assert scheduler.node2pending[a] == [item[1, 1]] and not a.shutting_down
+    scheduler.mark_test_complete(b, item[4, 1])
+    assert scheduler.node2pending[b] == [item[2, 1]]
+    assert a.shutting_down and b.shutting_down
 
 
 def test_no_worker_finishes_while_one_whose_server_crashed_may_hand_points_back(

@@ -146,23 +146,39 @@ class LongestFirstScheduling(LoadScheduling):
         if not self.pending and (node in self.doubted or not self._may_come_back_to(node)):
             node.shutdown()
 
-    def _points_held(self, node: Any) -> int:
+    def _points_held(self, node: Any, last_included: bool = False) -> int:
         """Points (not gate items: a worker runs its own) ``node`` holds and may hand back: a
-        lost or doubted worker's every one; a healthy worker's beyond the one it runs, since
-        its server may die during that one."""
+        lost or doubted worker's every one; a healthy worker's those beyond the one it runs,
+        or every one with ``last_included`` (its server may die just before it sends the point
+        it runs, which then comes back too)."""
         if self.collection is None:
             return 0
         held = [i for i in self.node2pending.get(node, ()) if self._point(self.collection[i])]
-        return len(held) if node in self.lost | self.doubted else max(0, len(held) - 1)
+        if last_included or node in self.lost | self.doubted:
+            return len(held)
+        return max(0, len(held) - 1)
 
     def _may_come_back_to(self, node: Any) -> bool:
-        """Whether another worker holds points it may yet hand to ``node``."""
-        return any(self._points_held(other) for other in self.node2pending if other is not node)
+        """Whether another worker holds points it may yet hand to ``node``. One that holds
+        nothing waits for every point another holds, the one it runs included. One that holds
+        its own last item waits only for points another holds beyond the one it runs: xdist
+        runs a worker's last item once it is told to finish, and workers that each waited for
+        another's last item would wait for ever."""
+        idle = not self.node2pending.get(node)
+        return any(
+            self._points_held(other, last_included=idle)
+            for other in self.node2pending
+            if other is not node
+        )
 
     @property
     def points_may_come_back(self) -> bool:
-        """Whether a worker still holds points it may hand back."""
-        return any(self._points_held(node) for node in self.node2pending)
+        """Whether a point may still come back to a worker: a lost or doubted worker holds
+        one, or a worker that can take points waits for another's."""
+        unsure = self.lost | self.doubted
+        if any(self._points_held(node) for node in unsure if node in self.node2pending):
+            return True
+        return any(self._may_come_back_to(node) for node in self._takers())
 
     @property
     def tests_finished(self) -> bool:
