@@ -269,8 +269,23 @@ TARGETS: dict[str, Target] = {
             "tests/test_stats.py",
         ),
     ),
+    # the first-token budget: from this run's records, a TTFT model, the profile's expected
+    # figures, the default
     "timeouts": Target(
-        (Part("measure/timeouts.py", None),), ("tests/test_client.py", "-k", "budget")
+        (Part("measure/timeouts.py", None),),
+        (
+            *_tests(
+                "tests/test_client.py",
+                "test_budget_override_wins",
+                "test_budget_default_when_nothing_below",
+                "test_budget_extrapolates_quadratically",
+                "test_a_concurrency_levels_budget_covers_each_request_waiting_for_the_others",
+                "test_budget_floor_and_bad_values",
+                "test_budget_bounds_and_unusable_bases",
+                "test_a_first_token_budget_must_be_positive",
+            ),
+            "tests/test_budgets.py",
+        ),
     ),
     "sizes": Target(
         (Part("core/sizes.py", None),),

@@ -144,6 +144,30 @@ def test_what_the_run_knows_comes_in_order_records_then_models_then_expected_fig
     assert budget.for_length(64 * MI, {})[0] == SIX_HOURS_S  # nothing known at all
 
 
+def test_the_budgets_edges_ties_and_sources() -> None:
+    """Where two sources say the same, the first named wins; a figure at the length itself is
+    a base; a model that predicts nothing (0 s) is passed over, one that predicts under a
+    second is not; a budget exactly at the floor is its own figure."""
+    budget = FirstTokenBudget(floor_s=60.0, safety_factor=3.0, default_s=SIX_HOURS_S)
+    this_run = KnownTtft("recorded in this run", {MI: 20.0}, of_this_run=True)
+    seconds, why = budget.for_length(MI, {MI: 20.0}, known=(this_run,))
+    assert seconds == 60.0 and why.startswith("extrapolated: 1Mi took 20 s;"), why
+    expected = KnownTtft("expected", {16 * MI: 100.0})
+    seconds, why = budget.for_length(16 * MI, {}, known=(expected,))
+    assert seconds == 300.0 and "16Mi is expected to take 100 s" in why
+    only_above = KnownTtft("expected", {64 * MI: 40_000.0})
+    seconds, why = budget.for_length(16 * MI, {}, known=(only_above,))
+    assert seconds == 120_000.0 and why.startswith("bounded by 64Mi's 4e+04 s (expected)")
+    records_above = KnownTtft("recorded in this run", {64 * MI: 40_000.0}, of_this_run=True)
+    _, why = budget.for_length(2 * MI, {}, known=(records_above, only_above))
+    assert "(recorded in this run)" in why, why
+    nothing = KnownTtft("recorded in this run", {}, model=lambda n: 0.0, model_text="flat")
+    assert budget.for_length(MI, {}, known=(nothing,))[0] == SIX_HOURS_S
+    quick = KnownTtft("recorded in this run", {}, model=lambda n: 0.5, model_text="quick")
+    seconds, why = budget.for_length(MI, {}, known=(quick,))
+    assert seconds == 60.0 and why.startswith("floor of 60 s (predicted: quick predicts 0.5 s")
+
+
 def test_the_profile_reads_expected_ttft_and_refuses_what_is_not_seconds_by_length(
     tmp_path: Path,
 ) -> None:

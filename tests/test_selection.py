@@ -301,3 +301,14 @@ def test_a_selection_outside_the_profiles_range_says_so(sweep: pytest.Pytester) 
             " widen the range with --longctx-from/--longctx-to"
         ]
     )
+
+
+def test_byte_sizes_are_written_in_their_largest_binary_unit() -> None:
+    from pytest_longctx.core.sizes import format_bytes
+
+    assert format_bytes(1023) == "1,023 B"
+    assert format_bytes(1024) == "1.0 KiB"
+    assert format_bytes(1024**2 - 1) == "1,024.0 KiB"
+    assert format_bytes(1024**2) == "1.0 MiB"
+    assert format_bytes(1.5 * 1024**3) == "1.5 GiB"
+    assert format_bytes(3 * 1024**4) == "3,072.0 GiB"

@@ -11,6 +11,7 @@ from pytest_longctx.core.stats import (
     label_counts,
     outcome_label,
     summarize,
+    unchecked_reasons,
 )
 
 KI = 1024
@@ -67,6 +68,34 @@ def test_labels_are_counted_passed_first_then_classes_then_outcomes() -> None:
         ("skipped (oom)", 1),
         ("skipped (start_failed)", 1),
     ]
+
+
+def test_a_skip_a_failure_caused_comes_after_the_plain_skips_whatever_its_class() -> None:
+    """Even a skip of the first class (``contract``), seen first: the plain skips lead."""
+    records = [record(0, "skipped", "contract"), record(1, "skipped"), record(2, "skipped")]
+    assert list(label_counts(records).items()) == [("skipped", 2), ("skipped (contract)", 1)]
+
+
+def test_points_whose_answer_was_not_checked_are_counted_per_reason_in_the_order_seen() -> None:
+    def unchecked(repeat: int, reason: str | None, verdict: str = "not_checked") -> Record:
+        fidelity = {"verdict": verdict, **({"reason": reason} if reason else {})}
+        return Record(run_id="run", nodeid=f"t[{repeat}]", length=KI, repeat=repeat,
+                      outcome="passed", fidelity=fidelity)  # fmt: skip
+
+    records = [
+        unchecked(0, "the model did not answer the probe in the warm-ups"),
+        unchecked(1, "no needle fits"),
+        unchecked(2, "the model did not answer the probe in the warm-ups"),
+        unchecked(3, None),
+        unchecked(4, "a reason of a checked point", verdict="correct"),
+        record(5, fidelity="wrong"),
+    ]
+    assert list(unchecked_reasons(records).items()) == [
+        ("the model did not answer the probe in the warm-ups", 2),
+        ("no needle fits", 1),
+        ("no reason recorded", 1),
+    ]
+    assert unchecked_reasons([record(0, fidelity="correct")]) == {}
 
 
 def test_answers_are_counted_per_verdict_zeros_left_out() -> None:

@@ -151,8 +151,7 @@ class LongestFirstScheduling(LoadScheduling):
         lost or doubted worker's every one; a healthy worker's those beyond the one it runs,
         or every one with ``last_included`` (its server may die just before it sends the point
         it runs, which then comes back too)."""
-        if self.collection is None:
-            return 0
+        assert self.collection is not None
         held = [i for i in self.node2pending.get(node, ()) if self._point(self.collection[i])]
         if last_included or node in self.lost | self.doubted:
             return len(held)
@@ -175,8 +174,9 @@ class LongestFirstScheduling(LoadScheduling):
     def points_may_come_back(self) -> bool:
         """Whether a point may still come back to a worker: a lost or doubted worker holds
         one, or a worker that can take points waits for another's."""
-        unsure = self.lost | self.doubted
-        if any(self._points_held(node) for node in unsure if node in self.node2pending):
+        if self.collection is None:
+            return False
+        if any(self._points_held(node) for node in self.lost | self.doubted):
             return True
         return any(self._may_come_back_to(node) for node in self._takers())
 
@@ -190,12 +190,7 @@ class LongestFirstScheduling(LoadScheduling):
 
     def mark_test_complete(self, node: Any, item_index: int, duration: float = 0) -> None:
         super().mark_test_complete(node, item_index, duration)
-        if not self.sweep:
-            return
-        unsure = self.lost | self.doubted
-        if node in unsure and not any(self._points_held(other) for other in unsure):
-            self._recheck()
-        elif not self.pending:  # the healthy workers that waited for this one may finish
+        if self.sweep and not self.pending:  # the workers that waited for points may finish
             for other in self.nodes:
                 if other not in self.lost | self.doubted:
                     self.check_schedule(other)
