@@ -28,7 +28,7 @@ SWEEP_ARGS = $(if $(PROFILE),--longctx-profile=$(PROFILE)) --longctx-repeats=$(R
 	$(if $(FROM),--longctx-from=$(FROM)) $(if $(TO),--longctx-to=$(TO)) \
 	$(if $(URL),--longctx-url=$(URL))
 
-.PHONY: install test test-shared test-own-servers test-rest test-serial lint typecheck docs reference run plan baseline calibrate gate report clean
+.PHONY: install test test-shared test-own-servers test-rest test-serial test-alone lint typecheck docs reference run plan baseline calibrate gate report clean
 
 install: $(VENV)/.installed
 
@@ -85,21 +85,25 @@ TEST_SESSIONS = test-shared test-own-servers test-rest
 # leaves OpenMP its own default (a host with cores to spare, one session).
 TEST_THREADS ?= 1
 ifneq ($(TEST_THREADS),)
-$(TEST_SESSIONS) test-serial: export OMP_NUM_THREADS = $(TEST_THREADS)
+$(TEST_SESSIONS) test-serial test-alone: export OMP_NUM_THREADS = $(TEST_THREADS)
 endif
 # The sessions share one warm Python (vLLM's parser and capacity functions, imported once);
 # it is stopped when the last has ended, not by the first (tests/conftest.py).
+# Then the real-vLLM tests of timing relations that three sessions side by side disturb
+# (the streams' gaps beside a prefill, the gauge read between its chunks) run alone.
 test: install lint
 	status=0; LONGCTX_TEST_SHARED_WARM_PYTHON=1 $(MAKE) --no-print-directory -j3 \
 		--output-sync=target $(TEST_SESSIONS) || status=$$?; \
+	LONGCTX_TEST_SHARED_WARM_PYTHON=1 $(MAKE) --no-print-directory test-alone || status=$$?; \
 	$(PY) -c "from pytest_longctx.core import warm_python; warm_python.stop()"; exit $$status
 
 OWN_SERVERS = own_server or stand_in
-test-shared: MARKS = shared_server or (oracle and not ($(OWN_SERVERS)))
-test-own-servers: MARKS = $(OWN_SERVERS)
-test-rest: MARKS = not shared_server and not oracle and not ($(OWN_SERVERS))
+test-shared: MARKS = (shared_server or (oracle and not ($(OWN_SERVERS)))) and not host_timing
+test-own-servers: MARKS = ($(OWN_SERVERS)) and not host_timing
+test-rest: MARKS = not shared_server and not oracle and not ($(OWN_SERVERS)) and not host_timing
+test-alone: MARKS = host_timing
 test-rest: SPREAD = $(if $(filter-out 0,$(REST_WORKERS)),-n $(REST_WORKERS) --dist loadfile)
-$(TEST_SESSIONS): install
+$(TEST_SESSIONS) test-alone: install
 	$(PY) -m pytest -p no:cacheprovider --durations=15 $(SPREAD) \
 		-m "($(MARKS))$(if $(MARK), and ($(MARK)))" tests $(ARGS)
 

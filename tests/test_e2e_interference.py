@@ -32,7 +32,8 @@ from server_pool import SMALL_CHUNK, WHOLE_CHUNK
 
 from pytest_longctx.core.records import Record
 
-pytestmark = pytest.mark.vllm
+#: Timing relations a loaded host disturbs: ``make test`` runs them alone (the Makefile).
+pytestmark = [pytest.mark.vllm, pytest.mark.host_timing]
 
 #: Eight prefill steps of a 16Ki prompt, and one step for all of it.
 SMALL, WHOLE = SMALL_CHUNK, WHOLE_CHUNK

@@ -16,7 +16,8 @@ from server_pool import SMALL_CHUNK
 
 from pytest_longctx.progress.samples import read_samples
 
-pytestmark = pytest.mark.vllm
+#: Timing relations a loaded host disturbs: ``make test`` runs them alone (the Makefile).
+pytestmark = [pytest.mark.vllm, pytest.mark.host_timing]
 
 CHUNK = SMALL_CHUNK
 LENGTH = 16384
