@@ -16,6 +16,7 @@ import pytest
 from longctx_testing import SWEEP_TEST, schedule_on_two
 
 from pytest_longctx.campaign import point_setup
+from pytest_longctx.campaign.workloads import points_of
 from pytest_longctx.core.records import Record, append_record
 from pytest_longctx.measure.target import ServerInfo
 from pytest_longctx.measure.timeouts import FirstTokenBudget, KnownTtft
@@ -59,9 +60,9 @@ def test_the_longest_point_xdist_sends_first_waits_by_the_profiles_expected_ttft
     pytester.makepyfile(test_sweep=SWEEP_TEST)
     config = pytester.parseconfigure("--tx=2*popen", "--longctx-profile=kimi-linear-mi355x")
     run = config.stash[PREPARED_KEY].run
-    collection = [f"test_sweep.py::test_prefill_decode[{p.id}]" for p in run.plan.points]
+    collection = [f"test_sweep.py::test_prefill_decode[{p.id}]" for p in points_of(run.plan)]
     _, a, b, _ = schedule_on_two(config, run, collection)
-    first = [run.plan.points[node.sent[0]] for node in (a, b)]
+    first = [points_of(run.plan)[node.sent[0]] for node in (a, b)]
     assert [p.length for p in first] == [64 * MI, 32 * MI]  # the scheduler's own order
     assert run.sweep.measured_ttft == {}  # nothing measured in the process
     seconds, source = budget_of(run, 64 * MI)

@@ -155,11 +155,14 @@ def test_the_reuse_table_keeps_follow_ups_of_each_tier_apart() -> None:
     cold = Record("r", "t[len=1024-rep=0]", 1024, 0, "passed", figures={"ttft": 1.0})
     mixed = [cold, _warm(1024, 0.1, "device", 1), _warm(1024, 0.5, "host", 2)]
     rows = reuse_rows(mixed)
-    assert [(r.tier, r.warm.mean, r.warm.n) for r in rows] == [("device", 0.1, 1), ("host", 0.5, 1)]
-    assert all(r.cold is not None and r.cold.mean == 1.0 for r in rows)
+    served = [(r.tier, r.warm_ttft.mean, r.warm_ttft.n) for r in rows]
+    assert served == [("device", 0.1, 1), ("host", 0.5, 1)]
+    assert all(r.cold_ttft is not None and r.cold_ttft.mean == 1.0 for r in rows)
     cells = dict(zip(COLUMNS, row_cells(rows[1]), strict=True))
     assert cells["Tier"] == "host"
     one = reuse_rows([cold, _warm(1024, 0.1, "device", 1), _warm(1024, 0.3, "device", 2)])
-    assert [(r.tier, round(r.warm.mean, 3), r.warm.n) for r in one] == [("device", 0.2, 2)]
+    assert [(r.tier, round(r.warm_ttft.mean, 3), r.warm_ttft.n) for r in one] == [
+        ("device", 0.2, 2)
+    ]
     older = reuse_rows([cold, _warm(1024, 0.1, None)])  # a record from before tiers were read
     assert row_cells(older[0])[COLUMNS.index("Tier")] == "–"

@@ -9,6 +9,7 @@ import dataclasses
 import pytest
 from longctx_testing import plan_settings
 
+from pytest_longctx.campaign.workloads import capacity_table, points_of
 from pytest_longctx.capacity import concurrency_fit, fit_verdict, pool_blocks, render_fit_table
 from pytest_longctx.client import ClientConfig
 from pytest_longctx.measure.concurrent import level_prompts, measure_level
@@ -138,7 +139,7 @@ def test_the_plan_fits_each_length_from_the_cache_or_the_servers_report() -> Non
 
 
 def test_the_plan_printout_shows_the_fit_per_length() -> None:
-    text = capacity_check.render_table(plan_for(), [4 * KI, 8 * KI])
+    text = capacity_table(plan_for(), [4 * KI, 8 * KI])
     assert "concurrency points" in text
     assert "blocks/request" in text
 
@@ -156,7 +157,7 @@ def test_levels_are_powers_of_two_and_the_plans_fit_and_one_past_it() -> None:
 
 def test_concurrency_points_have_their_ids_and_come_after_the_others() -> None:
     plan = dataclasses.replace(plan_for(("cold", CONCURRENCY), 4), planned_fits=((8 * KI, 3),))
-    ids = [p.id for p in plan.points]
+    ids = [p.id for p in points_of(plan)]
     assert ids == [
         "len=4Ki-rep=0",
         "len=8Ki-rep=0",

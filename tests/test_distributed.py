@@ -30,6 +30,7 @@ from longctx_testing import (
 )
 from longctx_testing import plan_settings as settings
 
+from pytest_longctx.campaign.workloads import points_of
 from pytest_longctx.plan.points import Point
 from pytest_longctx.plan.servers import ServerSplitError, split_servers
 from pytest_longctx.profiles import load_profile
@@ -115,7 +116,7 @@ def test_the_longest_points_go_first_to_every_worker(pytester: pytest.Pytester) 
 
     run = config.stash[PREPARED_KEY].run
     collection = ["test_sweep.py::test_regression[len=1Ki]", "test_other.py::test_unrelated"]
-    collection += [f"test_sweep.py::test_prefill_decode[{p.id}]" for p in run.plan.points]
+    collection += [f"test_sweep.py::test_prefill_decode[{p.id}]" for p in points_of(run.plan)]
     scheduler, a, b, handed_out = schedule_on_two(config, run, collection)
 
     def names(indices: list[int]) -> list[str]:
@@ -131,7 +132,7 @@ def test_the_longest_points_go_first_to_every_worker(pytester: pytest.Pytester) 
                 scheduler.mark_test_complete(node, scheduler.node2pending[node][0])
     assert sorted(handed_out) == list(range(len(collection)))  # each item exactly once
     assert set(names(handed_out[-2:])) == {"len=1Ki", "test_other.py::test_unrelated"}
-    lengths = [run.plan.points[i - 2].length for i in handed_out[:-2]]
+    lengths = [points_of(run.plan)[i - 2].length for i in handed_out[:-2]]
     assert lengths == sorted(lengths, reverse=True)
     assert a.shutting_down and b.shutting_down
 
@@ -162,7 +163,7 @@ def test_cold_points_go_out_with_their_follow_ups_then_interference_then_concurr
     from pytest_longctx.session.activation import PREPARED_KEY
 
     run = config.stash[PREPARED_KEY].run
-    collection = [f"t.py::test_prefill_decode[{p.id}]" for p in run.plan.points]
+    collection = [f"t.py::test_prefill_decode[{p.id}]" for p in points_of(run.plan)]
     collection.append("t.py::test_unrelated")
     scheduler, a, b, handed_out = schedule_on_two(config, run, collection)
 
@@ -194,7 +195,7 @@ def test_items_alone_are_a_unit_each(pytester: pytest.Pytester) -> None:
     from pytest_longctx.session.activation import PREPARED_KEY
 
     run = config.stash[PREPARED_KEY].run
-    collection = [f"t.py::test_prefill_decode[{p.id}]" for p in run.plan.points]
+    collection = [f"t.py::test_prefill_decode[{p.id}]" for p in points_of(run.plan)]
     collection += [f"t.py::test_other_{index}" for index in range(4)]
     scheduler, a, b, handed_out = schedule_on_two(config, run, collection)
     assert [len(a.sent), len(b.sent)] == [2, 2]
@@ -253,9 +254,9 @@ def sweep_on_two_to_4ki(pytester: pytest.Pytester):  # noqa: ANN201
     from pytest_longctx.session.activation import PREPARED_KEY
 
     run = config.stash[PREPARED_KEY].run
-    collection = [f"test_sweep.py::test_prefill_decode[{p.id}]" for p in run.plan.points]
+    collection = [f"test_sweep.py::test_prefill_decode[{p.id}]" for p in points_of(run.plan)]
     scheduler, a, b, _ = schedule_on_two(config, run, collection)
-    item = {(p.length // 1024, p.repeat): i for i, p in enumerate(run.plan.points)}
+    item = {(p.length // 1024, p.repeat): i for i, p in enumerate(points_of(run.plan))}
     return scheduler, a, b, collection, item
 
 
@@ -404,7 +405,7 @@ def test_the_controller_doubts_a_worker_whose_point_crashed_its_server(
         outcome = "passed" if failure_class is None else "failed"
         made = pytest.TestReport(collection[index], ("t.py", 1, "x"), {}, outcome, None, when)
         if failure_class is not None:
-            identity = record_identity(run.plan.points[index])
+            identity = record_identity(points_of(run.plan)[index])
             record = Record(run.run_id, collection[index], **identity, outcome="failed")
             record = dataclasses.replace(record, failure_class=failure_class)
             setattr(made, REPORT_ATTRIBUTE, record.to_json())
@@ -459,7 +460,7 @@ def test_a_handed_point_no_worker_can_take_is_recorded_as_not_measured(
 
     def handed_report(node: FakeNode, index: int) -> pytest.TestReport:
         """What a worker whose server is lost reports for a point it hands back."""
-        point = run.plan.points[index]
+        point = points_of(run.plan)[index]
         cause = "Skipped: the vLLM server exited with code -9"
         reason = f"{cause}\n{node.gateway.id} takes no more points: handed to the other workers"
         record = Record(
@@ -571,7 +572,7 @@ def test_a_gate_item_waits_for_its_lengths_points_from_other_workers(
     pytester.makepyfile(test_sweep=SWEEP_TEST)
     config = pytester.parseconfigure("--longctx-to=2Ki", "--longctx-repeats=2")
     run = config.stash[PREPARED_KEY].run
-    run.selected_points = list(run.plan.points)
+    run.selected_points = list(points_of(run.plan))
     started = time.time()
 
     def record(point: Point, finished: float) -> Record:
@@ -618,7 +619,7 @@ def test_a_dead_workers_queue_goes_back_before_the_gate_items(pytester: pytest.P
     from pytest_longctx.session.scheduling import LongestFirstScheduling
 
     run = config.stash[PREPARED_KEY].run
-    collection = [f"t.py::test_prefill_decode[{p.id}]" for p in run.plan.points]
+    collection = [f"t.py::test_prefill_decode[{p.id}]" for p in points_of(run.plan)]
     collection += ["t.py::test_regression[len=1Ki]", "t.py::test_regression[len=2Ki]"]
     scheduler = LongestFirstScheduling(config, None, run)
     log: list[int] = []

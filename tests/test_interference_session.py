@@ -20,6 +20,7 @@ from longctx_testing import (
     run_session,
 )
 
+from pytest_longctx.campaign.workloads import points_of
 from pytest_longctx.core.records import read_records
 from pytest_longctx.gate import Tolerances, compare_length
 from pytest_longctx.plan.points import BACKGROUND_DECODE_TOKENS, BACKGROUND_PROMPT_TOKENS
@@ -65,7 +66,7 @@ def test_the_plan_shows_the_interference_items_and_their_own_server(
     assert result.ret == 0, result.stdout.str()
     text = result.stdout.str()
     assert "len=1Ki-rep=0-interference" in text and "len=2Ki-rep=0-interference" in text
-    study, _, loaded = text.partition("then, for the interference points, a server of their own")
+    study, _, loaded = text.partition("then, for the interference points, a server with room for")
     assert loaded, text
     study_line = next(line for line in study.splitlines() if "--max-model-len" in line)
     loaded_line = next(line for line in loaded.splitlines() if "--max-model-len" in line)
@@ -270,7 +271,7 @@ def test_under_xdist_the_interference_points_follow_every_cold_one(
     pytester.makepyfile(test_sweep=SWEEP_TEST)
     config = pytester.parseconfigure("--tx=2*popen", "--longctx-to=4Ki", LOAD)
     run = config.stash[PREPARED_KEY].run
-    collection = [f"test_sweep.py::test_prefill_decode[{p.id}]" for p in run.plan.points]
+    collection = [f"test_sweep.py::test_prefill_decode[{p.id}]" for p in points_of(run.plan)]
     scheduler, a, b, handed_out = schedule_on_two(config, run, collection)
     while scheduler.has_pending:
         for node in (a, b):

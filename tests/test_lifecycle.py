@@ -23,6 +23,7 @@ from longctx_testing import plan_settings
 from pytest_longctx.campaign.hooks import CampaignHooks
 from pytest_longctx.campaign.lifecycle import PointSkipped, ServerLifecycle
 from pytest_longctx.campaign.run import Placement, Run
+from pytest_longctx.campaign.workloads import points_of
 from pytest_longctx.measure.measurement import PointFailure
 from pytest_longctx.measure.target import ServerError, ServerInfo
 from pytest_longctx.plan.points import INTERFERENCE, Point, build_plan
@@ -138,7 +139,7 @@ def lifecycle_of(tmp_path: Path, plant: Plant) -> Iterator[Callable[..., ServerL
         )
         plan = build_plan(settings, load_profile(settings.profile))
         run = Run.create(settings, plan, tmp_path, placement=placement or Placement())
-        run.selected_points = list(plan.points)
+        run.selected_points = list(points_of(plan))
 
         def stand_in(plan: object, command: ServerCommand) -> ServerCommand:
             return ServerCommand(("stand-in", *(serve_args(command.argv) or ())), {})
@@ -361,7 +362,7 @@ def test_a_session_of_interference_points_only_starts_their_server_first(
     lifecycle_of: Callable[..., ServerLifecycle], plant: Plant
 ) -> None:
     lifecycle = lifecycle_of(workload=("cold", INTERFERENCE), background_streams=2)
-    lifecycle.run.selected_points = [p for p in lifecycle.run.plan.points if p.interference]
+    lifecycle.run.selected_points = [p for p in points_of(lifecycle.run.plan) if p.interference]
     lifecycle.start()
     assert lifecycle.workload == INTERFERENCE and len(plant.made) == 1
     lifecycle.before_point(point(1024, background=2))

@@ -181,6 +181,74 @@ def test_the_campaign_runs_without_pytest() -> None:
     assert done.stdout.strip() == "[]"
 
 
+#: Where each workload lives: its home behind the one seam (campaign/workloads/).
+WORKLOAD_HOMES = f"{ROOT}.campaign.workloads"
+#: Attributes that say what kind of point, plan or record something is.
+WORKLOAD_ATTRIBUTES = {"warm", "interference", "concurrent", "concurrency", "cold"}
+#: What may still test a workload by attribute outside the homes, and why: a point's own
+#: identity (its cache state and id, which records and node ids rest on, in the plan layer
+#: below the homes), the worked example's contract (each workload's checks where a user
+#: reads them) and the records read by the reports, below the homes too.
+MOST_WORKLOAD_TESTS_OUTSIDE_HOMES = 15
+
+
+def workload_attribute_tests(path: Path) -> list[int]:
+    """Lines of ``path`` whose truth value is a workload attribute (``point.warm``,
+    ``plan.interference``, ``not record.warm``, ``any(p.concurrent for p in ...)``)."""
+
+    def tests_an_attribute(node: ast.AST) -> bool:
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            return tests_an_attribute(node.operand)
+        if isinstance(node, ast.BoolOp):
+            return any(tests_an_attribute(value) for value in node.values)
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("any", "all"):
+            return any(
+                tests_an_attribute(getattr(arg, "elt", arg))
+                or any(tests_an_attribute(i) for g in getattr(arg, "generators", ()) for i in g.ifs)
+                for arg in node.args
+            )
+        return isinstance(node, ast.Attribute) and node.attr in WORKLOAD_ATTRIBUTES
+
+    truths: list[ast.AST] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.If, ast.IfExp, ast.While, ast.Assert)):
+            truths.append(node.test)
+        elif isinstance(node, ast.comprehension):
+            truths += node.ifs
+        elif isinstance(node, ast.BoolOp):
+            truths += node.values
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            truths.append(node.operand)
+    return sorted({node.lineno for node in truths if tests_an_attribute(node)})
+
+
+def test_outside_their_homes_workloads_are_asked_not_tested() -> None:
+    """The session, the campaign and the server ask a point's workload
+    (``workloads.workload_of``) what it needs; only a handful of lines outside the homes
+    test what kind of point, plan or record they hold."""
+    found = {
+        module: lines
+        for module, path in MODULES.items()
+        if not module.startswith(WORKLOAD_HOMES)
+        and (lines := workload_attribute_tests(path))
+    }
+    count = sum(len(lines) for lines in found.values())
+    assert count <= MOST_WORKLOAD_TESTS_OUTSIDE_HOMES, found
+
+
+def test_the_workload_rule_catches_what_it_is_about(tmp_path: Path) -> None:
+    source = tmp_path / "dispatch.py"
+    source.write_text(
+        "def measure(point, plan, records):\n"
+        "    if point.interference:\n"
+        "        return 1\n"
+        "    cold = [r for r in records if not r.warm]\n"
+        "    return 2 if plan.concurrency and any(p.concurrent for p in cold) else 3\n"
+        "    return workload_of(point).measure(point)\n"
+    )
+    assert workload_attribute_tests(source) == [2, 4, 5]
+
+
 def test_each_layer_imports_only_what_comes_before_it() -> None:
     offenders = []
     for module, path in MODULES.items():

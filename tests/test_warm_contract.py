@@ -23,6 +23,7 @@ from longctx_testing import (
 )
 from test_distributed import schedule_on_two
 
+from pytest_longctx.campaign.workloads import points_of
 from pytest_longctx.core.records import Record
 from pytest_longctx.measure.cache_state import ServerCache, judge_warm, required_tokens
 
@@ -59,7 +60,7 @@ def test_resident_kv_from_the_plan_where_the_server_does_not_size_its_cache() ->
     """A GPU profile sizes the cache by gpu_memory_utilization: vLLM then exports
     ``kv_cache_memory_bytes="None"``, and the plan's bytes for one request of L tokens at the
     server's block size stand in, saying so."""
-    from pytest_longctx.campaign.point_setup import planned_bytes
+    from pytest_longctx.campaign.workloads.warm import planned_bytes
     from pytest_longctx.plan import capacity_check
     from pytest_longctx.profiles import load_profile
 
@@ -505,7 +506,7 @@ def test_a_cold_point_and_its_follow_ups_go_to_one_worker_together(
     from pytest_longctx.session.activation import PREPARED_KEY
 
     run = config.stash[PREPARED_KEY].run
-    collection = [f"test_sweep.py::test_prefill_decode[{p.id}]" for p in run.plan.points]
+    collection = [f"test_sweep.py::test_prefill_decode[{p.id}]" for p in points_of(run.plan)]
     scheduler, a, b, handed_out = schedule_on_two(config, run, collection)
 
     def names(indices: list[int]) -> list[str]:

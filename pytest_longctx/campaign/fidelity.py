@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pytest_longctx.campaign.prompting import needles_per_prompt
 from pytest_longctx.campaign.run import Findings, RunDescription
 from pytest_longctx.campaign.warm_up import warm_up_length
+from pytest_longctx.campaign.workloads import points_of, workload_of
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.measure.measurement import PointFailure, PointMeasurement
 from pytest_longctx.plan import capacity_check
@@ -65,6 +66,7 @@ def plan_lines(run: RunDescription, selected: Sequence[Point]) -> list[str]:
         else "the model's advertised context is unknown"
     )
     others = needles_per_prompt(run.plan) - 1
+    points = points_of(run.plan)
     return [
         f"fidelity probe ({kind}): each measured prompt, still exactly its length, carries "
         f"the needle {needle.strip()!r} at a depth that changes from point to point "
@@ -82,9 +84,9 @@ def plan_lines(run: RunDescription, selected: Sequence[Point]) -> list[str]:
         *learning_lines(run, selected),
         "needle depths: "
         + ", ".join(
-            f"{point.id} {probe_depth(run.plan.points.index(point)):g}"
+            f"{point.id} {probe_depth(points.index(point)):g}"
             for point in selected
-            if not point.warm and point in run.plan.points
+            if workload_of(point).reuses(point) is None and point in points
         ),
     ]
 

@@ -29,12 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_longctx.campaign import budgets, point_setup, prompting
+from pytest_longctx.campaign import budgets, prompting
 from pytest_longctx.campaign import server as campaign_server
 from pytest_longctx.campaign.api_key import api_key, api_key_env_name
 from pytest_longctx.campaign.hooks import CampaignHooks
 from pytest_longctx.campaign.run import Run, RunDescription, Sizing
 from pytest_longctx.campaign.warm_up import warm_up as run_warm_ups
+from pytest_longctx.campaign.workloads import STUDY_SERVER, ServerMemory, named, workload_of
 from pytest_longctx.client import MeasurementError, ModelEntry, RequestRejectedError
 from pytest_longctx.core.sizes import format_bytes, format_size
 from pytest_longctx.gate import fingerprint_mismatch
@@ -44,7 +45,7 @@ from pytest_longctx.measure.outcomes import PROBE_TIMEOUT_S
 from pytest_longctx.measure.server_metrics import cache_config_labels
 from pytest_longctx.measure.target import ServerError, ServerInfo
 from pytest_longctx.plan import capacity_check, versions
-from pytest_longctx.plan.points import COLD, CONCURRENCY, INTERFERENCE, Point
+from pytest_longctx.plan.points import Point
 from pytest_longctx.plan.servers import VISIBLE_DEVICES_ENV
 from pytest_longctx.profiles import hardware, vllm_releases
 from pytest_longctx.progress import telemetry
@@ -126,7 +127,7 @@ class ServerLifecycle:
     """The session's server from its first start to its stop, and the only writer of what
     the session knows of it: the server measured now, the process launched, its history
     (:class:`ServerHistory`), and what this server start holds of the session's prompts
-    (:class:`point_setup.ServerMemory`)."""
+    (:class:`workloads.ServerMemory`)."""
 
     def __init__(
         self,
@@ -155,9 +156,9 @@ class ServerLifecycle:
         #: The workload the launched server was started for: ``cold`` (the study's
         #: one-sequence server, cold and warm points), ``interference`` (room for K + 1
         #: sequences) or ``concurrency`` (room for the highest level).
-        self.workload = COLD
+        self.workload = STUDY_SERVER
         #: What the server measured now holds of this session's prompts, and showed it.
-        self.memory: point_setup.ServerMemory = point_setup.ServerMemory()
+        self.memory = ServerMemory()
         #: The served model's tokenizer, resolved at the first warm-up (its description
         #: decides which): every prompt of the session is built with it.
         self.prompts: PromptBuilder | None = None
@@ -267,7 +268,7 @@ class ServerLifecycle:
         that stopped answering, holds none of the prefixes this session sent before: its
         follow-ups send theirs again rather than fail as evicted."""
         self.current = server
-        self.memory = point_setup.ServerMemory()
+        self.memory = ServerMemory()
 
     def announce_ready(self, info: ServerInfo) -> None:
         """Tell other plugins the server answers (``pytest_longctx_server_ready``), at each
@@ -397,7 +398,7 @@ class ServerLifecycle:
             raise
         key = api_key(run.description)
         served, version = _describe_server(run.description, launched.base_url, key)
-        if self.workload in (INTERFERENCE, CONCURRENCY):
+        if self.workload != STUDY_SERVER:
             noted.setdefault("workload", self.workload)
         self.note_start(time.monotonic() - started, cause, pid=launched.pgid, **noted)
         return ServerInfo(
@@ -483,7 +484,7 @@ class ServerLifecycle:
                     cause = exc
             if cause is not None:
                 self._relaunch(cause)
-            wanted = campaign_server.workload_of(point)
+            wanted = workload_of(point).server
             if wanted != self.workload:
                 self._switch(wanted)
         elif self.run.settings.url:
@@ -589,15 +590,7 @@ class ServerLifecycle:
         old.stop()
         port = int(old.command.argv[old.command.argv.index("--port") + 1])
         self.workload = workload
-        cause = (
-            f"the {workload} workload: room for {self.run.plan.background_streams} background "
-            "streams beside the long prompt"
-            if workload == INTERFERENCE
-            else f"the {workload} workload: room for {self.run.plan.max_concurrency} requests "
-            "at once"
-            if workload == CONCURRENCY
-            else f"the {workload} workload: the study's server again"
-        )
+        cause = f"the {workload} workload: {named(workload).server_words(self.run.description)}"
         try:
             self._bring_up_again(
                 old,

@@ -8,6 +8,7 @@ from typing import Any
 
 from pytest_longctx.campaign import server as campaign_server
 from pytest_longctx.campaign.run import RunDescription
+from pytest_longctx.campaign.workloads import points_of, workload_of
 from pytest_longctx.measure.measurement import client_for
 from pytest_longctx.measure.target import ServerInfo
 from pytest_longctx.plan.points import Point, SweepPlan
@@ -57,15 +58,12 @@ def build_prompt(run: RunDescription, builder: PromptBuilder, point: Point) -> P
     needle at a depth that changes from one point to the next, and the question last. With
     warm follow-ups planned the cold prompt holds a needle for each of them too, under keys
     of their own at other depths, and follow-up Q asks the needle of key Q."""
-    index = run.plan.points.index(point) if point in run.plan.points else len(run.plan.points)
+    points = points_of(run.plan)
+    index = points.index(point) if point in points else len(points)
     nonce = builder.nonce(run.run_id, index)
-    if point.warm:
-        tag = (
-            f"Question {point.question} on the prompt of {point.length} tokens, pass "
-            f"{point.repeat}, run {run.run_id}."
-        )
-        cold = build_prompt(run, builder, point.cold)
-        return builder.extend(cold, point.suffix, tag, nonce, ask=point.question)
+    reused = workload_of(point).prompt(run, builder, point, nonce, build_prompt)
+    if reused is not None:
+        return reused
     tag = f"Run {run.run_id}, prompt of {point.length} tokens, pass {point.repeat}."
     probed = run.settings.fidelity != "off"
     return builder.build(

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pytest_longctx.campaign.run import RecordLog
+from pytest_longctx.campaign.workloads import workload_of
 from pytest_longctx.plan.points import Point
 
 
@@ -19,9 +20,9 @@ def redo_cold_points(results: RecordLog, selected: Sequence[Point]) -> list[Poin
     returns them."""
     redo = []
     for point in selected:
-        cold = point.cold
+        cold = workload_of(point).reuses(point)
         if (
-            point.warm
+            cold is not None
             and point not in results.resumed
             and cold in results.resumed
             and cold in selected

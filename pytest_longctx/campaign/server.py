@@ -17,15 +17,24 @@ from pytest_longctx.campaign import budgets
 from pytest_longctx.campaign.api_key import API_KEY_ENV_FOR_VLLM, api_key, api_key_env_name
 from pytest_longctx.campaign.hooks import CampaignHooks
 from pytest_longctx.campaign.run import RecordLog, RunDescription, Sizing
+from pytest_longctx.campaign.workloads import (
+    REGISTERED,
+    STUDY_SERVER,
+    ServerNeeds,
+    named,
+    planned,
+    served_by,
+    server_for,
+    sized_for,
+)
 from pytest_longctx.client import RequestRejectedError
 from pytest_longctx.core.file_names import MEASURED_BY_FILE
 from pytest_longctx.core.files import exclusive_lock, write_atomically
 from pytest_longctx.gate import fingerprint_mismatch
 from pytest_longctx.measure.target import ServerError, ServerInfo
-from pytest_longctx.plan.points import COLD, CONCURRENCY, INTERFERENCE, Point, SweepPlan
+from pytest_longctx.plan.points import Point, SweepPlan
 from pytest_longctx.plan.servers import devices_note, visible_devices
 from pytest_longctx.profiles import Profile, hardware
-from pytest_longctx.profiles.extra_args import cache_flags
 from pytest_longctx.progress import telemetry
 from pytest_longctx.serving.model_description import ModelDescription
 from pytest_longctx.serving.vllm_command import (
@@ -63,7 +72,7 @@ def tokenizer_location(profile: Profile, build: bool) -> str:
 def max_model_len(plan: SweepPlan, sizing: Sizing) -> int:
     """``--max-model-len`` for the lengths ``sizing`` holds: room for a follow-up's suffix only
     where a warm point is selected."""
-    return plan.sized_for(sizing.points).max_model_len(sizing.lengths or None)
+    return sized_for(plan, sizing.points).max_model_len(sizing.lengths or None)
 
 
 def server_command(
@@ -72,7 +81,7 @@ def server_command(
     sizing: Sizing,
     port: int,
     build: bool,
-    serves: str = COLD,
+    serves: str = STUDY_SERVER,
 ) -> ServerCommand:
     """:func:`checked_command`; a :class:`FlagError` when the installed vLLM does not accept
     a flag the profile, an option or a hook asked for."""
@@ -89,7 +98,7 @@ def checked_command(
     sizing: Sizing,
     port: int,
     build: bool,
-    serves: str = COLD,
+    serves: str = STUDY_SERVER,
 ) -> tuple[ServerCommand, FlagCheck | None]:
     """The launch command as the installed vLLM's parser accepts it, and what that parser
     said (None: not asked, see :func:`check_flags`)."""
@@ -102,18 +111,15 @@ def planned_command(
     sizing: Sizing,
     port: int,
     build: bool,
-    serves: str = COLD,
+    serves: str = STUDY_SERVER,
 ) -> ServerCommand:
-    """The launch command; for the interference points (``serves``), room for the K
-    background streams beside the long prompt, usage that says what the cache served (the
-    only proof the long prompt is cold under load), the chunk asked for and the scheduler's
-    config readable (``/server_info``); for the concurrency points, room for the highest
-    level and the same usage (each of its prompts must be cold). vLLM's step limit is raised
-    in its environment where the longest planned step would exceed it (:mod:`budgets`)."""
+    """The launch command for the server of ``serves`` (the study's, or a workload's own):
+    what the workloads it serves need (:meth:`Workload.server_needs`: room for their requests
+    at once, usage that says what the cache served, a chunk, ``/server_info``). vLLM's step
+    limit is raised in its environment where the longest planned step would exceed it
+    (:mod:`budgets`)."""
     profile = run.plan.profile
-    loaded = serves == INTERFERENCE
-    concurrent = serves == CONCURRENCY
-    room = run.plan.max_concurrency if concurrent else run.plan.background_streams + 1
+    needs = server_needs(run, sizing, serves)
     seqs = profile.serving.max_num_seqs
     command = build_server_command(
         profile,
@@ -122,11 +128,11 @@ def planned_command(
         max_model_len=max_model_len(run.plan, sizing),
         port=port,
         python=sys.executable,
-        prompt_tokens_details=run.plan.sized_for(sizing.points).warm or loaded or concurrent,
+        prompt_tokens_details=needs.usage_details,
         sse_keep_alive_s=run.settings.sse_keep_alive_s,
-        max_num_seqs=max(seqs, room) if (loaded or concurrent) and seqs is not None else None,
-        max_num_batched_tokens=run.settings.max_num_batched_tokens if loaded else None,
-        server_info=loaded,
+        max_num_seqs=max(seqs, needs.room) if needs.room and seqs is not None else None,
+        max_num_batched_tokens=needs.max_num_batched_tokens,
+        server_info=needs.server_info,
     )
     limit = budgets.launch_env(run, sizing, serves)  # vLLM's step limit, where a step exceeds it
     if limit:
@@ -185,43 +191,45 @@ def describe_server(hooks: CampaignHooks, run: RunDescription, sizing: Sizing) -
         return "\n".join(lines)
     lines.append("server command (port chosen at start):\n  " + command.shell_line())
     lines.append(flags)
-    if run.plan.interference and serves == COLD:
-        loaded, loaded_check = checked_command(
-            hooks, run, sizing, port=0, build=False, serves=INTERFERENCE
+    first = named(serves).schedule_rank
+    for workload in REGISTERED:  # the servers started after the first, for their workloads
+        if workload.server != workload.name or workload.schedule_rank <= first:
+            continue
+        if not workload.planned(run.plan):
+            continue
+        own, own_check = checked_command(
+            hooks, run, sizing, port=0, build=False, serves=workload.server
         )
         lines.append(
-            "then, for the interference points, a server of their own (port chosen at "
-            "start):\n  " + loaded.shell_line()
+            f"then, for the {workload.name} points, a server with "
+            f"{workload.server_words(run)} (port chosen at start):\n  " + own.shell_line()
         )
-        if loaded_check is not None:
-            lines.append(loaded_check.describe())
-    if run.plan.concurrency and serves != CONCURRENCY:
-        room = checked_command(hooks, run, sizing, port=0, build=False, serves=CONCURRENCY)[0]
-        lines.append(
-            "then, for the concurrency points, a server with room for "
-            f"{run.plan.max_concurrency} requests at once (port chosen at start):\n  "
-            + room.shell_line()
-        )
+        if own_check is not None:
+            lines.append(own_check.describe())
     return "\n".join(lines)
 
 
-def workload_of(point: Point) -> str:
-    """The server a point needs: the interference points one of their own."""
-    if point.concurrent:
-        return CONCURRENCY
-    return INTERFERENCE if point.interference else COLD
+def server_needs(run: RunDescription, sizing: Sizing, serves: str) -> ServerNeeds:
+    """What the workloads ``serves``'s server runs ask of it, together (the study's server:
+    the cold points' and, where a follow-up is selected, the warm ones')."""
+    sized = sized_for(run.plan, sizing.points)
+    each = [workload.server_needs(run, sized) for workload in served_by(serves, run.plan)]
+    rooms = [needs.room for needs in each if needs.room]
+    chunks = [needs.max_num_batched_tokens for needs in each if needs.max_num_batched_tokens]
+    return ServerNeeds(
+        room=max(rooms, default=None),
+        usage_details=any(needs.usage_details for needs in each),
+        max_num_batched_tokens=chunks[0] if chunks else None,
+        server_info=any(needs.server_info for needs in each),
+    )
 
 
 def first_workload(plan: SweepPlan, selected: Sequence[Point], resumed: Collection[Point]) -> str:
-    """What the session's first server is started for: the study's server while any cold or
-    warm point of those ``selected`` is left to measure (not ``resumed``), else the
-    interference or concurrency points' own."""
+    """The server the session starts first: the study's while any cold or warm point of those
+    ``selected`` is left to measure (not ``resumed``), else the one server the points left
+    run on."""
     left = [p for p in selected if p not in resumed] or list(selected)
-    if plan.interference and left and all(p.interference for p in left):
-        return INTERFERENCE
-    if plan.concurrency and left and all(p.concurrent for p in left):
-        return CONCURRENCY
-    return COLD
+    return server_for(left)
 
 
 def refused(run: RunDescription, base_url: str, exc: RequestRejectedError) -> ServerError:
@@ -300,19 +308,9 @@ def fingerprint(
     }
     if profile.from_server is not None:  # attached without a profile: the server's and generic
         result["settings"] = profile.from_server.record()
-    if plan.warm or plan.interference or plan.concurrency:  # a cold-only run's stays as it was
-        workload: dict[str, Any] = {"cache_states": list(plan.workloads)}
-        if plan.warm:
-            workload.update(warm_questions=plan.warm_questions, suffix_tokens=plan.suffix_tokens)
-        if plan.interference:
-            workload.update(
-                background_streams=plan.background_streams,
-                max_num_batched_tokens=run.settings.max_num_batched_tokens
-                or cache_flags(profile.serving).max_num_batched_tokens,
-            )
-        if plan.concurrency:
-            workload.update(max_concurrency=plan.max_concurrency)
-        result["workload"] = workload
+    words = {key: value for w in planned(plan) for key, value in w.fingerprint(run).items()}
+    if words:  # what the workloads beyond the cold points measure; a cold-only run has none
+        result["workload"] = {"cache_states": list(plan.workloads), **words}
     hooks.fingerprint(result)
     return result
 

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pytest_longctx.campaign.run import RunDescription
+from pytest_longctx.campaign.workloads import points_of
 from pytest_longctx.client import (
     CompletionClient,
     CompletionRequest,
@@ -57,7 +58,7 @@ def warm_up(
         asked: list[tuple[Prompt, str]] = []
         for index in range(run.plan.warmup_prompts):
             # Nonces after the plan's points: a warm-up shares no first token with a point.
-            nonce = builder.nonce(run.run_id, len(run.plan.points) + 1 + index)
+            nonce = builder.nonce(run.run_id, len(points_of(run.plan)) + 1 + index)
             prompt = builder.build(
                 length,
                 f"Warm-up {index + 1} of run {run.run_id}.",

@@ -112,7 +112,7 @@ def calibrate(records: Iterable[Record], level: float = DEFAULT_LEVEL) -> Calibr
     rows = []
     for length, group in sorted(passed_by_length(passed).items()):
         for metric in METRICS.values():
-            if metric.cache_state == "concurrency":
+            if metric.per_level:
                 continue  # levels differ by design: it takes the decode tolerance
             state = [r for r in group if r.cache_state == metric.cache_state]
             groups = session_values(state, metric.figure)

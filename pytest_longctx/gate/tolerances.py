@@ -29,6 +29,15 @@ class Metric:
     #: The metric whose tolerance it takes unless a spec sets its own (warm TTFT: TTFT's;
     #: TTFT under load: TTFT's; the background's stall: ITL's).
     falls_back_to: str | None = None
+    #: Judged per concurrency level (each level against the baseline's at the same length and
+    #: level), never calibrated: levels differ by design.
+    per_level: bool = False
+
+    @property
+    def optional(self) -> bool:
+        """Gated only where both sides measured its points (every workload's but the
+        cold points', which a gated length always has)."""
+        return self.cache_state != "cold"
 
     @property
     def is_decode(self) -> bool:
@@ -86,6 +95,7 @@ METRICS: Mapping[str, Metric] = {
             "rose",
             "concurrency",
             "decode",
+            per_level=True,
         ),
     )
 }

@@ -348,7 +348,7 @@ def _judge_length(
         tolerance = tolerances.for_metric(metric.name, length)
         if tolerance is None:
             continue
-        if metric.cache_state == "concurrency":
+        if metric.per_level:
             verdicts += _judge_levels(metric, length, baseline, current, tolerance, level)
             continue
         verdict = _judge_metric(metric, length, baseline, current, tolerance, level)
@@ -417,7 +417,7 @@ def _judge_metric(
 ) -> MetricVerdict | None:
     baseline_records = [r for r in baseline_records if r.cache_state == metric.cache_state]
     current_records = [r for r in current_records if r.cache_state == metric.cache_state]
-    if metric.cache_state != "cold" and not (baseline_records and current_records):
+    if metric.optional and not (baseline_records and current_records):
         return None  # warm points are gated only where both sides measured them
     sources = ""
     if metric.figure in STREAM_GAP_METRICS:

@@ -197,8 +197,6 @@ def warm_refusal(plan: SweepPlan) -> str | None:
     0.25.1 leaves it off for hybrid models unless asked), or turned off by the profile.
     None when it can, or when the model's config is not at hand (the server's own report
     decides then)."""
-    if not plan.warm:
-        return None
     profile = plan.profile
     try:
         layout = layout_for(profile)
@@ -277,7 +275,11 @@ def check_points(
     }
 
 
-def render_table(plan: SweepPlan, lengths: Sequence[int]) -> str:
+def render_table(
+    plan: SweepPlan, lengths: Sequence[int], workload_lines: Sequence[str] = ()
+) -> str:
+    """The capacity plan of the server the profile launches for ``lengths``, each planned
+    workload's own table (``workload_lines``) after the study's."""
     profile = plan.profile
     if profile.from_server is not None:
         return server_capacity(profile.from_server)
@@ -289,30 +291,7 @@ def render_table(plan: SweepPlan, lengths: Sequence[int]) -> str:
     rows = capacity.capacity_table(
         layout, hardware, lengths, plan.tokens_after_prefix, overhead_bytes_per_rank=reserve
     )
-    lines = ["capacity plan:", capacity.render_capacity_table(rows, layout)]
-    if plan.interference and lengths:
-        requests, each = plan.background_load
-        loaded = capacity.capacity_table(
-            layout,
-            hardware,
-            lengths,
-            plan.decode_tokens,
-            overhead_bytes_per_rank=reserve,
-            background=plan.background_load,
-        )
-        lines.append(
-            f"interference points: each length beside {requests} background requests of "
-            f"{each} tokens (their prompt and decode):"
-        )
-        lines.append(capacity.render_capacity_table(loaded))
-    if plan.concurrency and lengths:
-        fits = concurrency_fits(plan, lengths)
-        lines.append(
-            f"concurrency points: requests of each length and {plan.decode_tokens} decode "
-            "tokens that fit the cache at once (levels up to "
-            f"{plan.max_concurrency}):"
-        )
-        lines.append(capacity.render_fit_table([fits[n] for n in lengths]))
+    lines = ["capacity plan:", capacity.render_capacity_table(rows, layout), *workload_lines]
     if reserve:
         lines.append(
             f"reserve: {reserve / capacity.GIB:.2f} GiB per device for activations, graphs "
@@ -323,6 +302,40 @@ def render_table(plan: SweepPlan, lengths: Sequence[int]) -> str:
         lines.append(predicted_capacity(layout, hardware, tokens, reserve))
         lines.append(oracle_line(layout, tokens, release_row(profile)))
     return "\n".join(line for line in lines if line)
+
+
+def beside_background_lines(plan: SweepPlan, lengths: Sequence[int]) -> list[str]:
+    """The capacity table of the interference points: each length beside its background."""
+    profile = plan.profile
+    layout = layout_for(profile)
+    if layout is None or not lengths:
+        return []
+    requests, each = plan.background_load
+    loaded = capacity.capacity_table(
+        layout,
+        hardware_for(profile),
+        lengths,
+        plan.decode_tokens,
+        overhead_bytes_per_rank=profile.hardware.reserve_per_device,
+        background=plan.background_load,
+    )
+    return [
+        f"interference points: each length beside {requests} background requests of "
+        f"{each} tokens (their prompt and decode):",
+        capacity.render_capacity_table(loaded),
+    ]
+
+
+def concurrency_lines(plan: SweepPlan, lengths: Sequence[int]) -> list[str]:
+    """The fit table of the concurrency points: requests of each length at once."""
+    if layout_for(plan.profile) is None or not lengths:
+        return []
+    fits = concurrency_fits(plan, lengths)
+    return [
+        f"concurrency points: requests of each length and {plan.decode_tokens} decode "
+        f"tokens that fit the cache at once (levels up to {plan.max_concurrency}):",
+        capacity.render_fit_table([fits[n] for n in lengths]),
+    ]
 
 
 def server_capacity(server: ServerSettings) -> str:
@@ -390,10 +403,8 @@ def concurrency_fits(
 
 def with_planned_fits(plan: SweepPlan) -> SweepPlan:
     """``plan`` with its fit per length, for the concurrency levels (fit and fit + 1); as
-    it was when it measures no concurrency or the model's config is not at hand (a layout
-    vLLM refuses is said where the points are checked)."""
-    if not plan.concurrency:
-        return plan
+    it was when the model's config is not at hand (a layout vLLM refuses is said where the
+    points are checked)."""
     try:
         fits = concurrency_fits(plan, plan.lengths)
     except (capacity.ParallelLayoutError, ValueError):

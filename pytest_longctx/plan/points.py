@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pytest_longctx.core.records import Record
@@ -150,8 +148,6 @@ class SweepPlan:
     suffix_tokens: int = 0
     #: Background streams of the interference points (0: no interference workload).
     background_streams: int = 0
-    #: Whether the cold workload is measured (``--longctx-workload=interference`` alone is not).
-    cold_points: bool = True
     #: The highest concurrency level (0: no concurrency workload).
     max_concurrency: int = 0
     #: The plan's fit per length, (length, requests that fit at once): each length's levels
@@ -159,72 +155,35 @@ class SweepPlan:
     planned_fits: tuple[tuple[int, int], ...] = ()
     #: Unmeasured requests before the first point (--longctx-warmup-prompts or the profile's).
     warmup_prompts: int = 3
-
-    @property
-    def concurrency(self) -> bool:
-        return self.max_concurrency > 0
+    #: The workloads measured (--longctx-workload), in :data:`WORKLOADS`' order; each one's
+    #: settings above are 0 where it is not.
+    workloads: tuple[str, ...] = (COLD,)
 
     def levels(self, length: int) -> tuple[int, ...]:
-        """The concurrency levels measured at ``length``."""
-        if not self.concurrency:
-            return ()
-        return concurrency_levels(self.max_concurrency, dict(self.planned_fits).get(length))
+        """The concurrency levels measured at ``length`` (none without the workload)."""
+        fit = dict(self.planned_fits).get(length)
+        return concurrency_levels(self.max_concurrency, fit) if self.max_concurrency else ()
 
     @property
-    def warm(self) -> bool:
-        return self.warm_questions > 0
-
-    @property
-    def interference(self) -> bool:
-        return self.background_streams > 0
-
-    @property
-    def workloads(self) -> tuple[str, ...]:
-        chosen = (
-            (COLD, self.cold_points),
-            (WARM, self.warm),
-            (INTERFERENCE, self.interference),
-            (CONCURRENCY, self.concurrency),
-        )
-        return tuple(name for name, on in chosen if on)
-
-    @property
-    def points(self) -> tuple[Point, ...]:
-        """Run order: each cold point, then its warm follow-ups while its prefix is cached;
-        then the interference points, which need a server of their own (one switch)."""
+    def passes(self) -> tuple[Point, ...]:
+        """Each (length, repeat) once, in the run's order (``--longctx-order``): the cold
+        points, and what each workload measures its own points of (their order:
+        ``pytest_longctx.campaign.workloads.points_of``)."""
         if self.order == "length":
-            cold = [Point(n, r) for n in self.lengths for r in range(self.repeats)]
-        else:
-            cold = [Point(n, r) for r in range(self.repeats) for n in self.lengths]
-        points = [p for point in cold for p in (point, *self.follow_ups(point)) if self.cold_points]
-        if self.interference:
-            points += [Point(p.length, p.repeat, background=self.background_streams) for p in cold]
-        if self.concurrency:  # on a server with room for the levels: after the others
-            points += [
-                Point(p.length, p.repeat, concurrency=c)
-                for p in cold
-                for c in self.levels(p.length)
-            ]
-        return tuple(points)
-
-    def follow_ups(self, point: Point) -> tuple[Point, ...]:
-        return tuple(
-            Point(point.length, point.repeat, q, self.suffix_tokens)
-            for q in range(1, self.warm_questions + 1)
-        )
+            return tuple(Point(n, r) for n in self.lengths for r in range(self.repeats))
+        return tuple(Point(n, r) for r in range(self.repeats) for n in self.lengths)
 
     @property
     def background_load(self) -> tuple[int, int]:
         """What an interference point's background holds in the cache: (requests, tokens
         each), their short prompt and its decode."""
-        if not self.interference:
-            return (0, 0)
         return (self.background_streams, BACKGROUND_PROMPT_TOKENS + BACKGROUND_DECODE_TOKENS)
 
     @property
     def tokens_after_prefix(self) -> int:
-        """What a request adds to its length-L prefix: a warm suffix, then the decode."""
-        return self.suffix_tokens + self.decode_tokens if self.warm else self.decode_tokens
+        """What a request adds to its length-L prefix: a follow-up's suffix (0 without the
+        warm workload), then the decode."""
+        return self.suffix_tokens + self.decode_tokens
 
     def band_marks(self, length: int) -> tuple[str, ...]:
         sweep = self.profile.sweep
@@ -233,15 +192,6 @@ class SweepPlan:
         if sweep.slow_from is not None and length >= sweep.slow_from:
             return (SLOW_MARK,)
         return ()
-
-    def sized_for(self, points: Sequence[Point]) -> SweepPlan:
-        """What the server must hold for the selected ``points``: with no follow-up among them
-        (``-k "not warm"``) the cold plan, so a launched server's ``--max-model-len``, its
-        flags and the capacity plan are a cold-only run's; with none selected, the whole plan.
-        For sizing only: its ``points`` are not the selection's."""
-        if not self.warm or not points or any(p.warm for p in points):
-            return self
-        return dataclasses.replace(self, warm_questions=0, suffix_tokens=0)
 
     def max_model_len(self, lengths: tuple[int, ...] | None = None) -> int:
         """Sized for the largest point actually selected, not the whole range."""
@@ -271,8 +221,8 @@ def build_plan(settings: Settings, profile: Profile) -> SweepPlan:
         background_streams=(
             settings.background_streams if INTERFERENCE in settings.workload else 0
         ),
-        cold_points=COLD in settings.workload,
         max_concurrency=settings.max_concurrency if CONCURRENCY in settings.workload else 0,
+        workloads=tuple(name for name in WORKLOADS if name in settings.workload),
         warmup_prompts=(
             profile.sweep.warmup_prompts
             if settings.warmup_prompts is None

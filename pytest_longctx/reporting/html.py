@@ -26,13 +26,10 @@ from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.core.stats import latest_records
-from pytest_longctx.reporting.concurrency_report import html_fragment as concurrency_fragment
 from pytest_longctx.reporting.depth_map import html_fragment as depth_map_fragment
-from pytest_longctx.reporting.interference_report import html_fragment as interference_fragment
 from pytest_longctx.reporting.kv_plot import kv_plot_note
 from pytest_longctx.reporting.predictions import html_fragment as progress_fragment
 from pytest_longctx.reporting.request_timing import html_fragment as server_timing_fragment
-from pytest_longctx.reporting.reuse import html_fragment as reuse_fragment
 from pytest_longctx.reporting.text_table import html_table
 from pytest_longctx.reporting.view import (
     COMMAND_KEYS,
@@ -51,6 +48,7 @@ from pytest_longctx.reporting.view import (
     ttft_decimals,
     workload_words,
 )
+from pytest_longctx.reporting.workload_sections import SECTIONS
 
 #: (sort key, header label) of the columns added to pytest-html's results table.
 RESULTS_TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -154,8 +152,8 @@ def summary_fragment(records: Iterable[Record], plot_paths: Iterable[Path | None
         f'<section class="longctx-summary"><style>{_SUMMARY_STYLE}</style>'
         "<h3>Long-context sweep (mean ± sample std over passed repeats)</h3>"
         f"{table}{''.join(images)}{server_timing_fragment(records)}"
-        f"{depth_map_fragment(records)}{reuse_fragment(records)}"
-        f"{interference_fragment(records)}{concurrency_fragment(records)}"
+        f"{depth_map_fragment(records)}"
+        f"{''.join(workload.html_fragment(records) for workload in SECTIONS)}"
         f"{progress_fragment(records)}"
         "</section>"
     )

@@ -14,13 +14,10 @@ from typing import Any
 
 from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import Record
-from pytest_longctx.reporting.concurrency_report import markdown_lines as concurrency_lines
 from pytest_longctx.reporting.depth_map import markdown_lines as depth_map_lines
-from pytest_longctx.reporting.interference_report import markdown_lines as interference_lines
 from pytest_longctx.reporting.kv_plot import kv_plot_note
 from pytest_longctx.reporting.predictions import markdown_lines as progress_lines
 from pytest_longctx.reporting.request_timing import markdown_lines as server_timing_lines
-from pytest_longctx.reporting.reuse import markdown_lines as reuse_lines
 from pytest_longctx.reporting.text_table import aligned_table
 from pytest_longctx.reporting.view import (
     COMMAND_KEYS,
@@ -37,6 +34,7 @@ from pytest_longctx.reporting.view import (
     setup_variations,
     summary_rows,
 )
+from pytest_longctx.reporting.workload_sections import SECTIONS
 
 #: Columns printed left-aligned; the numeric ones align right.
 _TEXT_COLUMNS = frozenset({"Prompt", "answers", "outcomes"})
@@ -132,9 +130,8 @@ def render_markdown(
         lines += [note, ""]
     lines += server_timing_lines(records)
     lines += depth_map_lines(records)
-    lines += reuse_lines(records)
-    lines += interference_lines(records)
-    lines += concurrency_lines(records)
+    for workload in SECTIONS:
+        lines += workload.markdown_lines(records)
     for section in sections:
         lines += [section.rstrip("\n"), ""]
     lines += progress_lines(records)

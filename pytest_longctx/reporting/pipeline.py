@@ -12,16 +12,14 @@ from pytest_longctx.core.file_names import MARKDOWN as MARKDOWN_FILENAME
 from pytest_longctx.core.records import Record
 from pytest_longctx.reporting import gate_report
 from pytest_longctx.reporting.benchmark_json import write_benchmark_json
-from pytest_longctx.reporting.concurrency_report import draw_plot as draw_concurrency_plot
 from pytest_longctx.reporting.gate_report import GateView
 from pytest_longctx.reporting.html import write_standalone_html
-from pytest_longctx.reporting.interference_report import draw_itl_plot, draw_ttft_plot
 from pytest_longctx.reporting.kv_plot import draw_kv_cache_plot
 from pytest_longctx.reporting.markdown import write_markdown
 from pytest_longctx.reporting.plots import ExtraPlot, write_plots
 from pytest_longctx.reporting.prefill_plot import draw_prefill_rate_plot
-from pytest_longctx.reporting.reuse import draw_reuse_plot
 from pytest_longctx.reporting.view import DEFAULT_TITLE
+from pytest_longctx.reporting.workload_sections import SECTIONS
 
 
 def write_reports(
@@ -58,10 +56,7 @@ def write_reports(
             [
                 draw_kv_cache_plot,
                 draw_prefill_rate_plot,
-                draw_reuse_plot,
-                draw_itl_plot,
-                draw_ttft_plot,
-                draw_concurrency_plot,
+                *(plot for workload in SECTIONS for plot in workload.plots),
                 *extra_plots,
             ],
         )

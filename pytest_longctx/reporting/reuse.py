@@ -55,8 +55,8 @@ class ReuseRow:
 
     length: int
     suffix_tokens: int
-    cold: FigureSummary | None
-    warm: FigureSummary
+    cold_ttft: FigureSummary | None
+    warm_ttft: FigureSummary
     questions: int
     served_min: int | None
     resident_kv_bytes: float | None
@@ -66,21 +66,22 @@ class ReuseRow:
     @property
     def ratio(self) -> float | None:
         """Warm TTFT over cold TTFT: the share of a cold prefill a question costs."""
-        return self.warm.mean / self.cold.mean if self.cold and self.cold.mean > 0 else None
+        cold = self.cold_ttft
+        return self.warm_ttft.mean / cold.mean if cold and cold.mean > 0 else None
 
     @property
     def suffix_rate(self) -> float | None:
-        return self.suffix_tokens / self.warm.mean if self.warm.mean > 0 else None
+        return self.suffix_tokens / self.warm_ttft.mean if self.warm_ttft.mean > 0 else None
 
     def payback(self) -> list[tuple[int, float, float]]:
         """(n, resident TTFT per question, re-prefill per question) for n = 1..Q.
 
         Resident: the cold prefill once, then n warm questions, spread over the n. Re-prefill:
         every question prefills L + S, at least the cold TTFT of L each."""
-        if self.cold is None:
+        if self.cold_ttft is None:
             return []
         return [
-            (n, (self.cold.mean + n * self.warm.mean) / n, self.cold.mean)
+            (n, (self.cold_ttft.mean + n * self.warm_ttft.mean) / n, self.cold_ttft.mean)
             for n in range(1, self.questions + 1)
         ]
 
@@ -125,8 +126,8 @@ def _row(
     return ReuseRow(
         length=length,
         suffix_tokens=max(r.suffix_tokens for r in here),
-        cold=cold,
-        warm=warm,
+        cold_ttft=cold,
+        warm_ttft=warm,
         questions=max(r.question for r in here),
         served_min=min(served) if served else None,
         resident_kv_bytes=max(resident) if resident else None,
@@ -154,9 +155,9 @@ def row_cells(row: ReuseRow) -> list[str]:
     return [
         format_size(row.length),
         f"{row.suffix_tokens:,}",
-        str(row.warm.n),
-        _mean_std(row.cold),
-        _mean_std(row.warm),
+        str(row.warm_ttft.n),
+        _mean_std(row.cold_ttft),
+        _mean_std(row.warm_ttft),
         _MISSING if ratio is None else f"{ratio:.3f} ({1 / ratio:,.1f}x faster)",
         _MISSING if row.suffix_rate is None else f"{row.suffix_rate:,.0f}",
         _MISSING if row.served_min is None else f"{row.served_min:,} of {row.length:,}",
@@ -223,7 +224,7 @@ def html_fragment(records: Sequence[Record]) -> str:
 
 def draw_reuse_plot(records: Sequence[Record], run_dir: Path) -> Path | None:
     """``reuse.png``: cold against warm TTFT over the ladder (log-log, mean ± std)."""
-    rows = [row for row in reuse_rows(records) if row.warm.mean > 0]
+    rows = [row for row in reuse_rows(records) if row.warm_ttft.mean > 0]
     if not rows:
         return None
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -234,12 +235,14 @@ def draw_reuse_plot(records: Sequence[Record], run_dir: Path) -> Path | None:
     figure = Figure(figsize=(8, 4.5), dpi=100, layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
-    cold = list({row.length: row for row in rows if row.cold and row.cold.mean > 0}.values())
+    cold = list(
+        {row.length: row for row in rows if row.cold_ttft and row.cold_ttft.mean > 0}.values()
+    )
     if cold:
         axes.errorbar(
             [r.length for r in cold],
-            [r.cold.mean for r in cold if r.cold],
-            yerr=[(r.cold.std or 0.0) for r in cold if r.cold],
+            [r.cold_ttft.mean for r in cold if r.cold_ttft],
+            yerr=[(r.cold_ttft.std or 0.0) for r in cold if r.cold_ttft],
             marker="o",
             markersize=4,
             capsize=3,
@@ -252,8 +255,8 @@ def draw_reuse_plot(records: Sequence[Record], run_dir: Path) -> Path | None:
         from_tier = f", from {tier}" if len(tiers) > 1 or tier not in (None, "device") else ""
         axes.errorbar(
             [r.length for r in series],
-            [r.warm.mean for r in series],
-            yerr=[r.warm.std or 0.0 for r in series],
+            [r.warm_ttft.mean for r in series],
+            yerr=[r.warm_ttft.std or 0.0 for r in series],
             marker="s",
             markersize=4,
             capsize=3,

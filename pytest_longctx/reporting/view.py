@@ -334,16 +334,20 @@ def lengths_on_several_servers(records: Iterable[Record]) -> dict[int, list[str]
 
 def point_words(record: Record) -> str:
     """``16Ki repeat 0``, ``16Ki repeat 0 warm 2`` for a warm follow-up, ``16Ki repeat 0
-    under 4 background streams`` for an interference point."""
+    under 4 background streams`` for an interference point, ``16Ki repeat 0 at 4 requests at
+    once`` for a concurrency level."""
     return f"{format_size(record.length)} repeat {record.repeat}{workload_words(record)}"
 
 
 def workload_words(record: Record) -> str:
-    """What follows a point's repeat in words: its question, or its background load."""
+    """What follows a point's repeat in words: its question, its background load or its
+    concurrency level."""
     if record.warm:
         return f" warm {record.question}"
     if record.cache_state == "interference":
         return f" under {record.background_streams} background streams"
+    if record.cache_state == "concurrency":
+        return f" at {record.concurrency_level} requests at once"
     return ""
 
 

@@ -24,6 +24,7 @@ import pytest
 from pytest_longctx.campaign.api_key import ApiKeyError, check_api_key_env
 from pytest_longctx.campaign.attached_settings import session_profile
 from pytest_longctx.campaign.run import ResumeError, Run
+from pytest_longctx.campaign.workloads import fitted, launch_refusal
 from pytest_longctx.plan import capacity_check
 from pytest_longctx.plan.points import PlanError, build_plan
 from pytest_longctx.profiles import ProfileError
@@ -62,7 +63,7 @@ def prepare(config: pytest.Config) -> PreparedSweep:
     try:
         chosen = selection.read_selection(config)
         settings = read_settings(config)
-        plan = capacity_check.with_planned_fits(build_plan(
+        plan = fitted(build_plan(
                 settings,
                 session_profile(settings, workers.server_settings_from_controller(config)),
             ))
@@ -76,7 +77,7 @@ def prepare(config: pytest.Config) -> PreparedSweep:
         check_api_key_env(run.description)
         if not settings.url:  # a launch runs the vLLM installed here (or the pinned one)
             capacity_check.planned_release(plan.profile)
-            refusal = capacity_check.warm_refusal(plan)
+            refusal = launch_refusal(plan)
             if refusal:
                 raise PlanError(refusal)
         gate_items.configure(run)

@@ -89,7 +89,7 @@ class Controller:
         ):
             return
         self.run.results.written.append(record)
-        after_record(self.config, self.run)
+        after_record(self.run.description, self.run.results)
 
     def not_measured(self, report: pytest.TestReport, worker: str) -> None:
         """A point handed back when no other worker was left to take it: the worker's record
@@ -111,7 +111,7 @@ class Controller:
         if isinstance(report.longrepr, tuple) and len(report.longrepr) == 3:
             path, lineno, _ = report.longrepr
             report.longrepr = (path, lineno, reason)
-        after_record(self.config, self.run)
+        after_record(self.run.description, self.run.results)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:

@@ -6,38 +6,20 @@ import pytest
 
 from pytest_longctx.campaign import resume
 from pytest_longctx.campaign.run import Run
+from pytest_longctx.campaign.workloads import points_of, sized_for, workload_of
 from pytest_longctx.capacity import ModelConfigError, ParallelLayoutError
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.plan import capacity_check
-from pytest_longctx.plan.points import (
-    CONCURRENCY_MARK,
-    INTERFERENCE_MARK,
-    SLOW_MARK,
-    VERY_SLOW_MARK,
-    WARM_MARK,
-    Point,
-    SweepPlan,
-)
+from pytest_longctx.plan.points import SLOW_MARK, VERY_SLOW_MARK, Point, SweepPlan
 from pytest_longctx.profiles import ProfileError
 from pytest_longctx.session.selection import Comparison
 from pytest_longctx.session.stash import CAPACITY_KEY, POINT_FIXTURE, REGRESSION_FIXTURE
 
 
 def _marks(point: Point, bands: tuple[str, ...], comparisons: tuple[Comparison, ...]) -> list:
-    if point.warm:
-        marks = [pytest.mark.longctx(len=point.length, rep=point.repeat, warm=point.question)]
-        marks.append(getattr(pytest.mark, WARM_MARK))
-    elif point.interference:
-        marks = [
-            pytest.mark.longctx(len=point.length, rep=point.repeat, interference=point.background)
-        ]
-        marks.append(getattr(pytest.mark, INTERFERENCE_MARK))
-    elif point.concurrent:
-        marks = [pytest.mark.longctx(len=point.length, rep=point.repeat, conc=point.concurrency)]
-        marks.append(getattr(pytest.mark, CONCURRENCY_MARK))
-    else:
-        marks = [pytest.mark.longctx(len=point.length, rep=point.repeat)]
-    marks += [getattr(pytest.mark, band) for band in bands]
+    workload = workload_of(point)
+    marks = [pytest.mark.longctx(len=point.length, rep=point.repeat, **workload.mark_kwargs(point))]
+    marks += [getattr(pytest.mark, name) for name in (workload.mark, *bands) if name]
     if VERY_SLOW_MARK in bands:  # very slow is also slow: -m "not longctx_slow" drops both
         marks.append(getattr(pytest.mark, SLOW_MARK))
     marks += [
@@ -56,7 +38,7 @@ def parametrize(metafunc: pytest.Metafunc, run: Run, comparisons: tuple[Comparis
             POINT_FIXTURE,
             [
                 pytest.param(p, id=p.id, marks=_marks(p, plan.band_marks(p.length), comparisons))
-                for p in plan.points
+                for p in points_of(plan)
             ],
         )
     elif REGRESSION_FIXTURE in metafunc.fixturenames:
@@ -80,18 +62,12 @@ def parametrize(metafunc: pytest.Metafunc, run: Run, comparisons: tuple[Comparis
 
 def record_identity(point: Point) -> dict:
     """The fields of a record that say which point it is (``Record(**..., outcome=...)``)."""
-    cache = {"question": point.question, "suffix_tokens": point.suffix} if point.warm else {}
-    identity: dict = {
+    return {
         "length": point.length,
         "repeat": point.repeat,
         "cache_state": point.cache_state,
-        "cache": cache,
+        **workload_of(point).identity(point),
     }
-    if point.interference:
-        identity["interference"] = {"background_streams": point.background}
-    if point.concurrent:
-        identity["concurrency"] = {"level": point.concurrency}
-    return identity
 
 
 def point_of(item: pytest.Item) -> Point | None:
@@ -113,7 +89,7 @@ def point_of_nodeid(plan: SweepPlan, nodeid: str) -> Point | None:
     if "[" not in nodeid:
         return None
     params = nodeid[nodeid.index("[") + 1 : nodeid.rindex("]")]
-    points = sorted(plan.points, key=lambda p: -len(p.id))
+    points = sorted(points_of(plan), key=lambda p: -len(p.id))
     for point in points:
         if point.id == params:
             return point
@@ -143,13 +119,14 @@ def arrange(
             f"{format_size(plan.lengths[-1])} (profile {plan.profile.name}); widen the range "
             "with --longctx-from/--longctx-to"
         )
-    lengths = sorted({p.length for p in points if not p.interference})
-    loaded = sorted({p.length for p in points if p.interference})
+    beside = {p for p in points if workload_of(p).checked_under_load}
+    lengths = sorted({p.length for p in points if p not in beside})
+    loaded = sorted({p.length for p in beside})
     try:
         # the profile's config.json, read (and its model's class run) once: a file the class
         # rejects is the user's to fix, for an attached server's session too
         capacity_check.model_config(run.plan.profile)
-        sized = run.plan.sized_for(points)
+        sized = sized_for(run.plan, points)
         verdicts = {} if run.settings.url else capacity_check.check_points(sized, lengths)
         under_load = (
             {}
@@ -169,7 +146,7 @@ def arrange(
         point = point_of(item)
         if point is None:
             continue
-        verdict = (under_load if point.interference else verdicts).get(point.length)
+        verdict = (under_load if point in beside else verdicts).get(point.length)
         if verdict is not None:
             item.stash[CAPACITY_KEY] = verdict
             if not verdict.fits:

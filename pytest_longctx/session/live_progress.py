@@ -25,11 +25,12 @@ import pytest
 
 from pytest_longctx.campaign.run import Run
 from pytest_longctx.campaign.server import device_scope
+from pytest_longctx.campaign.workloads import workload_of
 from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.measure.target import ServerInfo
-from pytest_longctx.plan.points import IDLE_REFERENCE_S, Point
+from pytest_longctx.plan.points import Point
 from pytest_longctx.progress.eta import CostModel, format_duration
 from pytest_longctx.progress.sampler import Outlook, PointWatch
 from pytest_longctx.progress.samples import samples_path
@@ -377,8 +378,9 @@ def energy_line(records: list[Record], telemetry: dict[str, Any]) -> str:
 def point_cost(model: CostModel, point: Point) -> float | None:
     """A cold point's cost at its length; a warm one's prefills only its suffix; an
     interference one's adds its idle reference."""
-    cost = model.point_cost(point.suffix if point.warm else point.length)
-    return cost + IDLE_REFERENCE_S if cost is not None and point.interference else cost
+    workload = workload_of(point)
+    cost = model.point_cost(workload.progress_tokens(point))
+    return None if cost is None else cost + workload.extra_seconds()
 
 
 class _SessionWatch(PointWatch):

@@ -15,19 +15,20 @@ from dataclasses import dataclass
 import pytest
 from pytest_benchmark.session import PerformanceRegression
 
-from pytest_longctx.campaign.run import Run
+from pytest_longctx.campaign.run import RecordLog, Run, RunDescription
+from pytest_longctx.campaign.workloads import planned
 from pytest_longctx.core.file_names import GATE_PLOT, HTML, MARKDOWN
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.core.stats import answer_counts, latest_records, unchecked_reasons
-from pytest_longctx.reporting import concurrency_report, gate_report, interference_report
+from pytest_longctx.reporting import gate_report
 from pytest_longctx.reporting import html as html_report
 from pytest_longctx.reporting.benchmark_json import sweep_benchmarks
 from pytest_longctx.reporting.index import write_index as write_run_index
 from pytest_longctx.reporting.markdown import render_terminal_table, write_markdown
 from pytest_longctx.reporting.pipeline import write_reports
-from pytest_longctx.reporting.reuse import terminal_table as reuse_terminal_table
 from pytest_longctx.reporting.view import format_answers
+from pytest_longctx.reporting.workload_sections import SECTIONS
 from pytest_longctx.session import gate_items
 
 #: What pytest-benchmark raises from its summary when ``--benchmark-compare-fail`` trips.
@@ -45,7 +46,7 @@ def _may_run_sweep(config: pytest.Config) -> bool:
     return not hasattr(config, "workerinput")
 
 
-def open_html_page(session: pytest.Session, run: Run) -> None:
+def open_html_page(session: pytest.Session, run: RunDescription) -> None:
     """pytest-html's page of the sweep in the run folder, unless the user chose a path.
 
     pytest-html makes its page object in its own ``pytest_configure``, and only for
@@ -72,7 +73,7 @@ def open_html_page(session: pytest.Session, run: Run) -> None:
                 plugin.pytest_sessionstart(session)
 
 
-def _add_to_metadata_table(config: pytest.Config, run: Run) -> None:
+def _add_to_metadata_table(config: pytest.Config, run: RunDescription) -> None:
     """pytest-metadata fills its table when it is configured, before a sweep is known: the
     sweep's setup is added to it when the sweep starts."""
     with contextlib.suppress(ImportError):
@@ -82,14 +83,14 @@ def _add_to_metadata_table(config: pytest.Config, run: Run) -> None:
             describe_environment(run, config.stash[metadata_key])
 
 
-def describe_environment(run: Run, metadata: dict) -> None:
+def describe_environment(run: RunDescription, metadata: dict) -> None:
     """The sweep's setup in pytest-metadata's table (pytest-html's Environment section)."""
     metadata["longctx run"] = run.run_id
     for name, words in describe_sweep(run).items():
         metadata[f"longctx {name}"] = words
 
 
-def describe_sweep(run: Run) -> dict[str, str]:
+def describe_sweep(run: RunDescription) -> dict[str, str]:
     """What the sweep measures, in the words the page's table and the report header share."""
     profile = run.plan.profile
     revision = f" @ {profile.model.revision}" if profile.model.revision else ""
@@ -106,31 +107,28 @@ def describe_sweep(run: Run) -> dict[str, str]:
             f"{run.plan.repeats} repeat(s), {run.plan.decode_tokens} decode tokens"
             + (
                 f"; workload {','.join(run.plan.workloads)}"
+                + "".join(workload.header_words(run.plan) for workload in planned(run.plan))
                 if run.plan.workloads != ("cold",)
-                else ""
-            )
-            + (
-                f" ({run.plan.background_streams} background streams)"
-                if run.plan.interference
                 else ""
             )
         ),
     }
 
 
-def report_header(run: Run) -> list[str]:
+def report_header(run: RunDescription) -> list[str]:
     """pytest's header lines for a session that asks for the sweep."""
     lines = [f"longctx {name}: {words}" for name, words in describe_sweep(run).items()]
     return [*lines, f"longctx run: {run.run_id} in {run.output_root}"]
 
 
-def after_record(config: pytest.Config, run: Run) -> None:
-    if run.worker is not None:  # under xdist the controller writes the reports
+def after_record(run: RunDescription, results: RecordLog) -> None:
+    """The Markdown report after every record (a crash leaves the points measured so far)."""
+    if run.placement.worker is not None:  # under xdist the controller writes the reports
         return
-    write_markdown(run.run_dir / MARKDOWN, run.results.all_records(), title=_title(run))
+    write_markdown(run.run_dir / MARKDOWN, results.all_records(), title=_title(run))
 
 
-def _title(run: Run) -> str:
+def _title(run: RunDescription) -> str:
     return f"Long-context sweep {run.run_id} ({run.plan.profile.name})"
 
 
@@ -142,7 +140,7 @@ def finish(config: pytest.Config, run: Run) -> None:
     written = write_reports(
         records,
         run.run_dir,
-        title=_title(run),
+        title=_title(run.description),
         gate=gate_report_view(run, records),
         html=False,  # pytest-html writes report.html, with its table of the session's tests
         plots=run.settings.plots,
@@ -179,9 +177,9 @@ def _gate_view(run: Run, records: list[Record]) -> gate_report.GateView | None:
     return gate.with_plot(chart)
 
 
-def write_index(run: Run) -> None:
+def write_index(run: RunDescription, results: RecordLog) -> None:
     """After the pages are written: the output root's list of runs, this one included."""
-    if run.worker is None and (run.results.written or run.results.resumed):
+    if run.placement.worker is None and (results.written or results.resumed):
         write_run_index(run.output_root)
 
 
@@ -234,23 +232,12 @@ def terminal_summary(terminalreporter, run: Run, starts: Sequence[dict]) -> None
     records = run.results.all_records()
     if any(record.cache_state == "cold" for record in records):
         terminalreporter.write_line(render_terminal_table(records))
-    reuse = reuse_terminal_table(records)
-    if reuse is not None:
-        terminalreporter.write_line("")
-        terminalreporter.write_line("reuse: questions on a cached prefix (warm follow-ups)")
-        terminalreporter.write_line(reuse)
-    interference = interference_report.terminal_table(records)
-    if interference is not None:
-        terminalreporter.write_line("")
-        terminalreporter.write_line(
-            "interference: the prefill beside background streams, and what it cost them"
-        )
-        terminalreporter.write_line(interference)
-    concurrency = concurrency_report.terminal_table(records)
-    if concurrency is not None:
-        terminalreporter.write_line("")
-        terminalreporter.write_line("concurrency: how many long requests fit at once")
-        terminalreporter.write_line(concurrency)
+    for workload in SECTIONS:
+        table = workload.terminal_table(records)
+        if table is not None:
+            terminalreporter.write_line("")
+            terminalreporter.write_line(workload.title)
+            terminalreporter.write_line(table)
     answers = answer_counts(latest_records(records))
     if answers:
         wrong = answers.get("wrong", 0)

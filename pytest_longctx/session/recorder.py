@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import pytest
 
 from pytest_longctx.campaign.run import Run
+from pytest_longctx.campaign.workloads import workload_of
 from pytest_longctx.core.records import Record
 from pytest_longctx.session import outputs
 from pytest_longctx.session.items import point_of, record_identity
@@ -152,12 +153,9 @@ def on_report(
         return
     measurement = item.stash.get(MEASUREMENT_KEY, None)
     identity = record_identity(point)
+    workload = workload_of(point)
     if measurement is not None:
-        identity["cache"] = {**identity["cache"], **measurement.cache}
-        if point.interference:
-            identity["interference"] = {**identity["interference"], **measurement.interference}
-        if point.concurrent:
-            identity["concurrency"] = {**identity["concurrency"], **measurement.concurrency}
+        identity = workload.measured_identity(identity, measurement)
     failure_class, evidence = _classify(call, report, outcome)
     record = Record(
         run_id=run.run_id,
@@ -185,8 +183,8 @@ def on_report(
     record_properties(item, record)
     if call.excinfo is not None and getattr(call.excinfo.value, "handed_back", False):
         setattr(report, HANDED_BACK_ATTRIBUTE, run.worker)
-    if outcome == "passed" and measurement is not None and not point.warm:
+    if outcome == "passed" and measurement is not None and workload.grows_ttft_budget:
         slowest = max(measurement.ttft_s, run.sweep.measured_ttft.get(point.length, 0.0))
         run.sweep.measured_ttft[point.length] = slowest
     config.hook.pytest_longctx_record(config=config, record=record)
-    outputs.after_record(config, run)
+    outputs.after_record(run.description, run.results)

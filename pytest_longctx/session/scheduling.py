@@ -30,6 +30,7 @@ import pytest
 from xdist.scheduler import LoadScheduling
 
 from pytest_longctx.campaign.run import Run
+from pytest_longctx.campaign.workloads import workload_of
 from pytest_longctx.plan.points import Point
 from pytest_longctx.session.items import point_of_nodeid
 
@@ -64,10 +65,10 @@ class LongestFirstScheduling(LoadScheduling):
             point = self._point(collection[index])
             if point is None:
                 return (3, 0, 0, 0, 0, index)  # gate items and other tests: after every point
-            # interference points after every cold one, then the concurrency levels: each
-            # worker starts their servers once
-            workload = 1 if point.interference else 2 if point.concurrent else 0
-            return (workload, -point.length, point.repeat, point.question, point.concurrency, index)
+            # a workload's own server after the study's (interference, then the concurrency
+            # levels): each worker starts each server once
+            rank = workload_of(point).schedule_rank
+            return (rank, -point.length, point.repeat, point.question, point.concurrency, index)
 
         return sorted(range(len(collection)), key=key)
 
@@ -75,7 +76,7 @@ class LongestFirstScheduling(LoadScheduling):
         """The cold point an item belongs with (None: an item alone)."""
         assert self.collection is not None
         point = self._point(self.collection[index])
-        return None if point is None else point.cold
+        return None if point is None else workload_of(point).reuses(point) or point
 
     def _units_in(self, indices: Sequence[int]) -> int:
         units, last = 0, None

@@ -15,7 +15,6 @@ import pytest
 
 from pytest_longctx.campaign import (
     budgets,
-    concurrency,
     dispatch,
     fidelity,
     lifecycle,
@@ -24,6 +23,8 @@ from pytest_longctx.campaign import (
 )
 from pytest_longctx.campaign.run import Run
 from pytest_longctx.campaign.signals import SessionSignals
+from pytest_longctx.campaign.workloads import capacity_table, planned, sized_for, workload_of
+from pytest_longctx.campaign.workloads.concurrency_levels import LevelsMeasured
 from pytest_longctx.client import CompletionClient
 from pytest_longctx.core.records import Record
 from pytest_longctx.measure.measurement import (
@@ -72,7 +73,7 @@ def failed(exc: ServerError) -> BaseException:
 def header(config: pytest.Config, run: Run) -> list[str]:
     """The sweep's lines of pytest's header (profile, server, lengths, run), printed once."""
     config.stash[HEADER_SHOWN_KEY] = True
-    return outputs.report_header(run)
+    return outputs.report_header(run.description)
 
 
 def late_header(config: pytest.Config, run: Run) -> list[str]:
@@ -95,7 +96,7 @@ class SweepSession:
         #: The measured server's lifecycle: its one owner from first start to stop.
         self.server = lifecycle.ServerLifecycle(run, campaign_hooks(config))
         #: The concurrency levels measured so far, per length (they outlive a server start).
-        self.levels = concurrency.LevelsMeasured()
+        self.levels = LevelsMeasured()
         self.selection = chosen
         #: Progress inside points (display, progress.json, the ETA) once the sweep starts,
         #: and on an xdist controller the follower of its workers' progress.
@@ -131,7 +132,7 @@ class SweepSession:
         """Points will be measured: the span of the sweep starts."""
         if not self.run.selected_points or self.run.settings.plan_only:
             return
-        outputs.open_html_page(session, self.run)
+        outputs.open_html_page(session, self.run.description)
         if self.run.sweep.signals is None:
             self.run.sweep.signals = SessionSignals()
             self.run.sweep.signals.install()
@@ -202,8 +203,9 @@ class SweepSession:
         self.ready(item, point)
 
         def watch() -> Any:
-            # a concurrency level's c requests are not watched one by one
-            return None if point.concurrent else live_progress.watch(self.progress, info, point)
+            if not workload_of(point).watched:  # e.g. a level's c requests at once
+                return None
+            return live_progress.watch(self.progress, info, point)
 
         def run_measurement(prompt: Prompt) -> PointMeasurement:
             try:
@@ -272,7 +274,8 @@ class SweepSession:
         live_progress.finish(self.progress, self.follower)
         outputs.finish(self.config, self.run)
         result = yield
-        outputs.write_index(self.run)  # after pytest-html's page: the index links it
+        # after pytest-html's page: the index links it
+        outputs.write_index(self.run.description, self.run.results)
         return result
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
@@ -322,7 +325,7 @@ class SweepSession:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_metadata(self, metadata: dict, config: pytest.Config) -> None:
-        outputs.describe_environment(self.run, metadata)
+        outputs.describe_environment(self.run.description, metadata)
 
 
 def print_plan(session: pytest.Session, run: Run) -> None:
@@ -345,26 +348,10 @@ def print_plan(session: pytest.Session, run: Run) -> None:
         f"{len(session.items)} item(s), decode {run.plan.decode_tokens} tokens per request, "
         f"order {run.plan.order}"
     )
-    sized = run.plan.sized_for(run.selected_points)
-    if run.plan.warm:
-        write(
-            f"workload cold,warm: {run.plan.warm_questions} follow-up(s) after each cold point, "
-            f"each its prompt exactly + {run.plan.suffix_tokens} new tokens, the prefix served "
-            "from the cache; "
-            + (
-                f"--max-model-len and the capacity plan count length + {run.plan.suffix_tokens} "
-                f"+ {run.plan.decode_tokens} decode"
-                if sized.warm
-                else "no follow-up selected: the server and the capacity plan are a cold run's"
-            )
-        )
-    if run.plan.interference:
-        requests, each = run.plan.background_load
-        write(
-            f"workload interference: each length again beside {requests} background streams "
-            f"(requests of {each} tokens each, re-issued as they end), on a server of its own "
-            f"with room for {requests + 1} sequences; the capacity plan counts them"
-        )
+    sized = sized_for(run.plan, run.selected_points)
+    for workload in planned(run.plan):
+        for line in workload.plan_lines(run.description, sized):
+            write(line)
     for line in fidelity.plan_lines(run.description, run.selected_points):
         write(line)
     for line in budgets.plan_lines(run.description, run.sizing()):
@@ -379,7 +366,7 @@ def print_plan(session: pytest.Session, run: Run) -> None:
         write(f"  {label}{extra}")
     write("")
     write(server.describe_server(campaign_hooks(config), run.description, run.sizing()))
-    table = capacity_check.render_table(sized, sorted({p.length for p in run.selected_points}))
+    table = capacity_table(sized, sorted({p.length for p in run.selected_points}))
     if table:
         write("")
         write(table)

@@ -1,13 +1,13 @@
-"""The concurrency points of a session: each level's c prompts, the fit of the server that
-serves them, the probe of an attached server, and the length's verdict so far.
+"""The concurrency workload: each level's c prompts of one length sent at once, the fit of the
+server that serves them, the probe of an attached server, and the length's verdict so far.
 
 A launched server is started for these points with room for the highest level
-(``--max-num-seqs``, see server.py and lifecycle.py). An attached server
+(``--max-num-seqs``, :class:`ConcurrencyWorkload`'s server needs). An attached server
 serves with its own limits: it is probed once per start with the highest level selected
 (short requests sent at once, the scheduler's gauges watched, as the interference points
 probe theirs) and a level it cannot run at once is refused with the reason, never measured as
 a fit it did not test. What a server showed is kept with what it holds of this session
-(:class:`point_setup.ServerMemory`, a new one per start); the levels measured so far, which
+(:class:`workload.ServerMemory`, a new one per start); the levels measured so far, which
 outlive a server start, by this module's :class:`LevelsMeasured`, one per session.
 """
 
@@ -18,6 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_longctx.campaign.run import RunDescription
+from pytest_longctx.campaign.workloads.workload import (
+    PointStep,
+    ServerNeeds,
+    Workload,
+    background_spec,
+)
 from pytest_longctx.capacity import fit_verdict
 from pytest_longctx.client import ClientConfig, CompletionClient
 from pytest_longctx.measure.agreement import STRICT_OPTION
@@ -28,7 +34,7 @@ from pytest_longctx.measure.server_metrics import cache_config_labels
 from pytest_longctx.measure.target import ServerInfo
 from pytest_longctx.measure.under_load import probe_sequences
 from pytest_longctx.plan import capacity_check
-from pytest_longctx.plan.points import Point, SweepPlan
+from pytest_longctx.plan.points import CONCURRENCY, CONCURRENCY_MARK, Point, SweepPlan
 from pytest_longctx.prompts import Prompt
 
 
@@ -48,8 +54,7 @@ class LevelSetup:
 
 def highest_level(plan: SweepPlan, selected: Sequence[Point]) -> int:
     """The highest level ``selected`` in this session (the plan's limit when none is)."""
-    levels = [p.concurrency for p in selected if p.concurrent]
-    return max(levels, default=plan.max_concurrency)
+    return max((p.concurrency for p in selected), default=0) or plan.max_concurrency
 
 
 def level_setup(run: RunDescription, selected: Sequence[Point]) -> LevelSetup:
@@ -101,7 +106,7 @@ def server_state(
     probe_spec: Callable[[int], BackgroundSpec],
 ) -> dict[str, Any]:
     """What a server shows the concurrency points (asked once per start, see
-    :meth:`point_setup.ServerMemory.concurrency_server`): its cache (``vllm:cache_config_info``)
+    :meth:`workload.ServerMemory.shown_to`): its cache (``vllm:cache_config_info``)
     and, attached, how many requests it runs at once."""
     try:
         labels = cache_config_labels(client.metrics_text())
@@ -209,3 +214,77 @@ def measure(
         request_heads=tuple(None if r.error else r.completion_head for r in result.requests),
         server_timing=result.server_timing(setup.stream_tolerance),
     )
+
+
+class ConcurrencyWorkload(Workload):
+    name = CONCURRENCY
+    server = CONCURRENCY
+    mark = CONCURRENCY_MARK
+    schedule_rank = 2
+    watched = False
+    record_section = "concurrency"
+
+    def points(self, plan: SweepPlan, passes: Sequence[Point]) -> tuple[Point, ...]:
+        """Each length's levels (:meth:`SweepPlan.levels`), on a server with room for the
+        highest: after every other point."""
+        return tuple(
+            Point(p.length, p.repeat, concurrency=level)
+            for p in passes
+            for level in plan.levels(p.length)
+        )
+
+    def mark_kwargs(self, point: Point) -> dict[str, int]:
+        return {"conc": point.concurrency}
+
+    def identity(self, point: Point) -> dict[str, Any]:
+        return {"cache": {}, "concurrency": {"level": point.concurrency}}
+
+    def fitted(self, plan: SweepPlan) -> SweepPlan:
+        return capacity_check.with_planned_fits(plan)
+
+    def capacity_lines(self, plan: SweepPlan, lengths: Sequence[int]) -> list[str]:
+        return capacity_check.concurrency_lines(plan, lengths)
+
+    def fingerprint(self, run: RunDescription) -> dict[str, Any]:
+        return {"max_concurrency": run.plan.max_concurrency}
+
+    def server_needs(self, run: RunDescription, sized: SweepPlan) -> ServerNeeds:
+        """Room for the highest level, and usage that says what the cache served (each of its
+        prompts must be cold)."""
+        return ServerNeeds(room=run.plan.max_concurrency, usage_details=True)
+
+    def server_words(self, run: RunDescription) -> str:
+        return f"room for {run.plan.max_concurrency} requests at once"
+
+    def requests(self, point: Point) -> int:
+        return point.concurrency
+
+    def own_setup(self, run: RunDescription, selected: Sequence[Point]) -> LevelSetup:
+        return level_setup(run, selected)
+
+    def measure(self, step: PointStep) -> PointMeasurement:
+        """A level: c prompts of the point's length at once. What the server shows them (its
+        cache's blocks and, attached, whether it runs the highest level at once) is found
+        once per server start."""
+        level, levels = step.setup.own, step.levels
+        if not isinstance(level, LevelSetup) or not isinstance(levels, LevelsMeasured):
+            raise ValueError(f"{step.point.id}: a concurrency level needs its setup and levels")
+
+        def probe_spec(streams: int) -> BackgroundSpec:
+            return background_spec(step, streams)
+
+        known = step.memory.shown_to(
+            self.name, lambda: server_state(step.client, step.server, level, probe_spec)
+        )
+        settings = step.setup.settings
+        return measure(
+            step.server,
+            step.point,
+            step.prompt,
+            level,
+            settings.first_token_budget_s,
+            settings.budget_source,
+            step.builder.nonce_pool(),
+            known,
+            levels,
+        )

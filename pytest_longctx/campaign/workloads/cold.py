@@ -1,0 +1,26 @@
+"""The cold workload: each length's prompt, new to the server, measured alone on the study's
+one-sequence server: its prefill (TTFT) and a fixed-length decode."""
+
+from __future__ import annotations
+
+from pytest_longctx.campaign.workloads.workload import PointStep, Workload
+from pytest_longctx.measure.measurement import PointMeasurement, UnverifiedPoint, measure_point
+from pytest_longctx.plan.points import COLD
+
+
+class ColdWorkload(Workload):
+    name = COLD
+
+    def measure(self, step: PointStep) -> PointMeasurement:
+        """The point alone; once it was computed (measured, or unverified) the server holds
+        its prompt: the prefix its follow-ups reuse."""
+        point, settings = step.point, step.setup.settings
+        try:
+            result = measure_point(
+                step.client, step.server, point, step.prompt, settings, **step.hooks
+            )
+        except UnverifiedPoint:
+            step.memory.note_sent(point)
+            raise
+        step.memory.note_sent(point)
+        return result
