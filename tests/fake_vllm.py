@@ -48,6 +48,9 @@ FAULTS = (
     "http_500",  # HTTP 500 with vLLM's error body instead of a stream
     "error_frame",  # data: {"error": ...} inside the 200 stream, then [DONE]
     "truncate",  # close the socket mid-stream, no [DONE], no final chunk
+    # end the response cleanly (its last chunk sent) after fault_after_tokens tokens, without
+    # [DONE]: what a proxy that drops the sentinel, or a front end that gave up, sends
+    "end_without_done",
     "malformed_chunk",  # a data: line that is not JSON
     "no_usage",  # never send the usage chunk
     "stall",  # stop sending after fault_after_tokens tokens, until the client goes away
@@ -892,7 +895,14 @@ class _Handler(BaseHTTPRequestHandler):
             counts: list[int] = []
             due = t_body  # when the last token left; the schedule's origin before the first
             while sent < total:
-                faults = ("error_frame", "truncate", "malformed_chunk", "stall", "engine_death")
+                faults = (
+                    "error_frame",
+                    "truncate",
+                    "end_without_done",
+                    "malformed_chunk",
+                    "stall",
+                    "engine_death",
+                )
                 if fault in faults and (sent >= behaviour.fault_after_tokens):
                     self._inject(fault)
                     return
@@ -1044,6 +1054,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(b"0\r\n\r\n")
         elif fault == "stall":
             self._hold()
+        elif fault == "end_without_done":
+            self.wfile.write(b"0\r\n\r\n")
         # "truncate": return without the terminating chunk; the socket closes
 
     # -- plumbing ----------------------------------------------------------------------------
