@@ -176,7 +176,8 @@ class Workload:
         return None
 
     def mark_kwargs(self, point: Point) -> dict[str, int]:
-        """What its points add to their ``longctx`` mark (``-m "warm==1"``-style selection)."""
+        """What its points' ``longctx`` mark carries beyond length and repeat (a follow-up's
+        question, a level's requests at once)."""
         return {}
 
     def identity(self, point: Point) -> dict[str, Any]:
