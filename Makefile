@@ -69,7 +69,7 @@ reference: install
 	$(PY) docs/_ext/longctx_reference.py
 
 # Three sessions side by side, since a test waits on a server about as often as it computes:
-# the shared real servers' tests (ordered by server, tests/server_pool.py, so each starts
+# the shared real servers' tests (ordered by server, tests/support/server_pool.py, so each starts
 # once), then the tests that run vLLM's own code without a server (`oracle`: heavy imports);
 # the tests that start a server of their own (real vLLM, or the stand-in for a lifecycle); the
 # rest. Each prints its slowest tests, the tests that used the most CPU and every vLLM server
@@ -111,10 +111,10 @@ test-serial: install lint
 	$(PY) -m pytest -p no:cacheprovider --durations=25 $(if $(MARK),-m "$(MARK)") tests $(ARGS)
 
 run: install
-	$(PY) -m pytest -p no:cacheprovider tests/test_sweep.py $(SWEEP_ARGS) $(ARGS)
+	$(PY) -m pytest -p no:cacheprovider tests/e2e/test_sweep.py $(SWEEP_ARGS) $(ARGS)
 
 plan: install
-	$(PY) -m pytest -p no:cacheprovider tests/test_sweep.py $(SWEEP_ARGS) --longctx-plan $(ARGS)
+	$(PY) -m pytest -p no:cacheprovider tests/e2e/test_sweep.py $(SWEEP_ARGS) --longctx-plan $(ARGS)
 
 # Add the latest run (or RUNS="reports/ID ...") to the baseline history a team commits, keeping
 # the newest SESSIONS sessions; FRESH=1 starts the file over.
@@ -130,7 +130,7 @@ calibrate: install
 
 # The CI gate: the sweep, compared with the committed baseline at level LEVEL.
 gate: install
-	$(PY) -m pytest -p no:cacheprovider tests/test_sweep.py $(SWEEP_ARGS) \
+	$(PY) -m pytest -p no:cacheprovider tests/e2e/test_sweep.py $(SWEEP_ARGS) \
 		--longctx-baseline=$(BASELINE) --longctx-gate-level=$(LEVEL) $(ARGS)
 
 report: install

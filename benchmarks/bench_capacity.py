@@ -1,12 +1,12 @@
 """The capacity plan against vLLM's own KV-cache code, per layer pattern, at TP=8.
 
 For each pattern a real model's config (the public config.json values set on the
-transformers config class, see tests/test_layer_kinds.py), per-rank memory for one request
-of the given length: the plan, vLLM 0.32's ``get_kv_cache_groups`` +
+transformers config class, see tests/unit/capacity/test_layer_kinds.py), per-rank memory for
+one request of the given length: the plan, vLLM 0.32's ``get_kv_cache_groups`` +
 ``_max_memory_usage_bytes_from_groups`` on specs built from its model code, and what counting
 every layer as full attention (the plan before it knew the layer kinds) would have said.
-Then each published config.json under tests/published_configs/ as its checkpoint ships it:
-the plan reading the file, vLLM's own config loader reading it for vLLM's side.
+Then each published config.json under tests/support/published_configs/ as its checkpoint ships
+it: the plan reading the file, vLLM's own config loader reading it for vLLM's side.
 
     .venv/bin/python benchmarks/bench_capacity.py            # 64Mi
     .venv/bin/python benchmarks/bench_capacity.py --length 1Mi
@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
+sys.path.insert(0, str(ROOT / "tests" / "unit" / "capacity"))
 sys.path.insert(0, str(ROOT))
 
 import test_layer_kinds as models  # noqa: E402

@@ -1,8 +1,9 @@
 """How exact the instrument is, and what it costs the client per request.
 
-(a) accuracy: many requests against tests/fake_vllm.py (in a process of its own) with 100 ms and
-    1 s injected TTFTs; prints the TTFT error (ms) split by the fake's stamps into the client's
-    share and the fake's share, and the decode-rate error (%) against the fake's write times.
+(a) accuracy: many requests against tests/support/fake_vllm.py (in a process of its own) with
+    100 ms and 1 s injected TTFTs; prints the TTFT error (ms) split by the fake's stamps into the
+    client's share and the fake's share, and the decode-rate error (%) against the fake's write
+    times.
 (b) cost per prompt length: body build time, JSON size and upload time to a loopback sink,
     against ``json.dumps`` and ``",".join`` for the lengths where those finish quickly.
 (c) peak memory of building one body (tracemalloc), against the body's own size.
@@ -27,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 sys.path.insert(0, str(ROOT))
 
 from fake_vllm import Behaviour, FakeVLLM, FakeVLLMProcess  # noqa: E402

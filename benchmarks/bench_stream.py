@@ -1,7 +1,7 @@
 """The client's decode figures beside the server's, at stream interval 1 and at 8.
 
 For each stream interval a real vLLM server of cpu-tiny is launched with ``--stream-interval
-N`` (tests/longctx_testing.py ``cpu_tiny_streaming``) and one sweep session attaches to it.
+N`` (tests/support/longctx_testing.py ``cpu_tiny_streaming``) and one sweep session attaches to it.
 Per point it prints the client's decode throughput (the stream's own, also where the point
 was kept with the server's figure), the server's (``(N - 1) / vllm:request_decode_time``),
 their ratio, the tokens per chunk and what the stream check said. A point whose stream
@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 sys.path.insert(0, str(ROOT))
 
 from longctx_testing import cpu_tiny_streaming  # noqa: E402
@@ -32,9 +32,9 @@ from pytest_longctx.core.sizes import format_size  # noqa: E402
 
 
 def sweep(url: str, output: Path, extra: list[str]) -> list[Record]:
-    """One session of tests/test_sweep.py attached to ``url``; its records."""
+    """One session of tests/e2e/test_sweep.py attached to ``url``; its records."""
     args = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q"]
-    args += [str(ROOT / "tests" / "test_sweep.py"), f"--longctx-url={url}"]
+    args += [str(ROOT / "tests" / "e2e" / "test_sweep.py"), f"--longctx-url={url}"]
     args += [f"--longctx-output={output}", *extra]
     done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:

@@ -100,10 +100,10 @@ TARGETS: dict[str, Target] = {
             ),
         ),
         (
-            "tests/test_client.py",
-            "tests/test_accuracy.py",
-            "tests/test_keepalive.py",
-            "tests/test_stream_rules.py",
+            "tests/unit/client/test_client.py",
+            "tests/unit/client/test_accuracy.py",
+            "tests/unit/client/test_keepalive.py",
+            "tests/unit/client/test_stream_rules.py",
         ),
     ),
     # the client's chunk and interval rules: what a chunk's count says of the stream
@@ -128,12 +128,12 @@ TARGETS: dict[str, Target] = {
         ),
         (
             *_tests(
-                "tests/test_client.py",
+                "tests/unit/client/test_client.py",
                 "test_inter_token_latencies_leave_out_chunks_a_stream_interval_1_server_coalesced",
                 "test_the_stream_interval_divides_every_chunk_between_the_first_and_the_last",
                 "test_chunk_counts_come_from_the_running_usage_count_when_every_chunk_has_one",
             ),
-            "tests/test_stream_rules.py",
+            "tests/unit/client/test_stream_rules.py",
         ),
     ),
     # the stream against the server's decode: bursts and rate
@@ -150,7 +150,7 @@ TARGETS: dict[str, Target] = {
                 ),
             ),
         ),
-        ("tests/test_stream_agreement.py",),
+        ("tests/unit/measure/test_stream_agreement.py",),
     ),
     # an interference point's windows, gaps, stall count and the server's histogram
     "interference": Target(
@@ -174,7 +174,7 @@ TARGETS: dict[str, Target] = {
             ),
         ),
         _tests(
-            "tests/test_interference.py",
+            "tests/unit/measure/test_interference.py",
             "test_a_gap_belongs_to_the_window_its_midpoint_lies_in",
             "test_a_stalled_prefill_has_no_background_token_inside_it",
             "test_a_chunked_prefill_lets_every_stream_through_each_step",
@@ -231,16 +231,16 @@ TARGETS: dict[str, Target] = {
             ),
         ),
         (
-            "tests/test_gate.py",
-            "tests/test_concurrency.py::test_the_gate_compares_each_levels_aggregate_with_the_same_levels",
-            "tests/test_warm_contract.py::test_the_gate_compares_warm_points_with_warm_baseline_points_only",
+            "tests/unit/gate/test_gate.py",
+            "tests/unit/measure/test_concurrency.py::test_the_gate_compares_each_levels_aggregate_with_the_same_levels",
+            "tests/unit/measure/test_warm_contract.py::test_the_gate_compares_warm_points_with_warm_baseline_points_only",
         ),
     ),
     # longest points first over pytest-xdist workers, and the hand-back of a lost worker's
     "scheduling": Target(
         (Part("session/scheduling.py", None, ("ITEMS_PER_WORKER",)),),
         _tests(
-            "tests/test_distributed.py",
+            "tests/unit/session/test_distributed.py",
             "test_the_longest_points_go_first_to_every_worker",
             "test_cold_points_go_out_with_their_follow_ups_then_interference_then_concurrency",
             "test_items_alone_are_a_unit_each",
@@ -260,13 +260,13 @@ TARGETS: dict[str, Target] = {
         (Part("core/stats.py", None),),
         (
             *_tests(
-                "tests/test_reports.py",
+                "tests/unit/reporting/test_reports.py",
                 "test_mean_sample_std_and_cv_match_hand_computation",
                 "test_single_value_has_zero_std_and_empty_sample_is_refused",
                 "test_summaries_are_sorted_by_length_with_outcome_counts_and_reasons",
                 "test_summarize_accepts_any_figure_name",
             ),
-            "tests/test_stats.py",
+            "tests/unit/core/test_stats.py",
         ),
     ),
     # the first-token budget: from this run's records, a TTFT model, the profile's expected
@@ -275,7 +275,7 @@ TARGETS: dict[str, Target] = {
         (Part("measure/timeouts.py", None),),
         (
             *_tests(
-                "tests/test_client.py",
+                "tests/unit/client/test_client.py",
                 "test_budget_override_wins",
                 "test_budget_default_when_nothing_below",
                 "test_budget_extrapolates_quadratically",
@@ -284,12 +284,17 @@ TARGETS: dict[str, Target] = {
                 "test_budget_bounds_and_unusable_bases",
                 "test_a_first_token_budget_must_be_positive",
             ),
-            "tests/test_budgets.py",
+            "tests/unit/campaign/test_budgets.py",
         ),
     ),
     "sizes": Target(
         (Part("core/sizes.py", None),),
-        ("tests/test_selection.py", "tests/test_client.py", "-k", "parse_size or powers or sizes"),
+        (
+            "tests/unit/session/test_selection.py",
+            "tests/unit/client/test_client.py",
+            "-k",
+            "parse_size or powers or sizes",
+        ),
     ),
 }
 
@@ -564,7 +569,7 @@ def _preload(work: Path) -> None:
     # bytecode beside the copy, never in the repository or the virtualenv
     sys.dont_write_bytecode = False
     sys.pycache_prefix = str(work.parent / "bytecode")
-    sys.path[:0] = [str(work), str(work / "tests")]
+    sys.path[:0] = [str(work), str(work / "tests" / "support")]
     import pytest  # noqa: F401
 
     for name in ("h11", "httpcore", "httpx", PACKAGE):
@@ -579,7 +584,7 @@ def _preload(work: Path) -> None:
         path = getattr(module, "__file__", None) or ""
         if name == PACKAGE or name.startswith(f"{PACKAGE}.") or path.startswith(str(work)):
             del sys.modules[name]
-    sys.path.remove(str(work / "tests"))  # pytest puts it back for the tests that need it
+    sys.path.remove(str(work / "tests" / "support"))  # pytest puts it back (pyproject's pythonpath)
 
 
 @dataclass(frozen=True)

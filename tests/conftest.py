@@ -8,6 +8,10 @@ server per other configuration: ``loaded_url``, ``whole_chunk_url``, ``foreign_m
 one in the background, and stops after its last user. Tests whose subject is a launch or a
 server's lifecycle start their own server in a subprocess session and say why in their
 docstring. ``server_census.py`` counts every vLLM start of the run and prints the count.
+
+The tests sit in ``unit/<package>/`` (no real server) and ``e2e/`` (real vLLM); the helpers
+they import by name (``fake_vllm``, ``longctx_testing``, ``server_pool``, ...) in ``support/``,
+which pyproject.toml's ``pythonpath`` puts on the import path.
 """
 
 from __future__ import annotations

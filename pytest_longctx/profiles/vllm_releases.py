@@ -2,7 +2,7 @@
 
 The product plans, launches, cross-checks and reads a server of one of these releases. Every
 fact here was read from that release's published source distribution, and
-``tests/test_vllm_releases.py`` reads it again (it fetches each release's source
+``tests/unit/profiles/test_vllm_releases.py`` reads it again (it fetches each release's source
 from the package index once, into the user cache) and fails where a row says otherwise. Each
 row is written as the changes from the release before it, so the table reads as a changelog
 of what the product meets.

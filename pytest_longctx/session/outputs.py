@@ -53,7 +53,7 @@ def open_html_page(session: pytest.Session, run: RunDescription) -> None:
     ``--html``; whether a session measures a sweep is known only once it is collected. So the
     page is made here, once points are selected, by pytest-html's own ``pytest_configure``
     given the run folder's path, and handed the session start it missed. This is the one seam
-    into pytest-html; ``tests/test_browser.py`` renders the page it makes.
+    into pytest-html; ``tests/unit/reporting/test_browser.py`` renders the page it makes.
     """
     config = session.config
     _add_to_metadata_table(config, run)
@@ -191,7 +191,7 @@ def hand_to_pytest_benchmark(config: pytest.Config, records: list[Record]) -> No
     for the benchmarks its session holds; a sweep times none through its fixture, and there is
     no public hook to add one. This is the one seam: the sweep's benchmarks are appended to
     ``BenchmarkSession.benchmarks`` as the fixture would append them, as pytest-benchmark's own
-    ``Metadata`` (``tests/test_benchmark_history.py`` holds it to the installed version).
+    ``Metadata`` (``tests/e2e/test_benchmark_history.py`` holds it to the installed version).
     Under pytest-xdist pytest-benchmark disables its fixture everywhere; the controller, the
     one process that holds every worker's records, hands them over, and it saves them as usual.
     ``--benchmark-disable`` keeps them out.
