@@ -111,10 +111,10 @@ test-serial: install lint
 	$(PY) -m pytest -p no:cacheprovider --durations=25 $(if $(MARK),-m "$(MARK)") tests $(ARGS)
 
 run: install
-	$(PY) -m pytest -p no:cacheprovider tests/e2e/test_sweep.py $(SWEEP_ARGS) $(ARGS)
+	$(PY) -m pytest -p no:cacheprovider tests/test_sweep.py $(SWEEP_ARGS) $(ARGS)
 
 plan: install
-	$(PY) -m pytest -p no:cacheprovider tests/e2e/test_sweep.py $(SWEEP_ARGS) --longctx-plan $(ARGS)
+	$(PY) -m pytest -p no:cacheprovider tests/test_sweep.py $(SWEEP_ARGS) --longctx-plan $(ARGS)
 
 # Add the latest run (or RUNS="reports/ID ...") to the baseline history a team commits, keeping
 # the newest SESSIONS sessions; FRESH=1 starts the file over.
@@ -130,7 +130,7 @@ calibrate: install
 
 # The CI gate: the sweep, compared with the committed baseline at level LEVEL.
 gate: install
-	$(PY) -m pytest -p no:cacheprovider tests/e2e/test_sweep.py $(SWEEP_ARGS) \
+	$(PY) -m pytest -p no:cacheprovider tests/test_sweep.py $(SWEEP_ARGS) \
 		--longctx-baseline=$(BASELINE) --longctx-gate-level=$(LEVEL) $(ARGS)
 
 report: install

@@ -26,7 +26,7 @@ from pytest_longctx.core.records import read_records  # noqa: E402
 
 def session(output: Path, workers: int, extra: list[str]) -> tuple[float, list]:
     args = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q"]
-    args += [str(ROOT / "tests" / "e2e" / "test_sweep.py"), f"--longctx-output={output}", *extra]
+    args += [str(ROOT / "tests" / "test_sweep.py"), f"--longctx-output={output}", *extra]
     if workers:
         args += ["-n", str(workers)]
     started = time.monotonic()

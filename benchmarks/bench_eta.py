@@ -52,7 +52,7 @@ def chunked_profile(folder: Path, chunk: int) -> Path:
 def run_sweep(output: Path, chunk: int, sweep_args: list[str]) -> Path:
     profile = chunked_profile(output, chunk)
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q"]
-    command += ["tests/e2e/test_sweep.py", f"--longctx-output={output}"]
+    command += ["tests/test_sweep.py", f"--longctx-output={output}"]
     command += [f"--longctx-profile={profile}", "--longctx-progress=off", *sweep_args]
     print("$", " ".join(command), flush=True)
     done = subprocess.run(command, cwd=ROOT, check=False)

@@ -10,7 +10,7 @@ its own server, as CI does), then:
   the session: vLLM's CPU worker takes the cores the process is allowed) are gated against the
   same leave-one-out baselines.
 
-Every verdict comes from a real gate session (``pytest tests/e2e/test_sweep.py --longctx-resume=RUN
+Every verdict comes from a real gate session (``pytest tests/test_sweep.py --longctx-resume=RUN
 --longctx-baseline=FILE``, no server needed) and its exit status; the in-process comparison is
 printed beside it for the reasons.
 
@@ -50,7 +50,7 @@ DEFAULT_SWEEP = ["--longctx-to=4Ki", "--longctx-repeats=2"]
 def run_session(output: Path, sweep_args: list[str], one_core: bool) -> Path:
     """One sweep session in its own process; returns its run folder."""
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q"]
-    command += ["tests/e2e/test_sweep.py", f"--longctx-output={output}", *sweep_args]
+    command += ["tests/test_sweep.py", f"--longctx-output={output}", *sweep_args]
     if one_core:
         command = ["taskset", "-c", "0", *command]
     latest = output / "latest"
@@ -80,7 +80,7 @@ def gate_session(run_dir: Path, baseline: Path, scratch: Path) -> tuple[int, str
             "-p",
             "no:cacheprovider",
             "-q",
-            "tests/e2e/test_sweep.py",
+            "tests/test_sweep.py",
             f"--longctx-output={root}",
             f"--longctx-resume={run_dir.name}",
             f"--longctx-baseline={baseline}",

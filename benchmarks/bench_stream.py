@@ -32,9 +32,9 @@ from pytest_longctx.core.sizes import format_size  # noqa: E402
 
 
 def sweep(url: str, output: Path, extra: list[str]) -> list[Record]:
-    """One session of tests/e2e/test_sweep.py attached to ``url``; its records."""
+    """One session of tests/test_sweep.py attached to ``url``; its records."""
     args = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q"]
-    args += [str(ROOT / "tests" / "e2e" / "test_sweep.py"), f"--longctx-url={url}"]
+    args += [str(ROOT / "tests" / "test_sweep.py"), f"--longctx-url={url}"]
     args += [f"--longctx-output={output}", *extra]
     done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:

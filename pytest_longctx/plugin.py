@@ -82,7 +82,7 @@ def attach_resume_value(args: list[str]) -> None:
     """Give a bare ``--longctx-resume`` its value, ``latest``, in place.
 
     The option takes an optional run id, and argparse would read the next argument as that
-    id: ``--longctx-resume tests/e2e/test_sweep.py`` would resume a run named after the test
+    id: ``--longctx-resume tests/test_sweep.py`` would resume a run named after the test
     file and collect everything else. A run id is only ever given attached (``=RUN_ID``).
     """
     for index, arg in enumerate(args):

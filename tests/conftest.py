@@ -9,9 +9,10 @@ one in the background, and stops after its last user. Tests whose subject is a l
 server's lifecycle start their own server in a subprocess session and say why in their
 docstring. ``server_census.py`` counts every vLLM start of the run and prints the count.
 
-The tests sit in ``unit/<package>/`` (no real server) and ``e2e/`` (real vLLM); the helpers
-they import by name (``fake_vllm``, ``longctx_testing``, ``server_pool``, ...) in ``support/``,
-which pyproject.toml's ``pythonpath`` puts on the import path.
+The tests sit in ``unit/<package>/`` (no real server) and ``e2e/`` (real vLLM; the worked
+example, ``test_sweep.py``, at the root); the helpers they import by name (``fake_vllm``,
+``longctx_testing``, ``server_pool``, ...) in ``support/``, which pyproject.toml's
+``pythonpath`` puts on the import path.
 """
 
 from __future__ import annotations

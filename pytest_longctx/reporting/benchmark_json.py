@@ -111,7 +111,7 @@ class SweepBenchmark:
 
 
 def _test_path(record: Record) -> str:
-    """``tests/e2e/test_sweep.py::test_prefill_decode``: the node id without its parameters."""
+    """``tests/test_sweep.py::test_prefill_decode``: the node id without its parameters."""
     path = record.nodeid.split("[", 1)[0]
     return path if path.rsplit("::", 1)[-1] else f"{path}::{DEFAULT_TEST_NAME}"
 

@@ -49,7 +49,7 @@ REPO = Path(__file__).resolve().parents[2]
 #: The Kimi Linear config.json copy the reference profiles ship: the figures tested are the
 #: ones the plan uses.
 KIMI_CONFIG = REPO / "pytest_longctx" / "profiles" / "data" / "kimi-linear-48b-a3b-config.json"
-SWEEP_TEST = (REPO / "tests" / "e2e" / "test_sweep.py").read_text(encoding="utf-8")
+SWEEP_TEST = (REPO / "tests" / "test_sweep.py").read_text(encoding="utf-8")
 #: ``python`` arguments that run the sweep shipped in the package, as any project runs it.
 SHIPPED_SWEEP = ("-m", "pytest", "-p", "no:cacheprovider", "--pyargs", "pytest_longctx.suite")
 #: The stand-in server's program (tests/support/fake_vllm.py behind a command line), for sessions

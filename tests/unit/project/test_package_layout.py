@@ -682,6 +682,9 @@ def test_the_state_rules_catch_what_they_are_about() -> None:
 
 #: The tests' root: ``unit/<package or module>/``, ``e2e/``, ``support/`` and the conftest.
 TESTS = Path(__file__).resolve().parents[2]
+#: At the tests' root besides the folders: the conftest, and the worked example a user copies
+#: (the sweep, ``pytest`` at the repository's root runs it).
+TESTS_AT_THE_ROOT = {Path("conftest.py"), Path("test_sweep.py")}
 #: ``tests/unit/`` folders named after no module: the repository as a whole.
 UNIT_BESIDES_MODULES = {"project"}
 
@@ -713,7 +716,8 @@ def asks_for_a_real_server(path: Path, fixtures: set[str]) -> list[str]:
 
 def test_the_tests_are_laid_out_like_the_package() -> None:
     """A module's tests are found from its name: every test file under ``unit/<package>/``
-    (needing no real server) or ``e2e/`` (real vLLM), the helpers only under ``support/``, no
+    (needing no real server) or ``e2e/`` (real vLLM; the worked example, the sweep, at the
+    root), the helpers only under ``support/``, no
     two files of one name (pytest imports each by its name alone) and no ``__init__.py``."""
     from server_pool import FIXTURES  # tests/support: the real servers' fixtures
 
@@ -722,7 +726,7 @@ def test_the_tests_are_laid_out_like_the_package() -> None:
     misplaced, real_in_unit, names = [], {}, {}
     for path in sorted(TESTS.rglob("*")):
         relative = path.relative_to(TESTS)
-        if path.is_dir() or "__pycache__" in relative.parts or relative == Path("conftest.py"):
+        if path.is_dir() or "__pycache__" in relative.parts or relative in TESTS_AT_THE_ROOT:
             continue
         names.setdefault(path.name, []).append(str(relative))
         where = relative.parts
@@ -736,4 +740,5 @@ def test_the_tests_are_laid_out_like_the_package() -> None:
             misplaced.append(str(relative))
     same_name = {n: p for n, p in names.items() if len(p) > 1 and n.endswith(".py")}
     assert (misplaced, real_in_unit, same_name) == ([], {}, {})
-    assert set(names) >= {"test_sweep.py", "longctx_testing.py", "test_package_layout.py"}
+    assert set(names) >= {"longctx_testing.py", "test_package_layout.py", "test_e2e_warm.py"}
+    assert all((TESTS / path).is_file() for path in TESTS_AT_THE_ROOT)

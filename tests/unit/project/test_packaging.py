@@ -21,9 +21,9 @@ def sweep_function(path: Path) -> str:
 
 
 def test_the_worked_example_is_the_shipped_sweep() -> None:
-    """tests/e2e/test_sweep.py shows how the shipped sweep is written; they may not drift apart."""
+    """tests/test_sweep.py shows how the shipped sweep is written; they may not drift apart."""
     shipped = Path(pytest_longctx.__file__).parent / "suite" / "test_sweep.py"
-    assert sweep_function(REPO / "tests" / "e2e" / "test_sweep.py") == sweep_function(shipped)
+    assert sweep_function(REPO / "tests" / "test_sweep.py") == sweep_function(shipped)
 
 
 def test_the_wheel_carries_the_profiles_data_and_the_sweep(wheel: Path) -> None:  # noqa: F811

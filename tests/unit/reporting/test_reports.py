@@ -72,7 +72,7 @@ def record(
         figures["decode_throughput"] = decode
     return Record(
         run_id=run_id,
-        nodeid=f"tests/e2e/test_sweep.py::test_prefill_decode[len={length}-rep={repeat}]",
+        nodeid=f"tests/test_sweep.py::test_prefill_decode[len={length}-rep={repeat}]",
         length=length,
         repeat=repeat,
         outcome=outcome,
@@ -315,7 +315,7 @@ def test_benchmark_json_has_one_benchmark_per_length_and_metric_with_repeats_as_
     ]
     ttft, decode = benchmarks[0], benchmarks[1]
     assert ttft["group"] == "longctx ttft (s)" and decode["group"] == "longctx decode (s/token)"
-    assert ttft["fullname"] == "tests/e2e/test_sweep.py::test_prefill_decode[len=1Ki-ttft]"
+    assert ttft["fullname"] == "tests/test_sweep.py::test_prefill_decode[len=1Ki-ttft]"
     assert ttft["param"] == "len=1Ki-ttft"
     assert ttft["params"] == {"length": 1024, "metric": "ttft"}
     # The three repeats are the rounds: 0.08, 0.08, 0.09 s, statistics by hand.

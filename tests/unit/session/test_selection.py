@@ -289,7 +289,7 @@ def test_repository_suite_collects_only_the_selected_sweep_items() -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     items = [line for line in done.stdout.splitlines() if "::" in line]
-    assert items == [f"tests/e2e/test_sweep.py::{i}" for i in ids(ALL_17[:11])]
+    assert items == [f"tests/test_sweep.py::{i}" for i in ids(ALL_17[:11])]
 
 
 def test_a_selection_outside_the_profiles_range_says_so(sweep: pytest.Pytester) -> None:
