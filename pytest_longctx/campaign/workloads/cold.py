@@ -3,9 +3,13 @@ one-sequence server: its prefill (TTFT) and a fixed-length decode."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pytest_longctx.campaign.workloads.workload import PointStep, Workload
-from pytest_longctx.measure.measurement import PointMeasurement, UnverifiedPoint, measure_point
 from pytest_longctx.plan.points import COLD
+
+if TYPE_CHECKING:
+    from pytest_longctx.measure.measurement import PointMeasurement
 
 
 class ColdWorkload(Workload):
@@ -14,6 +18,8 @@ class ColdWorkload(Workload):
     def measure(self, step: PointStep) -> PointMeasurement:
         """The point alone; once it was computed (measured, or unverified) the server holds
         its prompt: the prefix its follow-ups reuse."""
+        from pytest_longctx.measure.measurement import UnverifiedPoint, measure_point
+
         point, settings = step.point, step.setup.settings
         try:
             result = measure_point(

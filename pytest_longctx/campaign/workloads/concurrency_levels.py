@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_longctx.campaign.run import RunDescription
 from pytest_longctx.campaign.workloads.workload import (
@@ -25,17 +25,17 @@ from pytest_longctx.campaign.workloads.workload import (
     background_spec,
 )
 from pytest_longctx.capacity import fit_verdict
-from pytest_longctx.client import ClientConfig, CompletionClient
 from pytest_longctx.measure.agreement import STRICT_OPTION
-from pytest_longctx.measure.background import BackgroundSpec
-from pytest_longctx.measure.concurrent import level_prompts, measure_level
-from pytest_longctx.measure.measurement import PointFailure, PointMeasurement
 from pytest_longctx.measure.server_metrics import cache_config_labels
 from pytest_longctx.measure.target import ServerInfo
-from pytest_longctx.measure.under_load import probe_sequences
 from pytest_longctx.plan import capacity_check
 from pytest_longctx.plan.points import CONCURRENCY, CONCURRENCY_MARK, Point, SweepPlan
 from pytest_longctx.prompts import Prompt
+
+if TYPE_CHECKING:  # what measures: imported where a level is measured
+    from pytest_longctx.client import CompletionClient
+    from pytest_longctx.measure.background import BackgroundSpec
+    from pytest_longctx.measure.measurement import PointMeasurement
 
 
 @dataclass(frozen=True)
@@ -108,6 +108,8 @@ def server_state(
     """What a server shows the concurrency points (asked once per start, see
     :meth:`workload.ServerMemory.shown_to`): its cache (``vllm:cache_config_info``)
     and, attached, how many requests it runs at once."""
+    from pytest_longctx.measure.under_load import probe_sequences
+
     try:
         labels = cache_config_labels(client.metrics_text())
     except Exception:  # noqa: BLE001 - no /metrics: the plan's fit alone
@@ -156,6 +158,10 @@ def measure(
     """One level: ``point.concurrency`` prompts of the point's length, each its own nonce
     first, sent at once, on a server that showed ``known`` (:func:`server_state`); the level
     joins the session's ``measured`` levels unless its contract failed."""
+    from pytest_longctx.client import ClientConfig
+    from pytest_longctx.measure.concurrent import level_prompts, measure_level
+    from pytest_longctx.measure.measurement import PointFailure, PointMeasurement
+
     limit = known.get("sequence_limit") or {}
     if limit and not limit.get("ran_at_once"):
         most = int(limit.get("most_running") or 0)

@@ -5,7 +5,7 @@ windows the server's own figures confirm) and what they cost it (its TTFT under 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_longctx.campaign.run import RunDescription
 from pytest_longctx.campaign.workloads.workload import (
@@ -14,10 +14,7 @@ from pytest_longctx.campaign.workloads.workload import (
     Workload,
     background_spec,
 )
-from pytest_longctx.measure.interference import chunk_from_server_info
-from pytest_longctx.measure.measurement import PointMeasurement, PointSettings
 from pytest_longctx.measure.target import ServerInfo
-from pytest_longctx.measure.under_load import LoadSettings, measure_under_load, probe_sequences
 from pytest_longctx.plan import capacity_check
 from pytest_longctx.plan.points import (
     IDLE_REFERENCE_S,
@@ -27,6 +24,9 @@ from pytest_longctx.plan.points import (
     SweepPlan,
 )
 from pytest_longctx.profiles.extra_args import cache_flags
+
+if TYPE_CHECKING:  # what measures: imported where an interference point is measured
+    from pytest_longctx.measure.measurement import PointMeasurement, PointSettings
 
 
 class InterferenceWorkload(Workload):
@@ -97,6 +97,13 @@ class InterferenceWorkload(Workload):
         """The long prompt beside K background streams. What the server shows them (whether
         it runs K + 1 requests at once, probed, and its effective chunk, ``/server_info``) is
         found once per server start."""
+        from pytest_longctx.measure.interference import chunk_from_server_info
+        from pytest_longctx.measure.under_load import (
+            LoadSettings,
+            measure_under_load,
+            probe_sequences,
+        )
+
         setup = step.setup
 
         def find() -> dict[str, Any]:

@@ -6,23 +6,19 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_longctx.campaign.run import RunDescription
 from pytest_longctx.campaign.workloads.workload import PointStep, ServerNeeds, Workload
-from pytest_longctx.client import CompletionRequest, MeasurementError
 from pytest_longctx.measure.cache_state import PlannedBytes
-from pytest_longctx.measure.measurement import (
-    PointFailure,
-    PointMeasurement,
-    PointSettings,
-    measure_point,
-)
 from pytest_longctx.measure.target import ServerInfo
 from pytest_longctx.plan import capacity_check
 from pytest_longctx.plan.points import WARM, WARM_MARK, Point, SweepPlan
 from pytest_longctx.profiles import Profile
 from pytest_longctx.prompts import Prompt, PromptBuilder
+
+if TYPE_CHECKING:  # what measures: imported where a follow-up is measured
+    from pytest_longctx.measure.measurement import PointMeasurement, PointSettings
 
 
 def prefix_point(point: Point) -> Point:
@@ -124,6 +120,8 @@ class WarmWorkload(Workload):
     def measure(self, step: PointStep) -> PointMeasurement:
         """The follow-up; first its cold point's prompt, unmeasured, where this server has not
         computed it (resumed elsewhere, or not selected: ``-k warm``)."""
+        from pytest_longctx.measure.measurement import measure_point
+
         point, memory = step.point, step.memory
         settings = step.setup.settings
         primed = prefix_point(point) not in memory.prefix_sent
@@ -145,6 +143,9 @@ class WarmWorkload(Workload):
 def send_prefix(step: PointStep, decode_tokens: int) -> None:
     """The cold point's prompt, sent as the cold point would have been: the cache then holds
     what it would hold after the cold point."""
+    from pytest_longctx.client import CompletionRequest, MeasurementError
+    from pytest_longctx.measure.measurement import PointFailure
+
     point, settings = step.point, step.setup.settings
     request = CompletionRequest(
         model=step.server.model_name,

@@ -5,6 +5,10 @@ how the session sets up one of its points, and its measurement, with one signatu
 The session, the campaign and the reports ask a point's :class:`Workload` (``workload_of``
 in this package) instead of testing what kind of point it is. The defaults are a point alone
 on the study's server; each workload's home overrides what it does differently.
+
+The plan's parts of a workload (its points, sizing, capacity) are asked in every session,
+sweep or not: the homes import what measures (the HTTP client, numpy) only where they
+measure, so a session without a sweep loads none of it.
 """
 
 from __future__ import annotations
@@ -13,12 +17,9 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pytest_longctx.campaign.run import RunDescription
-from pytest_longctx.client import CompletionClient, RequestRejectedError
-from pytest_longctx.measure.background import BackgroundSpec
-from pytest_longctx.measure.measurement import PointMeasurement, PointSettings
 from pytest_longctx.measure.target import ServerInfo
 from pytest_longctx.plan.points import (
     BACKGROUND_DECODE_TOKENS,
@@ -28,6 +29,11 @@ from pytest_longctx.plan.points import (
     SweepPlan,
 )
 from pytest_longctx.prompts import Prompt, PromptBuilder
+
+if TYPE_CHECKING:  # what measures: imported where a point is measured
+    from pytest_longctx.client import CompletionClient, RequestRejectedError
+    from pytest_longctx.measure.background import BackgroundSpec
+    from pytest_longctx.measure.measurement import PointMeasurement, PointSettings
 
 #: The study's one-sequence server: the cold and warm points'. Other workloads run on one of
 #: their own, named for them.
@@ -271,6 +277,8 @@ def background_spec(step: PointStep, streams: int) -> BackgroundSpec:
     """Background streams beside ``step``'s point: short prompts of the served model's text,
     each request opening with a nonce of its own (drawn under a key of this run and point, so
     no background prompt shares a first block with a measured one)."""
+    from pytest_longctx.measure.background import BackgroundSpec
+
     setup, builder, server, point = step.setup, step.builder, step.server, step.point
     run_id = setup.run_id
     base = builder.build(
