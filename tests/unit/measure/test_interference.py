@@ -615,7 +615,16 @@ def test_a_long_stream_flushed_whole_keeps_its_own_requests_decode() -> None:
     behaviour = _behaviour(deliver_at_once=True, token_delay_s=0.005, per_request_metrics=True)
     with FakeVLLMProcess(behaviour) as fake:
         result = _measure(fake)
+        written = fake.streams
         kept = _measure(fake, keep_unconfirmed=True)
+    # The stand-in's own stamps: a request whose writes a held-back host spread over half its
+    # decode or more was not handed over whole, and its stream may show its decode.
+    spread = sum(
+        1
+        for stream in written
+        if len(stream.chunks_written_at) > 1
+        and stream.chunks_written_at[-1] - stream.chunks_written_at[0] >= stream.decode_s / 2
+    )
     entry = result.server_timing["request"]
     assert "the stream delivered" in entry["decode"]
     assert result.stream["decode_source"] == "server"
@@ -626,9 +635,11 @@ def test_a_long_stream_flushed_whole_keeps_its_own_requests_decode() -> None:
     details = result.interference
     assert details["streams_ready"] == {"streaming": 0, "flushed_whole": 3}
     timing = details["background_timing"]
-    # every request a window holds is refuted; those before the idle window are not judged
+    # every request a window holds and the stand-in wrote whole is refuted; those before the
+    # idle window are not judged
     judged = len(result.server_timing["background"]) - timing["outside_windows"]
-    assert timing["refuted"] == timing["checked"] == judged > 0, timing
+    assert timing["checked"] == judged > spread, (timing, spread)
+    assert timing["checked"] - spread <= timing["refuted"] <= timing["checked"], (timing, spread)
     assert timing["outside_windows"] >= 3, timing  # the streams' first requests at least
     furthest = timing["furthest"]  # written at once: its chunks all but together
     assert furthest["client_decode_s"] < furthest["server_decode_s"] / 10, furthest
