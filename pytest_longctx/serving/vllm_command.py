@@ -424,8 +424,27 @@ def _serve_parser() -> tuple[str, object]:
     row = vllm_releases.row_for(version)
     if row is None:
         raise RuntimeError(vllm_releases.unsupported_message(version, "installed here"))
+    _platform_without_device()
     make_arg_parser = importlib.import_module(row.parser_module).make_arg_parser
     return version, make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+
+
+def _platform_without_device() -> None:
+    """The platform vLLM builds its parser on in this Python: where it found none (a GPU
+    build on a host without a device, as a cluster's login node is), its own CPU platform.
+
+    The ``serve`` parser's defaults build a ``DeviceConfig``, which asks the platform for its
+    device type and raises "Failed to infer device type" on vLLM's unspecified platform.
+    vLLM's own CLI does the same for ``vllm bench``, which builds that parser on a client
+    (``vllm/entrypoints/cli/main.py``): the options ``serve`` takes and how it reads their
+    values do not depend on the platform, which decides only at the engine's start. A
+    platform vLLM found (a device, a CPU build, a plugin's) is kept."""
+    from vllm import platforms
+
+    if platforms.current_platform.is_unspecified():
+        from vllm.platforms.cpu import CpuPlatform
+
+        platforms.current_platform = CpuPlatform()
 
 
 def parser_verdict(request: Mapping[str, Any]) -> dict[str, Any]:

@@ -144,21 +144,24 @@ def _unpack(archive: Path, into: Path, version: str, whole: bool) -> None:
                 shutil.copyfileobj(source, out)
 
 
-def site_path_for(version: str) -> str:
+def site_path_for(version: str, build: str = "cpu") -> str:
     """The ``PYTHONPATH`` under which ``version``'s published ``vllm`` package imports, its
-    distribution record saying a CPU build of it is installed."""
+    distribution record saying which build is installed: ``cpu`` (``<version>+cpu``: vLLM
+    picks its CPU platform), or ``""``, the release as PyPI's GPU wheel names it (on this host,
+    without a GPU, vLLM then finds no platform: a cluster's login node)."""
     tree = source_tree(version, whole=True)
-    record = tree / "records" / f"vllm-{version}+cpu.dist-info"
+    installed = f"{version}+{build}" if build else version
+    record = tree / f"records-{build or 'gpu'}" / f"vllm-{installed}.dist-info"
     record.mkdir(parents=True, exist_ok=True)
-    (record / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}+cpu\n")
+    (record / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {installed}\n")
     return f"{record.parent}:{tree}"
 
 
-def python_for(version: str) -> str:
+def python_for(version: str, build: str = "cpu") -> str:
     """A Python (a small script in the cache) that imports ``version``'s published ``vllm``
-    package, on this host's CPU platform."""
-    site = site_path_for(version)
-    script = source_tree(version, whole=True) / "python"
+    package as ``build`` (:func:`site_path_for`): by default on this host's CPU platform."""
+    site = site_path_for(version, build)
+    script = source_tree(version, whole=True) / f"python-{build or 'gpu'}"
     script.write_text(
         "#!/bin/sh\n"
         f'PYTHONPATH="{site}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{sys.executable}" "$@"\n'

@@ -17,7 +17,7 @@ from longctx_testing import SWEEP_TEST, run_session
 from vllm_sources import SourceUnavailable, python_for
 
 from pytest_longctx.core import warm_python
-from pytest_longctx.profiles import available_profiles, load_profile
+from pytest_longctx.profiles import available_profiles, load_profile, vllm_releases
 from pytest_longctx.profiles.hardware import package_version
 from pytest_longctx.serving import vllm_command
 from pytest_longctx.serving.vllm_command import (
@@ -52,6 +52,18 @@ def vllm_0_25(
     vllm_command.ask_parser.cache_clear()
 
 
+@pytest.fixture(scope="module", params=["0.25.1", "0.33.0"])
+def login_node_python(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
+    """(version, a Python importing that release installed as PyPI's GPU wheel names it), on
+    this host without a GPU: vLLM finds no platform here, as on a cluster's login node."""
+    try:
+        python = python_for(request.param, build="")
+    except SourceUnavailable as exc:
+        pytest.skip(f"vLLM {request.param}'s source is not at hand: {exc}")
+    yield request.param, python
+    warm_python.stop(python)
+
+
 def _command(profile_name: str = "cpu-tiny", profile=None, **kwargs):  # noqa: ANN001, ANN202
     profile = profile or load_profile(profile_name)
     return build_server_command(
@@ -83,6 +95,35 @@ def test_a_vllm_without_the_keep_alive_flag_serves_without_it(vllm_0_25: str) ->
         "flags checked against vLLM 0.25.1 (installed): --sse-keep-alive-interval "
         "left out (added by pytest-longctx; this vLLM lacks it)"
     )  # the pinned release: nothing more to say
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("name", ["kimi-linear-h200", "kimi-linear-mi355x"])
+def test_a_gpu_builds_parser_answers_on_a_host_without_a_device(
+    login_node_python: tuple[str, str],
+    name: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A GPU profile planned on a login node: vLLM's ``serve`` parser is built there although
+    vLLM finds no device (its ``DeviceConfig`` default cannot infer one), and judges the
+    command as the release does: the keep-alive flag left out where the release lacks it
+    (0.25.1), the rest accepted."""
+    version, python = login_node_python
+    monkeypatch.setenv("PYTEST_LONGCTX_CACHE", str(tmp_path / "cache"))
+    vllm_command.ask_parser.cache_clear()
+    command = _command(profile=load_profile(name))
+    fitted, check = check_flags(command, python=python)
+    vllm_command.ask_parser.cache_clear()
+    assert check is not None, "the installed vLLM's parser was not asked"
+    assert check.version == version
+    row = vllm_releases.row_for(version)
+    assert row is not None
+    lacks = () if row.accepts("--sse-keep-alive-interval") else ("--sse-keep-alive-interval",)
+    assert check.left_out == lacks
+    assert check.problem() is None
+    assert ("--sse-keep-alive-interval" in fitted.argv) is not lacks
+    assert "--attention-backend" in fitted.argv  # the profile's own, accepted as it is
 
 
 def test_a_flag_the_profile_asks_for_that_vllm_lacks_is_refused_naming_both(
