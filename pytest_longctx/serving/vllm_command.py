@@ -429,22 +429,26 @@ def _serve_parser() -> tuple[str, object]:
     return version, make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
 
 
-def _platform_without_device() -> None:
-    """The platform vLLM builds its parser on in this Python: where it found none (a GPU
-    build on a host without a device, as a cluster's login node is), its own CPU platform.
+#: The torch device type of the platform a GPU build runs on: vLLM's CUDA and ROCm platforms
+#: both declare ``cuda``.
+GPU_DEVICE_TYPE = "cuda"
 
-    The ``serve`` parser's defaults build a ``DeviceConfig``, which asks the platform for its
-    device type and raises "Failed to infer device type" on vLLM's unspecified platform.
-    vLLM's own CLI does the same for ``vllm bench``, which builds that parser on a client
-    (``vllm/entrypoints/cli/main.py``): the options ``serve`` takes and how it reads their
-    values do not depend on the platform, which decides only at the engine's start. A
-    platform vLLM found (a device, a CPU build, a plugin's) is kept."""
+
+def _platform_without_device() -> None:
+    """Where vLLM finds no platform in this Python (a GPU build on a host without a device, as
+    a cluster's login node is), its unspecified platform is given the device type the build's
+    own platform has, so that the ``serve`` parser can be built as on the node.
+
+    The parser's defaults build a ``DeviceConfig``, which asks the platform for its device
+    type and raises "Failed to infer device type" where it has none; and (0.32 to 0.34)
+    ``--mm-processor-device`` accepts the platform's device type (so vLLM's CPU platform,
+    which ``vllm bench`` selects there, would refuse ``cuda``). Nothing else the parser
+    accepts reads the platform. A platform vLLM found (a device, a CPU build) is kept."""
     from vllm import platforms
 
-    if platforms.current_platform.is_unspecified():
-        from vllm.platforms.cpu import CpuPlatform
-
-        platforms.current_platform = CpuPlatform()
+    platform = platforms.current_platform
+    if platform.is_unspecified() and not platform.device_type:
+        platform.device_type = GPU_DEVICE_TYPE
 
 
 def parser_verdict(request: Mapping[str, Any]) -> dict[str, Any]:

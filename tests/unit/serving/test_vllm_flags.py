@@ -8,6 +8,7 @@ source, fetched from the package index (``tests/support/vllm_sources.py``).
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -107,12 +108,16 @@ def test_a_gpu_builds_parser_answers_on_a_host_without_a_device(
 ) -> None:
     """A GPU profile planned on a login node: vLLM's ``serve`` parser is built there although
     vLLM finds no device (its ``DeviceConfig`` default cannot infer one), and judges the
-    command as the release does: the keep-alive flag left out where the release lacks it
-    (0.25.1), the rest accepted."""
+    command as the release does on the node: the keep-alive flag left out where the release
+    lacks it (0.25.1), the rest accepted, a device the GPU build's platform has among them."""
     version, python = login_node_python
     monkeypatch.setenv("PYTEST_LONGCTX_CACHE", str(tmp_path / "cache"))
     vllm_command.ask_parser.cache_clear()
     command = _command(profile=load_profile(name))
+    if version == "0.33.0":  # takes the platform's device type: the GPU build's (0.25.1 lacks it)
+        command = dataclasses.replace(
+            command, argv=(*command.argv, "--mm-processor-device", "cuda")
+        )
     fitted, check = check_flags(command, python=python)
     vllm_command.ask_parser.cache_clear()
     assert check is not None, "the installed vLLM's parser was not asked"
