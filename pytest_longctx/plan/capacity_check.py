@@ -309,6 +309,7 @@ def render_table(
             "and workspaces ([hardware] reserve_per_device), counted in every point's need"
         )
     lines += workspace_lines(plan, rows)
+    lines += positions_lines(plan, lengths)
     startable = [row.length for row in rows if not row.cannot_start]
     if startable:
         tokens = max(startable) + plan.tokens_after_prefix
@@ -736,3 +737,44 @@ def _levers(
             f"({_largest_length(limit, after)})"
         )
     return lines
+
+
+def trained_positions(profile: Profile) -> int | None:
+    """The positions the profile's model was made for (``max_position_embeddings``); None
+    where its config is not at hand or says none."""
+    config = model_config(profile)
+    value = None if config is None else text_fields(config).get("max_position_embeddings")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def past_positions(profile: Profile, tokens: int) -> int | None:
+    """The model's trained positions where ``tokens`` (a point's prompt and decode) run past
+    them, else None (the records' ``past_positions``)."""
+    trained = trained_positions(profile)
+    return trained if trained is not None and tokens > trained else None
+
+
+def positions_lines(plan: SweepPlan, lengths: Sequence[int]) -> list[str]:
+    """The lengths whose positions run past the model's trained ones, and what vLLM does
+    there: serves them only under VLLM_ALLOW_LONG_MAX_MODEL_LEN, with a warning."""
+    profile = plan.profile
+    past = [n for n in lengths if past_positions(profile, n + plan.tokens_after_prefix)]
+    if not past:
+        return []
+    trained = trained_positions(profile)
+    assert trained is not None
+    env = profile.serving.env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN")
+    allowed = env is not None and env.lower() in ("1", "true")
+    named = ", ".join(format_size(n) for n in past)
+    if not allowed and not release_row(profile).env_default_on("VLLM_ALLOW_LONG_MAX_MODEL_LEN"):
+        return [
+            f"positions: {named} run past the model's {trained:,} positions "
+            "(max_position_embeddings): vLLM refuses such a --max-model-len unless "
+            'VLLM_ALLOW_LONG_MAX_MODEL_LEN = "1" is in [serving.env]'
+        ]
+    return [
+        f"positions: {named} run past the model's {trained:,} positions "
+        "(max_position_embeddings), served under VLLM_ALLOW_LONG_MAX_MODEL_LEN, where vLLM "
+        "warns the model may give NaN or out-of-range results; their records say so "
+        "(past_positions)"
+    ]
