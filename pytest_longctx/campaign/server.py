@@ -44,6 +44,7 @@ from pytest_longctx.serving.vllm_command import (
     build_server_command,
     check_flags,
     cluster_commands,
+    engine_ready_note,
     pinned_note,
     plugin_flags,
     redact_env,
@@ -191,6 +192,9 @@ def describe_server(hooks: CampaignHooks, run: RunDescription, sizing: Sizing) -
         return "\n".join(lines)
     lines.append("server command (port chosen at start):\n  " + command.shell_line())
     lines.append(flags)
+    ready = engine_ready_note(run.plan.profile)
+    if ready:
+        lines.append(ready)
     first = named(serves).schedule_rank
     for workload in REGISTERED:  # the servers started after the first, for their workloads
         if workload.server != workload.name or workload.schedule_rank <= first:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from pytest_longctx.core.sizes import format_size
 
 from .layout import FP8_CACHE_DTYPE, GIB, CacheLayout, describe_layout, text_fields
+from .workspace import largest_passing
 
 
 def token_capacity(
@@ -124,6 +125,14 @@ class PointFit:
     #: The smallest change that makes it fit, or why none in this node does; None if it fits.
     suggestion: str | None
     reason: str
+    #: vLLM's start-up workspace that grows with ``max_model_len`` (sparse MLA), counted in
+    #: ``overhead_bytes`` and the need: a point it pushes past the budget cannot start.
+    workspace_bytes: int = 0
+
+    @property
+    def cannot_start(self) -> bool:
+        """The server sized for this point cannot start: it does not fit, with a workspace."""
+        return not self.fits and self.workspace_bytes > 0
 
     @property
     def slack_bytes(self) -> int:
@@ -349,13 +358,15 @@ def fit_point(
     *,
     overhead_bytes_per_rank: int = 0,
     background: tuple[int, int] = (0, 0),
+    workspace: Callable[[int], int] | None = None,
 ) -> PointFit:
     """Does a ``length``-token prompt plus ``decode_tokens`` fit one rank, and if not, what would.
 
     ``overhead_bytes_per_rank`` is memory vLLM holds outside weights and cache (activations,
     graphs, workspaces); it counts against the device budget, not an explicit cache size.
     ``background`` is (requests, tokens each) that run beside it: an interference point's
-    background streams.
+    background streams. ``workspace`` gives the bytes per rank vLLM reserves at start-up for
+    a ``max_model_len`` (the point's tokens; :mod:`~pytest_longctx.capacity.workspace`).
     """
     if length <= 0 or decode_tokens < 0:
         raise ValueError(
@@ -368,18 +379,20 @@ def fit_point(
         )
     tokens = length + decode_tokens
     tp = layout.tensor_parallel
-    kv, state, weights, need, available = _needs(
-        layout, hardware, tokens, overhead_bytes_per_rank, tp, background
-    )
+    reserved = workspace(tokens) if workspace and hardware.kv_cache_bytes is None else 0
+    overhead = overhead_bytes_per_rank + reserved
+    kv, state, weights, need, available = _needs(layout, hardware, tokens, overhead, tp, background)
     fits = need <= available
-    assert layout.allocation is not None
-    fixed = 0 if hardware.kv_cache_bytes is not None else weights + overhead_bytes_per_rank
-    max_tokens = layout.allocation.max_tokens(available - fixed) if available > fixed else 0
+    max_tokens = _max_tokens(
+        layout, hardware, overhead_bytes_per_rank, workspace if reserved else None
+    )
 
     what = format_size(length) + (f" + {decode_tokens} decode" if decode_tokens else "")
     if background[0]:
         what += f" beside {background[0]} background requests of {background[1]} tokens"
     budget, parts = _budget_words(hardware, kv, state, weights, available, overhead_bytes_per_rank)
+    if reserved:
+        parts += f" + start-up workspace {_gib(reserved)}"
     ranks = f"TP={tp}" + (
         f", DCP={layout.decode_context_parallel}" if layout.decode_context_parallel > 1 else ""
     )
@@ -388,9 +401,10 @@ def fit_point(
         suggestion = None
         reason = f"{head}; fits in {budget}"
     else:
-        suggestion = _smallest_change(layout, hardware, tokens, overhead_bytes_per_rank)
+        suggestion = _smallest_change(layout, hardware, tokens, overhead)
+        verdict = "cannot start: does not fit" if reserved else "does not fit"
         reason = (
-            f"{head}; does not fit in {budget}; as configured at most {max_tokens:,} tokens "
+            f"{head}; {verdict} in {budget}; as configured at most {max_tokens:,} tokens "
             f"fit; {suggestion}"
         )
     return PointFit(
@@ -401,14 +415,45 @@ def fit_point(
         kv_bytes=kv,
         state_bytes=state,
         weights_bytes=weights,
-        overhead_bytes=0 if hardware.kv_cache_bytes is not None else overhead_bytes_per_rank,
+        overhead_bytes=0 if hardware.kv_cache_bytes is not None else overhead,
         need_bytes=need,
         available_bytes=available,
         fits=fits,
         max_tokens=max_tokens,
         suggestion=suggestion,
         reason=reason,
+        workspace_bytes=reserved,
     )
+
+
+def _max_tokens(
+    layout: CacheLayout,
+    hardware: Hardware,
+    overhead: int,
+    workspace: Callable[[int], int] | None,
+) -> int:
+    """The longest prompt + decode the configured layout holds: with a workspace, the
+    largest ``max_model_len`` whose cache and workspace fit together."""
+    assert layout.allocation is not None
+    available = (
+        hardware.kv_cache_bytes
+        if hardware.kv_cache_bytes is not None
+        else hardware.usable_per_device_bytes
+    )
+    fixed = 0
+    if hardware.kv_cache_bytes is None:
+        fixed = hardware.weights_on_rank(layout.tensor_parallel, layout.tensor_parallel) + overhead
+    bound = layout.allocation.max_tokens(available - fixed) if available > fixed else 0
+    if workspace is None or bound < 1:
+        return bound
+
+    def starts(tokens: int) -> bool:
+        need = _needs(
+            layout, hardware, tokens, overhead + workspace(tokens), layout.tensor_parallel
+        )
+        return need[3] <= need[4]
+
+    return largest_passing(starts, 1, bound) or 0
 
 
 def capacity_table(
@@ -419,6 +464,7 @@ def capacity_table(
     *,
     overhead_bytes_per_rank: int = 0,
     background: tuple[int, int] = (0, 0),
+    workspace: Callable[[int], int] | None = None,
 ) -> list[PointFit]:
     """One :class:`PointFit` per sweep length, in the order given."""
     return [
@@ -429,6 +475,7 @@ def capacity_table(
             decode_tokens,
             overhead_bytes_per_rank=overhead_bytes_per_rank,
             background=background,
+            workspace=workspace,
         )
         for length in lengths
     ]
@@ -439,6 +486,8 @@ BORDERLINE_SLACK = 0.05
 
 
 def _verdict(row: PointFit) -> str:
+    if row.cannot_start:
+        return "cannot start"
     if not row.fits:
         return "NO"
     return "borderline" if row.slack_bytes < BORDERLINE_SLACK * row.available_bytes else "yes"

@@ -112,6 +112,15 @@ def _torch_dtype(nbytes: int, fp8: bool) -> Any:
     return {2: torch.bfloat16, 4: torch.float32}[nbytes]
 
 
+def _cache_dtype_name(kv_element_bytes: int) -> str:
+    """The ``cache_dtype_str`` vLLM's MLA layer gives its spec: ``cache_config.cache_dtype``
+    (``model_executor/layers/attention/mla_attention.py:1009``, 0.25.1). Any name but the
+    packed rows' sizes the page alike; that it is set keeps a sparse-MLA indexer, whose spec
+    names none, out of the MLA layers' merge (0.25.1's ``MLAAttentionSpec.merge`` compares
+    that name, not the head size, so an equal name would size every indexer as an MLA row)."""
+    return "fp8" if kv_element_bytes == 1 else "auto"
+
+
 def _mla_fields(row: Release, **wanted: Any) -> dict[str, Any]:
     """``wanted`` less the ``MLAAttentionSpec`` fields ``row``'s release lacks."""
     return {
@@ -186,7 +195,9 @@ def specs_for_layers(
                     **_mla_fields(
                         row,
                         max_tp_shards=1,
-                        cache_dtype_str="fp8_ds_mla" if content else None,
+                        cache_dtype_str="fp8_ds_mla"
+                        if content
+                        else _cache_dtype_name(kv_element_bytes),
                         state_content_bytes=content,
                     ),
                 )
@@ -249,9 +260,7 @@ def ask_vllm(
             for names in stage_names:
                 worker = {name: merged[name] for name in names}
                 projected = utils._project_kv_cache_groups_to_worker(groups, worker)
-                needs.append(
-                    utils._max_memory_usage_bytes_from_groups(*builder, config, projected)
-                )
+                needs.append(utils._max_memory_usage_bytes_from_groups(*builder, config, projected))
                 pool_args = (config, projected) if row.pool_bytes_takes_config else (projected,)
                 blocks.append(utils._pool_bytes_per_block(*pool_args))
     finally:
@@ -323,10 +332,15 @@ def answer_from_json(answer: Mapping[str, Any]) -> OracleAnswer:
     )
 
 
+#: The version of how the requests' specs are built: a kept answer of another was given for
+#: other specs (2: the MLA layers name their cache dtype, as vLLM's do).
+SPEC_RULE = 2
+
+
 def answer_file(request: Mapping[str, Any], python: str = sys.executable) -> Path:
     """Where the answer to ``request`` from ``python``'s vLLM is kept."""
     answering = vllm_version() if python == sys.executable else python
-    key = json.dumps({"request": request, "vllm": answering}, sort_keys=True)
+    key = json.dumps({"request": request, "vllm": answering, "specs": SPEC_RULE}, sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:32]
     return cache_root() / "capacity-oracle" / f"{digest}.json"
 

@@ -223,6 +223,11 @@ class Record:
     #: judged against its own; or ``metrics`` (the server sent none: its figures are
     #: /metrics' sums, ``server_metrics``) with ``why``. Empty for a point not measured.
     server_timing: Mapping[str, Any] = field(default_factory=dict)
+    #: The model's trained positions (its ``max_position_embeddings``) where this point's
+    #: prompt and decode run past them: vLLM serves such a length only under
+    #: ``VLLM_ALLOW_LONG_MAX_MODEL_LEN`` and warns that the model may give NaN or
+    #: out-of-range results there. None within them, or where they are not known.
+    past_positions: int | None = None
 
     def figure(self, name: str) -> float | None:
         return self.figures.get(name)
@@ -284,6 +289,7 @@ class Record:
             "fidelity": dict(self.fidelity),
             "concurrency": dict(self.concurrency),
             "server_timing": dict(self.server_timing),
+            "past_positions": self.past_positions,
         }
 
     @classmethod
@@ -323,6 +329,7 @@ class Record:
             fidelity=dict(data.get("fidelity") or {}),
             concurrency=dict(data.get("concurrency") or {}),
             server_timing=dict(data.get("server_timing") or {}),
+            past_positions=data.get("past_positions"),
         )
 
 

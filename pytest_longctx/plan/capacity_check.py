@@ -6,12 +6,16 @@ import contextlib
 import dataclasses
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pytest_longctx import capacity
+from pytest_longctx.capacity import workspace as start_workspace
+from pytest_longctx.capacity.kinds import ASSUMED_SPARSE_MLA_BACKEND
+from pytest_longctx.capacity.layout import text_fields
+from pytest_longctx.core.sizes import format_size
 from pytest_longctx.plan.points import SweepPlan
 from pytest_longctx.profiles import Profile, ServerSettings, vllm_releases
 from pytest_longctx.profiles import hardware as host
@@ -143,9 +147,9 @@ def layout_for(profile: Profile, release: Release | None = None) -> capacity.Cac
     serving = profile.serving
     if serving.device == "cpu" and capacity.uses_sparse_mla(config):
         raise capacity.UnservedModelError(
-            f"profile {profile.path}: [serving] device = \"cpu\" cannot serve a sparse-MLA "
-            f"model (index_topk): {CPU_SPARSE_REFUSAL} (\"Sparse Attention is not supported "
-            "on CPU\")"
+            f'profile {profile.path}: [serving] device = "cpu" cannot serve a sparse-MLA '
+            f'model (index_topk): {CPU_SPARSE_REFUSAL} ("Sparse Attention is not supported '
+            'on CPU")'
         )
     flags = cache_flags(serving, f"profile {profile.path}")
     layout = capacity.cache_layout(
@@ -271,6 +275,7 @@ def check_points(
             decode,
             overhead_bytes_per_rank=reserve,
             background=plan.background_load if under_load else (0, 0),
+            workspace=workspace_rule(profile, layout),
         )
     }
 
@@ -288,8 +293,14 @@ def render_table(
         return f"capacity: unknown (no config.json for {profile.model.source} at hand)"
     hardware = hardware_for(profile)
     reserve = profile.hardware.reserve_per_device
+    rule = workspace_rule(profile, layout)
     rows = capacity.capacity_table(
-        layout, hardware, lengths, plan.tokens_after_prefix, overhead_bytes_per_rank=reserve
+        layout,
+        hardware,
+        lengths,
+        plan.tokens_after_prefix,
+        overhead_bytes_per_rank=reserve,
+        workspace=rule,
     )
     lines = ["capacity plan:", capacity.render_capacity_table(rows, layout), *workload_lines]
     if reserve:
@@ -297,9 +308,13 @@ def render_table(
             f"reserve: {reserve / capacity.GIB:.2f} GiB per device for activations, graphs "
             "and workspaces ([hardware] reserve_per_device), counted in every point's need"
         )
-    if lengths:
-        tokens = max(lengths) + plan.tokens_after_prefix
-        lines.append(predicted_capacity(layout, hardware, tokens, reserve))
+    lines += workspace_lines(plan, rows)
+    lines += positions_lines(plan, lengths)
+    startable = [row.length for row in rows if not row.cannot_start]
+    if startable:
+        tokens = max(startable) + plan.tokens_after_prefix
+        held = rule(tokens) if rule else 0
+        lines.append(predicted_capacity(layout, hardware, tokens, reserve, held))
         lines.append(oracle_line(layout, tokens, release_row(profile)))
     return "\n".join(line for line in lines if line)
 
@@ -318,6 +333,7 @@ def beside_background_lines(plan: SweepPlan, lengths: Sequence[int]) -> list[str
         plan.decode_tokens,
         overhead_bytes_per_rank=profile.hardware.reserve_per_device,
         background=plan.background_load,
+        workspace=workspace_rule(profile, layout),
     )
     return [
         f"interference points: each length beside {requests} background requests of "
@@ -358,9 +374,13 @@ def server_capacity(server: ServerSettings) -> str:
 
 
 def cache_budget(
-    layout: capacity.CacheLayout, hardware: capacity.Hardware, reserve: int = 0
+    layout: capacity.CacheLayout,
+    hardware: capacity.Hardware,
+    reserve: int = 0,
+    workspace_bytes: int = 0,
 ) -> tuple[int, str]:
-    """The bytes per rank vLLM will make its cache of, and how the plan knows them."""
+    """The bytes per rank vLLM will make its cache of, and how the plan knows them
+    (``workspace_bytes``: the start-up workspace at the server's max_model_len)."""
     if hardware.kv_cache_bytes is not None:
         return hardware.kv_cache_bytes, "for the explicit cache"
     weights = hardware.weights_on_rank(layout.tensor_parallel, layout.tensor_parallel)
@@ -370,7 +390,9 @@ def cache_budget(
         if reserve
         else "an estimate: the memory budget less the weights, activations not counted"
     )
-    return hardware.usable_per_device_bytes - weights - reserve, how
+    if workspace_bytes:
+        how += f", less the {workspace_bytes / capacity.GIB:.2f} GiB start-up workspace"
+    return hardware.usable_per_device_bytes - weights - reserve - workspace_bytes, how
 
 
 def concurrency_fits(
@@ -391,7 +413,10 @@ def concurrency_fits(
         layout = layout.with_changes(block_size=block_size)
         num_blocks, source = blocks // profile.serving.data_parallel_size, "server"
     else:
-        budget, _ = cache_budget(layout, hardware_for(profile), profile.hardware.reserve_per_device)
+        rule = workspace_rule(profile, layout)
+        held = rule(plan.max_model_len(tuple(lengths))) if rule else 0
+        reserve = profile.hardware.reserve_per_device
+        budget, _ = cache_budget(layout, hardware_for(profile), reserve, held)
         assert layout.allocation is not None
         num_blocks, source = capacity.pool_blocks(layout.allocation, max(budget, 0)), "plan"
     assert layout.allocation is not None
@@ -417,13 +442,15 @@ def predicted_capacity(
     hardware: capacity.Hardware,
     max_model_len: int,
     reserve: int = 0,
+    workspace_bytes: int = 0,
 ) -> str:
     """The KV capacity vLLM will report, and the concurrency at the largest length.
 
     ``reserve`` is ``[hardware] reserve_per_device``: memory vLLM holds beyond weights and
-    cache, so without an explicit cache size it is not there for the cache either."""
+    cache, so without an explicit cache size it is not there for the cache either; so is
+    ``workspace_bytes``, the start-up workspace at ``max_model_len``."""
     assert layout.allocation is not None
-    budget, how = cache_budget(layout, hardware, reserve)
+    budget, how = cache_budget(layout, hardware, reserve, workspace_bytes)
     if budget <= 0:
         what = "the weights and the reserve" if reserve else "the weights alone"
         return f"predicted KV capacity: none ({what} fill the budget)"
@@ -434,9 +461,7 @@ def predicted_capacity(
     )
 
 
-def oracle_line(
-    layout: capacity.CacheLayout, tokens: int, release: Release | None = None
-) -> str:
+def oracle_line(layout: capacity.CacheLayout, tokens: int, release: Release | None = None) -> str:
     """vLLM's own allocator asked the same question, where vLLM is installed; ``release``:
     the one the plan is made for, whose defaults the question carries (said where the
     installed vLLM that answers is another)."""
@@ -557,3 +582,199 @@ def check_against_server(
         planned = capacity.token_capacity(layout, kv_bytes, block_size)
         compared = "num_gpu_blocks x block_size"
     return ServerCapacityCheck(planned, reported, block_size, kv_bytes, explicit is None, compared)
+
+
+#: vLLM's default ``max_num_seqs`` for its API server on a GPU of at least this memory (1024;
+#: 256 below), from 0.25.1 to 0.34.0 (``engine/arg_utils.py``'s ``get_batch_defaults``).
+MAX_NUM_SEQS_FROM_BYTES, MAX_NUM_SEQS_LARGE, MAX_NUM_SEQS_SMALL = 70 * capacity.GIB, 1024, 256
+
+
+def workspace_settings(
+    profile: Profile, layout: capacity.CacheLayout, release: Release | None = None
+) -> start_workspace.WorkspaceSettings | None:
+    """What decides the sparse-MLA start-up workspace of the profile's server under
+    ``release`` (default: the planned one); None for a model without one, or on CPU."""
+    serving = profile.serving
+    fields = text_fields(layout.config)
+    if serving.device == "cpu" or not capacity.uses_sparse_mla(layout.config):
+        return None
+    release = release or release_row(profile)
+    memory = hardware_for(profile).memory_per_device_bytes
+    seqs = serving.max_num_seqs or (
+        MAX_NUM_SEQS_LARGE if memory >= MAX_NUM_SEQS_FROM_BYTES else MAX_NUM_SEQS_SMALL
+    )
+    backend = capacity.sparse_mla_backend_for(serving.device, serving.attention_backend)
+    return start_workspace.WorkspaceSettings(
+        release=release.version,
+        backend=backend or ASSUMED_SPARSE_MLA_BACKEND,
+        max_num_batched_tokens=prefill_chunk_tokens(profile, memory, release),
+        max_num_seqs=seqs,
+        index_head_dim=int(fields["index_head_dim"]),
+        packed_cache=any(layer.variant == "fp8_ds_mla" for layer in layout.layers),
+        heads_per_rank=int(fields.get("num_attention_heads", 0)) // layout.tensor_parallel,
+    )
+
+
+def workspace_rule(
+    profile: Profile,
+    layout: capacity.CacheLayout,
+    settings: start_workspace.WorkspaceSettings | None = None,
+) -> Callable[[int], int] | None:
+    """Bytes per rank of the start-up workspace at a ``max_model_len``; None where vLLM
+    reserves none that grows with it."""
+    chosen = settings or workspace_settings(profile, layout)
+    if chosen is None:
+        return None
+    return lambda max_model_len: start_workspace.workspace_for(chosen, max_model_len).bytes
+
+
+def _longest_start(
+    profile: Profile, layout: capacity.CacheLayout, settings: start_workspace.WorkspaceSettings
+) -> int:
+    """The largest ``max_model_len`` whose cache and workspace fit the budget together."""
+    fit = capacity.fit_point(
+        layout,
+        hardware_for(profile),
+        1,
+        overhead_bytes_per_rank=profile.hardware.reserve_per_device,
+        workspace=workspace_rule(profile, layout, settings),
+    )
+    return fit.max_tokens
+
+
+def _largest_length(limit: int, after: int) -> str:
+    """The largest power-of-two prompt whose server (prompt + ``after``) fits ``limit``."""
+    length = 1
+    while (length * 2) + after <= limit:
+        length *= 2
+    return format_size(length) if length + after <= limit else "none"
+
+
+def workspace_lines(plan: SweepPlan, rows: Sequence[capacity.PointFit]) -> list[str]:
+    """The start-up workspace the plan counts, the largest length that can start, and the
+    lever that lets a longer one start (fewer batched tokens, a newer release)."""
+    profile = plan.profile
+    layout = layout_for(profile)
+    settings = None if layout is None else workspace_settings(profile, layout)
+    if layout is None or settings is None:
+        return []
+    after = plan.tokens_after_prefix
+    limit = _longest_start(profile, layout, settings)
+    lines = [
+        f"start-up workspace: vLLM {settings.release} reserves a sparse-MLA workspace that "
+        f"grows with max_model_len ({settings.backend}, max_num_batched_tokens "
+        f"{settings.max_num_batched_tokens:,}, max_num_seqs {settings.max_num_seqs:,}); each "
+        "length's need counts it at that length's max_model_len",
+        f"largest length that can start: {_largest_length(limit, after)} (a max_model_len of "
+        f"up to {limit:,} tokens starts)",
+    ]
+    blocked = [row for row in rows if row.cannot_start]
+    if blocked:
+        first = blocked[0]
+        held = start_workspace.workspace_for(settings, first.length + after)
+        lines.append(
+            f"{', '.join(format_size(row.length) for row in blocked)} cannot start: at "
+            f"{format_size(first.length)} {held.describe()}"
+        )
+        lines += _levers(profile, layout, settings, first, after)
+    if settings.rocm and not _aiter_on(profile):
+        lines.append(
+            "the sparse-MLA indexer runs on ROCm only with AITER: add VLLM_ROCM_USE_AITER = "
+            '"1" to [serving.env] (vLLM refuses it otherwise: "Sparse attention indexer ROCm '
+            'path is only supported on AITER")'
+        )
+    return lines
+
+
+def _aiter_on(profile: Profile) -> bool:
+    """Whether the launch turns AITER on (the profile's environment, else the release's
+    default)."""
+    value = profile.serving.env.get("VLLM_ROCM_USE_AITER")
+    if value is None:
+        return release_row(profile).env_default_on("VLLM_ROCM_USE_AITER")
+    return value.lower() in ("1", "true")
+
+
+def _levers(
+    profile: Profile,
+    layout: capacity.CacheLayout,
+    settings: start_workspace.WorkspaceSettings,
+    blocked: capacity.PointFit,
+    after: int,
+) -> list[str]:
+    """What lets ``blocked`` start: fewer batched tokens (where the decode logits decide),
+    and the newest release's rule."""
+    tokens = blocked.length + after
+    room = blocked.available_bytes - (blocked.need_bytes - blocked.workspace_bytes)
+    held = start_workspace.workspace_for(settings, tokens)
+    lines = []
+    if settings.rocm and held.largest.startswith("decode") and room > held.prefill_bytes:
+        rows = (room // (tokens * 4)) // 256 * 256
+        if rows >= settings.max_num_seqs:
+            lowered = dataclasses.replace(settings, max_num_batched_tokens=rows)
+            limit = _longest_start(profile, layout, lowered)
+            lines.append(
+                f"lever: --max-num-batched-tokens {rows} in [serving] extra_args lets "
+                f"{format_size(blocked.length)} start (decode logits {rows} x {tokens:,} x 4 B"
+                f"); with it a max_model_len of up to {limit:,} tokens starts "
+                f"({_largest_length(limit, after)})"
+            )
+    elif room <= held.prefill_bytes:
+        lines.append(
+            f"no --max-num-batched-tokens lets {format_size(blocked.length)} start: the cache "
+            "and the indexer's prefill keys alone exceed the budget"
+        )
+    newest = vllm_releases.RELEASES[-1]
+    if newest.version != settings.release:
+        newer = workspace_settings(profile, layout, newest)
+        assert newer is not None
+        limit = _longest_start(profile, layout, newer)
+        lines.append(
+            f"lever: vLLM {newest.version} bounds the decode logits by max_num_seqs (from "
+            f"{start_workspace.DECODE_ROWS_BY_SEQS_FROM}) and sizes the prefill keys by "
+            f"sparse_mla_prefill_workspace_factor (from {start_workspace.PREFILL_FACTOR_FROM}): "
+            f"there a max_model_len of up to {limit:,} tokens starts "
+            f"({_largest_length(limit, after)})"
+        )
+    return lines
+
+
+def trained_positions(profile: Profile) -> int | None:
+    """The positions the profile's model was made for (``max_position_embeddings``); None
+    where its config is not at hand or says none."""
+    config = model_config(profile)
+    value = None if config is None else text_fields(config).get("max_position_embeddings")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def past_positions(profile: Profile, tokens: int) -> int | None:
+    """The model's trained positions where ``tokens`` (a point's prompt and decode) run past
+    them, else None (the records' ``past_positions``)."""
+    trained = trained_positions(profile)
+    return trained if trained is not None and tokens > trained else None
+
+
+def positions_lines(plan: SweepPlan, lengths: Sequence[int]) -> list[str]:
+    """The lengths whose positions run past the model's trained ones, and what vLLM does
+    there: serves them only under VLLM_ALLOW_LONG_MAX_MODEL_LEN, with a warning."""
+    profile = plan.profile
+    past = [n for n in lengths if past_positions(profile, n + plan.tokens_after_prefix)]
+    if not past:
+        return []
+    trained = trained_positions(profile)
+    assert trained is not None
+    env = profile.serving.env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN")
+    allowed = env is not None and env.lower() in ("1", "true")
+    named = ", ".join(format_size(n) for n in past)
+    if not allowed and not release_row(profile).env_default_on("VLLM_ALLOW_LONG_MAX_MODEL_LEN"):
+        return [
+            f"positions: {named} run past the model's {trained:,} positions "
+            "(max_position_embeddings): vLLM refuses such a --max-model-len unless "
+            'VLLM_ALLOW_LONG_MAX_MODEL_LEN = "1" is in [serving.env]'
+        ]
+    return [
+        f"positions: {named} run past the model's {trained:,} positions "
+        "(max_position_embeddings), served under VLLM_ALLOW_LONG_MAX_MODEL_LEN, where vLLM "
+        "warns the model may give NaN or out-of-range results; their records say so "
+        "(past_positions)"
+    ]

@@ -22,6 +22,7 @@ import hashlib
 import importlib.util
 import io
 import json
+import math
 import os
 import shlex
 import sys
@@ -157,6 +158,9 @@ def build_server_command(
     if per_request_metrics and not stats_logging_off(extra):
         argv.append(PER_REQUEST_METRICS)
     env = dict(serving.env)
+    ready = engine_ready_timeout(profile)
+    if ready is not None and ENGINE_READY_ENV not in env:
+        env[ENGINE_READY_ENV] = str(ready)
     if max_num_batched_tokens is not None:
         extra = without_flag(extra, "--max-num-batched-tokens")
         extra += ["--max-num-batched-tokens", str(max_num_batched_tokens)]
@@ -164,6 +168,45 @@ def build_server_command(
         env[DEV_MODE_ENV] = "1"
     argv += extra
     return ServerCommand(tuple(argv), env)
+
+
+#: How long vLLM's API server waits for its engine to be ready (model loaded, memory
+#: profiled, graphs captured) before it gives up, and its default in every supported release:
+#: ``envs.py`` line 27 (0.25.1 to 0.31.0; 26 from 0.32.0 to 0.34.0), read by
+#: ``v1/engine/core_client.py`` and ``v1/utils.py``.
+ENGINE_READY_ENV, ENGINE_READY_DEFAULT_S = "VLLM_ENGINE_READY_TIMEOUT_S", 600
+
+
+def engine_ready_timeout(profile: Profile) -> int | None:
+    """The ``VLLM_ENGINE_READY_TIMEOUT_S`` a GPU launch sets: the profile's start-up budget
+    (``startup_timeout_s``) where it is longer than vLLM's own limit, so a large model's load,
+    kernel compilation and profiling are not cut short at 600 s while the plugin still
+    waits. None on CPU, or where vLLM's default already covers the budget."""
+    serving = profile.serving
+    if serving.device == "cpu" or serving.startup_timeout_s <= ENGINE_READY_DEFAULT_S:
+        return None
+    return math.ceil(serving.startup_timeout_s)
+
+
+def engine_ready_note(profile: Profile) -> str | None:
+    """What the plan says of vLLM's engine-ready limit against the start-up budget."""
+    budget = profile.serving.startup_timeout_s
+    given = profile.serving.env.get(ENGINE_READY_ENV)
+    if given is not None:
+        if given.isdigit() and int(given) < budget:
+            return (
+                f"start-up: [serving.env] {ENGINE_READY_ENV}={given} is shorter than "
+                f"startup_timeout_s ({budget:.0f} s): vLLM gives up on its engine first"
+            )
+        return None
+    ready = engine_ready_timeout(profile)
+    if ready is None:
+        return None
+    return (
+        f"start-up: vLLM waits {ENGINE_READY_DEFAULT_S} s for its engine by default "
+        f"({ENGINE_READY_ENV}); the launch sets it to {ready} s, the profile's "
+        "startup_timeout_s"
+    )
 
 
 #: vLLM's switch for each request's own timing on its stream's last usage chunk.

@@ -10,6 +10,8 @@ import pytest
 from pytest_longctx.campaign.run import Run
 from pytest_longctx.campaign.workloads import workload_of
 from pytest_longctx.core.records import Record
+from pytest_longctx.plan import capacity_check
+from pytest_longctx.plan.points import Point
 from pytest_longctx.session import outputs
 from pytest_longctx.session.items import point_of, record_identity
 from pytest_longctx.session.outputs import REPORT_ATTRIBUTE
@@ -98,6 +100,15 @@ def on_item_start(run: Run, item: pytest.Item) -> None:
     run.sweep.in_flight = (item.nodeid, point, time.time())
 
 
+def _past_positions(run: Run, point: Point) -> int | None:
+    """The model's trained positions where the point runs past them (a launched server's
+    model is the profile's; an attached one's is its own, not known here)."""
+    if run.settings.url:
+        return None
+    tokens = point.prompt_tokens + run.plan.decode_tokens
+    return capacity_check.past_positions(run.plan.profile, tokens)
+
+
 def on_item_end(run: Run) -> None:
     run.sweep.in_flight = None
 
@@ -123,6 +134,7 @@ def record_interrupted(config: pytest.Config, run: Run, starts: Sequence[dict]) 
         finished_at=time.time(),
         failure_class="interrupted",
         server_start=_server_start(starts),
+        past_positions=_past_positions(run, point),
     )
     run.results.append(record)
     config.hook.pytest_longctx_record(config=config, record=record)
@@ -177,6 +189,7 @@ def on_report(
         failure_class=failure_class,
         evidence=evidence,
         server_start=_server_start(starts),
+        past_positions=_past_positions(run, point),
     )
     run.results.append(record)
     setattr(report, REPORT_ATTRIBUTE, record.to_json())

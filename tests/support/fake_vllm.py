@@ -194,6 +194,10 @@ class Behaviour:
     #: Seconds between SSE keep-alive comments while the stream is idle, as vLLM's
     #: ``--sse-keep-alive-interval`` sends them; 0: none.
     keep_alive_s: float = 0.0
+    #: Seconds a connection may wait for its next request before the server closes it, as
+    #: vLLM's API server does (uvicorn's ``timeout_keep_alive``: ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``,
+    #: 5 s); None: never.
+    idle_close_s: float | None = None
     #: Requests served at once (vLLM's --max-num-seqs); the others wait, as the running and
     #: waiting gauges show. None: any number.
     max_num_seqs: int | None = None
@@ -291,6 +295,9 @@ class _Totals:
     external_cached_tokens: int = 0  # the KV connector's
     external_queries: int = 0
     preemptions: int = 0
+    #: Connections accepted, and those the idle limit closed (``Behaviour.idle_close_s``).
+    connections_opened: int = 0
+    connections_closed_idle: int = 0
     #: Observations per bucket (not cumulative) of the inter-token histogram.
     itl_buckets: list[int] = field(default_factory=lambda: [0] * (len(ITL_BUCKETS) + 1))
     created: float = field(default_factory=time.time)
@@ -646,6 +653,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         pass
+
+    def setup(self) -> None:
+        super().setup()
+        self.fake.account(connections_opened=1)
+        if self.fake.behaviour.idle_close_s is not None:
+            self.connection.settimeout(self.fake.behaviour.idle_close_s)
+
+    def log_error(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        if format == "Request timed out: %r":  # the idle limit closed the connection
+            self.fake.account(connections_closed_idle=1)
 
     def parse_request(self) -> bool:
         self._request_at = time.perf_counter()  # the request line was just read

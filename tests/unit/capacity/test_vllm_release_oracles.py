@@ -105,6 +105,33 @@ def test_its_allocator_agrees_with_the_plan_made_for_it(
     assert answer.bytes_per_block[0] == layout.allocation.bytes_per_block()
 
 
+def test_its_allocator_agrees_on_deepseek_v32_where_it_starts(
+    published: tuple[str, str],
+    tmp_path,
+    monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001
+) -> None:
+    """The shipped DeepSeek-V3.2 profile at the largest length its start-up workspace lets
+    start under the release: that release's allocator needs what the plan counts."""
+    version, python = published
+    monkeypatch.setenv("PYTEST_LONGCTX_CACHE", str(tmp_path))
+    row = vllm_releases.row_for(version)
+    assert row is not None
+    profile = load_profile("deepseek-v3.2-mi355x")
+    layout = capacity_check.layout_for(profile, release=row)
+    settings = capacity_check.workspace_settings(profile, layout, row)
+    assert layout is not None and layout.allocation is not None and settings is not None
+    tokens = capacity.fit_point(
+        layout,
+        capacity_check.hardware_for(profile),
+        1,
+        workspace=capacity_check.workspace_rule(profile, layout, settings),
+    ).max_tokens
+    assert 0 < tokens < 64 * MI
+    answer = _asked(layout, tokens, python)
+    assert answer.version == f"vLLM {version}"
+    assert answer.per_rank_bytes == sum(layout.request_bytes(tokens))
+
+
 def test_its_allocator_agrees_on_a_sliding_window_model(
     published: tuple[str, str],
     tmp_path,

@@ -74,3 +74,24 @@ def test_keep_alive_comments_do_not_hold_off_the_first_token_budget(fake_vllm: F
     client = CompletionClient(ClientConfig(base_url=fake_vllm.url))
     with client, pytest.raises(FirstTokenTimeoutError):
         client.measure(_request(), first_token_budget_s=0.6)
+
+
+def test_a_server_closing_idle_connections_fails_no_request(fake_vllm: FakeVLLM) -> None:
+    """vLLM's API server closes a connection idle for ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE`` (5 s)
+    between points. The client keeps no connection between requests, so no request ever goes
+    out on one the server is closing: each point, and each control request between them, opens
+    its own, and every one succeeds past the idle limit."""
+    import time
+
+    fake_vllm.configure(idle_close_s=0.3)
+    with CompletionClient(ClientConfig(base_url=fake_vllm.url)) as client:
+        first = client.measure(_request(), first_token_budget_s=10)
+        client.models()
+        client.health()
+        time.sleep(0.8)  # past the idle limit, as the pause between two points
+        client.health()
+        second = client.measure(_request(), first_token_budget_s=10)
+        client.models()
+    assert first.completion_tokens == second.completion_tokens == 4
+    requests = len(fake_vllm.requests)
+    assert fake_vllm.totals.connections_opened == requests >= 6
