@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from pathlib import Path
 
 import pytest
 from packaging.version import Version
@@ -233,8 +234,6 @@ def test_a_release_newer_than_the_newest_row_is_planned_as_it_with_a_warning() -
 def test_the_gpu_extra_installs_a_checked_release() -> None:
     """``pip install ".[gpu]"`` resolves to a release the table has checked, never next
     month's (which is served, with a warning, where a user installs it)."""
-    from pathlib import Path
-
     from packaging.requirements import Requirement
 
     try:
@@ -469,4 +468,31 @@ def test_the_mi355x_plan_prints_the_command_its_pinned_release_runs(
             "--sse-keep-alive-interval left out of the command (added by pytest-longctx; "
             "vLLM 0.25.1 lacks it)"
         ]
+    )
+
+
+def test_an_installed_parser_that_cannot_be_built_leaves_the_check_to_its_options(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GPU build on a machine without its device (a cluster's login node): its parser
+    stops at import. The command is held to its release's published options instead, and
+    the plan gives the parser's own last words."""
+    from pytest_longctx.serving import vllm_command
+
+    monkeypatch.setenv("PYTEST_LONGCTX_CACHE", str(tmp_path / "cache"))
+    python = tmp_path / "python"
+    python.write_text(
+        "#!/bin/sh\necho 'RuntimeError: Failed to infer device type' >&2\nexit 1\n"
+    )
+    python.chmod(0o755)
+    row = releases.row_for("0.32.0")
+    assert row is not None
+    planned = releases.PlannedRelease(row, "0.32.0", "installed")
+    command = vllm_command.ServerCommand(_serve("--enable-prompt-tokens-details", "--nope"))
+    fitted, check = vllm_command.check_flags(command, python=str(python), planned=planned)
+    assert check is not None and (check.by, check.refused) == ("options", ("--nope",))
+    assert fitted == command
+    assert check.how().endswith(
+        "its parser cannot be built here because building it failed: RuntimeError: Failed "
+        "to infer device type"
     )
