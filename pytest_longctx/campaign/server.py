@@ -32,9 +32,11 @@ from pytest_longctx.core.file_names import MEASURED_BY_FILE
 from pytest_longctx.core.files import exclusive_lock, write_atomically
 from pytest_longctx.gate import fingerprint_mismatch
 from pytest_longctx.measure.target import ServerError, ServerInfo
+from pytest_longctx.plan import capacity_check
 from pytest_longctx.plan.points import Point, SweepPlan
 from pytest_longctx.plan.servers import devices_note, visible_devices
 from pytest_longctx.profiles import Profile, hardware
+from pytest_longctx.profiles.vllm_releases import PlannedRelease, UnsupportedRelease
 from pytest_longctx.progress import telemetry
 from pytest_longctx.serving.model_description import ModelDescription
 from pytest_longctx.serving.vllm_command import (
@@ -45,8 +47,6 @@ from pytest_longctx.serving.vllm_command import (
     check_flags,
     cluster_commands,
     engine_ready_note,
-    pinned_note,
-    plugin_flags,
     redact_env,
     serve_args,
 )
@@ -101,9 +101,22 @@ def checked_command(
     build: bool,
     serves: str = STUDY_SERVER,
 ) -> tuple[ServerCommand, FlagCheck | None]:
-    """The launch command as the installed vLLM's parser accepts it, and what that parser
-    said (None: not asked, see :func:`check_flags`)."""
-    return check_flags(planned_command(hooks, run, sizing, port, build, serves))
+    """The launch command as the planned vLLM release accepts it, and what was said (by the
+    installed parser, or the release's published options; None: not checked, see
+    :func:`check_flags`). The one command both the plan prints and a launch runs."""
+    command = planned_command(hooks, run, sizing, port, build, serves)
+    return check_flags(command, planned=planned_release(run))
+
+
+def planned_release(run: RunDescription) -> PlannedRelease | None:
+    """The release a launch of ``run`` is planned for; None for an attached server (its own
+    version is read when it answers) or one outside the supported range (refused before)."""
+    if run.settings.url:
+        return None
+    try:
+        return capacity_check.planned_release(run.plan.profile)
+    except UnsupportedRelease:
+        return None
 
 
 def planned_command(
@@ -176,9 +189,7 @@ def describe_server(hooks: CampaignHooks, run: RunDescription, sizing: Sizing) -
     elif serve_args(command.argv) is None:
         flags = "flags not checked: the server command does not start vLLM"
     else:
-        flags = "flags not checked: no vLLM whose parser can be asked is installed here"
-        if pinned:
-            flags += "\n  " + pinned_note(pinned, plugin_flags(command.argv))
+        flags = "flags not checked: no supported vLLM release is planned"
     cluster = cluster_commands(run.plan.profile, command)
     if cluster:
         hardware, serving = run.plan.profile.hardware, run.plan.profile.serving

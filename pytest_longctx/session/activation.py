@@ -28,7 +28,7 @@ from pytest_longctx.campaign.workloads import fitted, launch_refusal
 from pytest_longctx.plan import capacity_check
 from pytest_longctx.plan.points import PlanError, build_plan
 from pytest_longctx.profiles import ProfileError
-from pytest_longctx.profiles.vllm_releases import UnsupportedRelease
+from pytest_longctx.profiles.vllm_releases import NewerRelease, UnsupportedRelease
 from pytest_longctx.session import gate_items, selection, workers
 from pytest_longctx.session.option_parsing import read_settings
 from pytest_longctx.session.stash import (
@@ -76,7 +76,9 @@ def prepare(config: pytest.Config) -> PreparedSweep:
         )
         check_api_key_env(run.description)
         if not settings.url:  # a launch runs the vLLM installed here (or the pinned one)
-            capacity_check.planned_release(plan.profile)
+            warning = capacity_check.planned_release(plan.profile).warning()
+            if warning and not workers.is_worker(config):  # said once, by the controller
+                config.issue_config_time_warning(NewerRelease(warning), stacklevel=2)
             refusal = launch_refusal(plan)
             if refusal:
                 raise PlanError(refusal)

@@ -3,8 +3,14 @@ cache, and the facts of the release table read from them.
 
 Only the files the table's facts come from are unpacked (``FILES`` and the metrics folder),
 under ``<cache>/vllm-sources/<version>/vllm/``; the archive is checked against the index's
-sha256 and not kept. Offline, :func:`source_tree` raises :class:`SourceUnavailable`, which the
-tests turn into a skip that says why.
+sha256 and not kept. Offline, :func:`source_tree` raises :class:`SourceUnavailable`.
+
+The facts each row is checked against are read once per release into committed test data
+(``vllm_release_facts/<version>.json``, with the source distribution's name and sha256), which
+the offline tests read. Run this file to hold that data, and the release table's ``serve``
+options (``pytest_longctx/profiles/data/vllm_serve_options.json``), to the sources on the
+index again: ``python tests/support/vllm_sources.py`` fails naming every fact that differs;
+``--write`` rewrites what differs.
 
 :func:`python_for` unpacks a release's whole Python package instead and gives a Python that
 imports it: the published parser and allocator of that release answer, with this
@@ -87,7 +93,7 @@ def source_tree(version: str, whole: bool = False) -> Path:
                 raise SourceUnavailable(f"vllm-{version}.tar.gz: sha256 differs from the index's")
             unpacked = Path(scratch) / "tree"
             _unpack(archive, unpacked, version, whole)
-            (unpacked / COMPLETE).write_text(url + "\n")
+            (unpacked / COMPLETE).write_text(f"{url}\n{digest.hexdigest()}\n")
             shutil.rmtree(folder, ignore_errors=True)
             os.replace(unpacked, folder)
     return folder
@@ -279,3 +285,289 @@ def cached_versions() -> list[str]:
     with contextlib.suppress(OSError):
         return sorted(p.name for p in folder.iterdir() if (p / COMPLETE).exists())
     return []
+
+
+# -- the committed facts ----------------------------------------------------------------------
+
+#: The committed facts of each release, one file per release.
+FACTS_DIR = Path(__file__).parent / "vllm_release_facts"
+PARSER_MODULES = [
+    "vllm.entrypoints.openai.cli_args",
+    "vllm.entrypoints.launchers.cli_args",
+    "vllm.entrypoints.common.cli_args",
+]
+ALLOCATOR_MODULES = ["vllm.v1.core.kv_cache_utils", "vllm.v1.core.kv_cache_planning"]
+#: The allocator's functions the capacity oracle calls.
+ALLOCATOR_FUNCTIONS = (
+    "get_kv_cache_groups",
+    "_max_memory_usage_bytes_from_groups",
+    "_project_kv_cache_groups_to_worker",
+    "_pool_bytes_per_block",
+)
+
+
+class FactsMissing(AssertionError):
+    """A release of the table has no committed facts: its checks cannot run (a failure, not a
+    skip)."""
+
+
+def committed_facts(version: str) -> dict[str, object]:
+    """The facts of ``version`` as committed (``vllm_release_facts/<version>.json``)."""
+    path = FACTS_DIR / f"{version}.json"
+    if not path.exists():
+        raise FactsMissing(
+            f"no committed facts for vLLM {version} ({path.name}): run "
+            "`python tests/support/vllm_sources.py --write` where the package index answers"
+        )
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def sdist_identity(version: str) -> tuple[str, str]:
+    """The source distribution's file name and sha256 (as fetched; else the index's)."""
+    lines = (source_tree(version) / COMPLETE).read_text().split()
+    if len(lines) > 1:
+        return f"vllm-{version}.tar.gz", lines[1]
+    _, sha256 = _sdist_url(version)
+    if sha256 is None:
+        raise SourceUnavailable(f"the package index gives no sha256 for vllm-{version}.tar.gz")
+    return f"vllm-{version}.tar.gz", sha256
+
+
+def release_facts(version: str, env_names: list[str], metrics: tuple[str, ...]) -> dict:
+    """Every fact of ``version``'s source the offline tests read: the release table's
+    ``env_names`` variables' defaults and which of ``metrics`` it registers among them."""
+    source = Source(source_tree(version))
+    sdist, sha256 = sdist_identity(version)
+    parser = source.module_defining(PARSER_MODULES, "def make_arg_parser(").value
+    allocator = source.module_defining(ALLOCATOR_MODULES, "def get_kv_cache_groups(").value
+    parser_file = str(parser).removeprefix("vllm.").replace(".", "/") + ".py"
+    return {
+        "sdist": sdist,
+        "sha256": sha256,
+        "parser_module": parser,
+        "flexible_argument_parser": source.has(
+            "utils/argparse_utils.py", "class FlexibleArgumentParser("
+        ).value,
+        "allocator_module": allocator,
+        "allocator_args": {
+            name: source.function_args(str(allocator), name).value
+            for name in ALLOCATOR_FUNCTIONS
+        },
+        **_spec_facts(source),
+        "frontend_args_fields": sorted(
+            source.class_fields(parser_file, "FrontendArgs").value or ()
+        ),
+        **_default_facts(source),
+        **_rocm_facts(source),
+        "previously_supported_models": _previously_supported(source),
+        "env_defaults": {name: source.env_default(name).value for name in env_names},
+        **_step_facts(source),
+        "metrics": sorted(source.metrics(metrics).value),  # type: ignore[arg-type]
+        "cache_hit_sources": re.findall(
+            r'= "(\w+)"', source.text("v1/metrics/cache_hit_source.py") or ""
+        ),
+    }
+
+
+def _spec_facts(source: Source) -> dict[str, object]:
+    mla = source.class_fields("v1/kv_cache_interface.py", "MLAAttentionSpec").value
+    mamba = source.class_fields("v1/kv_cache_interface.py", "MambaSpec").value
+    return {
+        "mla_spec_fields": sorted(mla or ()),
+        "mamba_spec_fields": sorted(mamba or ()),
+        "sparse_cache_role": source.has("v1/kv_cache_interface.py", "class SparseCacheRole(").value,
+        "kv_cache_layout": source.has("v1/kv_cache_layout.py", "class KVCacheLayout(").value,
+    }
+
+
+def _default_facts(source: Source) -> dict[str, object]:
+    arg_utils = source.text("engine/arg_utils.py") or ""
+    return {
+        "hybrid_prefix_caching": source.hybrid_prefix_caching().value,
+        "hybrid_mla_block_128": source.has(
+            "platforms/interface.py",
+            "kernel_block_alignment_size = max(kernel_block_alignment_size, 128)",
+        ).value,
+        "max_in_flight_tokens": source.has(
+            "v1/kv_cache_interface.py", "max_in_flight_tokens"
+        ).value,
+        "batched_tokens_160gib": "device_memory >= 160 * GiB_bytes" in arg_utils,
+        "batched_tokens_70gib": "device_memory >= 70 * GiB_bytes" in arg_utils,
+        "api_server_batched_tokens": sorted(
+            {int(n) for n in re.findall(r"UsageContext\.OPENAI_API_SERVER: (\d+)", arg_utils)}
+        ),
+    }
+
+
+def _rocm_facts(source: Source) -> dict[str, object]:
+    rocm = source.text("platforms/rocm.py") or ""
+    control = 'device_control_env_var: str = "CUDA_VISIBLE_DEVICES"'
+    return {
+        "rocm_sync_function": "def _sync_hip_cuda_env_vars(" in rocm,
+        "rocm_refuses_apart": "if hip_val != cuda_val:" in rocm,
+        "rocm_sync_at_import": "_sync_hip_cuda_env_vars()" in rocm,
+        "rocm_sets_cuda_from_hip": 'os.environ["CUDA_VISIBLE_DEVICES"] = hip_val' in rocm,
+        "rocm_copies_cuda_to_hip": 'os.environ["HIP_VISIBLE_DEVICES"] = cuda_val' in rocm,
+        "rocr_lines": [
+            line.strip() for line in rocm.splitlines() if "ROCR_VISIBLE_DEVICES" in line
+        ],
+        "device_control_cuda": {
+            platform: control in (source.text(platform) or "")
+            for platform in ("platforms/rocm.py", "platforms/cuda.py")
+        },
+    }
+
+
+def _previously_supported(source: Source) -> dict[str, str]:
+    """``_PREVIOUSLY_SUPPORTED_MODELS``: each architecture and the last release that served it."""
+    registry = source.text("model_executor/models/registry.py") or ""
+    start = registry.find("_PREVIOUSLY_SUPPORTED_MODELS")
+    if start < 0:
+        return {}
+    body = registry[start : registry.index("}", start)]
+    return dict(re.findall(r'"(\w+)":\s*"([^"]+)"', body))
+
+
+def _step_facts(source: Source) -> dict[str, object]:
+    multiproc = source.text("v1/executor/multiproc_executor.py") or ""
+    ray = source.text("v1/executor/ray_executor.py") or ""
+    found = re.search(r'os\.environ\.setdefault\("RAY_CGRAPH_get_timeout", "(\d+)"\)', ray)
+    return {
+        "multiproc_waits_step_timeout": "envs.VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS" in multiproc,
+        "ray_cgraph_get_timeout_s": int(found.group(1)) if found else None,
+    }
+
+
+# -- the serve options, from each release's own parser ----------------------------------------
+
+#: Lists every option string of ``make_arg_parser`` of the module given, as one JSON line.
+OPTIONS_SCRIPT = """
+import importlib, json, sys
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+parser = importlib.import_module(sys.argv[1]).make_arg_parser(
+    FlexibleArgumentParser(prog="vllm serve")
+)
+options = sorted({o for action in parser._actions for o in action.option_strings})
+print("OPTIONS " + json.dumps(options))
+"""
+
+
+def serve_options(version: str, parser_module: str) -> list[str]:
+    """Every option string of ``version``'s ``serve`` parser, built from its published source
+    in a Python of its own (:func:`python_for`)."""
+    import subprocess
+
+    done = subprocess.run(
+        [python_for(version), "-c", OPTIONS_SCRIPT, parser_module],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tempfile.gettempdir(),
+    )
+    for line in done.stdout.splitlines():
+        if line.startswith("OPTIONS "):
+            return json.loads(line.removeprefix("OPTIONS "))
+    raise RuntimeError(f"vLLM {version}'s parser was not built: {done.stderr[-2000:]}")
+
+
+# -- holding the committed data to the index ---------------------------------------------------
+
+
+def options_document(by_release: dict[str, list[str]], sdists: dict[str, tuple[str, str]]) -> dict:
+    """The serve options file: the oldest release's whole set, each later one as changes."""
+    releases: dict[str, dict[str, object]] = {}
+    before: set[str] | None = None
+    for version, options in by_release.items():
+        name, sha256 = sdists[version]
+        entry: dict[str, object] = {"sdist": name, "sha256": sha256}
+        if before is None:
+            entry["options"] = sorted(options)
+        else:
+            entry["added"] = sorted(set(options) - before)
+            entry["removed"] = sorted(before - set(options))
+        releases[version] = entry
+        before = set(options)
+    return {
+        "about": (
+            "Every option string of each release's `vllm serve` parser (make_arg_parser of its "
+            "parser module), listed by building that parser from the release's source "
+            "distribution; each release after the first as the options it adds and removes. "
+            "Refreshed by tests/support/vllm_sources.py."
+        ),
+        "releases": releases,
+    }
+
+
+def differences(label: str, committed: dict, found: dict) -> list[str]:
+    """Each key of ``found`` whose value ``committed`` does not hold, named."""
+    return [
+        f"{label}: {key} is {found[key]!r} in the source, {committed.get(key)!r} committed"
+        for key in found
+        if committed.get(key) != found[key]
+    ]
+
+
+def refresh(versions: list[str], write: bool, parsers: bool) -> list[str]:
+    """Read ``versions``' sources again; the committed facts (and, with ``parsers``, serve
+    options) that differ, rewritten where ``write``."""
+    from pytest_longctx.profiles import vllm_releases as table
+
+    problems: list[str] = []
+    for version in versions:
+        found = release_facts(version, list(table.ENV_MEANINGS), table.METRICS)
+        path = FACTS_DIR / f"{version}.json"
+        committed = json.loads(path.read_text()) if path.exists() else {}
+        problems += differences(f"vLLM {version} facts", committed, found)
+        if write:
+            FACTS_DIR.mkdir(exist_ok=True)
+            path.write_text(json.dumps(found, indent=1, sort_keys=True) + "\n")
+    if parsers:
+        problems += _refresh_options(versions, write)
+    return problems
+
+
+def _refresh_options(versions: list[str], write: bool) -> list[str]:
+    from pytest_longctx.profiles import vllm_releases as table
+
+    committed = table.serve_options_by_release()
+    built = {
+        row.version: serve_options(row.version, row.parser_module)
+        if row.version in versions
+        else sorted(committed[row.version])
+        for row in table.RELEASES
+    }
+    problems = [
+        f"vLLM {version} serve options: {sorted(set(options) - committed.get(version, set()))} "
+        f"in its parser, not committed; {sorted(committed.get(version, set()) - set(options))} "
+        "committed, not in its parser"
+        for version, options in built.items()
+        if frozenset(options) != committed.get(version)
+    ]
+    if write and problems:
+        sdists = {version: sdist_identity(version) for version in built}
+        document = options_document(built, sdists)
+        table.SERVE_OPTIONS_FILE.write_text(json.dumps(document, indent=1) + "\n")
+    return problems
+
+
+def main(argv: list[str]) -> int:
+    """``[--write] [--no-parsers] [VERSION...]``: every row of the release table by default."""
+    from pytest_longctx.profiles import vllm_releases as table
+
+    write = "--write" in argv
+    parsers = "--no-parsers" not in argv
+    versions = [a for a in argv if not a.startswith("--")] or [r.version for r in table.RELEASES]
+    try:
+        problems = refresh(versions, write, parsers)
+    except SourceUnavailable as exc:
+        print(f"the release sources could not be read: {exc}", file=sys.stderr)
+        return 2
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    verb = "rewritten" if write else "differ"
+    print(f"{len(versions)} release(s) read; {len(problems)} fact(s) {verb}")
+    return 1 if problems and not write else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -185,7 +185,7 @@ def test_the_plan_names_and_asks_the_installed_release(
     result.stdout.fnmatch_lines(
         [
             "vLLM planned for: 0.33.0+cpu (installed here, the one a launch runs)",
-            "flags checked against vLLM 0.33.0 (installed): all accepted",
+            "flags checked by vLLM 0.33.0's parser (installed here): all accepted",
             "vLLM 0.33.0 asked here (its KV-cache groups and memory functions*the plan agrees*",
         ]
     )

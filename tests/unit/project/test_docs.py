@@ -438,9 +438,9 @@ class Stated:
 
 GUIDES = "docs/guides"
 def supported_range() -> str:
-    """The supported vLLM range as the pages write it (lower bound first) and as the ``gpu``
+    """The checked vLLM range as the pages write it (lower bound first) and as the ``gpu``
     extra bounds it."""
-    specs = sorted(str(s) for s in code("pytest_longctx.profiles.vllm_releases.SUPPORTED"))
+    specs = sorted(str(s) for s in code("pytest_longctx.profiles.vllm_releases.CHECKED"))
     text = ",".join(sorted(specs, key=lambda spec: not spec.startswith(">")))
     extra = (ROOT / "pyproject.toml").read_text()
     assert f'gpu = ["vllm{text}"]' in extra, "the gpu extra is bounded to the supported range"
