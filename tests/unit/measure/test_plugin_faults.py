@@ -515,7 +515,7 @@ def test_a_burst_keeps_the_point_with_the_servers_decode(
     assert "1Ki rep 0. First: the stream delivered" in report
     # the rule the real-server tests hold their records to, on each shape a busy host makes
     # (here every point's stream is burst by design: no share need agree)
-    assert_bursts_kept_with_the_servers_figure(records, report, None)
+    assert_bursts_kept_with_the_servers_figure(records, report)
 
 
 @pytest.mark.parametrize("how", ["default", "option", "ini"])

@@ -754,8 +754,8 @@ def test_a_dead_server_loses_only_its_worker_and_resume_completes_the_run(
     assert set(final) == POINTS_1KI_TO_8KI_X2
     assert all(r.outcome == "passed" for r in final.values())
     assert {r.run_id for r in after} == {run_folder(output).name}
-    assert_bursts_kept_with_the_servers_figure(  # the stand-in: its streams are not the subject
-        list(final.values()), (run_folder(output) / "report.md").read_text(), None
+    assert_bursts_kept_with_the_servers_figure(
+        list(final.values()), (run_folder(output) / "report.md").read_text()
     )
 
 
