@@ -16,11 +16,11 @@ longest first too, come after every cold one: each worker switches to their serv
 A worker whose server is lost for good hands back every point it still holds (``hand_back``),
 one at a time as it reaches them. Until it has, no other worker is told to finish, nor the
 session: a worker told to finish takes nothing more, and a point handed back to nobody is not
-measured. A worker told to finish may yet find its server dead as it starts its last point:
-the others wait for that point too, so workers that each hold their last point finish one
-after the other, however far one ran ahead of another. The same holds from the moment a worker's server crashed during a point (``doubt``)
+measured. The same holds from the moment a worker's server crashed during a point (``doubt``)
 until the worker starts its next point (``trust``: the server came back) or hands it back:
-the relaunch that decides may take minutes.
+the relaunch that decides may take minutes. And a worker told to finish may yet find its
+server dead as it starts its last point: the others wait for that point too, so workers that
+each hold their last point finish one after the other, however far one ran ahead.
 """
 
 from __future__ import annotations
