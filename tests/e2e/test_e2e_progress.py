@@ -72,15 +72,13 @@ def _chunks_read(output: Path) -> list[int]:
 
 
 def _readings_apart(point, spacing_s: float) -> int:  # noqa: ANN001
-    """The gauge's readings during the prefill (before the first token), counted only where
-    each came ``spacing_s`` or more after the last one counted."""
+    """The gauge's readings of the prefill before its end (less than the whole prompt),
+    counted only where each came ``spacing_s`` or more after the last one counted."""
     counted, last = 0, None
-    end = point.first_token_s
     for sample in point.samples:
-        if sample["phase"] != "prefill" or sample["kv_tokens"] is None:
+        value = sample["kv_tokens"]
+        if sample["phase"] != "prefill" or value is None or value >= LENGTH:
             continue
-        if end is not None and sample["t"] > end:
-            break
         if last is None or sample["t"] - last >= spacing_s:
             counted, last = counted + 1, sample["t"]
     return counted
@@ -101,13 +99,13 @@ def test_a_long_prefill_is_watched_chunk_by_chunk(
     assert tokens == sorted(tokens), tokens  # monotonic
     assert all(value % block == 0 for value in tokens), tokens
     # a new chunk at each reading of the prefill three of the server's chunk times after the
-    # one before (its own prefill time over eight), at least three partial ones (the first
-    # may read none, the last all): a host busy with other work can hold the sampler's reads
-    # of /metrics back past a short prefill, and the readings' own times say when it did
+    # one before (its own prefill time over eight), at least three (the first may read none
+    # yet): a host busy with other work can hold the sampler's reads of /metrics back past a
+    # short prefill, and the readings' own times say when it did
     chunk_s = records_of(output)[-1].figures["server_prefill"] * CHUNK / LENGTH
     apart = _readings_apart(point, 3 * chunk_s)
     seen_chunks = {value for value in tokens if 0 < value < LENGTH}
-    assert len(seen_chunks) >= min(3, apart - 2), (tokens, apart, chunk_s, point.samples)
+    assert len(seen_chunks) >= min(3, apart - 1), (tokens, apart, chunk_s, point.samples)
     # The first reading after the first token: the whole prompt, within one block of L (plus
     # the tokens decoded by then). A stream a busy host held back and flushed at once (all 128
     # tokens within 22 ms, once) has ended before the sampler reads: no reading then.
