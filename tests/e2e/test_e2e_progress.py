@@ -76,8 +76,8 @@ def _readings_apart(point, spacing_s: float) -> int:  # noqa: ANN001
     counted only where each came ``spacing_s`` or more after the last one counted."""
     counted, last = 0, None
     for sample in point.samples:
-        value = sample["kv_tokens"]
-        if sample["phase"] != "prefill" or value is None or value >= LENGTH:
+        value = sample.get("kv_tokens")
+        if sample.get("phase") != "prefill" or value is None or value >= LENGTH:
             continue
         if last is None or sample["t"] - last >= spacing_s:
             counted, last = counted + 1, sample["t"]
