@@ -11,10 +11,11 @@ profile, three times).
 A question is sent to a Python that stays up: started on the first question, detached, it
 listens on a Unix socket named by the interpreter and the installed code (a changed
 ``pytest_longctx``, vLLM or transformers gets a new one), answers one question at a time, and
-exits after :data:`IDLE_S` without one, or when asked to (:func:`stop`). Where it cannot be
-started, or ``PYTEST_LONGCTX_WARM_PYTHON=0``, each question runs in a Python of its own, as
-before. Answers are JSON; a question's exception comes back as :class:`QuestionFailed` with
-its last line.
+exits after :data:`IDLE_S` without one, or when asked to (:func:`stop`), once it has answered
+every question that reached it. Where it cannot be started, or
+``PYTEST_LONGCTX_WARM_PYTHON=0``, each question runs in a Python of its own, as before.
+Answers are JSON; a question's exception comes back as :class:`QuestionFailed` with its last
+line.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ IDLE_S = 300.0
 LISTEN_TIMEOUT_S = 60.0
 #: A longer temporary folder (a deep TMPDIR) leaves too little of a socket path's 107 bytes.
 SOCKET_FOLDER_MAX = 70
+#: How often a Python draining before it exits looks for questions that reached it.
+DRAIN_POLL_S = 0.2
 #: Only this package's functions are called.
 PACKAGE = "pytest_longctx."
 
@@ -70,7 +73,7 @@ def ask(
                 return _reply(attempt(path, message, timeout_s, python))
             except QuestionTimeout:
                 raise
-            except _Gone:  # stopped (another session ended) or died while it asked
+            except _Gone:  # it died while it asked (a stop answers what reached it first)
                 if attempt is _start_and_exchange:
                     raise QuestionFailed("the warm Python exited without answering") from None
                 continue  # a new one answers
@@ -221,7 +224,10 @@ def serve(path: Path, idle_s: float) -> int:
     """Listen on ``path``; answer each question; exit when idle or asked to.
 
     Each connection has a thread, so a ping is answered while a question runs (a caller that
-    found it silent would start another); the questions themselves run one at a time."""
+    found it silent would start another); the questions themselves run one at a time. Exiting
+    is a drain: the socket is released first (a later caller starts a new Python), then every
+    question that reached this one, running, waiting or not yet accepted, is answered: a
+    session that ends and stops it never costs another session's question its answer."""
     one_question = threading.Lock()
     stop = threading.Event()
     activity = {"open": 0, "last": time.monotonic()}
@@ -269,12 +275,25 @@ def serve(path: Path, idle_s: float) -> int:
                     with counting:
                         idle = time.monotonic() - activity["last"]
                         if activity["open"] == 0 and idle > idle_s:
+                            break
+                    continue
+                with counting:
+                    activity["open"] += 1
+                threading.Thread(target=handle, args=(conn,), daemon=True).start()
+            # a drain: no new caller finds this Python; those that reached it are answered
+            release()
+            listener.settimeout(DRAIN_POLL_S)
+            while True:
+                try:
+                    conn, _ = listener.accept()
+                except TimeoutError:
+                    with counting:
+                        if activity["open"] == 0:
                             return 0
                     continue
                 with counting:
                     activity["open"] += 1
                 threading.Thread(target=handle, args=(conn,), daemon=True).start()
-            return 0
         finally:
             release()
 

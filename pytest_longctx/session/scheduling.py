@@ -18,7 +18,9 @@ one at a time as it reaches them. Until it has, no other worker is told to finis
 session: a worker told to finish takes nothing more, and a point handed back to nobody is not
 measured. The same holds from the moment a worker's server crashed during a point (``doubt``)
 until the worker starts its next point (``trust``: the server came back) or hands it back:
-the relaunch that decides may take minutes.
+the relaunch that decides may take minutes. And a worker told to finish may yet find its
+server dead as it starts its last point: the others wait for that point too, so workers that
+each hold their last point finish one after the other, however far one ran ahead.
 """
 
 from __future__ import annotations
@@ -160,13 +162,16 @@ class LongestFirstScheduling(LoadScheduling):
 
     def _may_come_back_to(self, node: Any) -> bool:
         """Whether another worker holds points it may yet hand to ``node``. One that holds
-        nothing waits for every point another holds, the one it runs included. One that holds
-        its own last item waits only for points another holds beyond the one it runs: xdist
-        runs a worker's last item once it is told to finish, and workers that each waited for
-        another's last item would wait for ever."""
+        nothing waits for every point another holds, the one it runs included; so does one
+        that holds its own last item, for a worker already told to finish (it runs its last
+        point, whose server may be found dead as it starts, and the point comes back). Of a
+        worker not yet told it waits only for the points beyond the one it runs: xdist runs a
+        worker's last item once it is told to finish, and workers that each waited for
+        another's last item would wait for ever. So of workers that each hold their last
+        point one is told to finish, and the others once its point is done."""
         idle = not self.node2pending.get(node)
         return any(
-            self._points_held(other, last_included=idle)
+            self._points_held(other, last_included=idle or other.shutting_down)
             for other in self.node2pending
             if other is not node
         )

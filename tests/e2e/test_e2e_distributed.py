@@ -12,7 +12,6 @@ from collections import Counter
 import pytest
 from longctx_testing import (
     SHARED_SERVERS_PROFILE,
-    WARMUP_OPTION,
     assert_bursts_kept_with_the_servers_figure,
     records_of,
     run_folder,
@@ -94,17 +93,9 @@ def test_two_attached_servers_share_one_run(
     gated = records_of(output)
     assert len(gated) == 4 and set(servers_of(gated)) == {vllm_url, loaded_url}
 
-    def again() -> tuple[list, str]:
-        result, output = run_session(
-            sweep_dir, "--longctx-to=1Ki", "--longctx-repeats=3", f"{WARMUP_OPTION}=3", url=vllm_url
-        )
-        result.assert_outcomes(passed=3)
-        return records_of(output), (run_folder(output) / "report.md").read_text()
-
-    # the first run's points: each the stream's figure or, a burst, the server's; and at least
-    # half of a session's streams agree with the server (a short one again where a host burst
-    # more)
-    assert_bursts_kept_with_the_servers_figure(records, report, again)
+    # each point kept the stream's figure or, where the record shows a burst or a rate
+    # beyond the tolerance (a busy host held the stream back), the server's
+    assert_bursts_kept_with_the_servers_figure(records, report)
 
 
 def test_servers_unlike_each_other_are_refused_unless_mixing_is_allowed(

@@ -5,6 +5,7 @@ the server's inter-token histogram as a cross-check, and the sequence probe."""
 from __future__ import annotations
 
 import itertools
+import operator
 import statistics
 import time
 from array import array
@@ -408,23 +409,33 @@ def test_the_streams_requests_never_end_in_the_same_step() -> None:
     K - 1 streams at least. (Sent in step, all four requests of a busy CPU server once ended
     together just as a 16Ki prompt began its one-step prefill: the streams waited it out as
     first-token time, and the longest gap beside it was 0.4 s.) The stand-in streams each
-    request on its own clock, and a loaded host starts the streams' first requests at moments
-    up to several tokens apart, so what is compared is each first request's span, from its
-    first token to its last: a K-th of the decode longer from one stream to the next."""
+    request on its own clock, one token time a step, so each first request's span is read
+    on that clock, from the stand-in's own stamps of what it wrote: the tokens it wrote after
+    the first, a K-th of the decode more from one stream to the next. (The client's arrival
+    times are not the server's steps: a loaded host that held the reader back read 16 tokens
+    over 0.191 s where the stand-in took 0.3.)"""
     with FakeVLLMProcess(_behaviour()) as fake, BackgroundStreams(_spec(fake.url)) as streams:
         assert streams.wait_streaming(30)
         time.sleep(1.2)
         requests = streams.stop()
+        written = fake.streams
     first = sorted((r.stream, r.completion_tokens) for r in requests if r.index == 0)
     assert first == [(0, 5), (1, 10), (2, 16)]
     assert {r.completion_tokens for r in requests if r.index > 0} == {16}
-    # begun together, the first requests end in stream order, several tokens apart
-    spans = [
-        r.token_times[-1] - r.token_times[0]
-        for r in sorted(requests, key=lambda r: r.stream)
-        if r.index == 0
-    ]
-    assert all(b - a > 2 * TOKEN_S for a, b in itertools.pairwise(spans)), spans
+    spec = _spec(fake.url)
+    by_nonce = {w.prompt_head[:4]: w for w in written}
+    steps = []
+    for request in sorted(requests, key=lambda r: r.stream):
+        if request.index:
+            continue
+        server = by_nonce[tuple(request_prompt(spec, request.stream, 0)[:4])]
+        # the stream the client timed is the one the stand-in wrote, token by token, each
+        # seen no sooner than written (one clock for both processes)
+        assert len(server.chunks_written_at) == len(request.token_times), request
+        assert all(map(operator.ge, request.token_times, server.chunks_written_at)), request
+        steps.append(sum(server.tokens_per_chunk) - server.tokens_per_chunk[0])
+    # begun together, the first requests end in stream order, several steps apart
+    assert all(b - a > 2 for a, b in itertools.pairwise(steps)), steps
 
 
 def test_the_wait_ends_once_every_streams_first_request_has_ended() -> None:
@@ -439,9 +450,9 @@ def test_the_wait_ends_once_every_streams_first_request_has_ended() -> None:
     assert ready is not None
     first = {r.stream: r for r in requests if r.index == 0}
     assert sorted(first) == [0, 1, 2]
-    assert all(r.token_times[-1] <= ready for r in first.values()), (
-        [r.token_times[-1] - ready for r in first.values()]
-    )
+    assert all(r.token_times[-1] <= ready for r in first.values()), [
+        r.token_times[-1] - ready for r in first.values()
+    ]
     assert streams.ready_by == {"streaming": 3, "flushed_whole": 0}
 
 
@@ -717,8 +728,8 @@ def test_first_requests_flushed_whole_as_the_streams_start_leave_the_point_confi
     assert timing["outside_windows"] >= 3 and timing["checked"] > 0, timing  # first requests
     assert timing["agreement"] == "agrees", timing
     assert details["background_gaps"]["verdict"] == "confirmed", details["background_gaps"]
-    assert "the server's own timing of each background request" in (
-        details["background_gaps"]["by"]
+    assert (
+        "the server's own timing of each background request" in (details["background_gaps"]["by"])
     )
     assert result.figures()["bg_itl_prefill_max"] > 0.8 * PREFILL_S
 
@@ -741,7 +752,11 @@ def test_a_request_is_judged_where_a_window_holds_it_and_at_the_rules_edges() ->
     assert not windows.hold_any_of(request((3.1, 3.2), 3.05))
 
     def timed(  # noqa: ANN202
-        stream: int, times: tuple[float, ...], decode_s: float, tokens: int = 0, error=None  # noqa: ANN001
+        stream: int,
+        times: tuple[float, ...],
+        decode_s: float,
+        tokens: int = 0,
+        error=None,  # noqa: ANN001
     ):
         return BackgroundRequest(
             stream, 0, times[0] - 0.01, times, (1,) * len(times), tokens or len(times),

@@ -334,18 +334,43 @@ def test_an_idle_worker_waits_for_the_point_another_runs_and_finishes_after_it(
     assert a.shutting_down and scheduler.tests_finished
 
 
-def test_workers_that_each_hold_their_last_point_are_each_told_to_finish(
+def test_workers_that_each_hold_their_last_point_are_told_to_finish_one_after_the_other(
     pytester: pytest.Pytester,
 ) -> None:
-    """Each worker holds only the point it runs: each is told to finish, which it must be to
-    run it (none waits on another's last point: they would wait for ever)."""
+    """Each worker holds only its last point, which it runs only once told to finish: one is
+    told, and the other waits until that one's point is done (neither waits on a worker not
+    yet told: they would wait for ever)."""
     scheduler, a, b, collection, item = sweep_on_two_to_4ki(pytester)
     for index in (item[4, 0], item[2, 0], item[1, 0]):
         scheduler.mark_test_complete(a, index)
     assert scheduler.node2pending[a] == [item[1, 1]] and not a.shutting_down
     scheduler.mark_test_complete(b, item[4, 1])
     assert scheduler.node2pending[b] == [item[2, 1]]
-    assert a.shutting_down and b.shutting_down
+    assert b.shutting_down and not a.shutting_down and not scheduler.tests_finished
+    scheduler.mark_test_complete(b, item[2, 1])
+    assert a.shutting_down and scheduler.tests_finished
+
+
+def test_a_point_handed_back_by_a_worker_told_to_finish_goes_to_one_still_waiting(
+    pytester: pytest.Pytester,
+) -> None:
+    """A slow host: a ran ahead through every pending point while b's server started, and
+    both hold their last point when b ends its first. b, told to finish, runs its last, and
+    its server, dead by then, hands it back: a, holding its own last point, has waited for
+    b's and takes it (told to finish with b, a was gone, and the point was not measured)."""
+    scheduler, a, b, collection, item = sweep_on_two_to_4ki(pytester)
+    for index in (item[4, 0], item[2, 0], item[1, 0]):
+        scheduler.mark_test_complete(a, index)
+    scheduler.mark_test_complete(b, item[4, 1])
+    assert b.shutting_down and scheduler.node2pending[b] == [item[2, 1]]
+    assert scheduler.hand_back(b, collection[item[2, 1]])
+    assert scheduler.node2pending[a] == [item[1, 1], item[2, 1]] and not a.shutting_down
+    scheduler.mark_test_complete(b, item[2, 1])  # b skips it, handed
+    assert a.shutting_down
+    for index in (item[1, 1], item[2, 1]):
+        scheduler.mark_test_complete(a, index)
+    assert scheduler.tests_finished
+    assert {collection[i] for i in a.sent} == set(collection) - {collection[item[4, 1]]}
 
 
 def test_no_worker_finishes_while_one_whose_server_crashed_may_hand_points_back(
@@ -354,7 +379,7 @@ def test_no_worker_finishes_while_one_whose_server_crashed_may_hand_points_back(
     """b's server crashes during 4Ki; whether b can go on is known only at its next point
     (a relaunch may take minutes, and fail). Until then a, out of pending points, is not told
     to finish, nor the session; b is, so that it runs its last item. b's next point starts:
-    its server is back, and a finishes once b runs its last point."""
+    its server is back, and a finishes once b's last point is done."""
     scheduler, a, b, collection, item = sweep_on_two_to_4ki(pytester)
     scheduler.doubt(b)  # the controller saw 4Ki-rep=1's record: engine_died
     scheduler.mark_test_complete(b, item[4, 1])
@@ -366,6 +391,8 @@ def test_no_worker_finishes_while_one_whose_server_crashed_may_hand_points_back(
     scheduler.trust(b)  # b started 2Ki-rep=1
     assert b.shutting_down and not a.shutting_down  # b may yet hand back 1Ki-rep=0
     scheduler.mark_test_complete(b, item[2, 1])
+    assert not a.shutting_down  # b runs its last point, which may yet come back
+    scheduler.mark_test_complete(b, item[1, 0])
     assert a.shutting_down
     # out of pending points, a doubted worker is told to finish (it would never run its last
     # item else), the others wait; lost after all, it hands its points to them
@@ -754,8 +781,8 @@ def test_a_dead_server_loses_only_its_worker_and_resume_completes_the_run(
     assert set(final) == POINTS_1KI_TO_8KI_X2
     assert all(r.outcome == "passed" for r in final.values())
     assert {r.run_id for r in after} == {run_folder(output).name}
-    assert_bursts_kept_with_the_servers_figure(  # the stand-in: its streams are not the subject
-        list(final.values()), (run_folder(output) / "report.md").read_text(), None
+    assert_bursts_kept_with_the_servers_figure(
+        list(final.values()), (run_folder(output) / "report.md").read_text()
     )
 
 
