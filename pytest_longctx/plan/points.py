@@ -168,7 +168,7 @@ class SweepPlan:
     def passes(self) -> tuple[Point, ...]:
         """Each (length, repeat) once, in the run's order (``--longctx-order``): the cold
         points, and what each workload measures its own points of (their order:
-        ``pytest_longctx.campaign.workloads.points_of``)."""
+        ``pytest_longctx.workloads.points_of``)."""
         if self.order == "length":
             return tuple(Point(n, r) for n in self.lengths for r in range(self.repeats))
         return tuple(Point(n, r) for r in range(self.repeats) for n in self.lengths)

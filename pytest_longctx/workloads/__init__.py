@@ -11,20 +11,21 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from pytest_longctx.campaign.workloads.cold import ColdWorkload
-from pytest_longctx.campaign.workloads.concurrency_levels import ConcurrencyWorkload
-from pytest_longctx.campaign.workloads.interference_points import InterferenceWorkload
-from pytest_longctx.campaign.workloads.warm import WarmWorkload
-from pytest_longctx.campaign.workloads.workload import (
+from pytest_longctx.plan import capacity_check
+from pytest_longctx.plan.points import Point, SweepPlan
+from pytest_longctx.workloads.cold import ColdWorkload
+from pytest_longctx.workloads.concurrency import ConcurrencyWorkload
+from pytest_longctx.workloads.interference import InterferenceWorkload
+from pytest_longctx.workloads.warm import WarmWorkload
+from pytest_longctx.workloads.workload import (
     STUDY_SERVER,
     PointSetup,
     PointStep,
+    ReportSection,
     ServerMemory,
     ServerNeeds,
     Workload,
 )
-from pytest_longctx.plan import capacity_check
-from pytest_longctx.plan.points import Point, SweepPlan
 
 #: Every workload, in the order their servers start (the study's first).
 REGISTERED: tuple[Workload, ...] = (
@@ -34,6 +35,12 @@ REGISTERED: tuple[Workload, ...] = (
     ConcurrencyWorkload(),
 )
 BY_NAME: dict[str, Workload] = {workload.name: workload for workload in REGISTERED}
+
+
+def report_sections() -> tuple[ReportSection, ...]:
+    """Each registered workload's part of every report, in the registry's order: the
+    report shell iterates them and names none."""
+    return tuple(workload.report for workload in REGISTERED if workload.report is not None)
 
 
 def named(name: str) -> Workload:
@@ -111,10 +118,12 @@ __all__ = [
     "STUDY_SERVER",
     "PointSetup",
     "PointStep",
+    "ReportSection",
     "ServerMemory",
     "ServerNeeds",
     "Workload",
     "named",
+    "report_sections",
     "planned",
     "points_of",
     "capacity_table",

@@ -17,9 +17,10 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pytest_longctx.campaign.run import RunDescription
+from pytest_longctx.core.records import Record
 from pytest_longctx.measure.target import ServerInfo
 from pytest_longctx.plan.points import (
     BACKGROUND_DECODE_TOKENS,
@@ -28,6 +29,7 @@ from pytest_longctx.plan.points import (
     Point,
     SweepPlan,
 )
+from pytest_longctx.plan.run_description import RunDescription
 from pytest_longctx.prompts import Prompt, PromptBuilder
 
 if TYPE_CHECKING:  # what measures: imported where a point is measured
@@ -125,6 +127,22 @@ class ServerNeeds:
     server_info: bool = False
 
 
+Plot = Callable[[Sequence[Record], Path], "Path | None"]
+
+
+@dataclass(frozen=True)
+class ReportSection:
+    """One workload's part of every report, a plain object the report shell iterates: each
+    renderer reads the records and says nothing where the workload has none."""
+
+    #: The terminal summary's title above its table.
+    title: str
+    markdown_lines: Callable[[Sequence[Record]], list[str]]
+    html_fragment: Callable[[Sequence[Record]], str]
+    terminal_table: Callable[[Sequence[Record]], str | None]
+    plots: tuple[Plot, ...]
+
+
 class Workload:
     """One workload's behaviour at every step of a point's path. Subclasses set the class
     attributes and override what differs from a point measured alone."""
@@ -149,6 +167,9 @@ class Workload:
     checked_under_load: ClassVar[bool] = False
     #: Its record's own section, filled from the measurement (``Record.<key>``).
     record_section: ClassVar[str | None] = None
+    #: Its own part of every report (None: the summary, which every report opens with, is
+    #: all it has).
+    report: ClassVar[ReportSection | None] = None
 
     # -- the plan and the items ---------------------------------------------------------------
 

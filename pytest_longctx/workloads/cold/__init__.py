@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pytest_longctx.campaign.workloads.workload import PointStep, Workload
 from pytest_longctx.plan.points import COLD
+from pytest_longctx.workloads.workload import PointStep, Workload
 
 if TYPE_CHECKING:
     from pytest_longctx.measure.measurement import PointMeasurement

@@ -7,13 +7,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from pytest_longctx.campaign.run import RunDescription
-from pytest_longctx.campaign.workloads.workload import (
-    PointStep,
-    ServerNeeds,
-    Workload,
-    background_spec,
-)
 from pytest_longctx.measure.target import ServerInfo
 from pytest_longctx.plan import capacity_check
 from pytest_longctx.plan.points import (
@@ -23,7 +16,16 @@ from pytest_longctx.plan.points import (
     Point,
     SweepPlan,
 )
+from pytest_longctx.plan.run_description import RunDescription
 from pytest_longctx.profiles.extra_args import cache_flags
+from pytest_longctx.workloads.interference import interference_report
+from pytest_longctx.workloads.workload import (
+    PointStep,
+    ReportSection,
+    ServerNeeds,
+    Workload,
+    background_spec,
+)
 
 if TYPE_CHECKING:  # what measures: imported where an interference point is measured
     from pytest_longctx.measure.measurement import PointMeasurement, PointSettings
@@ -31,6 +33,13 @@ if TYPE_CHECKING:  # what measures: imported where an interference point is meas
 
 class InterferenceWorkload(Workload):
     name = INTERFERENCE
+    report = ReportSection(
+        "interference: the prefill beside background streams, and what it cost them",
+        interference_report.markdown_lines,
+        interference_report.html_fragment,
+        interference_report.terminal_table,
+        (interference_report.draw_itl_plot, interference_report.draw_ttft_plot),
+    )
     server = INTERFERENCE
     mark = INTERFERENCE_MARK
     schedule_rank = 1
@@ -97,12 +106,12 @@ class InterferenceWorkload(Workload):
         """The long prompt beside K background streams. What the server shows them (whether
         it runs K + 1 requests at once, probed, and its effective chunk, ``/server_info``) is
         found once per server start."""
-        from pytest_longctx.measure.interference import chunk_from_server_info
-        from pytest_longctx.measure.under_load import (
+        from pytest_longctx.workloads.interference.under_load import (
             LoadSettings,
             measure_under_load,
             probe_sequences,
         )
+        from pytest_longctx.workloads.interference.windows import chunk_from_server_info
 
         setup = step.setup
 

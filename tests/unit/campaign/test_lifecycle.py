@@ -22,14 +22,15 @@ from longctx_testing import plan_settings
 
 from pytest_longctx.campaign.hooks import CampaignHooks
 from pytest_longctx.campaign.lifecycle import PointSkipped, ServerLifecycle
-from pytest_longctx.campaign.run import Placement, Run
-from pytest_longctx.campaign.workloads import points_of
+from pytest_longctx.campaign.run import Run
 from pytest_longctx.measure.measurement import PointFailure
 from pytest_longctx.measure.target import ServerError, ServerInfo
 from pytest_longctx.plan.points import INTERFERENCE, Point, build_plan
+from pytest_longctx.plan.run_description import Placement
 from pytest_longctx.plan.servers import ServerSlot
 from pytest_longctx.profiles import PROFILE_DIR, load_profile
 from pytest_longctx.serving.vllm_command import ServerCommand, serve_args
+from pytest_longctx.workloads import points_of
 
 MODEL = "tiny-llama"
 #: What vLLM says when its KV cache cannot hold the ``--max-model-len`` it was given.

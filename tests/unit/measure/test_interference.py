@@ -20,7 +20,17 @@ from pytest_longctx.measure.background import (
     request_decode_tokens,
     request_prompt,
 )
-from pytest_longctx.measure.interference import (
+from pytest_longctx.measure.measurement import PointSettings, client_for
+from pytest_longctx.measure.server_metrics import MetricsSnapshot
+from pytest_longctx.measure.target import ServerInfo
+from pytest_longctx.plan.points import Point
+from pytest_longctx.prompts import Prompt
+from pytest_longctx.workloads.interference.under_load import (
+    LoadSettings,
+    measure_under_load,
+    probe_sequences,
+)
+from pytest_longctx.workloads.interference.windows import (
     BackgroundView,
     GapStats,
     SequenceProbe,
@@ -31,12 +41,6 @@ from pytest_longctx.measure.interference import (
     chunk_from_server_info,
     chunk_from_streams,
 )
-from pytest_longctx.measure.measurement import PointSettings, client_for
-from pytest_longctx.measure.server_metrics import MetricsSnapshot
-from pytest_longctx.measure.target import ServerInfo
-from pytest_longctx.measure.under_load import LoadSettings, measure_under_load, probe_sequences
-from pytest_longctx.plan.points import Point
-from pytest_longctx.prompts import Prompt
 
 TOKEN_S = 0.02
 PREFILL_S = 1.5
@@ -439,9 +443,9 @@ def test_the_wait_ends_once_every_streams_first_request_has_ended() -> None:
     assert ready is not None
     first = {r.stream: r for r in requests if r.index == 0}
     assert sorted(first) == [0, 1, 2]
-    assert all(r.token_times[-1] <= ready for r in first.values()), (
-        [r.token_times[-1] - ready for r in first.values()]
-    )
+    assert all(r.token_times[-1] <= ready for r in first.values()), [
+        r.token_times[-1] - ready for r in first.values()
+    ]
     assert streams.ready_by == {"streaming": 3, "flushed_whole": 0}
 
 
@@ -717,8 +721,8 @@ def test_first_requests_flushed_whole_as_the_streams_start_leave_the_point_confi
     assert timing["outside_windows"] >= 3 and timing["checked"] > 0, timing  # first requests
     assert timing["agreement"] == "agrees", timing
     assert details["background_gaps"]["verdict"] == "confirmed", details["background_gaps"]
-    assert "the server's own timing of each background request" in (
-        details["background_gaps"]["by"]
+    assert (
+        "the server's own timing of each background request" in (details["background_gaps"]["by"])
     )
     assert result.figures()["bg_itl_prefill_max"] > 0.8 * PREFILL_S
 
@@ -741,7 +745,11 @@ def test_a_request_is_judged_where_a_window_holds_it_and_at_the_rules_edges() ->
     assert not windows.hold_any_of(request((3.1, 3.2), 3.05))
 
     def timed(  # noqa: ANN202
-        stream: int, times: tuple[float, ...], decode_s: float, tokens: int = 0, error=None  # noqa: ANN001
+        stream: int,
+        times: tuple[float, ...],
+        decode_s: float,
+        tokens: int = 0,
+        error=None,  # noqa: ANN001
     ):
         return BackgroundRequest(
             stream, 0, times[0] - 0.01, times, (1,) * len(times), tokens or len(times),
