@@ -81,27 +81,26 @@ class Point:
     background: int = 0  # an interference point's background streams K (0: none)
     #: A concurrency point's level: this many prompts of ``length`` sent at once (0: none).
     concurrency: int = 0
+    #: The workload the point belongs to, said by the workload that made it (its ``name``):
+    #: never inferred from which of the fields above is set.
+    workload: str = COLD
 
     @property
     def warm(self) -> bool:
-        return self.question > 0
+        return self.workload == WARM
 
     @property
     def concurrent(self) -> bool:
-        return self.concurrency > 0
+        return self.workload == CONCURRENCY
 
     @property
     def interference(self) -> bool:
-        return self.background > 0
+        return self.workload == INTERFERENCE
 
     @property
     def cache_state(self) -> str:
         """The workload the point belongs to (the record's ``cache_state``)."""
-        if self.interference:
-            return INTERFERENCE
-        if self.concurrent:
-            return CONCURRENCY
-        return WARM if self.warm else COLD
+        return self.workload
 
     @property
     def cold(self) -> Point:
@@ -132,6 +131,7 @@ class Point:
             record.suffix_tokens,
             record.background_streams,
             record.concurrency_level,
+            record.cache_state,
         )
 
 

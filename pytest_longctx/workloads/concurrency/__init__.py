@@ -243,7 +243,7 @@ class ConcurrencyWorkload(Workload):
         """Each length's levels (:meth:`SweepPlan.levels`), on a server with room for the
         highest: after every other point."""
         return tuple(
-            Point(p.length, p.repeat, concurrency=level)
+            Point(p.length, p.repeat, concurrency=level, workload=self.name)
             for p in passes
             for level in plan.levels(p.length)
         )

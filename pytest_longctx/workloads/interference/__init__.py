@@ -49,7 +49,10 @@ class InterferenceWorkload(Workload):
     def points(self, plan: SweepPlan, passes: Sequence[Point]) -> tuple[Point, ...]:
         """Each length again beside K background streams, on a server of its own (one
         switch, after the study's points)."""
-        return tuple(Point(p.length, p.repeat, background=plan.background_streams) for p in passes)
+        return tuple(
+            Point(p.length, p.repeat, background=plan.background_streams, workload=self.name)
+            for p in passes
+        )
 
     def mark_kwargs(self, point: Point) -> dict[str, int]:
         return {"interference": point.background}

@@ -42,7 +42,7 @@ class WarmWorkload(Workload):
     def points(self, plan: SweepPlan, passes: Sequence[Point]) -> tuple[Point, ...]:
         """Q follow-ups after each cold point, each its prompt exactly and a new suffix."""
         return tuple(
-            Point(p.length, p.repeat, question, plan.suffix_tokens)
+            Point(p.length, p.repeat, question, plan.suffix_tokens, workload=self.name)
             for p in passes
             for question in range(1, plan.warm_questions + 1)
         )

@@ -169,7 +169,7 @@ def test_concurrency_points_have_their_ids_and_come_after_the_others() -> None:
         "len=8Ki-rep=0-conc=3",
         "len=8Ki-rep=0-conc=4",
     ]
-    assert Point(8 * KI, 0, concurrency=4).cache_state == CONCURRENCY
+    assert Point(8 * KI, 0, concurrency=4, workload=CONCURRENCY).cache_state == CONCURRENCY
     assert plan.workloads == ("cold", CONCURRENCY)
 
 
