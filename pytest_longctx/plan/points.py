@@ -155,7 +155,7 @@ class SweepPlan:
     planned_fits: tuple[tuple[int, int], ...] = ()
     #: Unmeasured requests before the first point (--longctx-warmup-prompts or the profile's).
     warmup_prompts: int = 3
-    #: The workloads measured (--longctx-workload), in :data:`WORKLOADS`' order; each one's
+    #: The workloads measured (--longctx-workload), in the registry's order; each one's
     #: settings above are 0 where it is not.
     workloads: tuple[str, ...] = (COLD,)
 
@@ -222,7 +222,7 @@ def build_plan(settings: Settings, profile: Profile) -> SweepPlan:
             settings.background_streams if INTERFERENCE in settings.workload else 0
         ),
         max_concurrency=settings.max_concurrency if CONCURRENCY in settings.workload else 0,
-        workloads=tuple(name for name in WORKLOADS if name in settings.workload),
+        workloads=tuple(settings.workload),
         warmup_prompts=(
             profile.sweep.warmup_prompts
             if settings.warmup_prompts is None

@@ -27,6 +27,7 @@ from pytest_longctx.core.stats import (
 from pytest_longctx.gate.fingerprint import hardware_identity
 from pytest_longctx.rendering.text_table import format_summary
 from pytest_longctx.reporting.streaming import stream_items
+from pytest_longctx.workloads import BY_NAME
 
 DEFAULT_TITLE = "Long-context sweep"
 
@@ -335,13 +336,8 @@ def point_words(record: Record) -> str:
 def workload_words(record: Record) -> str:
     """What follows a point's repeat in words: its question, its background load or its
     concurrency level."""
-    if record.warm:
-        return f" warm {record.question}"
-    if record.cache_state == "interference":
-        return f" under {record.background_streams} background streams"
-    if record.cache_state == "concurrency":
-        return f" at {record.concurrency_level} requests at once"
-    return ""
+    workload = BY_NAME.get(record.cache_state)
+    return workload.record_words(record) if workload is not None else ""
 
 
 def non_passed_records(records: Iterable[Record]) -> list[Record]:

@@ -2,14 +2,15 @@
 interference and concurrency. The session, the campaign and its server ask a point's
 workload (:func:`workload_of`) instead of testing what kind of point it is.
 
-Adding a workload is one home (a :class:`Workload` subclass; ``cold.py`` is the smallest) and
-one line in :data:`REGISTERED`; its points come from the plan (``plan/points.py``), its
-report section from ``reporting/``.
+Adding a workload is one folder (its home a :class:`Workload` subclass; ``cold/`` is the
+smallest) and one line in :data:`REGISTERED`, or, from another distribution, one entry point
+(:data:`ENTRY_POINT_GROUP`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from importlib.metadata import entry_points
 
 from pytest_longctx.plan import capacity_check
 from pytest_longctx.plan.points import Point, SweepPlan
@@ -27,12 +28,26 @@ from pytest_longctx.workloads.workload import (
     Workload,
 )
 
-#: Every workload, in the order their servers start (the study's first).
+#: The entry-point group another distribution registers a workload under: each entry names a
+#: :class:`Workload` subclass (``kv_offload = "my_package.kv_offload:KvOffloadWorkload"``),
+#: whose module imports the seam from ``pytest_longctx.workloads.workload``.
+ENTRY_POINT_GROUP = "pytest_longctx.workloads"
+
+
+def installed() -> tuple[Workload, ...]:
+    """The workloads other distributions register (:data:`ENTRY_POINT_GROUP`), by name."""
+    found = sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda entry: entry.name)
+    return tuple(entry.load()() for entry in found)
+
+
+#: Every workload, in the order their servers start (the study's first), then those other
+#: distributions register.
 REGISTERED: tuple[Workload, ...] = (
     ColdWorkload(),
     WarmWorkload(),
     InterferenceWorkload(),
     ConcurrencyWorkload(),
+    *installed(),
 )
 BY_NAME: dict[str, Workload] = {workload.name: workload for workload in REGISTERED}
 
@@ -114,6 +129,7 @@ def server_for(points: Iterable[Point]) -> str:
 
 __all__ = [
     "BY_NAME",
+    "ENTRY_POINT_GROUP",
     "REGISTERED",
     "STUDY_SERVER",
     "PointSetup",
@@ -128,6 +144,7 @@ __all__ = [
     "points_of",
     "capacity_table",
     "fitted",
+    "installed",
     "launch_refusal",
     "served_by",
     "sized_for",

@@ -154,6 +154,8 @@ class Workload:
     server: ClassVar[str] = STUDY_SERVER
     #: Its points' pytest mark, beside ``longctx`` (None: none).
     mark: ClassVar[str | None] = None
+    #: What ``pytest --markers`` says of that mark.
+    mark_help: ClassVar[str] = ""
     #: Under pytest-xdist, a worker measures its points after every point of a lower rank, so
     #: each server is started once.
     schedule_rank: ClassVar[int] = 0
@@ -180,8 +182,9 @@ class Workload:
     def points(self, plan: SweepPlan, passes: Sequence[Point]) -> tuple[Point, ...]:
         """Its points of each (length, repeat) of ``passes`` (the plan's order). The run
         measures them after every point of a lower :attr:`schedule_rank`, each right after
-        the point of its pass (a follow-up after its cold point)."""
-        return tuple(passes)
+        the point of its pass (a follow-up after its cold point). Each point says its
+        workload (``Point.workload``)."""
+        return tuple(dataclasses.replace(point, workload=self.name) for point in passes)
 
     def fitted(self, plan: SweepPlan) -> SweepPlan:
         """``plan`` with what the capacity plan decides for this workload's points (the
@@ -221,6 +224,10 @@ class Workload:
             key = self.record_section
             found[key] = {**identity[key], **getattr(measurement, key)}
         return found
+
+    def record_words(self, record: Record) -> str:
+        """What follows a record's repeat in the reports' words (its question, its load)."""
+        return ""
 
     def reuses(self, point: Point) -> Point | None:
         """The point whose prompt this one's opens with, measured before it (None: its own)."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pytest_longctx.capacity import fit_verdict
+from pytest_longctx.core.records import Record
 from pytest_longctx.measure.agreement import STRICT_OPTION
 from pytest_longctx.measure.server_metrics import cache_config_labels
 from pytest_longctx.measure.target import ServerInfo
@@ -235,9 +236,13 @@ class ConcurrencyWorkload(Workload):
     )
     server = CONCURRENCY
     mark = CONCURRENCY_MARK
+    mark_help = "c cold prompts of one length sent at once (a concurrency level)"
     schedule_rank = 2
     watched = False
     record_section = "concurrency"
+
+    def record_words(self, record: Record) -> str:
+        return f" at {record.concurrency_level} requests at once"
 
     def points(self, plan: SweepPlan, passes: Sequence[Point]) -> tuple[Point, ...]:
         """Each length's levels (:meth:`SweepPlan.levels`), on a server with room for the

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from pytest_longctx.core.records import Record
 from pytest_longctx.measure.target import ServerInfo
 from pytest_longctx.plan import capacity_check
 from pytest_longctx.plan.points import (
@@ -42,9 +43,13 @@ class InterferenceWorkload(Workload):
     )
     server = INTERFERENCE
     mark = INTERFERENCE_MARK
+    mark_help = "a cold prefill on a server that also carries background streams"
     schedule_rank = 1
     checked_under_load = True
     record_section = "interference"
+
+    def record_words(self, record: Record) -> str:
+        return f" under {record.background_streams} background streams"
 
     def points(self, plan: SweepPlan, passes: Sequence[Point]) -> tuple[Point, ...]:
         """Each length again beside K background streams, on a server of its own (one

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from pytest_longctx.core.records import Record
 from pytest_longctx.measure.cache_state import PlannedBytes
 from pytest_longctx.measure.target import ServerInfo
 from pytest_longctx.plan import capacity_check
@@ -37,7 +38,11 @@ class WarmWorkload(Workload):
         (reuse.draw_reuse_plot,),
     )
     mark = WARM_MARK
+    mark_help = "a warm follow-up on a cold point's cached prefix"
     grows_ttft_budget = False
+
+    def record_words(self, record: Record) -> str:
+        return f" warm {record.question}"
 
     def points(self, plan: SweepPlan, passes: Sequence[Point]) -> tuple[Point, ...]:
         """Q follow-ups after each cold point, each its prompt exactly and a new suffix."""
