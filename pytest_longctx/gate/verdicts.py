@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_longctx.core.metrics import Metric
 from pytest_longctx.core.records import (
     Record,
 )
@@ -29,7 +30,7 @@ from .noise import (
     session_test,
     welch_test,
 )
-from .tolerances import METRICS, Metric, Tolerances
+from .tolerances import METRICS, Tolerances
 
 #: ``insufficient``: a gated figure one side (or both) lacks, which fails the length: a
 #: verdict never passes a figure it could not compare.

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from pytest_longctx.core.metrics import Metric
 from pytest_longctx.core.records import Record
 from pytest_longctx.measure.target import ServerInfo
 from pytest_longctx.plan.points import (
@@ -172,6 +173,8 @@ class Workload:
     #: Its own part of every report (None: the summary, which every report opens with, is
     #: all it has).
     report: ClassVar[ReportSection | None] = None
+    #: What the gate compares of its points with the baseline's points of the same workload.
+    gate_metrics: ClassVar[tuple[Metric, ...]] = ()
 
     # -- the plan and the items ---------------------------------------------------------------
 

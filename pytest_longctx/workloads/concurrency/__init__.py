@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pytest_longctx.capacity import fit_verdict
+from pytest_longctx.core.metrics import Metric
 from pytest_longctx.core.records import Record
 from pytest_longctx.measure.agreement import STRICT_OPTION
 from pytest_longctx.measure.server_metrics import cache_config_labels
@@ -227,6 +228,14 @@ def measure(
 
 class ConcurrencyWorkload(Workload):
     name = CONCURRENCY
+    #: Each level's aggregate decode throughput against the baseline's at the same length and
+    #: level.
+    gate_metrics = (
+        Metric(
+            "concurrent_decode", "aggregate_decode_throughput", "aggregate decode throughput",
+            False, 5.0, "fell", "rose", CONCURRENCY, "decode", per_level=True,
+        ),
+    )  # fmt: skip
     report = ReportSection(
         "concurrency: how many long requests fit at once",
         concurrency_report.markdown_lines,

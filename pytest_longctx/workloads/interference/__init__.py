@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from pytest_longctx.core.metrics import Metric
 from pytest_longctx.core.records import Record
 from pytest_longctx.measure.target import ServerInfo
 from pytest_longctx.plan import capacity_check
@@ -34,6 +35,17 @@ if TYPE_CHECKING:  # what measures: imported where an interference point is meas
 
 class InterferenceWorkload(Workload):
     name = INTERFERENCE
+    #: Gated only against the baseline's interference points.
+    gate_metrics = (
+        Metric(
+            "load_ttft", "ttft", "TTFT under load", True, 10.0, "regressed", "improved",
+            INTERFERENCE, "ttft",
+        ),
+        Metric(
+            "stall", "bg_itl_prefill_p99", "background p99 inter-token gap during the prefill",
+            True, 10.0, "rose", "fell", INTERFERENCE, "itl",
+        ),
+    )  # fmt: skip
     report = ReportSection(
         "interference: the prefill beside background streams, and what it cost them",
         interference_report.markdown_lines,

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from pytest_longctx.core.metrics import Metric
 from pytest_longctx.core.records import Record
 from pytest_longctx.measure.cache_state import PlannedBytes
 from pytest_longctx.measure.target import ServerInfo
@@ -30,6 +31,10 @@ def prefix_point(point: Point) -> Point:
 
 class WarmWorkload(Workload):
     name = WARM
+    #: Gated only against the baseline's warm points, with TTFT's tolerance unless set.
+    gate_metrics = (
+        Metric("warm_ttft", "ttft", "warm TTFT", True, 10.0, "regressed", "improved", WARM, "ttft"),
+    )
     report = ReportSection(
         "reuse: questions on a cached prefix (warm follow-ups)",
         reuse.markdown_lines,
