@@ -156,7 +156,7 @@ TARGETS: dict[str, Target] = {
     "interference": Target(
         (
             Part(
-                "measure/interference.py",
+                "workloads/interference/windows.py",
                 (
                     "window_of",
                     "span",

@@ -15,15 +15,10 @@ from typing import Literal
 
 import pytest
 
-from pytest_longctx.plan.points import (
-    CONCURRENCY_MARK,
-    INTERFERENCE_MARK,
-    SLOW_MARK,
-    VERY_SLOW_MARK,
-    WARM_MARK,
-)
+from pytest_longctx.plan.points import SLOW_MARK, VERY_SLOW_MARK
 from pytest_longctx.session import activation, hookspecs, workers
 from pytest_longctx.session.option_parsing import OPTIONS, asks_for_sweep
+from pytest_longctx.workloads import REGISTERED
 
 pytest_plugins = ("pytest_longctx.session.fixtures",)
 
@@ -105,17 +100,9 @@ def pytest_configure(config: pytest.Config) -> None:
         "longctx(len, rep[, warm][, interference][, conc]): a sweep point (prompt length, "
         "pass, follow-up question, background streams, requests sent at once)",
     )
-    config.addinivalue_line(
-        "markers",
-        f"{CONCURRENCY_MARK}: c cold prompts of one length sent at once (a concurrency level)",
-    )
-    config.addinivalue_line(
-        "markers", f"{WARM_MARK}: a warm follow-up on a cold point's cached prefix"
-    )
-    config.addinivalue_line(
-        "markers",
-        f"{INTERFERENCE_MARK}: a cold prefill on a server that also carries background streams",
-    )
+    for workload in REGISTERED:
+        if workload.mark is not None:
+            config.addinivalue_line("markers", f"{workload.mark}: {workload.mark_help}")
     config.addinivalue_line("markers", f"{SLOW_MARK}: a length the profile calls slow (minutes)")
     config.addinivalue_line("markers", f"{VERY_SLOW_MARK}: a length the profile calls very slow")
     config.addinivalue_line("markers", "longctx_regression(len): a baseline comparison item")

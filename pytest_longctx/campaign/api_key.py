@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from pytest_longctx.campaign.run import RunDescription
+from pytest_longctx.plan.run_description import RunDescription
 
 API_KEY_ENV_FOR_VLLM = "VLLM_API_KEY"
 

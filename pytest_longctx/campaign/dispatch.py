@@ -10,13 +10,13 @@ from typing import Any
 from pytest_longctx.campaign import fidelity, point_setup
 from pytest_longctx.campaign import server as campaign_server
 from pytest_longctx.campaign.lifecycle import ServerLifecycle
-from pytest_longctx.campaign.workloads import PointSetup, PointStep, ServerMemory, workload_of
-from pytest_longctx.campaign.workloads.concurrency_levels import LevelsMeasured
 from pytest_longctx.client import CompletionClient, RequestRejectedError
 from pytest_longctx.measure.measurement import PointFailure, PointMeasurement, UnverifiedPoint
 from pytest_longctx.measure.target import ServerInfo
 from pytest_longctx.plan.points import Point
 from pytest_longctx.prompts import Prompt, PromptBuilder
+from pytest_longctx.workloads import PointSetup, PointStep, ServerMemory, workload_of
+from pytest_longctx.workloads.concurrency import LevelsMeasured
 
 
 def measure_judged(

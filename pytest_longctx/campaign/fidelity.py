@@ -10,7 +10,6 @@ from collections.abc import Sequence
 from pytest_longctx.campaign.prompting import needles_per_prompt
 from pytest_longctx.campaign.run import Findings, RunDescription
 from pytest_longctx.campaign.warm_up import warm_up_length
-from pytest_longctx.campaign.workloads import points_of, workload_of
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.measure.measurement import PointFailure, PointMeasurement
 from pytest_longctx.plan import capacity_check
@@ -27,6 +26,7 @@ from pytest_longctx.prompts.needle import NEEDLE_KEYS
 from pytest_longctx.prompts.probe import DEPTHS, probe_depth, probe_texts, probe_value
 from pytest_longctx.serving import model_description
 from pytest_longctx.serving.model_description import ModelDescription
+from pytest_longctx.workloads import points_of, workload_of
 
 #: Where a model's config.json states the context it was made for, in order of preference.
 ADVERTISED_CONTEXT_KEYS = ("max_position_embeddings", "model_max_length")

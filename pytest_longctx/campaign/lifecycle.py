@@ -35,7 +35,6 @@ from pytest_longctx.campaign.api_key import api_key, api_key_env_name
 from pytest_longctx.campaign.hooks import CampaignHooks
 from pytest_longctx.campaign.run import Run, RunDescription, Sizing
 from pytest_longctx.campaign.warm_up import warm_up as run_warm_ups
-from pytest_longctx.campaign.workloads import STUDY_SERVER, ServerMemory, named, workload_of
 from pytest_longctx.client import MeasurementError, ModelEntry, RequestRejectedError
 from pytest_longctx.core.sizes import format_bytes, format_size
 from pytest_longctx.gate import fingerprint_mismatch
@@ -62,6 +61,7 @@ from pytest_longctx.serving.process import (
     wait_released,
 )
 from pytest_longctx.serving.vllm_command import FlagError, ServerCommand, same_release
+from pytest_longctx.workloads import STUDY_SERVER, ServerMemory, named, workload_of
 
 #: Classes that mean the point took the server down with it; they count against its length.
 CRASH_CLASSES = ("engine_died", "oom", "hang", "server_gone")

@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from pytest_longctx.campaign import budgets
-from pytest_longctx.campaign.run import RunDescription
-from pytest_longctx.campaign.workloads import PointSetup, workload_of
 from pytest_longctx.core.records import Record
 from pytest_longctx.measure.measurement import PointSettings
 from pytest_longctx.measure.target import ServerInfo
 from pytest_longctx.plan.points import Point
+from pytest_longctx.plan.run_description import RunDescription
+from pytest_longctx.workloads import PointSetup, workload_of
 
 
 def prepare(

@@ -7,16 +7,16 @@ from __future__ import annotations
 from typing import Any
 
 from pytest_longctx.campaign import server as campaign_server
-from pytest_longctx.campaign.run import RunDescription
-from pytest_longctx.campaign.workloads import points_of, workload_of
 from pytest_longctx.measure.measurement import client_for
 from pytest_longctx.measure.target import ServerInfo
 from pytest_longctx.plan.points import Point, SweepPlan
+from pytest_longctx.plan.run_description import RunDescription
 from pytest_longctx.prompts import LocalTokenSource, Prompt, PromptBuilder, ServerTokenSource
 from pytest_longctx.prompts.needle import NEEDLE_KEYS
 from pytest_longctx.prompts.probe import probe_depth
 from pytest_longctx.serving import model_description
 from pytest_longctx.serving.model_description import ModelDescription
+from pytest_longctx.workloads import points_of, workload_of
 
 
 def prompt_builder(

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pytest_longctx.campaign.run import RecordLog
-from pytest_longctx.campaign.workloads import workload_of
 from pytest_longctx.plan.points import Point
+from pytest_longctx.workloads import workload_of
 
 
 def redo_cold_points(results: RecordLog, selected: Sequence[Point]) -> list[Point]:

@@ -16,6 +16,7 @@ from pytest_longctx.core.files import exclusive_lock
 from pytest_longctx.core.records import Record, append_record, read_records
 from pytest_longctx.gate import GateState
 from pytest_longctx.plan.points import Point, SweepPlan
+from pytest_longctx.plan.run_description import Placement, RunDescription
 from pytest_longctx.plan.servers import ServerSlot
 from pytest_longctx.plan.settings import Settings
 
@@ -58,33 +59,6 @@ def end_last_line(path: Path) -> None:
         handle.seek(-1, os.SEEK_END)
         if handle.read(1) != b"\n":
             handle.write(b"\n")
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where a session stands in its campaign, known when it is configured: the servers, the
-    one it measures, its pytest-xdist worker id and the campaign's start."""
-
-    #: See :class:`Placement` (given to :meth:`create`).
-    servers: tuple[ServerSlot, ...] = (ServerSlot(0),)
-    slot: ServerSlot = ServerSlot(0)
-    worker: str | None = None
-    split_error: str | None = None
-    started_at: float | None = None
-
-
-@dataclass(frozen=True)
-class RunDescription:
-    """What a run is, fixed when the session is configured: its settings and plan, its id and
-    folder, and where the session stands in its campaign."""
-
-    settings: Settings
-    plan: SweepPlan
-    output_root: Path
-    run_id: str
-    run_dir: Path
-    #: Where the session stands in its campaign (see :class:`Placement`).
-    placement: Placement = Placement()
 
 
 @dataclass
@@ -237,7 +211,7 @@ class Run:
         plan: SweepPlan,
         rootdir: Path,
         controller_run: tuple[str, bool] | None = None,
-        placement: Placement = Placement(),
+        placement: Placement | None = None,
     ) -> Run:
         """A new or resumed run; on a pytest-xdist worker, the controller's (id, resumed)."""
         output_root = (
@@ -245,7 +219,9 @@ class Run:
         )
 
         def new(run_id: str, run_dir: Path, problems: list[str] | None = None) -> Run:
-            description = RunDescription(settings, plan, output_root, run_id, run_dir, placement)
+            description = RunDescription(
+                settings, plan, output_root, run_id, run_dir, placement or Placement()
+            )
             reports = ReportState(problems=problems or [])
             return cls(description, RecordLog(output_root, run_dir), reports=reports)
 

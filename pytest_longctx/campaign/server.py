@@ -17,16 +17,6 @@ from pytest_longctx.campaign import budgets
 from pytest_longctx.campaign.api_key import API_KEY_ENV_FOR_VLLM, api_key, api_key_env_name
 from pytest_longctx.campaign.hooks import CampaignHooks
 from pytest_longctx.campaign.run import RecordLog, RunDescription, Sizing
-from pytest_longctx.campaign.workloads import (
-    REGISTERED,
-    STUDY_SERVER,
-    ServerNeeds,
-    named,
-    planned,
-    served_by,
-    server_for,
-    sized_for,
-)
 from pytest_longctx.client import RequestRejectedError
 from pytest_longctx.core.file_names import MEASURED_BY_FILE
 from pytest_longctx.core.files import exclusive_lock, write_atomically
@@ -49,6 +39,16 @@ from pytest_longctx.serving.vllm_command import (
     engine_ready_note,
     redact_env,
     serve_args,
+)
+from pytest_longctx.workloads import (
+    REGISTERED,
+    STUDY_SERVER,
+    ServerNeeds,
+    named,
+    planned,
+    served_by,
+    server_for,
+    sized_for,
 )
 
 

@@ -7,8 +7,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pytest_longctx.campaign.run import RunDescription
-from pytest_longctx.campaign.workloads import points_of
 from pytest_longctx.client import (
     CompletionClient,
     CompletionRequest,
@@ -18,9 +16,11 @@ from pytest_longctx.client import (
 from pytest_longctx.measure.measurement import client_for
 from pytest_longctx.measure.target import ServerError, ServerInfo
 from pytest_longctx.plan.points import Point, SweepPlan
+from pytest_longctx.plan.run_description import RunDescription
 from pytest_longctx.plan.settings import Settings
 from pytest_longctx.prompts import ProbeLesson, Prompt, PromptBuilder, fidelity_verdict, learn
 from pytest_longctx.prompts.probe import after_reasoning, probe_depth
+from pytest_longctx.workloads import points_of
 
 WARMUP_PROMPT_TOKENS = 1024
 

@@ -194,8 +194,8 @@ class Record:
     #: ``background_timing``) and the verdict on the gaps (``background_gaps``: ``confirmed``
     #: or ``refuted``, with why), how the streams became ready (``streams_ready``), the
     #: ``bg_*`` figures a refuted point set aside (``unconfirmed_figures``, not gated), its
-    #: effective chunk size, sequence limit and preemptions (measure/interference.py). Empty
-    #: for other points.
+    #: effective chunk size, sequence limit and preemptions
+    #: (workloads/interference/windows.py). Empty for other points.
     interference: Mapping[str, Any] = field(default_factory=dict)
     #: The devices the energy figures cover (the server's own; on a server over several
     #: nodes, what share of its GPUs) and each energy figure not measured, with why
@@ -213,8 +213,8 @@ class Record:
     #: ``level`` (requests of this length sent at once), ``aggregate_decode_throughput``,
     #: each request's figures (``requests``), the peaks of the scheduler's gauges, the
     #: preemptions, ``ran_at_once``, and the length's ``fit_measured`` (where known),
-    #: ``fit_planned``, ``fit_vllm`` and ``verdict`` (measure/concurrent.py). Empty for
-    #: other points.
+    #: ``fit_planned``, ``fit_vllm`` and ``verdict``
+    #: (workloads/concurrency/concurrent.py). Empty for other points.
     concurrency: Mapping[str, Any] = field(default_factory=dict)
     #: The server's own timing of each request of the point beside the client's
     #: (measure/server_timing.py): ``source`` ``per_request`` (vLLM's per-request metrics)

@@ -6,98 +6,13 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from pytest_longctx.core.records import (
-    FIGURE_UNITS,
-)
+from pytest_longctx.core.metrics import Metric
 from pytest_longctx.core.sizes import SizeError, format_size, parse_size
+from pytest_longctx.workloads import REGISTERED
 
-
-@dataclass(frozen=True)
-class Metric:
-    """One gated quantity: which figure it reads and which direction hurts."""
-
-    name: str  # the key in the tolerance spec
-    figure: str  # the key in Record.figures
-    label: str  # how messages name it
-    higher_is_worse: bool
-    default_tolerance_pct: float
-    worse_verb: str
-    better_verb: str
-    #: Which points it reads: cold prefills, warm follow-ups or interference points (each
-    #: gated only against the baseline's points of the same kind, never against cold ones).
-    cache_state: str = "cold"
-    #: The metric whose tolerance it takes unless a spec sets its own (warm TTFT: TTFT's;
-    #: TTFT under load: TTFT's; the background's stall: ITL's).
-    falls_back_to: str | None = None
-    #: Judged per concurrency level (each level against the baseline's at the same length and
-    #: level), never calibrated: levels differ by design.
-    per_level: bool = False
-
-    @property
-    def optional(self) -> bool:
-        """Gated only where both sides measured its points (every workload's but the
-        cold points', which a gated length always has)."""
-        return self.cache_state != "cold"
-
-    @property
-    def is_decode(self) -> bool:
-        """Whether it reads the decode throughput, whose source a record's stream says."""
-        return self.figure == "decode_throughput"
-
-    @property
-    def unit(self) -> str:
-        return FIGURE_UNITS.get(self.figure, "")
-
-
-#: Gated metrics in report order. ITL gates the median gap: the p90 and max of a few hundred
-#: gaps swing with a single scheduler hiccup and would cry wolf.
+#: Gated metrics in report order (the registry's: each workload's, cold's first).
 METRICS: Mapping[str, Metric] = {
-    metric.name: metric
-    for metric in (
-        Metric("ttft", "ttft", "TTFT", True, 10.0, "regressed", "improved"),
-        Metric("decode", "decode_throughput", "decode throughput", False, 5.0, "fell", "rose"),
-        Metric("itl", "itl_median", "median inter-token latency", True, 10.0, "rose", "fell"),
-        Metric(
-            "warm_ttft", "ttft", "warm TTFT", True, 10.0, "regressed", "improved", "warm", "ttft"
-        ),
-        # Interference points: gated only against the baseline's interference points.
-        Metric(
-            "load_ttft",
-            "ttft",
-            "TTFT under load",
-            True,
-            10.0,
-            "regressed",
-            "improved",
-            "interference",
-            "ttft",
-        ),
-        Metric(
-            "stall",
-            "bg_itl_prefill_p99",
-            "background p99 inter-token gap during the prefill",
-            True,
-            10.0,
-            "rose",
-            "fell",
-            "interference",
-            "itl",
-        ),
-        # Concurrency levels: each level's aggregate decode throughput against the baseline's
-        # at the same length and level.
-        Metric(
-            "concurrent_decode",
-            "aggregate_decode_throughput",
-            "aggregate decode throughput",
-            False,
-            5.0,
-            "fell",
-            "rose",
-            "concurrency",
-            "decode",
-            per_level=True,
-        ),
-    )
+    metric.name: metric for workload in REGISTERED for metric in workload.gate_metrics
 }
 
 DEFAULT_TOLERANCES: Mapping[str, float] = {

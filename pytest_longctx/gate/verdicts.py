@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_longctx.core.metrics import Metric
 from pytest_longctx.core.records import (
     Record,
 )
@@ -29,7 +30,7 @@ from .noise import (
     session_test,
     welch_test,
 )
-from .tolerances import METRICS, Metric, Tolerances
+from .tolerances import METRICS, Tolerances
 
 #: ``insufficient``: a gated figure one side (or both) lacks, which fails the length: a
 #: verdict never passes a figure it could not compare.
@@ -474,7 +475,7 @@ STREAM_GAP_METRICS = frozenset({"itl_median"})
 SERVER_ITL_FIGURE = "server_request_itl"
 SERVER_ITL_LABEL = "the server's mean inter-token latency per request"
 #: The stall metric's figure: the background streams' gaps, which a point whose gaps the
-#: server's figures refuted sets aside (measure/under_load.py).
+#: server's figures refuted sets aside (workloads/interference/under_load.py).
 BACKGROUND_GAP_METRIC = "bg_itl_prefill_p99"
 PER_REQUEST_HINT = "vLLM's --enable-per-request-metrics, which a launched server gets"
 
@@ -656,7 +657,7 @@ def _decode_sources(baseline: list[Record], current: list[Record]) -> str:
 
 def _unconfirmed(record: Record) -> bool:
     """An interference point whose background figures were set aside: the server's figures
-    refuted its background streams' gaps (measure/under_load.py)."""
+    refuted its background streams' gaps (workloads/interference/under_load.py)."""
     return bool(record.interference.get("unconfirmed_figures"))
 
 

@@ -128,7 +128,7 @@ class PointMeasurement:
     #: request failed): every request carries the probe, and each answer is judged.
     request_heads: tuple[str | None, ...] = ()
     #: A concurrency point's level, its requests and the length's fit (the record's
-    #: ``concurrency``: measure/concurrent.py).
+    #: ``concurrency``: workloads/concurrency/concurrent.py).
     concurrency: dict[str, Any] = field(default_factory=dict)
     #: Why a concurrency level is not a measurement of its c cold requests alone (a request
     #: failed or was served from the cache, another client's request ran beside them); None

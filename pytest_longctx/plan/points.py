@@ -81,27 +81,26 @@ class Point:
     background: int = 0  # an interference point's background streams K (0: none)
     #: A concurrency point's level: this many prompts of ``length`` sent at once (0: none).
     concurrency: int = 0
+    #: The workload the point belongs to, said by the workload that made it (its ``name``):
+    #: never inferred from which of the fields above is set.
+    workload: str = COLD
 
     @property
     def warm(self) -> bool:
-        return self.question > 0
+        return self.workload == WARM
 
     @property
     def concurrent(self) -> bool:
-        return self.concurrency > 0
+        return self.workload == CONCURRENCY
 
     @property
     def interference(self) -> bool:
-        return self.background > 0
+        return self.workload == INTERFERENCE
 
     @property
     def cache_state(self) -> str:
         """The workload the point belongs to (the record's ``cache_state``)."""
-        if self.interference:
-            return INTERFERENCE
-        if self.concurrent:
-            return CONCURRENCY
-        return WARM if self.warm else COLD
+        return self.workload
 
     @property
     def cold(self) -> Point:
@@ -132,6 +131,7 @@ class Point:
             record.suffix_tokens,
             record.background_streams,
             record.concurrency_level,
+            record.cache_state,
         )
 
 
@@ -155,7 +155,7 @@ class SweepPlan:
     planned_fits: tuple[tuple[int, int], ...] = ()
     #: Unmeasured requests before the first point (--longctx-warmup-prompts or the profile's).
     warmup_prompts: int = 3
-    #: The workloads measured (--longctx-workload), in :data:`WORKLOADS`' order; each one's
+    #: The workloads measured (--longctx-workload), in the registry's order; each one's
     #: settings above are 0 where it is not.
     workloads: tuple[str, ...] = (COLD,)
 
@@ -168,7 +168,7 @@ class SweepPlan:
     def passes(self) -> tuple[Point, ...]:
         """Each (length, repeat) once, in the run's order (``--longctx-order``): the cold
         points, and what each workload measures its own points of (their order:
-        ``pytest_longctx.campaign.workloads.points_of``)."""
+        ``pytest_longctx.workloads.points_of``)."""
         if self.order == "length":
             return tuple(Point(n, r) for n in self.lengths for r in range(self.repeats))
         return tuple(Point(n, r) for r in range(self.repeats) for n in self.lengths)
@@ -222,7 +222,7 @@ def build_plan(settings: Settings, profile: Profile) -> SweepPlan:
             settings.background_streams if INTERFERENCE in settings.workload else 0
         ),
         max_concurrency=settings.max_concurrency if CONCURRENCY in settings.workload else 0,
-        workloads=tuple(name for name in WORKLOADS if name in settings.workload),
+        workloads=tuple(settings.workload),
         warmup_prompts=(
             profile.sweep.warmup_prompts
             if settings.warmup_prompts is None

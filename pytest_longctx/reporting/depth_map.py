@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.core.stats import latest_records, unchecked_reasons
-from pytest_longctx.reporting.text_table import html_table, markdown_table_lines
+from pytest_longctx.rendering.text_table import html_table, markdown_table_lines
 
 #: Depth columns: eighths of the prompt, 0 (its start) to 1 (right before the question).
 EIGHTHS = 8

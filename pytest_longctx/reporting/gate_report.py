@@ -23,8 +23,8 @@ from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.core.stats import format_mean_std, latest_records
+from pytest_longctx.rendering.axes import length_axis
 from pytest_longctx.reporting.html import embedded_image
-from pytest_longctx.reporting.plots import length_axis
 
 #: Length statuses that fail the length's ``test_regression`` item.
 FAILING_STATUSES = frozenset({"regressed", "missing_in_current", "insufficient", "refused"})

@@ -26,11 +26,11 @@ from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.core.stats import latest_records
+from pytest_longctx.rendering.text_table import html_table
 from pytest_longctx.reporting.depth_map import html_fragment as depth_map_fragment
 from pytest_longctx.reporting.kv_plot import kv_plot_note
 from pytest_longctx.reporting.predictions import html_fragment as progress_fragment
 from pytest_longctx.reporting.request_timing import html_fragment as server_timing_fragment
-from pytest_longctx.reporting.text_table import html_table
 from pytest_longctx.reporting.view import (
     COMMAND_KEYS,
     DEFAULT_TITLE,
@@ -48,7 +48,7 @@ from pytest_longctx.reporting.view import (
     ttft_decimals,
     workload_words,
 )
-from pytest_longctx.reporting.workload_sections import SECTIONS
+from pytest_longctx.workloads import report_sections
 
 #: (sort key, header label) of the columns added to pytest-html's results table.
 RESULTS_TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -153,7 +153,7 @@ def summary_fragment(records: Iterable[Record], plot_paths: Iterable[Path | None
         "<h3>Long-context sweep (mean ± sample std over passed repeats)</h3>"
         f"{table}{''.join(images)}{server_timing_fragment(records)}"
         f"{depth_map_fragment(records)}"
-        f"{''.join(workload.html_fragment(records) for workload in SECTIONS)}"
+        f"{''.join(workload.html_fragment(records) for workload in report_sections())}"
         f"{progress_fragment(records)}"
         "</section>"
     )

@@ -14,11 +14,11 @@ from typing import Any
 
 from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import Record
+from pytest_longctx.rendering.text_table import aligned_table
 from pytest_longctx.reporting.depth_map import markdown_lines as depth_map_lines
 from pytest_longctx.reporting.kv_plot import kv_plot_note
 from pytest_longctx.reporting.predictions import markdown_lines as progress_lines
 from pytest_longctx.reporting.request_timing import markdown_lines as server_timing_lines
-from pytest_longctx.reporting.text_table import aligned_table
 from pytest_longctx.reporting.view import (
     COMMAND_KEYS,
     DEFAULT_TITLE,
@@ -34,7 +34,7 @@ from pytest_longctx.reporting.view import (
     setup_variations,
     summary_rows,
 )
-from pytest_longctx.reporting.workload_sections import SECTIONS
+from pytest_longctx.workloads import report_sections
 
 #: Columns printed left-aligned; the numeric ones align right.
 _TEXT_COLUMNS = frozenset({"Prompt", "answers", "outcomes"})
@@ -130,7 +130,7 @@ def render_markdown(
         lines += [note, ""]
     lines += server_timing_lines(records)
     lines += depth_map_lines(records)
-    for workload in SECTIONS:
+    for workload in report_sections():
         lines += workload.markdown_lines(records)
     for section in sections:
         lines += [section.rstrip("\n"), ""]

@@ -19,7 +19,7 @@ from pytest_longctx.reporting.markdown import write_markdown
 from pytest_longctx.reporting.plots import ExtraPlot, write_plots
 from pytest_longctx.reporting.prefill_plot import draw_prefill_rate_plot
 from pytest_longctx.reporting.view import DEFAULT_TITLE
-from pytest_longctx.reporting.workload_sections import SECTIONS
+from pytest_longctx.workloads import report_sections
 
 
 def write_reports(
@@ -56,7 +56,7 @@ def write_reports(
             [
                 draw_kv_cache_plot,
                 draw_prefill_rate_plot,
-                *(plot for workload in SECTIONS for plot in workload.plots),
+                *(plot for workload in report_sections() for plot in workload.plots),
                 *extra_plots,
             ],
         )

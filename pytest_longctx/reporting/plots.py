@@ -14,8 +14,8 @@ from pytest_longctx.core.file_names import DECODE_PLOT as DECODE_FILENAME
 from pytest_longctx.core.file_names import TTFT_PLOT as TTFT_FILENAME
 from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import Record
-from pytest_longctx.core.sizes import format_size
 from pytest_longctx.core.stats import summarize
+from pytest_longctx.rendering.axes import length_axis
 
 #: A plot another module contributes: draws from records into the run folder, or returns None.
 ExtraPlot = Callable[[Sequence[Record], Path], "Path | None"]
@@ -32,25 +32,6 @@ def _series(records: Iterable[Record], figure: str) -> tuple[list[int], list[flo
         means.append(stat.mean)
         stds.append(stat.std)
     return lengths, means, stds
-
-
-def length_axis(axes, lengths: Sequence[int], *, log_y: bool, pad: bool = True) -> None:  # noqa: ANN001
-    """The x axis every report plot shares: powers of two as 1Ki..64Mi, log2, no minor ticks.
-
-    ``pad`` leaves half an octave of room at each end (always with a single length).
-    """
-    from matplotlib.ticker import NullLocator
-
-    axes.set_xscale("log", base=2)
-    if log_y:
-        axes.set_yscale("log")
-    else:
-        axes.set_ylim(bottom=0)
-    axes.set_xticks(list(lengths))
-    axes.set_xticklabels([format_size(n) for n in lengths], rotation=45, ha="right")
-    axes.xaxis.set_minor_locator(NullLocator())
-    if pad or len(lengths) == 1:
-        axes.set_xlim(lengths[0] / 2, lengths[-1] * 2)
 
 
 def _draw(

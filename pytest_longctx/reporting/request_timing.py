@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.core.stats import format_mean_std, latest_records
-from pytest_longctx.reporting.text_table import html_table, markdown_table_lines
+from pytest_longctx.rendering.text_table import html_table, markdown_table_lines
 
 TITLE = "Client and server TTFT"
 COLUMNS = (

@@ -25,11 +25,11 @@ from pytest_longctx.core.records import Record, read_records, results_path
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.core.stats import format_mean_std, latest_records, summarize_values
 from pytest_longctx.gate import DEFAULT_LEVEL, METRICS, welch_test
-from pytest_longctx.reporting.concurrency_report import level_rows
+from pytest_longctx.rendering.axes import length_axis
 from pytest_longctx.reporting.html import embedded_image
-from pytest_longctx.reporting.interference_report import chunk_words
-from pytest_longctx.reporting.plots import length_axis
 from pytest_longctx.reporting.view import format_fingerprint_value
+from pytest_longctx.workloads.concurrency.concurrency_report import level_rows
+from pytest_longctx.workloads.interference.interference_report import chunk_words
 
 #: Fingerprint keys that say nothing about the setup (when, where, how it was invoked).
 _NOT_SETUP = {"command_line", "server_url", "kv_cache_check", "server_env"}

@@ -20,13 +20,14 @@ from pytest_longctx.core.sizes import format_size
 from pytest_longctx.core.stats import (
     FigureSummary,
     LengthSummary,
-    format_mean_std,
     label_counts,
     latest_records,
     summarize,
 )
 from pytest_longctx.gate.fingerprint import hardware_identity
+from pytest_longctx.rendering.text_table import format_summary
 from pytest_longctx.reporting.streaming import stream_items
+from pytest_longctx.workloads import BY_NAME
 
 DEFAULT_TITLE = "Long-context sweep"
 
@@ -81,13 +82,6 @@ def ttft_decimals(mean: float) -> int:
     if mean >= 0.1 or mean <= 0 or not math.isfinite(mean):
         return 2
     return min(6, 1 - math.floor(math.log10(mean)))
-
-
-def format_summary(summary: FigureSummary | None, decimals: int) -> str:
-    """``mean ± std``; a single value prints alone, since one sample has no spread."""
-    if summary is None:
-        return _MISSING
-    return format_mean_std(summary.mean, summary.std if summary.n >= 2 else None, decimals)
 
 
 def format_ttft(summary: FigureSummary | None) -> str:
@@ -342,13 +336,8 @@ def point_words(record: Record) -> str:
 def workload_words(record: Record) -> str:
     """What follows a point's repeat in words: its question, its background load or its
     concurrency level."""
-    if record.warm:
-        return f" warm {record.question}"
-    if record.cache_state == "interference":
-        return f" under {record.background_streams} background streams"
-    if record.cache_state == "concurrency":
-        return f" at {record.concurrency_level} requests at once"
-    return ""
+    workload = BY_NAME.get(record.cache_state)
+    return workload.record_words(record) if workload is not None else ""
 
 
 def non_passed_records(records: Iterable[Record]) -> list[Record]:

@@ -24,7 +24,6 @@ import pytest
 from pytest_longctx.campaign.api_key import ApiKeyError, check_api_key_env
 from pytest_longctx.campaign.attached_settings import session_profile
 from pytest_longctx.campaign.run import ResumeError, Run
-from pytest_longctx.campaign.workloads import fitted, launch_refusal
 from pytest_longctx.plan import capacity_check
 from pytest_longctx.plan.points import PlanError, build_plan
 from pytest_longctx.profiles import ProfileError
@@ -36,6 +35,7 @@ from pytest_longctx.session.stash import (
     POINT_FIXTURE,
     REGRESSION_FIXTURE,
 )
+from pytest_longctx.workloads import fitted, launch_refusal
 
 if TYPE_CHECKING:
     from pytest_longctx.session.sweep_session import SweepSession

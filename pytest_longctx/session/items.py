@@ -6,7 +6,6 @@ import pytest
 
 from pytest_longctx.campaign import resume
 from pytest_longctx.campaign.run import Run
-from pytest_longctx.campaign.workloads import points_of, sized_for, workload_of
 from pytest_longctx.capacity import ModelConfigError, ParallelLayoutError
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.plan import capacity_check
@@ -14,6 +13,7 @@ from pytest_longctx.plan.points import SLOW_MARK, VERY_SLOW_MARK, Point, SweepPl
 from pytest_longctx.profiles import ProfileError
 from pytest_longctx.session.selection import Comparison
 from pytest_longctx.session.stash import CAPACITY_KEY, POINT_FIXTURE, REGRESSION_FIXTURE
+from pytest_longctx.workloads import points_of, sized_for, workload_of
 
 
 def _marks(point: Point, bands: tuple[str, ...], comparisons: tuple[Comparison, ...]) -> list:

@@ -25,7 +25,6 @@ import pytest
 
 from pytest_longctx.campaign.run import Run
 from pytest_longctx.campaign.server import device_scope
-from pytest_longctx.campaign.workloads import workload_of
 from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
@@ -49,6 +48,7 @@ from pytest_longctx.progress.state import (
 )
 from pytest_longctx.progress.telemetry import DeviceTelemetry
 from pytest_longctx.serving.process import control_client
+from pytest_longctx.workloads import workload_of
 
 PREFIX = "longctx"
 #: The display modes once ``auto`` is resolved; ``file`` only writes progress.json.

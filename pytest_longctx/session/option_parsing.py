@@ -27,10 +27,10 @@ from pytest_longctx.plan.points import (
     DEFAULT_WARM_SUFFIX,
     INTERFERENCE,
     WARM,
-    WORKLOADS,
 )
 from pytest_longctx.plan.settings import Settings
 from pytest_longctx.prompts.probe import FIDELITY_HELP, FIDELITY_MODES
+from pytest_longctx.workloads import BY_NAME
 
 ORDERS = ("pass", "length")
 PROMPT_FORMATS = ("ids", "text")
@@ -458,14 +458,15 @@ class _RawOptions:
         if not self.given(name):
             return (COLD,)
         parts = _workload_parts(self.values[name])
+        known = tuple(BY_NAME)
         accepted = (
-            "a comma-separated list of cold, warm, interference and concurrency, such as "
+            f"a comma-separated list of {', '.join(known[:-1])} and {known[-1]}, such as "
             "'cold', 'cold,warm', 'interference', 'cold,interference' or 'concurrency' "
             "(warm needs cold)"
         )
         if (
             not parts
-            or any(part not in WORKLOADS for part in parts)
+            or any(part not in known for part in parts)
             or (WARM in parts and COLD not in parts)
         ):
             extra = (
@@ -474,7 +475,7 @@ class _RawOptions:
                 else ""
             )
             raise _fail(name, self.values[name], accepted + extra)
-        chosen = tuple(w for w in WORKLOADS if w in parts)
+        chosen = tuple(w for w in known if w in parts)
         if WARM in chosen and prompt_format != "ids":
             raise pytest.UsageError(
                 f"--{name}={self.values[name]} needs --longctx-prompt-format=ids: a follow-up "

@@ -16,7 +16,6 @@ import pytest
 from pytest_benchmark.session import PerformanceRegression
 
 from pytest_longctx.campaign.run import RecordLog, Run, RunDescription
-from pytest_longctx.campaign.workloads import planned
 from pytest_longctx.core.file_names import GATE_PLOT, HTML, MARKDOWN
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
@@ -28,8 +27,8 @@ from pytest_longctx.reporting.index import write_index as write_run_index
 from pytest_longctx.reporting.markdown import render_terminal_table, write_markdown
 from pytest_longctx.reporting.pipeline import write_reports
 from pytest_longctx.reporting.view import format_answers
-from pytest_longctx.reporting.workload_sections import SECTIONS
 from pytest_longctx.session import gate_items
+from pytest_longctx.workloads import planned, report_sections
 
 #: What pytest-benchmark raises from its summary when ``--benchmark-compare-fail`` trips.
 BenchmarkRegression = PerformanceRegression
@@ -232,7 +231,7 @@ def terminal_summary(terminalreporter, run: Run, starts: Sequence[dict]) -> None
     records = run.results.all_records()
     if any(record.cache_state == "cold" for record in records):
         terminalreporter.write_line(render_terminal_table(records))
-    for workload in SECTIONS:
+    for workload in report_sections():
         table = workload.terminal_table(records)
         if table is not None:
             terminalreporter.write_line("")

@@ -8,7 +8,6 @@ from collections.abc import Sequence
 import pytest
 
 from pytest_longctx.campaign.run import Run
-from pytest_longctx.campaign.workloads import workload_of
 from pytest_longctx.core.records import Record
 from pytest_longctx.plan import capacity_check
 from pytest_longctx.plan.points import Point
@@ -16,6 +15,7 @@ from pytest_longctx.session import outputs
 from pytest_longctx.session.items import point_of, record_identity
 from pytest_longctx.session.outputs import REPORT_ATTRIBUTE
 from pytest_longctx.session.stash import MEASUREMENT_KEY
+from pytest_longctx.workloads import workload_of
 
 #: On a worker's report of a point it hands back, for the controller (controller.py).
 HANDED_BACK_ATTRIBUTE = "longctx_handed_back"

@@ -32,9 +32,9 @@ import pytest
 from xdist.scheduler import LoadScheduling
 
 from pytest_longctx.campaign.run import Run
-from pytest_longctx.campaign.workloads import workload_of
 from pytest_longctx.plan.points import Point
 from pytest_longctx.session.items import point_of_nodeid
+from pytest_longctx.workloads import workload_of
 
 #: Units a worker holds: the one it runs and the one after it.
 ITEMS_PER_WORKER = 2

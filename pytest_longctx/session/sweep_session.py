@@ -23,8 +23,6 @@ from pytest_longctx.campaign import (
 )
 from pytest_longctx.campaign.run import Run
 from pytest_longctx.campaign.signals import SessionSignals
-from pytest_longctx.campaign.workloads import capacity_table, planned, sized_for, workload_of
-from pytest_longctx.campaign.workloads.concurrency_levels import LevelsMeasured
 from pytest_longctx.client import CompletionClient
 from pytest_longctx.core.records import Record
 from pytest_longctx.measure.measurement import (
@@ -49,6 +47,8 @@ from pytest_longctx.session import (
 from pytest_longctx.session.hookspecs import campaign_hooks
 from pytest_longctx.session.live_progress import ControllerProgress, SessionProgress
 from pytest_longctx.session.stash import HEADER_SHOWN_KEY, MEASUREMENT_KEY
+from pytest_longctx.workloads import capacity_table, planned, sized_for, workload_of
+from pytest_longctx.workloads.concurrency import LevelsMeasured
 
 
 def skip(exc: lifecycle.PointSkipped) -> BaseException:

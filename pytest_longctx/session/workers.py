@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from pytest_longctx.campaign.run import Placement, Run
+from pytest_longctx.campaign.run import Run
 from pytest_longctx.plan.points import Point, SweepPlan
+from pytest_longctx.plan.run_description import Placement
 from pytest_longctx.plan.servers import ServerSlot, ServerSplitError, split_servers
 from pytest_longctx.plan.settings import Settings
 from pytest_longctx.profiles.hardware import core_siblings

@@ -16,7 +16,6 @@ import pytest
 from longctx_testing import SWEEP_TEST, schedule_on_two
 
 from pytest_longctx.campaign import point_setup
-from pytest_longctx.campaign.workloads import points_of
 from pytest_longctx.core.records import Record, append_record
 from pytest_longctx.measure.target import ServerInfo
 from pytest_longctx.measure.timeouts import FirstTokenBudget, KnownTtft
@@ -24,6 +23,7 @@ from pytest_longctx.plan.points import Point
 from pytest_longctx.profiles import load_profile, vllm_releases
 from pytest_longctx.profiles.profile import PROFILE_DIR, ProfileError
 from pytest_longctx.serving import step_limit
+from pytest_longctx.workloads import points_of
 
 MI = 1024**2
 #: The study's 64Mi TTFT (Table 1, n=3 mean).
@@ -279,8 +279,7 @@ def test_the_plan_prints_budgets_from_a_resumed_runs_records(pytester: pytest.Py
     )
     assert budget_line(out, "64Mi") == (
         108_000.0,
-        "extrapolated: 32Mi took 9e+03 s (recorded in this run); x (64Mi/32Mi)^2 x 3 = "
-        "1.08e+05 s",
+        "extrapolated: 32Mi took 9e+03 s (recorded in this run); x (64Mi/32Mi)^2 x 3 = 1.08e+05 s",
     )
     seconds, why = budget_line(out, "16Mi")
     assert seconds == pytest.approx(700.0 * 4 * 3, abs=1)

@@ -22,14 +22,15 @@ from longctx_testing import plan_settings
 
 from pytest_longctx.campaign.hooks import CampaignHooks
 from pytest_longctx.campaign.lifecycle import PointSkipped, ServerLifecycle
-from pytest_longctx.campaign.run import Placement, Run
-from pytest_longctx.campaign.workloads import points_of
+from pytest_longctx.campaign.run import Run
 from pytest_longctx.measure.measurement import PointFailure
 from pytest_longctx.measure.target import ServerError, ServerInfo
 from pytest_longctx.plan.points import INTERFERENCE, Point, build_plan
+from pytest_longctx.plan.run_description import Placement
 from pytest_longctx.plan.servers import ServerSlot
 from pytest_longctx.profiles import PROFILE_DIR, load_profile
 from pytest_longctx.serving.vllm_command import ServerCommand, serve_args
+from pytest_longctx.workloads import points_of
 
 MODEL = "tiny-llama"
 #: What vLLM says when its KV cache cannot hold the ``--max-model-len`` it was given.
@@ -158,7 +159,7 @@ def lifecycle_of(tmp_path: Path, plant: Plant) -> Iterator[Callable[..., ServerL
         lifecycle.stop()
 
 
-def point(length: int, **kwargs: int) -> Point:
+def point(length: int, **kwargs: Any) -> Point:
     return Point(length, 0, **kwargs)
 
 
@@ -343,7 +344,7 @@ def test_the_interference_points_get_a_server_of_their_own_and_the_cold_ones_the
     lifecycle.start()
     cold = plant.last
     assert cold.serves[cold.serves.index("--max-num-seqs") + 1] == "1"
-    lifecycle.before_point(point(1024, background=2))
+    lifecycle.before_point(point(1024, background=2, workload=INTERFERENCE))
     loaded = plant.last
     assert cold.stops == 1 and loaded is not cold
     assert loaded.serves[loaded.serves.index("--max-num-seqs") + 1] == "3"  # K + 1
@@ -352,7 +353,8 @@ def test_the_interference_points_get_a_server_of_their_own_and_the_cold_ones_the
     assert cause_of(lifecycle, 1).startswith("the interference workload: room for 2 background")
     assert lifecycle.run.findings.fingerprint["server_command"] == list(loaded.command.argv)
     assert lifecycle.history.relaunches == 0  # a switch is no relaunch
-    lifecycle.before_point(point(1024, background=2))  # the same workload: nothing started
+    # the same workload: nothing started
+    lifecycle.before_point(point(1024, background=2, workload=INTERFERENCE))
     lifecycle.before_point(point(2048))
     assert len(plant.made) == 3 and lifecycle.workload == "cold"
     assert cause_of(lifecycle, 2) == "the cold workload: the study's server again"
@@ -365,7 +367,7 @@ def test_a_session_of_interference_points_only_starts_their_server_first(
     lifecycle.run.selected_points = [p for p in points_of(lifecycle.run.plan) if p.interference]
     lifecycle.start()
     assert lifecycle.workload == INTERFERENCE and len(plant.made) == 1
-    lifecycle.before_point(point(1024, background=2))
+    lifecycle.before_point(point(1024, background=2, workload=INTERFERENCE))
     assert len(plant.made) == 1
 
 

@@ -6,17 +6,6 @@ from __future__ import annotations
 import pytest
 from longctx_testing import plan_settings
 
-from pytest_longctx.campaign.workloads import (
-    BY_NAME,
-    REGISTERED,
-    STUDY_SERVER,
-    named,
-    planned,
-    points_of,
-    server_for,
-    sized_for,
-    workload_of,
-)
 from pytest_longctx.core.records import Record
 from pytest_longctx.plan.points import (
     COLD,
@@ -30,6 +19,17 @@ from pytest_longctx.plan.points import (
 from pytest_longctx.profiles import load_profile
 from pytest_longctx.reporting.view import point_words
 from pytest_longctx.session.items import record_identity
+from pytest_longctx.workloads import (
+    BY_NAME,
+    REGISTERED,
+    STUDY_SERVER,
+    named,
+    planned,
+    points_of,
+    server_for,
+    sized_for,
+    workload_of,
+)
 
 KI = 1024
 EVERY = (COLD, WARM, INTERFERENCE, CONCURRENCY)

@@ -1076,7 +1076,7 @@ REFUTED = (
 def interference_points(run_id: str, stalls: list[float], set_aside: tuple = ()) -> list[Record]:
     """Interference points at 4Ki: TTFT under load 0.5 s and the background streams' p99 gap
     during the prefill; at the repeats in ``set_aside`` the server's figures refuted the
-    gaps, so the background figures were set aside (measure/under_load.py)."""
+    gaps, so the background figures were set aside (workloads/interference/under_load.py)."""
     records = []
     for repeat, stall in enumerate(stalls):
         background = {"bg_itl_prefill_p99": stall, "bg_itl_idle_median": 0.02}

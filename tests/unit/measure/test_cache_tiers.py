@@ -25,7 +25,7 @@ from pytest_longctx.measure.server_metrics import (
     MetricsSnapshot,
     delta,
 )
-from pytest_longctx.reporting.reuse import COLUMNS, reuse_rows, row_cells
+from pytest_longctx.workloads.warm.reuse import COLUMNS, reuse_rows, row_cells
 
 LABELS = {"block_size": "128", "enable_prefix_caching": "True", "num_gpu_blocks": "16384"}
 

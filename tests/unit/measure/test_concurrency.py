@@ -9,10 +9,8 @@ import dataclasses
 import pytest
 from longctx_testing import plan_settings
 
-from pytest_longctx.campaign.workloads import capacity_table, points_of
 from pytest_longctx.capacity import concurrency_fit, fit_verdict, pool_blocks, render_fit_table
 from pytest_longctx.client import ClientConfig
-from pytest_longctx.measure.concurrent import level_prompts, measure_level
 from pytest_longctx.plan import capacity_check
 from pytest_longctx.plan.points import (
     CONCURRENCY,
@@ -21,6 +19,8 @@ from pytest_longctx.plan.points import (
     concurrency_levels,
 )
 from pytest_longctx.profiles import load_profile
+from pytest_longctx.workloads import capacity_table, points_of
+from pytest_longctx.workloads.concurrency.concurrent import level_prompts, measure_level
 
 KI = 1024
 
@@ -169,7 +169,7 @@ def test_concurrency_points_have_their_ids_and_come_after_the_others() -> None:
         "len=8Ki-rep=0-conc=3",
         "len=8Ki-rep=0-conc=4",
     ]
-    assert Point(8 * KI, 0, concurrency=4).cache_state == CONCURRENCY
+    assert Point(8 * KI, 0, concurrency=4, workload=CONCURRENCY).cache_state == CONCURRENCY
     assert plan.workloads == ("cold", CONCURRENCY)
 
 
@@ -404,7 +404,11 @@ def test_the_servers_running_count_decides_whether_a_level_ran_at_once() -> None
     (the streams do not overlap) still ran at once when the server ran all c together, and
     overlapping streams did not when the server never ran c at one moment. A server without
     the gauge: the streams' overlap decides."""
-    from pytest_longctx.measure.concurrent import GaugePeaks, LevelResult, RequestFigures
+    from pytest_longctx.workloads.concurrency.concurrent import (
+        GaugePeaks,
+        LevelResult,
+        RequestFigures,
+    )
 
     apart = (  # the second's first token after the first's last: no overlap seen
         RequestFigures(0, sent_at=0.0, first_token_at=1.0, last_token_at=2.0),

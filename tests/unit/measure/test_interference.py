@@ -21,7 +21,17 @@ from pytest_longctx.measure.background import (
     request_decode_tokens,
     request_prompt,
 )
-from pytest_longctx.measure.interference import (
+from pytest_longctx.measure.measurement import PointSettings, client_for
+from pytest_longctx.measure.server_metrics import MetricsSnapshot
+from pytest_longctx.measure.target import ServerInfo
+from pytest_longctx.plan.points import Point
+from pytest_longctx.prompts import Prompt
+from pytest_longctx.workloads.interference.under_load import (
+    LoadSettings,
+    measure_under_load,
+    probe_sequences,
+)
+from pytest_longctx.workloads.interference.windows import (
     BackgroundView,
     GapStats,
     SequenceProbe,
@@ -32,12 +42,6 @@ from pytest_longctx.measure.interference import (
     chunk_from_server_info,
     chunk_from_streams,
 )
-from pytest_longctx.measure.measurement import PointSettings, client_for
-from pytest_longctx.measure.server_metrics import MetricsSnapshot
-from pytest_longctx.measure.target import ServerInfo
-from pytest_longctx.measure.under_load import LoadSettings, measure_under_load, probe_sequences
-from pytest_longctx.plan.points import Point
-from pytest_longctx.prompts import Prompt
 
 TOKEN_S = 0.02
 PREFILL_S = 1.5

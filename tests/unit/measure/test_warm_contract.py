@@ -23,9 +23,9 @@ from longctx_testing import (
     schedule_on_two,
 )
 
-from pytest_longctx.campaign.workloads import points_of
 from pytest_longctx.core.records import Record
 from pytest_longctx.measure.cache_state import ServerCache, judge_warm, required_tokens
+from pytest_longctx.workloads import points_of
 
 WARM = "--longctx-workload=cold,warm"
 LABELS = {
@@ -60,9 +60,9 @@ def test_resident_kv_from_the_plan_where_the_server_does_not_size_its_cache() ->
     """A GPU profile sizes the cache by gpu_memory_utilization: vLLM then exports
     ``kv_cache_memory_bytes="None"``, and the plan's bytes for one request of L tokens at the
     server's block size stand in, saying so."""
-    from pytest_longctx.campaign.workloads.warm import planned_bytes
     from pytest_longctx.plan import capacity_check
     from pytest_longctx.profiles import load_profile
+    from pytest_longctx.workloads.warm import planned_bytes
 
     served = judge_warm(16384, {"prefix_cache_hits": 16384.0}, ServerCache.from_labels(LABELS), 1)
     tiny = planned_bytes(load_profile("cpu-tiny"))

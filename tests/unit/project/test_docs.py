@@ -437,6 +437,8 @@ class Stated:
 
 
 GUIDES = "docs/guides"
+
+
 def supported_range() -> str:
     """The checked vLLM range as the pages write it (lower bound first) and as the ``gpu``
     extra bounds it."""
@@ -550,7 +552,7 @@ STATED: tuple[Stated, ...] = (
     Stated(
         f"{GUIDES}/concurrency.md",
         "read every {} ms",
-        lambda: g(code("pytest_longctx.measure.concurrent.POLL_S") * 1000),
+        lambda: g(code("pytest_longctx.workloads.concurrency.concurrent.POLL_S") * 1000),
     ),
     # campaigns
     Stated(

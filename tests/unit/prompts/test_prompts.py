@@ -331,7 +331,9 @@ def test_an_unjudged_answer_is_recorded_not_checked_with_the_reason() -> None:
     assert right["mode"] == "record"
     thinking = fidelity_verdict(TOKENS_PROBE, "<think>hmm", "check", unjudged=why)
     assert (thinking["verdict"], thinking["answered"], thinking["reason"]) == (
-        "not_checked", "not_checked", why
+        "not_checked",
+        "not_checked",
+        why,
     )
     # off stays off, and a prompt without a probe keeps its own reason
     off = fidelity_verdict(TOKENS_PROBE, "x", "off", unjudged=why)

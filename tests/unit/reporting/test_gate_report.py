@@ -316,7 +316,5 @@ def test_a_baseline_from_before_per_request_metrics_names_what_to_refresh() -> N
     verdict = compare_length(baseline, current, 1 * KI, parse_tolerances(BUILT_IN))
     itl = {v.metric: v for v in verdict.verdicts}["itl"]
     assert itl.status == "insufficient" and verdict.status == "insufficient"
-    assert "the baseline has per-token gaps but no server mean inter-token latency" in (
-        itl.message
-    )
+    assert "the baseline has per-token gaps but no server mean inter-token latency" in (itl.message)
     assert "record the baseline again on a server that sends them" in itl.message

@@ -146,9 +146,7 @@ def test_a_flag_the_profile_asks_for_that_vllm_lacks_is_refused_naming_both(
     assert check is not None and check.refused == ("--sse-keep-alive-interval",)
     assert fitted.argv == command.argv  # the user's flag is not dropped behind their back
     problem = check.problem() or ""
-    assert "vLLM 0.25.1 (installed here) does not accept --sse-keep-alive-interval" in (
-        problem
-    )
+    assert "vLLM 0.25.1 (installed here) does not accept --sse-keep-alive-interval" in (problem)
 
 
 def test_the_parsers_verdict_is_asked_once_per_command_whatever_the_port(

@@ -28,10 +28,10 @@ from longctx_testing import (
 )
 from longctx_testing import plan_settings as settings
 
-from pytest_longctx.campaign.workloads import points_of
 from pytest_longctx.plan.points import Point
 from pytest_longctx.plan.servers import ServerSplitError, split_servers
 from pytest_longctx.profiles import load_profile
+from pytest_longctx.workloads import points_of
 
 POINTS_1KI_TO_8KI_X2 = {Point(n, r) for n in (1024, 2048, 4096, 8192) for r in (0, 1)}
 

@@ -20,10 +20,10 @@ from longctx_testing import (
     schedule_on_two,
 )
 
-from pytest_longctx.campaign.workloads import points_of
 from pytest_longctx.core.records import read_records
 from pytest_longctx.gate import Tolerances, compare_length
 from pytest_longctx.plan.points import BACKGROUND_DECODE_TOKENS, BACKGROUND_PROMPT_TOKENS
+from pytest_longctx.workloads import points_of
 
 LOAD = "--longctx-workload=cold,interference"
 PREFILL_S = 0.6

@@ -17,9 +17,11 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pytest_longctx.campaign.run import RunDescription
+from pytest_longctx.core.metrics import Metric
+from pytest_longctx.core.records import Record
 from pytest_longctx.measure.target import ServerInfo
 from pytest_longctx.plan.points import (
     BACKGROUND_DECODE_TOKENS,
@@ -28,6 +30,7 @@ from pytest_longctx.plan.points import (
     Point,
     SweepPlan,
 )
+from pytest_longctx.plan.run_description import RunDescription
 from pytest_longctx.prompts import Prompt, PromptBuilder
 
 if TYPE_CHECKING:  # what measures: imported where a point is measured
@@ -125,6 +128,22 @@ class ServerNeeds:
     server_info: bool = False
 
 
+Plot = Callable[[Sequence[Record], Path], "Path | None"]
+
+
+@dataclass(frozen=True)
+class ReportSection:
+    """One workload's part of every report, a plain object the report shell iterates: each
+    renderer reads the records and says nothing where the workload has none."""
+
+    #: The terminal summary's title above its table.
+    title: str
+    markdown_lines: Callable[[Sequence[Record]], list[str]]
+    html_fragment: Callable[[Sequence[Record]], str]
+    terminal_table: Callable[[Sequence[Record]], str | None]
+    plots: tuple[Plot, ...]
+
+
 class Workload:
     """One workload's behaviour at every step of a point's path. Subclasses set the class
     attributes and override what differs from a point measured alone."""
@@ -136,6 +155,8 @@ class Workload:
     server: ClassVar[str] = STUDY_SERVER
     #: Its points' pytest mark, beside ``longctx`` (None: none).
     mark: ClassVar[str | None] = None
+    #: What ``pytest --markers`` says of that mark.
+    mark_help: ClassVar[str] = ""
     #: Under pytest-xdist, a worker measures its points after every point of a lower rank, so
     #: each server is started once.
     schedule_rank: ClassVar[int] = 0
@@ -149,6 +170,11 @@ class Workload:
     checked_under_load: ClassVar[bool] = False
     #: Its record's own section, filled from the measurement (``Record.<key>``).
     record_section: ClassVar[str | None] = None
+    #: Its own part of every report (None: the summary, which every report opens with, is
+    #: all it has).
+    report: ClassVar[ReportSection | None] = None
+    #: What the gate compares of its points with the baseline's points of the same workload.
+    gate_metrics: ClassVar[tuple[Metric, ...]] = ()
 
     # -- the plan and the items ---------------------------------------------------------------
 
@@ -159,8 +185,9 @@ class Workload:
     def points(self, plan: SweepPlan, passes: Sequence[Point]) -> tuple[Point, ...]:
         """Its points of each (length, repeat) of ``passes`` (the plan's order). The run
         measures them after every point of a lower :attr:`schedule_rank`, each right after
-        the point of its pass (a follow-up after its cold point)."""
-        return tuple(passes)
+        the point of its pass (a follow-up after its cold point). Each point says its
+        workload (``Point.workload``)."""
+        return tuple(dataclasses.replace(point, workload=self.name) for point in passes)
 
     def fitted(self, plan: SweepPlan) -> SweepPlan:
         """``plan`` with what the capacity plan decides for this workload's points (the
@@ -200,6 +227,10 @@ class Workload:
             key = self.record_section
             found[key] = {**identity[key], **getattr(measurement, key)}
         return found
+
+    def record_words(self, record: Record) -> str:
+        """What follows a record's repeat in the reports' words (its question, its load)."""
+        return ""
 
     def reuses(self, point: Point) -> Point | None:
         """The point whose prompt this one's opens with, measured before it (None: its own)."""

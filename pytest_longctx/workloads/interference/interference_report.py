@@ -24,7 +24,7 @@ from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.core.stats import FigureSummary, format_mean_std, latest_records, summarize
-from pytest_longctx.reporting.text_table import aligned_table, html_table, markdown_table_lines
+from pytest_longctx.rendering.text_table import aligned_table, html_table, markdown_table_lines
 
 WINDOWS = ("idle", "prefill", "decode")
 STATISTICS = ("median", "p99", "max")
@@ -287,7 +287,7 @@ def draw_itl_plot(records: Sequence[Record], run_dir: Path) -> Path | None:
     rows = interference_rows(records)
     if not rows:
         return None
-    from pytest_longctx.reporting.plots import length_axis
+    from pytest_longctx.rendering.axes import length_axis
 
     figure = _figure()
     axes = figure.add_subplot()
@@ -315,7 +315,7 @@ def draw_ttft_plot(records: Sequence[Record], run_dir: Path) -> Path | None:
     rows = [r for r in interference_rows(records) if r.under_load is not None]
     if not rows:
         return None
-    from pytest_longctx.reporting.plots import length_axis
+    from pytest_longctx.rendering.axes import length_axis
 
     figure = _figure()
     axes = figure.add_subplot()

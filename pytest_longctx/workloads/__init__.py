@@ -2,38 +2,60 @@
 interference and concurrency. The session, the campaign and its server ask a point's
 workload (:func:`workload_of`) instead of testing what kind of point it is.
 
-Adding a workload is one home (a :class:`Workload` subclass; ``cold.py`` is the smallest) and
-one line in :data:`REGISTERED`; its points come from the plan (``plan/points.py``), its
-report section from ``reporting/``.
+Adding a workload is one folder (its home a :class:`Workload` subclass; ``cold/`` is the
+smallest) and one line in :data:`REGISTERED`, or, from another distribution, one entry point
+(:data:`ENTRY_POINT_GROUP`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from importlib.metadata import entry_points
 
-from pytest_longctx.campaign.workloads.cold import ColdWorkload
-from pytest_longctx.campaign.workloads.concurrency_levels import ConcurrencyWorkload
-from pytest_longctx.campaign.workloads.interference_points import InterferenceWorkload
-from pytest_longctx.campaign.workloads.warm import WarmWorkload
-from pytest_longctx.campaign.workloads.workload import (
+from pytest_longctx.plan import capacity_check
+from pytest_longctx.plan.points import Point, SweepPlan
+from pytest_longctx.workloads.cold import ColdWorkload
+from pytest_longctx.workloads.concurrency import ConcurrencyWorkload
+from pytest_longctx.workloads.interference import InterferenceWorkload
+from pytest_longctx.workloads.warm import WarmWorkload
+from pytest_longctx.workloads.workload import (
     STUDY_SERVER,
     PointSetup,
     PointStep,
+    ReportSection,
     ServerMemory,
     ServerNeeds,
     Workload,
 )
-from pytest_longctx.plan import capacity_check
-from pytest_longctx.plan.points import Point, SweepPlan
 
-#: Every workload, in the order their servers start (the study's first).
+#: The entry-point group another distribution registers a workload under: each entry names a
+#: :class:`Workload` subclass (``kv_offload = "my_package.kv_offload:KvOffloadWorkload"``),
+#: whose module imports the seam from ``pytest_longctx.workloads.workload``.
+ENTRY_POINT_GROUP = "pytest_longctx.workloads"
+
+
+def installed() -> tuple[Workload, ...]:
+    """The workloads other distributions register (:data:`ENTRY_POINT_GROUP`), by name."""
+    found = sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda entry: entry.name)
+    return tuple(entry.load()() for entry in found)
+
+
+#: Every workload, in the order their servers start (the study's first), then those other
+#: distributions register.
 REGISTERED: tuple[Workload, ...] = (
     ColdWorkload(),
     WarmWorkload(),
     InterferenceWorkload(),
     ConcurrencyWorkload(),
+    *installed(),
 )
 BY_NAME: dict[str, Workload] = {workload.name: workload for workload in REGISTERED}
+
+
+def report_sections() -> tuple[ReportSection, ...]:
+    """Each registered workload's part of every report, in the registry's order: the
+    report shell iterates them and names none."""
+    return tuple(workload.report for workload in REGISTERED if workload.report is not None)
 
 
 def named(name: str) -> Workload:
@@ -107,18 +129,22 @@ def server_for(points: Iterable[Point]) -> str:
 
 __all__ = [
     "BY_NAME",
+    "ENTRY_POINT_GROUP",
     "REGISTERED",
     "STUDY_SERVER",
     "PointSetup",
     "PointStep",
+    "ReportSection",
     "ServerMemory",
     "ServerNeeds",
     "Workload",
     "named",
+    "report_sections",
     "planned",
     "points_of",
     "capacity_table",
     "fitted",
+    "installed",
     "launch_refusal",
     "served_by",
     "sized_for",

@@ -7,13 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from pytest_longctx.campaign.run import RunDescription
-from pytest_longctx.campaign.workloads.workload import (
-    PointStep,
-    ServerNeeds,
-    Workload,
-    background_spec,
-)
+from pytest_longctx.core.metrics import Metric
+from pytest_longctx.core.records import Record
 from pytest_longctx.measure.target import ServerInfo
 from pytest_longctx.plan import capacity_check
 from pytest_longctx.plan.points import (
@@ -23,7 +18,16 @@ from pytest_longctx.plan.points import (
     Point,
     SweepPlan,
 )
+from pytest_longctx.plan.run_description import RunDescription
 from pytest_longctx.profiles.extra_args import cache_flags
+from pytest_longctx.workloads.interference import interference_report
+from pytest_longctx.workloads.workload import (
+    PointStep,
+    ReportSection,
+    ServerNeeds,
+    Workload,
+    background_spec,
+)
 
 if TYPE_CHECKING:  # what measures: imported where an interference point is measured
     from pytest_longctx.measure.measurement import PointMeasurement, PointSettings
@@ -31,16 +35,41 @@ if TYPE_CHECKING:  # what measures: imported where an interference point is meas
 
 class InterferenceWorkload(Workload):
     name = INTERFERENCE
+    #: Gated only against the baseline's interference points.
+    gate_metrics = (
+        Metric(
+            "load_ttft", "ttft", "TTFT under load", True, 10.0, "regressed", "improved",
+            INTERFERENCE, "ttft",
+        ),
+        Metric(
+            "stall", "bg_itl_prefill_p99", "background p99 inter-token gap during the prefill",
+            True, 10.0, "rose", "fell", INTERFERENCE, "itl",
+        ),
+    )  # fmt: skip
+    report = ReportSection(
+        "interference: the prefill beside background streams, and what it cost them",
+        interference_report.markdown_lines,
+        interference_report.html_fragment,
+        interference_report.terminal_table,
+        (interference_report.draw_itl_plot, interference_report.draw_ttft_plot),
+    )
     server = INTERFERENCE
     mark = INTERFERENCE_MARK
+    mark_help = "a cold prefill on a server that also carries background streams"
     schedule_rank = 1
     checked_under_load = True
     record_section = "interference"
 
+    def record_words(self, record: Record) -> str:
+        return f" under {record.background_streams} background streams"
+
     def points(self, plan: SweepPlan, passes: Sequence[Point]) -> tuple[Point, ...]:
         """Each length again beside K background streams, on a server of its own (one
         switch, after the study's points)."""
-        return tuple(Point(p.length, p.repeat, background=plan.background_streams) for p in passes)
+        return tuple(
+            Point(p.length, p.repeat, background=plan.background_streams, workload=self.name)
+            for p in passes
+        )
 
     def mark_kwargs(self, point: Point) -> dict[str, int]:
         return {"interference": point.background}
@@ -97,12 +126,12 @@ class InterferenceWorkload(Workload):
         """The long prompt beside K background streams. What the server shows them (whether
         it runs K + 1 requests at once, probed, and its effective chunk, ``/server_info``) is
         found once per server start."""
-        from pytest_longctx.measure.interference import chunk_from_server_info
-        from pytest_longctx.measure.under_load import (
+        from pytest_longctx.workloads.interference.under_load import (
             LoadSettings,
             measure_under_load,
             probe_sequences,
         )
+        from pytest_longctx.workloads.interference.windows import chunk_from_server_info
 
         setup = step.setup
 

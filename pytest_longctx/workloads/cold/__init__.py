@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pytest_longctx.campaign.workloads.workload import PointStep, Workload
+from pytest_longctx.core.metrics import Metric
 from pytest_longctx.plan.points import COLD
+from pytest_longctx.workloads.workload import PointStep, Workload
 
 if TYPE_CHECKING:
     from pytest_longctx.measure.measurement import PointMeasurement
@@ -14,6 +15,13 @@ if TYPE_CHECKING:
 
 class ColdWorkload(Workload):
     name = COLD
+    #: ITL gates the median gap: the p90 and max of a few hundred gaps swing with a single
+    #: scheduler hiccup and would cry wolf.
+    gate_metrics = (
+        Metric("ttft", "ttft", "TTFT", True, 10.0, "regressed", "improved"),
+        Metric("decode", "decode_throughput", "decode throughput", False, 5.0, "fell", "rose"),
+        Metric("itl", "itl_median", "median inter-token latency", True, 10.0, "rose", "fell"),
+    )
 
     def measure(self, step: PointStep) -> PointMeasurement:
         """The point alone; once it was computed (measured, or unverified) the server holds

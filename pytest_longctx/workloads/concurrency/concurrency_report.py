@@ -24,7 +24,7 @@ from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.core.stats import latest_records
-from pytest_longctx.reporting.text_table import aligned_table, html_table, markdown_table_lines
+from pytest_longctx.rendering.text_table import aligned_table, html_table, markdown_table_lines
 
 STATE = "concurrency"
 _MISSING = "–"

@@ -37,15 +37,6 @@ from pytest_longctx.measure.background import (
     BackgroundStreams,
     requests_in,
 )
-from pytest_longctx.measure.interference import (
-    SequenceProbe,
-    Windows,
-    background_view,
-    check_background_requests,
-    check_server_itl,
-    chunk_from_streams,
-    preemptions,
-)
 from pytest_longctx.measure.measurement import (
     UNVERIFIED_HINT,
     PointFailure,
@@ -74,6 +65,15 @@ from pytest_longctx.measure.server_timing import (
 from pytest_longctx.measure.target import ServerInfo
 from pytest_longctx.plan.points import IDLE_REFERENCE_S, Point
 from pytest_longctx.prompts import Prompt
+from pytest_longctx.workloads.interference.windows import (
+    SequenceProbe,
+    Windows,
+    background_view,
+    check_background_requests,
+    check_server_itl,
+    chunk_from_streams,
+    preemptions,
+)
 
 #: How long the background streams may take to all receive a token.
 STREAMING_TIMEOUT_S = 300.0

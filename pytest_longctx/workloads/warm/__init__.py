@@ -8,14 +8,17 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pytest_longctx.campaign.run import RunDescription
-from pytest_longctx.campaign.workloads.workload import PointStep, ServerNeeds, Workload
+from pytest_longctx.core.metrics import Metric
+from pytest_longctx.core.records import Record
 from pytest_longctx.measure.cache_state import PlannedBytes
 from pytest_longctx.measure.target import ServerInfo
 from pytest_longctx.plan import capacity_check
 from pytest_longctx.plan.points import WARM, WARM_MARK, Point, SweepPlan
+from pytest_longctx.plan.run_description import RunDescription
 from pytest_longctx.profiles import Profile
 from pytest_longctx.prompts import Prompt, PromptBuilder
+from pytest_longctx.workloads.warm import reuse
+from pytest_longctx.workloads.workload import PointStep, ReportSection, ServerNeeds, Workload
 
 if TYPE_CHECKING:  # what measures: imported where a follow-up is measured
     from pytest_longctx.measure.measurement import PointMeasurement, PointSettings
@@ -28,13 +31,28 @@ def prefix_point(point: Point) -> Point:
 
 class WarmWorkload(Workload):
     name = WARM
+    #: Gated only against the baseline's warm points, with TTFT's tolerance unless set.
+    gate_metrics = (
+        Metric("warm_ttft", "ttft", "warm TTFT", True, 10.0, "regressed", "improved", WARM, "ttft"),
+    )
+    report = ReportSection(
+        "reuse: questions on a cached prefix (warm follow-ups)",
+        reuse.markdown_lines,
+        reuse.html_fragment,
+        reuse.terminal_table,
+        (reuse.draw_reuse_plot,),
+    )
     mark = WARM_MARK
+    mark_help = "a warm follow-up on a cold point's cached prefix"
     grows_ttft_budget = False
+
+    def record_words(self, record: Record) -> str:
+        return f" warm {record.question}"
 
     def points(self, plan: SweepPlan, passes: Sequence[Point]) -> tuple[Point, ...]:
         """Q follow-ups after each cold point, each its prompt exactly and a new suffix."""
         return tuple(
-            Point(p.length, p.repeat, question, plan.suffix_tokens)
+            Point(p.length, p.repeat, question, plan.suffix_tokens, workload=self.name)
             for p in passes
             for question in range(1, plan.warm_questions + 1)
         )
@@ -130,9 +148,7 @@ class WarmWorkload(Workload):
             memory.note_sent(prefix_point(point))
         sent = memory.prefix_sent[prefix_point(point)]
         settings = dataclasses.replace(settings, prefix_sent_s_ago=time.monotonic() - sent)
-        result = measure_point(
-            step.client, step.server, point, step.prompt, settings, **step.hooks
-        )
+        result = measure_point(step.client, step.server, point, step.prompt, settings, **step.hooks)
         if primed:  # its cold point was not measured by this server: the follow-up sent it
             result = dataclasses.replace(
                 result, cache={**result.cache, "prefix_sent_by": "follow-up"}

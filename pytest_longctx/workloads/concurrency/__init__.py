@@ -17,20 +17,24 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pytest_longctx.campaign.run import RunDescription
-from pytest_longctx.campaign.workloads.workload import (
-    PointStep,
-    ServerNeeds,
-    Workload,
-    background_spec,
-)
 from pytest_longctx.capacity import fit_verdict
+from pytest_longctx.core.metrics import Metric
+from pytest_longctx.core.records import Record
 from pytest_longctx.measure.agreement import STRICT_OPTION
 from pytest_longctx.measure.server_metrics import cache_config_labels
 from pytest_longctx.measure.target import ServerInfo
 from pytest_longctx.plan import capacity_check
 from pytest_longctx.plan.points import CONCURRENCY, CONCURRENCY_MARK, Point, SweepPlan
+from pytest_longctx.plan.run_description import RunDescription
 from pytest_longctx.prompts import Prompt
+from pytest_longctx.workloads.concurrency import concurrency_report
+from pytest_longctx.workloads.workload import (
+    PointStep,
+    ReportSection,
+    ServerNeeds,
+    Workload,
+    background_spec,
+)
 
 if TYPE_CHECKING:  # what measures: imported where a level is measured
     from pytest_longctx.client import CompletionClient
@@ -108,7 +112,7 @@ def server_state(
     """What a server shows the concurrency points (asked once per start, see
     :meth:`workload.ServerMemory.shown_to`): its cache (``vllm:cache_config_info``)
     and, attached, how many requests it runs at once."""
-    from pytest_longctx.measure.under_load import probe_sequences
+    from pytest_longctx.workloads.interference.under_load import probe_sequences
 
     try:
         labels = cache_config_labels(client.metrics_text())
@@ -159,8 +163,8 @@ def measure(
     first, sent at once, on a server that showed ``known`` (:func:`server_state`); the level
     joins the session's ``measured`` levels unless its contract failed."""
     from pytest_longctx.client import ClientConfig
-    from pytest_longctx.measure.concurrent import level_prompts, measure_level
     from pytest_longctx.measure.measurement import PointFailure, PointMeasurement
+    from pytest_longctx.workloads.concurrency.concurrent import level_prompts, measure_level
 
     limit = known.get("sequence_limit") or {}
     if limit and not limit.get("ran_at_once"):
@@ -224,17 +228,36 @@ def measure(
 
 class ConcurrencyWorkload(Workload):
     name = CONCURRENCY
+    #: Each level's aggregate decode throughput against the baseline's at the same length and
+    #: level.
+    gate_metrics = (
+        Metric(
+            "concurrent_decode", "aggregate_decode_throughput", "aggregate decode throughput",
+            False, 5.0, "fell", "rose", CONCURRENCY, "decode", per_level=True,
+        ),
+    )  # fmt: skip
+    report = ReportSection(
+        "concurrency: how many long requests fit at once",
+        concurrency_report.markdown_lines,
+        concurrency_report.html_fragment,
+        concurrency_report.terminal_table,
+        (concurrency_report.draw_plot,),
+    )
     server = CONCURRENCY
     mark = CONCURRENCY_MARK
+    mark_help = "c cold prompts of one length sent at once (a concurrency level)"
     schedule_rank = 2
     watched = False
     record_section = "concurrency"
+
+    def record_words(self, record: Record) -> str:
+        return f" at {record.concurrency_level} requests at once"
 
     def points(self, plan: SweepPlan, passes: Sequence[Point]) -> tuple[Point, ...]:
         """Each length's levels (:meth:`SweepPlan.levels`), on a server with room for the
         highest: after every other point."""
         return tuple(
-            Point(p.length, p.repeat, concurrency=level)
+            Point(p.length, p.repeat, concurrency=level, workload=self.name)
             for p in passes
             for level in plan.levels(p.length)
         )

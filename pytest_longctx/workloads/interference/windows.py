@@ -28,8 +28,8 @@ Definitions (every time on the shared monotonic clock, see ``background.py``):
   Where the server times each request (vLLM's per-request metrics), each background
   request's stream, first chunk to last, against the server's own decode time of that very
   request: a stream the host held back, or flushed whole, is named request by request.
-  Either refuting the gaps leaves them unconfirmed: measure/under_load.py sets the point's
-  background figures aside.
+  Either refuting the gaps leaves them unconfirmed: workloads/interference/under_load.py
+  sets the point's background figures aside.
 """
 
 from __future__ import annotations
@@ -91,9 +91,7 @@ class Windows:
             return True
         if any(self.window_of(start, end) for start, end, _ in request.gaps):
             return True
-        return bool(
-            request.token_times and self.window_of(request.sent_at, request.token_times[0])
-        )
+        return bool(request.token_times and self.window_of(request.sent_at, request.token_times[0]))
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,12 @@ from pytest_longctx.core.files import write_atomically
 from pytest_longctx.core.records import Record
 from pytest_longctx.core.sizes import format_bytes, format_size
 from pytest_longctx.core.stats import FigureSummary, latest_records, summarize, summarize_values
-from pytest_longctx.reporting.text_table import aligned_table, html_table, markdown_table_lines
-from pytest_longctx.reporting.view import format_summary
+from pytest_longctx.rendering.text_table import (
+    aligned_table,
+    format_summary,
+    html_table,
+    markdown_table_lines,
+)
 
 _MISSING = "–"
 
@@ -230,7 +234,7 @@ def draw_reuse_plot(records: Sequence[Record], run_dir: Path) -> Path | None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from pytest_longctx.reporting.plots import length_axis
+    from pytest_longctx.rendering.axes import length_axis
 
     figure = Figure(figsize=(8, 4.5), dpi=100, layout="constrained")
     FigureCanvasAgg(figure)

@@ -6,6 +6,11 @@ from __future__ import annotations
 import html
 from collections.abc import Iterable, Sequence
 
+from pytest_longctx.core.stats import FigureSummary, format_mean_std
+
+#: A cell with no figure.
+MISSING = "–"
+
 
 def aligned_table(
     columns: Sequence[str],
@@ -46,3 +51,10 @@ def html_table(columns: Sequence[str], rows: Sequence[Sequence[str]], css_class:
         "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows
     )
     return f'<table class="{css_class}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def format_summary(summary: FigureSummary | None, decimals: int) -> str:
+    """``mean ± std``; a single value prints alone, since one sample has no spread."""
+    if summary is None:
+        return MISSING
+    return format_mean_std(summary.mean, summary.std if summary.n >= 2 else None, decimals)
