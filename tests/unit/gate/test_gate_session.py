@@ -634,6 +634,7 @@ def test_calibrate_runs_k_separate_sessions(pytester: pytest.Pytester, fake_vllm
         "--longctx-to=2Ki",
         "--longctx-repeats=2",
         "--longctx-decode-tokens=8",
+        NO_PLOTS,
         cwd=pytester.path,
     )
     assert done.returncode == 0, done.stdout + done.stderr
