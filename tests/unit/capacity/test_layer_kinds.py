@@ -49,7 +49,9 @@ from public_configs import (  # noqa: E402 - skipped without transformers
     qwen3_next_80b,
 )
 
-#: vLLM's own code, imported here: run by the shared servers' session, not the rest's.
+#: vLLM's own code, imported here: run by the shared servers' session, not the rest's, where
+#: vLLM, torch and transformers would stay in the process and every in-process session
+#: after them would pay pytest's garbage collections over their heap (5x the CPU a session).
 pytestmark = pytest.mark.oracle
 
 MI = 1024**2

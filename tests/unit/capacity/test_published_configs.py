@@ -29,7 +29,9 @@ vllm_config = deferred_import("vllm.transformers_utils.config")
 from public_configs import PUBLISHED, PUBLISHED_DIR, VLLM_GIB_AT_64MI_TP8  # noqa: E402
 from test_layer_kinds import IN_FLIGHT, MI, TP, vllm_bytes, vllm_specs  # noqa: E402
 
-#: vLLM's own code, imported here: run by the shared servers' session, not the rest's.
+#: vLLM's own code, imported here: run by the shared servers' session, not the rest's, where
+#: vLLM, torch and transformers would stay in the process and every in-process session
+#: after them would pay pytest's garbage collections over their heap (5x the CPU a session).
 pytestmark = pytest.mark.oracle
 
 
