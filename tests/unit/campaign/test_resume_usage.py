@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from longctx_testing import SWEEP_TEST
+from longctx_testing import NO_PLOTS, SWEEP_TEST
 
 from pytest_longctx.core.records import Record, append_record
 
@@ -59,6 +59,7 @@ def test_resume_with_the_same_profile_reports_from_the_record(earlier_run) -> No
         "--longctx-profile=kimi-linear-mi355x",
         "-m",
         "len==1Ki",
+        NO_PLOTS,  # the reports' words are the subject; their plots are test_reports.py's
     )
     result.assert_outcomes(passed=1)
     # Reported from its record: nothing measured (no server exists for this profile here),
@@ -79,6 +80,7 @@ def test_the_bare_resume_flag_never_takes_the_next_argument(earlier_run) -> None
         "--longctx-output=reports",
         "--longctx-profile=kimi-linear-mi355x",
         "--longctx-to=1Ki",
+        NO_PLOTS,
         "--longctx-resume",
         "test_sweep.py",
     )

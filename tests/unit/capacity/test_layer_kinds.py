@@ -49,6 +49,11 @@ from public_configs import (  # noqa: E402 - skipped without transformers
     qwen3_next_80b,
 )
 
+#: vLLM's own code, imported here: run by the shared servers' session, not the rest's, where
+#: vLLM, torch and transformers would stay in the process and every in-process session
+#: after them would pay pytest's garbage collections over their heap (5x the CPU a session).
+pytestmark = pytest.mark.oracle
+
 MI = 1024**2
 TP = 8
 IN_FLIGHT = 2 * 8192  # async scheduling's two batches of an H200's 8192 batched tokens

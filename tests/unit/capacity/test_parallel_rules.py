@@ -19,6 +19,11 @@ from longctx_testing import KIMI_CONFIG, deferred_import
 from pytest_longctx.capacity import ParallelLayoutError, cache_layout, load_model_config
 from pytest_longctx.capacity.kinds import pp_partition
 
+#: vLLM's own code, imported here: run by the shared servers' session, not the rest's, where
+#: vLLM, torch and transformers would stay in the process and every in-process session
+#: after them would pay pytest's garbage collections over their heap (5x the CPU a session).
+pytestmark = pytest.mark.oracle
+
 torch = deferred_import("torch")
 vllm_parallel = deferred_import("vllm.config.parallel")
 vllm_model = deferred_import("vllm.config.model")

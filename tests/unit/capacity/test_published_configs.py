@@ -29,6 +29,11 @@ vllm_config = deferred_import("vllm.transformers_utils.config")
 from public_configs import PUBLISHED, PUBLISHED_DIR, VLLM_GIB_AT_64MI_TP8  # noqa: E402
 from test_layer_kinds import IN_FLIGHT, MI, TP, vllm_bytes, vllm_specs  # noqa: E402
 
+#: vLLM's own code, imported here: run by the shared servers' session, not the rest's, where
+#: vLLM, torch and transformers would stay in the process and every in-process session
+#: after them would pay pytest's garbage collections over their heap (5x the CPU a session).
+pytestmark = pytest.mark.oracle
+
 
 def vllm_text_config(key: str, folder: Path):  # noqa: ANN201
     """The language model's config as vLLM loads the published file from a model folder."""

@@ -15,14 +15,20 @@ from pathlib import Path
 
 import pytest
 from fabricated_runs import FINGERPRINT, NOW, Figures, make_records
-from longctx_testing import SWEEP_TEST, cli, outcomes, regression_outcomes, sweep_outcomes
+from longctx_testing import (
+    NO_PLOTS,
+    SWEEP_TEST,
+    cli,
+    outcomes,
+    regression_outcomes,
+    sweep_outcomes,
+)
 
 from pytest_longctx.campaign import lifecycle
 from pytest_longctx.core.records import Record, append_record, read_records
 from pytest_longctx.core.sizes import format_size
 from pytest_longctx.gate import parse_tolerances
 from pytest_longctx.profiles import PROFILE_DIR, load_profile
-from pytest_longctx.reporting import gate_report, plots
 
 KI = 1024
 RUN_ID = "20260101T000000Z-c0ffee"
@@ -54,9 +60,6 @@ def no_server(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError("a session that needs no measurement started a server")
 
     monkeypatch.setattr(lifecycle.ServerLifecycle, "start", refuse)
-    # Drawing the plots takes seconds a session and is test_reports.py's subject, not the gate's.
-    monkeypatch.setattr(plots, "write_plots", lambda *args, **kwargs: [])
-    monkeypatch.setattr(gate_report, "draw_gate_plot", lambda *args, **kwargs: None)
 
 
 @pytest.fixture
@@ -79,10 +82,13 @@ BUILT_IN = "--longctx-tolerance=ttft=10%,decode=5%,itl=10%"
 def run_gate(
     pytester: pytest.Pytester, baseline: Path | str, *args: str, tolerance: str | None = BUILT_IN
 ) -> pytest.RunResult:
+    """The gate on the resumed run. No plots: drawing them takes seconds a session and is
+    test_reports.py's subject, not the gate's (the reports' words and tables are the same)."""
     return pytester.runpytest(
         "-p",
         "no:cacheprovider",
         "-v",
+        NO_PLOTS,
         f"--longctx-output={pytester.path / 'reports'}",
         f"--longctx-resume={RUN_ID}",
         f"--longctx-baseline={baseline}",
@@ -628,6 +634,7 @@ def test_calibrate_runs_k_separate_sessions(pytester: pytest.Pytester, fake_vllm
         "--longctx-to=2Ki",
         "--longctx-repeats=2",
         "--longctx-decode-tokens=8",
+        NO_PLOTS,
         cwd=pytester.path,
     )
     assert done.returncode == 0, done.stdout + done.stderr

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import pytest
 from fake_vllm import FakeVLLM
 from longctx_testing import (
+    NO_PLOTS,
     PLOTS,
     SWEEP_TEST,
     fake_session_args,
@@ -653,7 +654,7 @@ def test_under_xdist_each_follow_up_runs_on_its_cold_points_server(
         result = pytester.runpytest_subprocess(
             "-p", "no:cacheprovider", "-n", "2", f"--longctx-url={one.url},{two.url}",
             f"--longctx-output={output}", "--longctx-decode-tokens=8", "--longctx-to=4Ki",
-            WARM, "--longctx-warm-questions=2", "--longctx-progress=off",
+            WARM, "--longctx-warm-questions=2", "--longctx-progress=off", NO_PLOTS,
         )  # fmt: skip
     result.assert_outcomes(passed=9)
     records = records_of(output)

@@ -12,6 +12,7 @@ import sys
 import pytest
 from fake_vllm import Behaviour, FakeVLLMProcess
 from longctx_testing import (
+    NO_PLOTS,
     PLOTS,
     SWEEP_TEST,
     fake_session_args,
@@ -386,7 +387,7 @@ def test_the_cold_points_keep_the_study_server_and_the_interference_points_get_t
     # an in-process session's module snapshot would drop and a second import would crash on
     result = pytester.runpytest_subprocess(
         "-p", "no:cacheprovider", f"--longctx-output={root}", "--longctx-progress=off",
-        "--longctx-decode-tokens=8", "-m", "len==1Ki", LOAD,
+        "--longctx-decode-tokens=8", "-m", "len==1Ki", LOAD, NO_PLOTS,
         "--longctx-max-num-batched-tokens=1024", "--longctx-max-relaunches=0",
     )  # fmt: skip
     result.assert_outcomes(passed=2)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 from fake_vllm import FakeVLLM
-from longctx_testing import SWEEP_TEST, records_of, run_folder
+from longctx_testing import NO_PLOTS, SWEEP_TEST, records_of, run_folder
 
 PROGRESS_LINE = "longctx 4Ki rep 0 [3/3]"
 
@@ -48,6 +48,7 @@ def session(pytester: pytest.Pytester, fake_vllm: FakeVLLM):  # noqa: ANN201
             f"--longctx-output={output}",
             "--longctx-decode-tokens=8",
             "--longctx-progress-interval=50ms",
+            NO_PLOTS,  # the progress display is the subject, not the reports' figures
             *(
                 args
                 if any(a.startswith("--longctx-to") for a in args)
@@ -139,6 +140,7 @@ def test_line_mode_rewrites_one_line_in_place(
         "--longctx-to=2Ki",
         "--longctx-progress-interval=50ms",
         "--longctx-progress=line",
+        NO_PLOTS,
         "-v",
     )
     result.assert_outcomes(passed=2)
@@ -255,6 +257,7 @@ def test_a_real_terminal_gets_the_live_line_by_default(
             "--longctx-to=1Ki",
             "--longctx-decode-tokens=8",
             "--longctx-progress-interval=100ms",
+            NO_PLOTS,  # the progress display's default is the subject, not the plots'
         ],
         cwd=pytester.path,
         stdin=follower,
