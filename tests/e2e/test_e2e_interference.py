@@ -30,10 +30,10 @@ from longctx_testing import (
     run_folder,
     run_process,
 )
-from pytest_longctx.measure.under_load import SET_ASIDE
 from server_pool import SMALL_CHUNK, WHOLE_CHUNK
 
 from pytest_longctx.core.records import Record
+from pytest_longctx.workloads.interference.under_load import SET_ASIDE
 
 #: Timing relations a loaded host disturbs: ``make test`` runs them alone (the Makefile).
 pytestmark = [pytest.mark.vllm, pytest.mark.host_timing]

@@ -385,7 +385,9 @@ def test_no_module_imports_another_modules_private_names() -> None:
 #: Suffixes of the files a session writes into its run folder and output root.
 OUTPUT_SUFFIXES = (".jsonl", ".json", ".md", ".html", ".png", ".log")
 #: Named elsewhere on purpose: the marker of a built model's folder, not a session's output.
-NOT_SESSION_OUTPUTS = {".pytest-longctx-build.json"}
+#: Files the package writes outside a session (the embedded model's build marker) or ships and
+#: only reads (the release table's published serve options).
+NOT_SESSION_OUTPUTS = {".pytest-longctx-build.json", "vllm_serve_options.json"}
 
 
 def output_file_names(source: str) -> list[str]:
