@@ -109,6 +109,7 @@ def test_the_0_25_1_profiling_branch_reserves_what_the_rule_counts() -> None:
     assert "((hidden_states.shape[0], max_model_len), torch.float32)" in branch
 
 
+@pytest.mark.oracle  # imports vLLM and torch into the session's own process
 def test_vllms_workspace_manager_holds_the_largest_request(monkeypatch) -> None:
     """The installed vLLM's WorkspaceManager, given the two requests of the ROCm profiling
     branch, ends exactly as large as the rule says (each tensor rounded to 256 B, a request

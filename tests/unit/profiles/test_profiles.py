@@ -36,6 +36,7 @@ def test_shipped_profiles() -> None:
     assert available_profiles() == [
         "cpu-tiny",
         "cpu-tiny-mla",
+        "deepseek-v3.2-mi355x",
         "kimi-linear-h200",
         "kimi-linear-h200-dcp8",
         "kimi-linear-mi355x",
@@ -81,6 +82,8 @@ def test_reference_mi355x_command_flag_by_flag() -> None:
         "VLLM_ROCM_USE_AITER_MOE": "1",
         "VLLM_ROCM_USE_AITER_FP4BMM": "0",
         "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
+        # The profile's start-up budget (7,200 s) past vLLM's 600 s wait for its engine.
+        "VLLM_ENGINE_READY_TIMEOUT_S": "7200",
     }
     profile = load_profile("kimi-linear-mi355x")
     assert profile.serving.expected_versions == {
@@ -198,7 +201,10 @@ def test_h200_command_flag_by_flag() -> None:
         '{"cudagraph_mode":"FULL_AND_PIECEWISE"}',
         "--enable-per-request-metrics",
     ]
-    assert dict(cmd.env) == {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
+    assert dict(cmd.env) == {
+        "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
+        "VLLM_ENGINE_READY_TIMEOUT_S": "7200",  # the profile's startup_timeout_s
+    }
 
 
 @pytest.mark.parametrize("name", ["cpu-tiny", "cpu-tiny-mla"])
@@ -301,7 +307,8 @@ def test_plan_prints_points_command_and_capacity_without_starting(
             "  len=32Mi-rep=0 [[]longctx_very_slow[]]",
             "  len=64Mi-rep=1 [[]longctx_very_slow[]]",
             "server command*",
-            "  VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 VLLM_ROCM_USE_AITER=1 VLLM_ROCM_USE_AITER_FP4BMM=0 "
+            "  VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 VLLM_ENGINE_READY_TIMEOUT_S=7200 "
+            "VLLM_ROCM_USE_AITER=1 VLLM_ROCM_USE_AITER_FP4BMM=0 "
             "VLLM_ROCM_USE_AITER_MLA=1 VLLM_ROCM_USE_AITER_MOE=1 *"
             " --max-model-len 67109888 *--kv-cache-dtype fp8_e4m3*",
             "capacity plan:",

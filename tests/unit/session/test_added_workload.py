@@ -58,7 +58,8 @@ def test_a_workload_from_its_own_folder_runs_against_the_stand_in(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     folder = _added_workload(pytester.path / "added")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(folder), os.environ["PYTHONPATH"]]))
+    path = [str(folder), *filter(None, [os.environ.get("PYTHONPATH")])]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(path))
     pytester.makepyfile(test_sweep=SWEEP_TEST)
     root = pytester.path / "reports"
     behaviour = Behaviour(first_token_delay_s=0.05, token_delay_s=0.01)
